@@ -1,0 +1,397 @@
+//! [`Lease`]: proof of holding a resource, and [`LeaseHandle`], a shareable view of it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch, OwnedSemaphorePermit};
+use tokio::time::Instant;
+
+use crate::error::LockError;
+use crate::lock::fencing::FencingToken;
+use crate::lock::node::Owner;
+use crate::lock::resource::{LockKeys, Resource};
+use crate::lock::wait::QueueRef;
+use crate::lock::Shared;
+
+/// Why a lease was lost. Reported once, by [`LeaseHandle::lost`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostCause {
+    /// Renewals failed on a majority of nodes until the validity ran out.
+    RenewalFailed,
+    /// A majority no longer holds our key: it expired, was deleted, or belongs to
+    /// someone else.
+    KeyLost,
+    /// [`LockOptions::max_hold`](crate::LockOptions::max_hold) was reached and the last
+    /// validity ran out.
+    MaxHoldReached,
+    /// The validity ran out without renewal (the watchdog is off).
+    Expired,
+}
+
+impl fmt::Display for LostCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostCause::RenewalFailed => "renewal failed on a majority of nodes",
+            LostCause::KeyLost => "the key is gone or owned by someone else on a majority of nodes",
+            LostCause::MaxHoldReached => "the maximum hold time was reached",
+            LostCause::Expired => "the validity ran out without renewal",
+        })
+    }
+}
+
+/// What [`Lease::release`] achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReleaseOutcome {
+    /// A majority deleted our key: the resource is free now.
+    Released,
+    /// A majority no longer held our key: the lease had already expired or been lost.
+    NotHeld,
+    /// Too few nodes gave a clear answer; the keys expire after the ttl at the latest.
+    Unconfirmed {
+        /// Nodes that deleted our key.
+        released: usize,
+        /// Nodes that did not answer.
+        failed: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Status {
+    pub(crate) valid_until: Instant,
+    pub(crate) lost: Option<LostCause>,
+    pub(crate) released: bool,
+}
+
+pub(crate) struct LeaseInner {
+    pub(crate) locker: Arc<Shared>,
+    pub(crate) resource: Resource,
+    pub(crate) keys: LockKeys,
+    pub(crate) owner: Owner,
+    pub(crate) token: FencingToken,
+    pub(crate) acquired_at: Instant,
+    pub(crate) status: watch::Sender<Status>,
+}
+
+impl LeaseInner {
+    pub(crate) fn status(&self) -> Status {
+        *self.status.borrow()
+    }
+
+    /// Marks the lease lost unless it already is, or was released. Returns whether
+    /// this call marked it.
+    pub(crate) fn mark_lost(&self, cause: LostCause) -> bool {
+        let marked = self.status.send_if_modified(|s| {
+            if s.lost.is_none() && !s.released {
+                s.lost = Some(cause);
+                true
+            } else {
+                false
+            }
+        });
+        if marked {
+            self.locker.metrics.lost.inc();
+            tracing::warn!(resource = %self.resource, token = %self.token, %cause, "lease lost");
+        }
+        marked
+    }
+
+    /// Extends the lease on a majority; see [`Lease::extend`].
+    pub(crate) async fn extend(&self, deadline: Instant) -> Result<Instant, ExtendFailure> {
+        let locker = &self.locker;
+        let ttl = locker.options.ttl;
+        let start = Instant::now();
+        let timeout = locker
+            .nodes
+            .timeout()
+            .min(deadline.saturating_duration_since(start));
+        let tally = locker
+            .nodes
+            .extend(&self.keys, &self.owner, ttl, timeout)
+            .await;
+        let quorum = locker.nodes.quorum();
+        if tally.no >= quorum {
+            return Err(ExtendFailure::KeyLost);
+        }
+        let valid_until = start + ttl - locker.options.drift();
+        if tally.yes >= quorum && Instant::now() < valid_until {
+            let applied = self.status.send_if_modified(|s| {
+                if s.lost.is_none() && !s.released {
+                    s.valid_until = valid_until;
+                    true
+                } else {
+                    false
+                }
+            });
+            if applied {
+                locker.metrics.renewals.inc();
+                tracing::trace!(resource = %self.resource, votes = tally.yes, elapsed = ?start.elapsed(), "lease extended");
+                return Ok(valid_until);
+            }
+            return Err(ExtendFailure::KeyLost);
+        }
+        locker.metrics.renewal_failures.inc();
+        tracing::debug!(resource = %self.resource, votes = tally.yes, failures = tally.failures.len(), "extend round failed");
+        Err(ExtendFailure::NoQuorum)
+    }
+}
+
+pub(crate) enum ExtendFailure {
+    KeyLost,
+    NoQuorum,
+}
+
+/// Proof that this process holds a resource, until it is released, dropped or lost.
+///
+/// While the lease lives the watchdog renews it (unless turned off in
+/// [`LockOptions`](crate::LockOptions)). Dropping it releases the resource in the
+/// background without blocking; [`release`](Lease::release) does the same and reports
+/// the outcome. Everything that reads the lease — fencing token, validity, the lost
+/// signal — is on [`LeaseHandle`], which the lease derefs to and which can be cloned
+/// into other tasks.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tower_redlock::{ReleaseOutcome, Redlock};
+///
+/// let locker = Redlock::in_memory();
+/// let lease = locker.acquire("invoice:7", Duration::from_secs(1)).await?;
+/// let token = lease.fencing_token(); // pass it to the storage with every write
+/// assert!(lease.is_held());
+/// tokio::select! {
+///     cause = lease.lost() => panic!("lost: {cause}"),
+///     _ = async { /* the critical section */ } => {}
+/// }
+/// assert_eq!(lease.release().await, ReleaseOutcome::Released);
+/// # let _ = token;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Lease {
+    handle: LeaseHandle,
+    held: Option<Held>,
+}
+
+/// What a live lease owns besides its handle: its place at the head of the local
+/// queue, and the watchdog's stop signal.
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    _queue: QueueRef,
+    _stop_watchdog: Option<oneshot::Sender<()>>,
+}
+
+impl Lease {
+    pub(crate) fn new(
+        inner: Arc<LeaseInner>,
+        permit: OwnedSemaphorePermit,
+        queue: QueueRef,
+        stop_watchdog: Option<oneshot::Sender<()>>,
+    ) -> Self {
+        Lease {
+            handle: LeaseHandle { inner },
+            held: Some(Held {
+                _permit: permit,
+                _queue: queue,
+                _stop_watchdog: stop_watchdog,
+            }),
+        }
+    }
+
+    /// A handle to this lease that can be cloned and sent to other tasks.
+    pub fn handle(&self) -> LeaseHandle {
+        self.handle.clone()
+    }
+
+    /// Extends the validity by a full ttl on a majority of nodes, measured from the
+    /// start of this round. Never re-creates a key that is gone: a lost lease stays lost.
+    ///
+    /// The watchdog does this on its own; call it only with the watchdog off.
+    pub async fn extend(&self) -> Result<Duration, LockError> {
+        let inner = &self.handle.inner;
+        let status = inner.status();
+        if let Some(cause) = status.lost {
+            return Err(self.lost_error(cause));
+        }
+        match inner.extend(status.valid_until).await {
+            Ok(_) => Ok(self.remaining()),
+            Err(ExtendFailure::KeyLost) => {
+                inner.mark_lost(LostCause::KeyLost);
+                Err(self.lost_error(inner.status().lost.unwrap_or(LostCause::KeyLost)))
+            }
+            Err(ExtendFailure::NoQuorum) => {
+                if Instant::now() >= inner.status().valid_until {
+                    inner.mark_lost(LostCause::RenewalFailed);
+                    return Err(self.lost_error(LostCause::RenewalFailed));
+                }
+                Err(LockError::Unavailable {
+                    resource: inner.resource.clone(),
+                    nodes: inner.locker.nodes.len(),
+                    answered: 0,
+                    quorum: inner.locker.nodes.quorum(),
+                    failures: Vec::new(),
+                })
+            }
+        }
+    }
+
+    fn lost_error(&self, cause: LostCause) -> LockError {
+        LockError::Lost {
+            resource: self.handle.inner.resource.clone(),
+            cause,
+        }
+    }
+
+    /// Releases the resource: compare-and-delete on every node, then hands the resource
+    /// to the next waiter of this process. Returns once the outcome is decided.
+    pub async fn release(mut self) -> ReleaseOutcome {
+        let held = self.held.take();
+        let outcome = release(&self.handle.inner).await;
+        drop(held);
+        outcome
+    }
+}
+
+async fn release(inner: &LeaseInner) -> ReleaseOutcome {
+    inner.status.send_modify(|s| s.released = true);
+    let locker = &inner.locker;
+    let tally = locker.nodes.release(&inner.keys, &inner.owner).await;
+    let quorum = locker.nodes.quorum();
+    let outcome = if tally.yes >= quorum {
+        ReleaseOutcome::Released
+    } else if tally.no >= quorum {
+        ReleaseOutcome::NotHeld
+    } else {
+        ReleaseOutcome::Unconfirmed {
+            released: tally.yes,
+            failed: tally.failures.len(),
+        }
+    };
+    locker.metrics.released.inc();
+    tracing::debug!(resource = %inner.resource, token = %inner.token, ?outcome, held_for = ?inner.acquired_at.elapsed(), "lease released");
+    outcome
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let inner = self.handle.inner.clone();
+        let runtime = inner.locker.runtime.clone();
+        // Never block in drop: release in the background, and keep the local queue's
+        // permit until the nodes answered, so the next local waiter does not find our key.
+        runtime.spawn(async move {
+            release(&inner).await;
+            drop(held);
+        });
+    }
+}
+
+impl std::ops::Deref for Lease {
+    type Target = LeaseHandle;
+
+    fn deref(&self) -> &LeaseHandle {
+        &self.handle
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.handle, f)
+    }
+}
+
+/// A shareable, read-only view of a [`Lease`]: its resource, fencing token, validity
+/// and lost signal. Holding a handle does not keep the lease alive.
+#[derive(Clone)]
+pub struct LeaseHandle {
+    inner: Arc<LeaseInner>,
+}
+
+impl LeaseHandle {
+    /// The resource this lease holds.
+    pub fn resource(&self) -> &Resource {
+        &self.inner.resource
+    }
+
+    /// The fencing token: larger than the token of every earlier holder of the resource.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.inner.token
+    }
+
+    /// The owner value stored in the lock keys.
+    pub fn owner(&self) -> &str {
+        self.inner.owner.as_str()
+    }
+
+    /// Validity left on the monotonic clock: zero once lost, released or expired.
+    /// Check it right before a side effect that must not happen without the lock.
+    pub fn remaining(&self) -> Duration {
+        let status = self.inner.status();
+        if status.lost.is_some() || status.released {
+            return Duration::ZERO;
+        }
+        status.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// `true` while the lease is neither lost, released nor past its validity.
+    pub fn is_held(&self) -> bool {
+        !self.remaining().is_zero()
+    }
+
+    /// Why the lease was lost, if it was.
+    pub fn lost_cause(&self) -> Option<LostCause> {
+        self.inner.status().lost
+    }
+
+    /// Resolves when the lease is lost, with the cause; never resolves for a lease that
+    /// is released before. Usable in `tokio::select!` around the critical section.
+    pub async fn lost(&self) -> LostCause {
+        let mut rx = self.inner.status.subscribe();
+        let watched = self.inner.locker.options.watchdog;
+        loop {
+            let status = *rx.borrow_and_update();
+            if let Some(cause) = status.lost {
+                return cause;
+            }
+            if status.released {
+                std::future::pending::<()>().await;
+            }
+            if watched {
+                // The watchdog marks the loss at the validity deadline.
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                continue;
+            }
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                () = tokio::time::sleep_until(status.valid_until) => {
+                    let expired = self.inner.status().valid_until <= Instant::now();
+                    if expired {
+                        self.inner.mark_lost(LostCause::Expired);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for LeaseHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("resource", &self.inner.resource)
+            .field("fencing_token", &self.inner.token)
+            .field("remaining", &self.remaining())
+            .field("lost", &self.inner.status().lost)
+            .finish()
+    }
+}

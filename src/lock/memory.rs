@@ -1,0 +1,344 @@
+//! [`MemoryNode`]: the lock store inside the process, the embedded default.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::NodeError;
+use crate::lock::fencing::counter_start;
+use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::lock::resource::LockKeys;
+
+/// Sweep expired keys after this many writes, so unique resources (idempotency keys)
+/// never accumulate.
+const SWEEP_EVERY: u32 = 1024;
+
+/// A lock node that lives in this process, with the semantics of [`RedisNode`]:
+/// key expiry, owner checks, fence counters and release notifications.
+///
+/// It is the embedded default: the examples run on it without Redis, and it serves
+/// single-process deployments and users' own tests. It is **not** distributed: two
+/// processes never see each other's `MemoryNode`.
+///
+/// Clones share the same store. For tests of quorum logic a node can be made to fail
+/// ([`set_available`](MemoryNode::set_available)) or to answer late
+/// ([`set_delay`](MemoryNode::set_delay)).
+///
+/// [`RedisNode`]: crate::RedisNode
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_redlock::{MemoryNode, Redlock, LockOptions};
+///
+/// let locker = Redlock::new([MemoryNode::new()], LockOptions::default())?;
+/// let lease = locker.try_acquire("order:42").await?;
+/// assert!(locker.try_acquire("order:42").await.is_err());
+/// lease.release().await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryNode {
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    store: Mutex<Store>,
+    channels: Mutex<HashMap<String, watch::Sender<u64>>>,
+    fault: Mutex<Fault>,
+}
+
+#[derive(Default)]
+struct Store {
+    entries: HashMap<String, Entry>,
+    writes: u32,
+}
+
+struct Entry {
+    value: String,
+    expires: Option<Instant>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Fault {
+    unavailable: bool,
+    delay: Duration,
+}
+
+impl MemoryNode {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// While `false`, every operation fails with a connection error, as a node that is down.
+    pub fn set_available(&self, available: bool) {
+        lock(&self.shared.fault).unavailable = !available;
+    }
+
+    /// Delays every answer by `delay`, as a slow network. The operation itself happens
+    /// when the delay has passed.
+    pub fn set_delay(&self, delay: Duration) {
+        lock(&self.shared.fault).delay = delay;
+    }
+
+    /// The value of a live key.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let mut store = lock(&self.shared.store);
+        store.live(key, Instant::now()).map(|e| e.value.clone())
+    }
+
+    /// The remaining ttl of a live key (`None` when missing or without ttl).
+    pub fn pttl(&self, key: &str) -> Option<Duration> {
+        let now = Instant::now();
+        let mut store = lock(&self.shared.store);
+        store
+            .live(key, now)
+            .and_then(|e| e.expires)
+            .map(|at| at.saturating_duration_since(now))
+    }
+
+    /// Sets a key without ttl, overwriting it (to simulate another writer in tests).
+    pub fn set(&self, key: &str, value: &str) {
+        let mut store = lock(&self.shared.store);
+        store.entries.insert(
+            key.to_owned(),
+            Entry {
+                value: value.to_owned(),
+                expires: None,
+            },
+        );
+    }
+
+    /// Deletes a key (to simulate data loss in tests).
+    pub fn delete(&self, key: &str) {
+        lock(&self.shared.store).entries.remove(key);
+    }
+
+    /// Deletes every key, as a node restarted without persistence.
+    pub fn clear(&self) {
+        lock(&self.shared.store).entries.clear();
+    }
+
+    /// Number of live keys.
+    pub fn len(&self) -> usize {
+        let now = Instant::now();
+        let store = lock(&self.shared.store);
+        store
+            .entries
+            .values()
+            .filter(|e| e.expires.is_none_or(|at| at > now))
+            .count()
+    }
+
+    /// `true` when no live key is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn run<T, F>(&self, op: F) -> NodeFuture<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Shared) -> Result<T, NodeError> + Send + 'static,
+    {
+        let fault = *lock(&self.shared.fault);
+        let shared = self.shared.clone();
+        let check = move || {
+            if lock(&shared.fault).unavailable {
+                return Err(NodeError::Connection("memory node is unavailable".into()));
+            }
+            op(&shared)
+        };
+        if fault.unavailable {
+            return Box::pin(std::future::ready(Err(NodeError::Connection(
+                "memory node is unavailable".into(),
+            ))));
+        }
+        if fault.delay.is_zero() {
+            return Box::pin(std::future::ready(check()));
+        }
+        Box::pin(async move {
+            tokio::time::sleep(fault.delay).await;
+            check()
+        })
+    }
+}
+
+impl Shared {
+    fn notify(&self, channel: &str) {
+        let mut channels = lock(&self.channels);
+        if let Some(tx) = channels.get(channel) {
+            if tx.receiver_count() == 0 {
+                channels.remove(channel);
+            } else {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
+    }
+}
+
+impl Store {
+    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
+        let expired = match self.entries.get(key) {
+            None => return None,
+            Some(e) => e.expires.is_some_and(|at| at <= now),
+        };
+        if expired {
+            self.entries.remove(key);
+            return None;
+        }
+        self.entries.get_mut(key)
+    }
+
+    fn wrote(&mut self, now: Instant) {
+        self.writes += 1;
+        if self.writes >= SWEEP_EVERY {
+            self.writes = 0;
+            self.entries
+                .retain(|_, e| e.expires.is_none_or(|at| at > now));
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding these locks cannot leave the maps half-updated in a way
+    // that matters (each update is one insert or remove), so poisoning is ignored.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Node for MemoryNode {
+    fn name(&self) -> &str {
+        "memory"
+    }
+
+    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+        let lock_key = request.keys.lock.clone();
+        let fence_key = request.keys.fence.clone();
+        let owner = request.owner.as_str().to_owned();
+        let (ttl, fence_ttl) = (request.ttl, request.fence_ttl);
+        self.run(move |shared| {
+            let now = Instant::now();
+            let mut store = lock(&shared.store);
+            if let Some(entry) = store.live(&lock_key, now) {
+                let pttl = entry.expires.map(|at| at.saturating_duration_since(now));
+                return Ok(AcquireReply::Held { pttl });
+            }
+            let fence = match store.live(&fence_key, now) {
+                Some(entry) => {
+                    let current: u64 = entry.value.parse().map_err(|_| {
+                        NodeError::Server("ERR value is not an integer or out of range".into())
+                    })?;
+                    current + 1
+                }
+                None => counter_start(unix_ms()),
+            };
+            store.entries.insert(
+                fence_key,
+                Entry {
+                    value: fence.to_string(),
+                    expires: Some(now + fence_ttl),
+                },
+            );
+            store.entries.insert(
+                lock_key,
+                Entry {
+                    value: owner,
+                    expires: Some(now + ttl),
+                },
+            );
+            store.wrote(now);
+            Ok(AcquireReply::Acquired { fence })
+        })
+    }
+
+    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        let lock_key = keys.lock.clone();
+        let owner = owner.as_str().to_owned();
+        self.run(move |shared| {
+            let now = Instant::now();
+            let mut store = lock(&shared.store);
+            match store.live(&lock_key, now) {
+                Some(entry) if entry.value == owner => {
+                    entry.expires = Some(now + ttl);
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+    }
+
+    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+        let lock_key = keys.lock.clone();
+        let channel = keys.channel.clone();
+        let owner = owner.as_str().to_owned();
+        self.run(move |shared| {
+            let now = Instant::now();
+            let released = {
+                let mut store = lock(&shared.store);
+                let ours = store.live(&lock_key, now).is_some_and(|e| e.value == owner);
+                if ours {
+                    store.entries.remove(&lock_key);
+                }
+                ours
+            };
+            if released {
+                shared.notify(&channel);
+            }
+            Ok(released)
+        })
+    }
+
+    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+        let fence_key = keys.fence.clone();
+        self.run(move |shared| {
+            let now = Instant::now();
+            let mut store = lock(&shared.store);
+            let current = store
+                .live(&fence_key, now)
+                .and_then(|e| e.value.parse::<u64>().ok())
+                .unwrap_or(0);
+            if current < token {
+                store.entries.insert(
+                    fence_key,
+                    Entry {
+                        value: token.to_string(),
+                        expires: Some(now + fence_ttl),
+                    },
+                );
+                store.wrote(now);
+            }
+            Ok(())
+        })
+    }
+
+    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+        let channel = keys.channel.clone();
+        self.run(move |shared| {
+            let mut channels = lock(&shared.channels);
+            let rx = channels
+                .entry(channel)
+                .or_insert_with(|| watch::channel(0).0)
+                .subscribe();
+            Ok(ReleaseSignal::new(rx, Arc::new(())))
+        })
+    }
+}
+
+impl std::fmt::Debug for MemoryNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryNode")
+            .field("keys", &lock(&self.shared.store).entries.len())
+            .finish()
+    }
+}

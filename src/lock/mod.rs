@@ -1,0 +1,528 @@
+//! The lock engine: Redlock over N independent nodes. It knows nothing of HTTP.
+//!
+//! # Acquire
+//!
+//! 1. Draw a fresh owner value (20 random bytes) and note the monotonic start time.
+//! 2. Send the acquire script to **all nodes at once**, each call bounded by the
+//!    per-node timeout; stop listening as soon as the outcome is decided.
+//! 3. `validity = ttl − elapsed − (ttl × drift_factor + 2 ms)`.
+//! 4. Success iff a majority (`N/2 + 1`) granted the lock and the validity exceeds
+//!    [`LockOptions::min_validity`]. The fencing token is then made from the nodes'
+//!    counters (see [`fencing`](crate::fencing)).
+//! 5. On failure, release in the background on every node that may hold our key,
+//!    including those that did not answer in time: their `SET` may have landed.
+//!
+//! Errors say why: [`LockError::Held`] (contention, with the holder's remaining ttl),
+//! [`LockError::Unavailable`] (too few nodes answered, with each node's cause), or
+//! [`LockError::ValidityExpired`] (a majority granted it too slowly).
+
+pub mod fencing;
+mod lease;
+mod memory;
+mod node;
+mod options;
+mod quorum;
+#[cfg(feature = "redis")]
+mod redis_node;
+mod resource;
+mod wait;
+mod watchdog;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::time::Instant;
+
+use crate::error::{ConfigError, LockError};
+use fencing::FencingToken;
+use lease::{LeaseInner, Status};
+use quorum::Nodes;
+use wait::{next_release, QueueRef, Queues};
+
+pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
+pub use memory::MemoryNode;
+pub use node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+pub use options::{Backoff, LockOptions, RetryPolicy};
+#[cfg(feature = "redis")]
+pub use redis_node::RedisNode;
+pub use resource::{LockKeys, Resource};
+
+/// A Redlock over one or more independent nodes.
+///
+/// With one node it is the single-instance lock; with `N` nodes a lease needs a
+/// majority (`N/2 + 1`), so it survives `(N−1)/2` nodes down. Cheap to clone: clones
+/// share nodes, connections and local queues.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tower_redlock::{LockError, LockOptions, MemoryNode, Redlock};
+///
+/// let locker = Redlock::new(
+///     [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()],
+///     LockOptions::default().ttl(Duration::from_secs(5)),
+/// )?;
+///
+/// let lease = locker.try_acquire("order:42").await?;
+/// match locker.try_acquire("order:42").await {
+///     Err(LockError::Held { holder_ttl, .. }) => assert!(holder_ttl.is_some()),
+///     other => panic!("expected contention, got {other:?}"),
+/// }
+/// let token = lease.fencing_token();
+/// lease.release().await;
+///
+/// let next = locker.acquire("order:42", Duration::from_secs(1)).await?;
+/// assert!(next.fencing_token() > token);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Redlock {
+    shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) nodes: Nodes,
+    pub(crate) options: LockOptions,
+    pub(crate) runtime: tokio::runtime::Handle,
+    pub(crate) metrics: Metrics,
+    queues: Arc<Queues>,
+}
+
+impl Redlock {
+    /// A locker over `nodes` of one kind. See [`from_nodes`](Redlock::from_nodes) to mix kinds.
+    ///
+    /// Fails when the options cannot work (see [`LockOptions`]), the list is empty, or
+    /// no Tokio runtime is running.
+    pub fn new<N: Node>(
+        nodes: impl IntoIterator<Item = N>,
+        options: LockOptions,
+    ) -> Result<Self, ConfigError> {
+        let nodes = nodes
+            .into_iter()
+            .map(|node| Arc::new(node) as Arc<dyn Node>)
+            .collect();
+        Self::from_nodes(nodes, options)
+    }
+
+    /// A locker over nodes of any kind.
+    pub fn from_nodes(
+        nodes: Vec<Arc<dyn Node>>,
+        options: LockOptions,
+    ) -> Result<Self, ConfigError> {
+        options.validate()?;
+        if nodes.is_empty() {
+            return Err(ConfigError::new("a locker needs at least one node"));
+        }
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| ConfigError::new("a locker must be created inside a Tokio runtime"))?;
+        Ok(Redlock {
+            shared: Arc::new(Shared {
+                nodes: Nodes::new(nodes, options.node_timeout),
+                options,
+                runtime,
+                metrics: Metrics::default(),
+                queues: Arc::default(),
+            }),
+        })
+    }
+
+    /// A locker over one fresh [`MemoryNode`] with default options: the embedded
+    /// default for examples, tests and single-process services.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime.
+    pub fn in_memory() -> Self {
+        match Self::new([MemoryNode::new()], LockOptions::default()) {
+            Ok(locker) => locker,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A locker over one [`RedisNode`] per URL.
+    #[cfg(feature = "redis")]
+    pub fn connect<U: AsRef<str>>(
+        urls: impl IntoIterator<Item = U>,
+        options: LockOptions,
+    ) -> Result<Self, ConfigError> {
+        let nodes = urls
+            .into_iter()
+            .map(|url| RedisNode::open(url.as_ref()).map(|n| Arc::new(n) as Arc<dyn Node>))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::from_nodes(nodes, options)
+    }
+
+    /// The options this locker was built with.
+    pub fn options(&self) -> &LockOptions {
+        &self.shared.options
+    }
+
+    /// Number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.shared.nodes.len()
+    }
+
+    /// Votes a lease needs: `N/2 + 1`.
+    pub fn quorum(&self) -> usize {
+        self.shared.nodes.quorum()
+    }
+
+    /// Number of resources this process currently holds or waits for. Zero when
+    /// every lease is released and no caller waits: nothing is left behind.
+    pub fn local_resources(&self) -> usize {
+        self.shared.queues.len()
+    }
+
+    /// Counters of what this locker did so far.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.shared.metrics.snapshot()
+    }
+
+    /// One attempt, no waiting: a lease, or [`LockError::Held`] when someone holds the
+    /// resource (also when a caller of this process holds it or queues for it).
+    pub async fn try_acquire(&self, resource: impl Into<Resource>) -> Result<Lease, LockError> {
+        let resource = resource.into();
+        let queue = self.shared.queues.get(&resource);
+        let Ok(permit) = queue.permit.clone().try_acquire_owned() else {
+            self.shared.metrics.contended.inc();
+            return Err(LockError::Held {
+                holder_ttl: queue.holder_ttl(),
+                resource,
+            });
+        };
+        let keys = LockKeys::new(&self.shared.options.key_prefix, &resource);
+        self.attempt(resource, keys, permit, queue).await
+    }
+
+    /// Waits up to `timeout` for the resource; see [`acquire_until`](Redlock::acquire_until).
+    pub async fn acquire(
+        &self,
+        resource: impl Into<Resource>,
+        timeout: Duration,
+    ) -> Result<Lease, LockError> {
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(far_future);
+        self.acquire_until(resource, deadline).await
+    }
+
+    /// Waits until `deadline` for the resource.
+    ///
+    /// Callers of this process queue first-in first-out, and only the head of the queue
+    /// contends at the nodes. The head retries at once when a release is published on
+    /// any node, and otherwise after the [`RetryPolicy`]'s delay. Fails with
+    /// [`LockError::WaitTimeout`] at the deadline, [`LockError::QueueFull`] when
+    /// [`LockOptions::max_waiters`] callers already wait, and at once with
+    /// [`LockError::Unavailable`] when too few nodes answer.
+    ///
+    /// Cancellation-safe: dropping the future leaves no queue entry and no lock behind.
+    pub async fn acquire_until(
+        &self,
+        resource: impl Into<Resource>,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let resource = resource.into();
+        let started = Instant::now();
+        let shared = &self.shared;
+        let queue = shared.queues.get(&resource);
+        let waiting = match queue.enter(shared.options.max_waiters) {
+            Some(waiting) => waiting,
+            None => {
+                return Err(LockError::QueueFull {
+                    resource,
+                    limit: shared.options.max_waiters,
+                })
+            }
+        };
+        let timeout = |holder_ttl| LockError::WaitTimeout {
+            resource: resource.clone(),
+            waited: started.elapsed(),
+            holder_ttl,
+        };
+        let mut waited = false;
+        let permit = match queue.permit.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                waited = true;
+                shared.metrics.waits.inc();
+                match tokio::time::timeout_at(deadline, queue.permit.clone().acquire_owned()).await
+                {
+                    Ok(Ok(permit)) => permit,
+                    _ => return Err(timeout(queue.holder_ttl())),
+                }
+            }
+        };
+        drop(waiting);
+        let keys = LockKeys::new(&shared.options.key_prefix, &resource);
+        let mut signals: Option<Vec<ReleaseSignal>> = None;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            if let Some(signals) = signals.as_mut() {
+                signals.iter_mut().for_each(ReleaseSignal::mark_seen);
+            }
+            let holder_ttl = match self.attempt_keeping_permit(&resource, &keys, &permit).await {
+                Ok(inner) => return Ok(self.finish(inner, permit, queue)),
+                Err(LockError::Held { holder_ttl, .. }) => holder_ttl,
+                Err(LockError::ValidityExpired { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            if Instant::now() >= deadline {
+                return Err(timeout(holder_ttl));
+            }
+            if signals.is_none() {
+                // Subscribe, then try once more at once: the release may have been
+                // published between our attempt and the subscription.
+                signals = Some(queue.signals(&shared.nodes, &keys).await);
+                if !waited {
+                    waited = true;
+                    shared.metrics.waits.inc();
+                }
+                continue;
+            }
+            let delay = shared.options.retry.delay(attempt, holder_ttl);
+            let retry_at = (Instant::now() + delay).min(deadline);
+            let woken = tokio::select! {
+                () = next_release(signals.as_mut().map_or(&mut [][..], Vec::as_mut_slice)) => true,
+                () = tokio::time::sleep_until(retry_at) => false,
+            };
+            if woken {
+                shared.metrics.wakeups.inc();
+            } else if Instant::now() >= deadline {
+                return Err(timeout(holder_ttl));
+            }
+        }
+    }
+
+    async fn attempt(
+        &self,
+        resource: Resource,
+        keys: LockKeys,
+        permit: OwnedSemaphorePermit,
+        queue: QueueRef,
+    ) -> Result<Lease, LockError> {
+        let inner = self
+            .attempt_keeping_permit(&resource, &keys, &permit)
+            .await?;
+        Ok(self.finish(inner, permit, queue))
+    }
+
+    /// Turns a won round into a [`Lease`]: starts its watchdog and records the local holder.
+    fn finish(
+        &self,
+        inner: Arc<LeaseInner>,
+        permit: OwnedSemaphorePermit,
+        queue: QueueRef,
+    ) -> Lease {
+        queue.set_holder(&inner);
+        let stop = self
+            .shared
+            .options
+            .watchdog
+            .then(|| watchdog::spawn(inner.clone()));
+        Lease::new(inner, permit, queue, stop)
+    }
+
+    /// One Redlock round (plus the fence write-back when needed).
+    async fn attempt_keeping_permit(
+        &self,
+        resource: &Resource,
+        keys: &LockKeys,
+        _permit: &OwnedSemaphorePermit,
+    ) -> Result<Arc<LeaseInner>, LockError> {
+        let shared = &self.shared;
+        let options = &shared.options;
+        let nodes = &shared.nodes;
+        let owner = Owner::random();
+        let start = Instant::now();
+        let tally = nodes
+            .acquire(&AcquireRequest {
+                keys,
+                owner: &owner,
+                ttl: options.ttl,
+                fence_ttl: options.fence_ttl,
+            })
+            .await;
+        let quorum = nodes.quorum();
+        let valid_until = start + options.ttl - options.drift();
+        let cleanup = |nodes: &Nodes| {
+            // Every node that may hold our key: all but those that said someone else holds it.
+            let targets = (0..nodes.len()).filter(|i| !tally.held.contains(i));
+            nodes.release_in_background(targets, keys, &owner);
+        };
+        if tally.won.len() < quorum {
+            let answered = tally.won.len() + tally.held.len();
+            if tally.held.len() < nodes.len() {
+                cleanup(nodes);
+            }
+            if answered >= quorum {
+                shared.metrics.contended.inc();
+                tracing::debug!(%resource, held = tally.held.len(), won = tally.won.len(), elapsed = ?start.elapsed(), "resource held");
+                return Err(LockError::Held {
+                    resource: resource.clone(),
+                    holder_ttl: tally.holder_ttl,
+                });
+            }
+            shared.metrics.unavailable.inc();
+            tracing::warn!(%resource, answered, quorum, failures = tally.failures.len(), "no quorum");
+            return Err(LockError::Unavailable {
+                resource: resource.clone(),
+                nodes: nodes.len(),
+                answered,
+                quorum,
+                failures: tally.failures,
+            });
+        }
+
+        let token = tally.won.iter().map(|&(_, fence)| fence).max().unwrap_or(0);
+        let behind: Vec<usize> = tally
+            .won
+            .iter()
+            .filter(|&&(_, fence)| fence < token)
+            .map(|&(index, _)| index)
+            .collect();
+        if !behind.is_empty() {
+            // Write-back: a majority must hold the token before the lease counts.
+            let level = tally.won.len() - behind.len();
+            let (confirmed, failures) = nodes
+                .raise_fence(
+                    behind,
+                    keys,
+                    token,
+                    options.fence_ttl,
+                    valid_until,
+                    quorum - level.min(quorum),
+                )
+                .await;
+            if level + confirmed < quorum {
+                cleanup(nodes);
+                shared.metrics.unavailable.inc();
+                return Err(LockError::Unavailable {
+                    resource: resource.clone(),
+                    nodes: nodes.len(),
+                    answered: level + confirmed,
+                    quorum,
+                    failures,
+                });
+            }
+        }
+
+        let now = Instant::now();
+        let validity = valid_until.saturating_duration_since(now);
+        if validity <= options.min_validity {
+            cleanup(nodes);
+            shared.metrics.slow.inc();
+            tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "majority won too slowly");
+            return Err(LockError::ValidityExpired {
+                resource: resource.clone(),
+                validity,
+                min_validity: options.min_validity,
+            });
+        }
+        shared.metrics.acquired.inc();
+        tracing::debug!(%resource, votes = tally.won.len(), %token, elapsed = ?start.elapsed(), "lease acquired");
+        let (status, _) = watch::channel(Status {
+            valid_until,
+            lost: None,
+            released: false,
+        });
+        Ok(Arc::new(LeaseInner {
+            locker: shared.clone(),
+            resource: resource.clone(),
+            keys: keys.clone(),
+            owner,
+            token: FencingToken::new(token),
+            acquired_at: start,
+            status,
+        }))
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
+}
+
+impl fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redlock")
+            .field("nodes", &self.shared.nodes.len())
+            .field("quorum", &self.shared.nodes.quorum())
+            .field("options", &self.shared.options)
+            .finish()
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Counter(AtomicU64);
+
+impl Counter {
+    pub(crate) fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Metrics {
+    pub(crate) acquired: Counter,
+    pub(crate) contended: Counter,
+    pub(crate) unavailable: Counter,
+    pub(crate) slow: Counter,
+    pub(crate) waits: Counter,
+    pub(crate) wakeups: Counter,
+    pub(crate) renewals: Counter,
+    pub(crate) renewal_failures: Counter,
+    pub(crate) lost: Counter,
+    pub(crate) released: Counter,
+}
+
+impl Metrics {
+    fn snapshot(&self) -> MetricsSnapshot {
+        MetricsSnapshot {
+            acquired: self.acquired.get(),
+            contended: self.contended.get(),
+            unavailable: self.unavailable.get(),
+            too_slow: self.slow.get(),
+            waits: self.waits.get(),
+            wakeups: self.wakeups.get(),
+            renewals: self.renewals.get(),
+            renewal_failures: self.renewal_failures.get(),
+            lost: self.lost.get(),
+            released: self.released.get(),
+        }
+    }
+}
+
+/// Counters of a [`Redlock`] since it was built (see [`Redlock::metrics`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MetricsSnapshot {
+    /// Leases granted.
+    pub acquired: u64,
+    /// Attempts that found the resource held.
+    pub contended: u64,
+    /// Attempts that found too few nodes answering.
+    pub unavailable: u64,
+    /// Attempts won by a majority too slowly.
+    pub too_slow: u64,
+    /// Acquire calls that had to wait.
+    pub waits: u64,
+    /// Retries triggered by a release notification.
+    pub wakeups: u64,
+    /// Successful renewals.
+    pub renewals: u64,
+    /// Renewal rounds that did not reach a majority.
+    pub renewal_failures: u64,
+    /// Leases lost.
+    pub lost: u64,
+    /// Leases released (explicitly or by drop).
+    pub released: u64,
+}

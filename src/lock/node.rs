@@ -1,0 +1,155 @@
+//! The [`Node`] trait: one independent lock store that casts one vote.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::error::NodeError;
+use crate::lock::resource::LockKeys;
+
+/// The boxed future every node operation returns. It owns what it needs (`'static`),
+/// so the locker can finish it in the background after the quorum is decided.
+pub type NodeFuture<T> = Pin<Box<dyn Future<Output = Result<T, NodeError>> + Send + 'static>>;
+
+/// One lock store that casts one vote in the quorum: a Redis server
+/// ([`RedisNode`](crate::RedisNode)) or the in-process [`MemoryNode`](crate::MemoryNode).
+///
+/// Every operation is atomic on the node. The locker bounds each call with the
+/// per-node timeout, so an implementation need not.
+pub trait Node: Send + Sync + 'static {
+    /// A name for logs and errors, without secrets (for example the URL without password).
+    fn name(&self) -> &str;
+
+    /// Sets the lock key to `owner` with `ttl` unless it exists. On success increments
+    /// the fence counter (re-creating it from the clock when missing, refreshing its ttl
+    /// to `fence_ttl`) and returns it; otherwise returns the key's remaining ttl.
+    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply>;
+
+    /// Sets the lock key's ttl to `ttl` if it still holds `owner`. Never creates it.
+    /// Returns whether the key was extended.
+    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
+
+    /// Deletes the lock key if it still holds `owner`, and then wakes the waiters
+    /// subscribed to the resource. Returns whether the key was deleted.
+    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool>;
+
+    /// Raises the fence counter to `token` if it is lower.
+    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()>;
+
+    /// Subscribes to the release notifications of one resource. The subscription is
+    /// active when the future resolves; it ends when the last clone of the returned
+    /// [`ReleaseSignal`] is dropped.
+    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal>;
+}
+
+impl fmt::Debug for dyn Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Node({})", self.name())
+    }
+}
+
+/// Arguments of [`Node::acquire`].
+#[derive(Debug, Clone, Copy)]
+pub struct AcquireRequest<'a> {
+    /// The keys of the resource.
+    pub keys: &'a LockKeys,
+    /// The owner value of this acquisition.
+    pub owner: &'a Owner,
+    /// The lock key's time to live.
+    pub ttl: Duration,
+    /// The fence counter's time to live.
+    pub fence_ttl: Duration,
+}
+
+/// One node's answer to [`Node::acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireReply {
+    /// The key was set; the node's fence counter now reads `fence`.
+    Acquired {
+        /// The node's fence counter after the increment.
+        fence: u64,
+    },
+    /// Someone else holds the key for `pttl` more (`None`: the key has no ttl).
+    Held {
+        /// The key's remaining time to live.
+        pttl: Option<Duration>,
+    },
+}
+
+/// The random value that marks one acquisition as the owner of a key: 20 random bytes,
+/// hex-encoded. A new value is drawn for every acquisition, so ownership belongs to the
+/// lease, never to a task, thread or process.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Owner([u8; 40]);
+
+impl Owner {
+    pub(crate) fn random() -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let bytes: [u8; 20] = rand::random();
+        let mut out = [0u8; 40];
+        for (i, b) in bytes.iter().enumerate() {
+            out[2 * i] = HEX[usize::from(b >> 4)];
+            out[2 * i + 1] = HEX[usize::from(b & 0x0f)];
+        }
+        Owner(out)
+    }
+
+    /// The value as stored in the lock key.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever stored.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Owner({})", self.as_str())
+    }
+}
+
+/// A live subscription to one resource's release notifications.
+///
+/// Every notification bumps a counter; [`changed`](ReleaseSignal::changed) resolves when
+/// the counter moved past the value seen last, so a release that happened between
+/// [`mark_seen`](ReleaseSignal::mark_seen) and waiting is never missed.
+#[derive(Clone)]
+pub struct ReleaseSignal {
+    rx: watch::Receiver<u64>,
+    _subscription: Arc<dyn Send + Sync>,
+}
+
+impl ReleaseSignal {
+    /// Wraps a receiver of release counts and a guard that ends the subscription when
+    /// the last clone drops (for [`Node`] implementations).
+    pub fn new(rx: watch::Receiver<u64>, subscription: Arc<dyn Send + Sync>) -> Self {
+        ReleaseSignal {
+            rx,
+            _subscription: subscription,
+        }
+    }
+
+    /// Marks every notification so far as seen.
+    pub fn mark_seen(&mut self) {
+        self.rx.borrow_and_update();
+    }
+
+    /// Resolves at the next notification not yet seen. Pending forever if the node
+    /// dropped its sender (the fallback retry then takes over).
+    pub async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl fmt::Debug for ReleaseSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseSignal")
+            .field("releases", &*self.rx.borrow())
+            .finish()
+    }
+}

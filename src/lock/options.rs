@@ -1,0 +1,324 @@
+//! Options of a [`Redlock`](crate::Redlock), checked when the locker is built.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// Longest lease ttl accepted; keeps every millisecond count far from overflow.
+const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Longest fence-counter ttl accepted.
+const MAX_FENCE_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
+/// Redis expires keys with 1 ms precision; the drift allowance covers it.
+const DRIFT_FLOOR: Duration = Duration::from_millis(2);
+
+/// How a [`Redlock`](crate::Redlock) takes, renews and waits for leases.
+///
+/// Every setter consumes and returns the options, so they chain:
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redlock::LockOptions;
+///
+/// let options = LockOptions::default()
+///     .ttl(Duration::from_secs(5))
+///     .node_timeout(Duration::from_millis(20))
+///     .key_prefix("myapp:lock:");
+/// assert_eq!(options.get_ttl(), Duration::from_secs(5));
+/// ```
+#[derive(Clone)]
+pub struct LockOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) node_timeout: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) min_validity: Duration,
+    pub(crate) retry: Arc<dyn RetryPolicy>,
+    pub(crate) key_prefix: String,
+    pub(crate) fence_ttl: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) max_waiters: usize,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: Duration::from_secs(10),
+            node_timeout: Duration::from_millis(50),
+            drift_factor: 0.01,
+            min_validity: Duration::from_millis(5),
+            retry: Arc::new(Backoff::default()),
+            key_prefix: "redlock:".to_owned(),
+            fence_ttl: Duration::from_secs(7 * 24 * 3600),
+            watchdog: true,
+            max_hold: None,
+            max_waiters: 1000,
+        }
+    }
+}
+
+impl LockOptions {
+    /// Lease time to live (default 10 s). A holder that crashes blocks the resource for
+    /// at most this long; the watchdog renews live leases every `ttl / 3`.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long one node may take to answer (default 50 ms). A slow or paused node
+    /// costs at most this per attempt; it should be small against the ttl.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// Clock drift allowance as a fraction of the ttl (default 0.01). The validity of a
+    /// lease is `ttl - elapsed - (ttl × drift_factor + 2 ms)`.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.drift_factor = factor;
+        self
+    }
+
+    /// Least validity a fresh lease must have (default 5 ms); a majority won more slowly
+    /// counts as [`LockError::ValidityExpired`](crate::LockError::ValidityExpired).
+    pub fn min_validity(mut self, min: Duration) -> Self {
+        self.min_validity = min;
+        self
+    }
+
+    /// Delay between attempts of a waiting acquire when no wake-up arrives
+    /// (default [`Backoff::default`]).
+    pub fn retry_policy(mut self, policy: impl RetryPolicy) -> Self {
+        self.retry = Arc::new(policy);
+        self
+    }
+
+    /// Prefix of every key (default `redlock:`). Must not contain `{` or `}`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Time to live of the fence counters (default 7 days, refreshed on every acquire).
+    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
+        self.fence_ttl = ttl;
+        self
+    }
+
+    /// Renew held leases in the background every `ttl / 3` (default on).
+    pub fn watchdog(mut self, enabled: bool) -> Self {
+        self.watchdog = enabled;
+        self
+    }
+
+    /// Stop renewing a lease once it has been held this long (default: no limit).
+    pub fn max_hold(mut self, max: Option<Duration>) -> Self {
+        self.max_hold = max;
+        self
+    }
+
+    /// Most callers of this process that may wait for one resource at once
+    /// (default 1,000); one more gets [`LockError::QueueFull`](crate::LockError::QueueFull).
+    pub fn max_waiters(mut self, max: usize) -> Self {
+        self.max_waiters = max;
+        self
+    }
+
+    /// The lease time to live.
+    pub fn get_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The per-node timeout.
+    pub fn get_node_timeout(&self) -> Duration {
+        self.node_timeout
+    }
+
+    /// The key prefix.
+    pub fn get_key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// `ttl × drift_factor + 2 ms`: how much validity is set aside for clock drift.
+    pub fn drift(&self) -> Duration {
+        drift(self.ttl, self.drift_factor)
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.ttl.is_zero() || self.ttl > MAX_TTL {
+            return Err(ConfigError::new(format!(
+                "ttl must be between 1 ms and {} days, got {:?}",
+                MAX_TTL.as_secs() / 86_400,
+                self.ttl
+            )));
+        }
+        if self.node_timeout.is_zero() {
+            return Err(ConfigError::new("node_timeout must be greater than zero"));
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return Err(ConfigError::new(format!(
+                "drift_factor must be in [0, 0.5), got {}",
+                self.drift_factor
+            )));
+        }
+        let reserved = self.drift() + self.min_validity;
+        if self.ttl <= reserved + self.node_timeout {
+            return Err(ConfigError::new(format!(
+                "ttl {:?} leaves no validity: drift {:?} + min_validity {:?} + node_timeout {:?} reach it; use a longer ttl",
+                self.ttl,
+                self.drift(),
+                self.min_validity,
+                self.node_timeout
+            )));
+        }
+        if self.key_prefix.contains(['{', '}']) {
+            return Err(ConfigError::new(format!(
+                "key_prefix must not contain braces (they form the Redis Cluster hash tag), got {:?}",
+                self.key_prefix
+            )));
+        }
+        if self.fence_ttl < self.ttl || self.fence_ttl > MAX_FENCE_TTL {
+            return Err(ConfigError::new(format!(
+                "fence_ttl must be at least the ttl and at most 366 days, got {:?}",
+                self.fence_ttl
+            )));
+        }
+        if let Some(max) = self.max_hold {
+            if max.is_zero() {
+                return Err(ConfigError::new("max_hold must be greater than zero"));
+            }
+        }
+        if self.max_waiters == 0 {
+            return Err(ConfigError::new("max_waiters must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for LockOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockOptions")
+            .field("ttl", &self.ttl)
+            .field("node_timeout", &self.node_timeout)
+            .field("drift_factor", &self.drift_factor)
+            .field("min_validity", &self.min_validity)
+            .field("key_prefix", &self.key_prefix)
+            .field("fence_ttl", &self.fence_ttl)
+            .field("watchdog", &self.watchdog)
+            .field("max_hold", &self.max_hold)
+            .field("max_waiters", &self.max_waiters)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn drift(ttl: Duration, factor: f64) -> Duration {
+    ttl.mul_f64(factor) + DRIFT_FLOOR
+}
+
+/// Whole milliseconds, rounded up, as Redis takes them.
+pub(crate) fn millis_ceil(d: Duration) -> u64 {
+    let ms = d.as_millis();
+    let ms = if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        ms + 1
+    } else {
+        ms
+    };
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// How long a waiting acquire sleeps before its next attempt when no release
+/// notification arrives (lost message, crashed holder).
+///
+/// Implemented for closures `Fn(u32, Option<Duration>) -> Duration`.
+pub trait RetryPolicy: Send + Sync + 'static {
+    /// Delay before attempt `attempt + 1` (`attempt` starts at 1). `holder_ttl` is the
+    /// holder's remaining time to live when the nodes reported it.
+    fn delay(&self, attempt: u32, holder_ttl: Option<Duration>) -> Duration;
+}
+
+impl<F> RetryPolicy for F
+where
+    F: Fn(u32, Option<Duration>) -> Duration + Send + Sync + 'static,
+{
+    fn delay(&self, attempt: u32, holder_ttl: Option<Duration>) -> Duration {
+        self(attempt, holder_ttl)
+    }
+}
+
+/// Exponential backoff with full jitter, capped by the holder's remaining ttl:
+/// `random(0 ..= min(max, base × 2^(attempt-1), holder_ttl))`.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    /// First delay bound (default 10 ms).
+    pub base: Duration,
+    /// Largest delay bound (default 500 ms).
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            base: Duration::from_millis(10),
+            max: Duration::from_millis(500),
+        }
+    }
+}
+
+impl RetryPolicy for Backoff {
+    fn delay(&self, attempt: u32, holder_ttl: Option<Duration>) -> Duration {
+        let exp = attempt.saturating_sub(1).min(20);
+        let mut bound = self.base.saturating_mul(1 << exp).min(self.max);
+        if let Some(ttl) = holder_ttl {
+            // The holder's key is gone by then at the latest; wake up just after.
+            bound = bound.min(ttl + Duration::from_millis(1));
+        }
+        bound.mul_f64(rand::random::<f64>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        LockOptions::default().validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_what_cannot_work() {
+        let bad = [
+            LockOptions::default().ttl(Duration::ZERO),
+            LockOptions::default().ttl(Duration::from_millis(10)),
+            LockOptions::default().ttl(Duration::from_secs(365 * 24 * 3600)),
+            LockOptions::default().node_timeout(Duration::ZERO),
+            LockOptions::default().drift_factor(0.5),
+            LockOptions::default().drift_factor(f64::NAN),
+            LockOptions::default().drift_factor(-0.1),
+            LockOptions::default().key_prefix("a{b}"),
+            LockOptions::default().fence_ttl(Duration::from_secs(1)),
+            LockOptions::default().max_hold(Some(Duration::ZERO)),
+            LockOptions::default().max_waiters(0),
+        ];
+        for options in bad {
+            let err = options.validate().expect_err(&format!("{options:?}"));
+            assert!(err.to_string().starts_with("invalid lock configuration"));
+        }
+    }
+
+    #[test]
+    fn backoff_stays_within_bounds() {
+        let b = Backoff::default();
+        for attempt in 1..40 {
+            assert!(b.delay(attempt, None) <= b.max);
+            assert!(b.delay(attempt, Some(Duration::from_millis(3))) <= Duration::from_millis(4));
+        }
+    }
+
+    #[test]
+    fn millis_round_up() {
+        assert_eq!(millis_ceil(Duration::from_micros(1500)), 2);
+        assert_eq!(millis_ceil(Duration::from_millis(7)), 7);
+    }
+}

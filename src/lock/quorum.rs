@@ -1,0 +1,267 @@
+//! Fan-out to the nodes: every operation goes to all nodes at once, each bounded by
+//! the per-node timeout, and the caller stops listening as soon as the outcome is
+//! decided rather than waiting for the slowest node.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::time::Instant;
+
+use crate::error::{NodeError, NodeFailure};
+use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner};
+use crate::lock::resource::LockKeys;
+
+/// The nodes of a locker and the majority they need.
+pub(crate) struct Nodes {
+    list: Box<[Arc<dyn Node>]>,
+    quorum: usize,
+    timeout: Duration,
+}
+
+/// What to do with the calls still running once the outcome is decided.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stragglers {
+    /// Drop them: their effect is covered by a later release on every node.
+    Drop,
+    /// Let them finish in the background, so every node gets the command.
+    Finish,
+}
+
+/// The per-node answers of one acquire round.
+pub(crate) struct AcquireTally {
+    /// Nodes that granted the lock, with their fence counters.
+    pub(crate) won: Vec<(usize, u64)>,
+    /// Nodes on which someone else holds the lock.
+    pub(crate) held: Vec<usize>,
+    /// The largest remaining ttl reported by a holder.
+    pub(crate) holder_ttl: Option<Duration>,
+    pub(crate) failures: Vec<NodeFailure>,
+}
+
+/// The per-node answers of an extend or release round.
+#[derive(Default)]
+pub(crate) struct OwnerTally {
+    /// Nodes on which our key was still ours (and was extended or deleted).
+    pub(crate) yes: usize,
+    /// Nodes on which our key was gone or belonged to someone else.
+    pub(crate) no: usize,
+    pub(crate) failures: Vec<NodeFailure>,
+}
+
+impl Nodes {
+    pub(crate) fn new(list: Vec<Arc<dyn Node>>, timeout: Duration) -> Self {
+        let quorum = list.len() / 2 + 1;
+        Nodes {
+            list: list.into_boxed_slice(),
+            quorum,
+            timeout,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub(crate) fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn each(&self) -> impl Iterator<Item = &Arc<dyn Node>> {
+        self.list.iter()
+    }
+
+    pub(crate) fn name(&self, index: usize) -> Arc<str> {
+        self.list[index].name().into()
+    }
+
+    /// One acquire round on every node. Returns once a majority granted the lock, or
+    /// once it is certain that none can and whether that is contention or failure.
+    pub(crate) async fn acquire(&self, request: &AcquireRequest<'_>) -> AcquireTally {
+        let mut tally = AcquireTally {
+            won: Vec::with_capacity(self.list.len()),
+            held: Vec::new(),
+            holder_ttl: None,
+            failures: Vec::new(),
+        };
+        let quorum = self.quorum;
+        self.fan_out(
+            0..self.list.len(),
+            self.timeout,
+            |node| node.acquire(request),
+            |index, answer, pending| {
+                match answer {
+                    Ok(AcquireReply::Acquired { fence }) => tally.won.push((index, fence)),
+                    Ok(AcquireReply::Held { pttl }) => {
+                        tally.held.push(index);
+                        tally.holder_ttl = tally.holder_ttl.max(pttl);
+                    }
+                    Err(error) => tally.failures.push(NodeFailure {
+                        node: self.name(index),
+                        error,
+                    }),
+                }
+                let won = tally.won.len();
+                let answered = won + tally.held.len();
+                // Success is decided by a majority of grants; failure once a majority
+                // is out of reach *and* it is clear whether enough nodes answered to
+                // call it contention rather than an unavailable store.
+                won >= quorum
+                    || (won + pending < quorum
+                        && (answered >= quorum || answered + pending < quorum))
+            },
+            Stragglers::Drop,
+        )
+        .await;
+        tally
+    }
+
+    /// Raises the fence counter to `token` on the given nodes; returns how many confirmed.
+    pub(crate) async fn raise_fence(
+        &self,
+        targets: Vec<usize>,
+        keys: &LockKeys,
+        token: u64,
+        fence_ttl: Duration,
+        deadline: Instant,
+        needed: usize,
+    ) -> (usize, Vec<NodeFailure>) {
+        let mut confirmed = 0;
+        let mut failures = Vec::new();
+        let timeout = self
+            .timeout
+            .min(deadline.saturating_duration_since(Instant::now()));
+        self.fan_out(
+            targets,
+            timeout,
+            |node| node.raise_fence(keys, token, fence_ttl),
+            |index, answer, pending| {
+                match answer {
+                    Ok(()) => confirmed += 1,
+                    Err(error) => failures.push(NodeFailure {
+                        node: self.name(index),
+                        error,
+                    }),
+                }
+                confirmed >= needed || confirmed + pending < needed
+            },
+            Stragglers::Finish,
+        )
+        .await;
+        (confirmed, failures)
+    }
+
+    /// One extend round: decided once a majority extended, or a majority said the key
+    /// is no longer ours, or neither can happen any more.
+    pub(crate) async fn extend(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> OwnerTally {
+        self.owner_round(
+            timeout,
+            |node| node.extend(keys, owner, ttl),
+            Stragglers::Drop,
+        )
+        .await
+    }
+
+    /// One release round; every node gets the command, the caller only waits until
+    /// the outcome is decided.
+    pub(crate) async fn release(&self, keys: &LockKeys, owner: &Owner) -> OwnerTally {
+        self.owner_round(
+            self.timeout,
+            |node| node.release(keys, owner),
+            Stragglers::Finish,
+        )
+        .await
+    }
+
+    /// Releases on the given nodes in the background (cleanup of a failed attempt).
+    pub(crate) fn release_in_background(
+        &self,
+        targets: impl IntoIterator<Item = usize>,
+        keys: &LockKeys,
+        owner: &Owner,
+    ) {
+        let timeout = self.timeout;
+        let calls: FuturesUnordered<_> = targets
+            .into_iter()
+            .map(|index| bounded(timeout, self.list[index].release(keys, owner)))
+            .collect();
+        if !calls.is_empty() {
+            tokio::spawn(calls.for_each(|_| async {}));
+        }
+    }
+
+    async fn owner_round(
+        &self,
+        timeout: Duration,
+        call: impl FnMut(&dyn Node) -> NodeFuture<bool>,
+        stragglers: Stragglers,
+    ) -> OwnerTally {
+        let mut tally = OwnerTally::default();
+        let quorum = self.quorum;
+        self.fan_out(
+            0..self.list.len(),
+            timeout,
+            call,
+            |index, answer, pending| {
+                match answer {
+                    Ok(true) => tally.yes += 1,
+                    Ok(false) => tally.no += 1,
+                    Err(error) => tally.failures.push(NodeFailure {
+                        node: self.name(index),
+                        error,
+                    }),
+                }
+                tally.yes >= quorum
+                    || tally.no >= quorum
+                    || (tally.yes + pending < quorum && tally.no + pending < quorum)
+            },
+            stragglers,
+        )
+        .await;
+        tally
+    }
+
+    /// Calls `call` on the `targets` concurrently and feeds every answer to `decided`
+    /// (with the number of calls still pending) until it returns `true`.
+    async fn fan_out<T: Send + 'static>(
+        &self,
+        targets: impl IntoIterator<Item = usize>,
+        timeout: Duration,
+        mut call: impl FnMut(&dyn Node) -> NodeFuture<T>,
+        mut decided: impl FnMut(usize, Result<T, NodeError>, usize) -> bool,
+        stragglers: Stragglers,
+    ) {
+        let mut pending: FuturesUnordered<_> = targets
+            .into_iter()
+            .map(|index| {
+                let answer = bounded(timeout, call(&*self.list[index]));
+                async move { (index, answer.await) }
+            })
+            .collect();
+        while let Some((index, answer)) = pending.next().await {
+            if decided(index, answer, pending.len()) {
+                break;
+            }
+        }
+        if stragglers == Stragglers::Finish && !pending.is_empty() {
+            tokio::spawn(pending.for_each(|_| async {}));
+        }
+    }
+}
+
+async fn bounded<T>(timeout: Duration, call: NodeFuture<T>) -> Result<T, NodeError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(answer) => answer,
+        Err(_) => Err(NodeError::Timeout(timeout)),
+    }
+}

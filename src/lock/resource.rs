@@ -1,0 +1,160 @@
+//! Resource names and the Redis keys derived from them.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// The name of a lockable thing, such as `order:42`.
+///
+/// A resource is built from one or more parts. Each part is escaped (`%`, `:`, `{`
+/// and `}` become `%25`, `%3A`, `%7B`, `%7D`) and the parts are joined with `:`, so
+/// two different part lists never name the same resource, and no part can break the
+/// Redis Cluster hash tag of the keys.
+///
+/// ```
+/// use tower_redlock::Resource;
+///
+/// let a = Resource::new("ab").join("c");
+/// let b = Resource::new("a").join("bc");
+/// assert_ne!(a, b);
+/// assert_eq!(a.as_str(), "ab:c");
+/// assert_eq!(Resource::new("a:b").as_str(), "a%3Ab");
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Resource(Arc<str>);
+
+impl Resource {
+    /// A resource of one part.
+    pub fn new(part: impl AsRef<str>) -> Self {
+        let mut encoded = String::with_capacity(part.as_ref().len());
+        escape_into(&mut encoded, part.as_ref());
+        Resource(encoded.into())
+    }
+
+    /// This resource with one more part appended.
+    #[must_use]
+    pub fn join(&self, part: impl AsRef<str>) -> Self {
+        let mut encoded = String::with_capacity(self.0.len() + 1 + part.as_ref().len());
+        encoded.push_str(&self.0);
+        encoded.push(':');
+        escape_into(&mut encoded, part.as_ref());
+        Resource(encoded.into())
+    }
+
+    /// The encoded name, as it appears inside the Redis keys.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn escape_into(out: &mut String, part: &str) {
+    for c in part.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Resource({:?})", &*self.0)
+    }
+}
+
+impl From<&str> for Resource {
+    fn from(part: &str) -> Self {
+        Resource::new(part)
+    }
+}
+
+impl From<String> for Resource {
+    fn from(part: String) -> Self {
+        Resource::new(part)
+    }
+}
+
+impl From<&Resource> for Resource {
+    fn from(resource: &Resource) -> Self {
+        resource.clone()
+    }
+}
+
+/// The keys a node uses for one resource: `{prefix}{<resource>}` for the lock,
+/// `…:fence` for the fence counter and `…:released` for the wake-up channel.
+/// The braces form a Redis Cluster hash tag, so all three map to one slot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LockKeys {
+    /// The lock key, holding the owner value.
+    pub lock: String,
+    /// The fence counter key.
+    pub fence: String,
+    /// The pub/sub channel the release script publishes on.
+    pub channel: String,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &str, resource: &Resource) -> Self {
+        let lock = format!("{prefix}{{{}}}", resource.as_str());
+        LockKeys {
+            fence: format!("{lock}:fence"),
+            channel: format!("{lock}:released"),
+            lock,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn different_part_lists_never_collide() {
+        let lists: &[&[&str]] = &[
+            &["ab", "c"],
+            &["a", "bc"],
+            &["a:b", "c"],
+            &["a", "b:c"],
+            &["a", "b", "c"],
+            &["a%3Ab", "c"],
+            &["", ""],
+            &[":"],
+            &[""],
+            &["%"],
+            &["{a}"],
+        ];
+        let encoded: Vec<Resource> = lists
+            .iter()
+            .map(|parts| {
+                let mut r = Resource::new(parts[0]);
+                for p in &parts[1..] {
+                    r = r.join(p);
+                }
+                r
+            })
+            .collect();
+        for (i, a) in encoded.iter().enumerate() {
+            for (j, b) in encoded.iter().enumerate() {
+                if i != j {
+                    assert_ne!(a, b, "{:?} and {:?} collide", lists[i], lists[j]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let keys = LockKeys::new("redlock:", &Resource::new("a}b{").join("c"));
+        assert_eq!(keys.lock, "redlock:{a%7Db%7B:c}");
+        assert_eq!(keys.fence, "redlock:{a%7Db%7B:c}:fence");
+        assert_eq!(keys.channel, "redlock:{a%7Db%7B:c}:released");
+    }
+}

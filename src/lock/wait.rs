@@ -1,0 +1,177 @@
+//! Waiting for a held resource without polling.
+//!
+//! Inside a process, callers that want the same resource queue FIFO on a one-permit
+//! semaphore: only the head of the queue (or the holder) talks to the nodes, and a
+//! release of this process hands the resource to the next local waiter at once.
+//!
+//! Across processes, the head waiter subscribes to the resource's release channel on
+//! every node (one shared pub/sub connection per node) and retries as soon as a
+//! release is published. A fallback retry with exponential backoff and full jitter,
+//! capped by the holder's remaining ttl, covers lost messages and crashed holders.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use futures_util::future::select_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{OnceCell, Semaphore};
+use tokio::time::Instant;
+
+use crate::lock::lease::LeaseInner;
+use crate::lock::node::ReleaseSignal;
+use crate::lock::quorum::Nodes;
+use crate::lock::resource::{LockKeys, Resource};
+
+/// The waiters and the holder of one resource inside this process.
+pub(crate) struct LocalQueue {
+    /// One permit: held by the local lease, or by the head waiter while it contends.
+    pub(crate) permit: Arc<Semaphore>,
+    /// Callers waiting for the permit.
+    waiting: AtomicUsize,
+    /// The local lease holding the resource, if any.
+    holder: Mutex<Weak<LeaseInner>>,
+    /// Release subscriptions on the nodes, made by the first waiter that needed them
+    /// and kept while the queue lives.
+    signals: OnceCell<Vec<ReleaseSignal>>,
+}
+
+/// All local queues of a locker, one per resource in use.
+#[derive(Default)]
+pub(crate) struct Queues {
+    map: Mutex<HashMap<Resource, Arc<LocalQueue>>>,
+}
+
+/// A counted reference to a resource's local queue. The queue is removed from the map
+/// when the last reference drops.
+pub(crate) struct QueueRef {
+    queues: Arc<Queues>,
+    resource: Resource,
+    queue: Arc<LocalQueue>,
+}
+
+impl Queues {
+    pub(crate) fn get(self: &Arc<Self>, resource: &Resource) -> QueueRef {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = map
+            .entry(resource.clone())
+            .or_insert_with(|| {
+                Arc::new(LocalQueue {
+                    permit: Arc::new(Semaphore::new(1)),
+                    waiting: AtomicUsize::new(0),
+                    holder: Mutex::new(Weak::new()),
+                    signals: OnceCell::new(),
+                })
+            })
+            .clone();
+        QueueRef {
+            queues: self.clone(),
+            resource: resource.clone(),
+            queue,
+        }
+    }
+
+    /// Number of resources with a local holder or waiter.
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl Drop for QueueRef {
+    fn drop(&mut self) {
+        let mut map = self.queues.map.lock().unwrap_or_else(|p| p.into_inner());
+        // Every clone of the Arc is made under this lock, so the count cannot grow
+        // while we look: two means the map and us.
+        if Arc::strong_count(&self.queue) == 2 {
+            map.remove(&self.resource);
+        }
+    }
+}
+
+impl std::ops::Deref for QueueRef {
+    type Target = LocalQueue;
+
+    fn deref(&self) -> &LocalQueue {
+        &self.queue
+    }
+}
+
+/// Counts one waiting caller for as long as it lives.
+pub(crate) struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl LocalQueue {
+    /// Joins the waiters unless `limit` already wait.
+    pub(crate) fn enter(&self, limit: usize) -> Option<Waiting<'_>> {
+        let mut current = self.waiting.load(Ordering::Acquire);
+        loop {
+            if current >= limit {
+                return None;
+            }
+            match self.waiting.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(Waiting(&self.waiting)),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Remaining validity of the local holder, if a lease of this process holds it.
+    pub(crate) fn holder_ttl(&self) -> Option<std::time::Duration> {
+        let holder = self
+            .holder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .upgrade()?;
+        let status = holder.status();
+        if status.released || status.lost.is_some() {
+            return None;
+        }
+        Some(status.valid_until.saturating_duration_since(Instant::now()))
+    }
+
+    pub(crate) fn set_holder(&self, lease: &Arc<LeaseInner>) {
+        *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(lease);
+    }
+
+    /// The release subscriptions on every node that answered, made on first use.
+    pub(crate) async fn signals(&self, nodes: &Nodes, keys: &LockKeys) -> Vec<ReleaseSignal> {
+        self.signals
+            .get_or_init(|| nodes.subscribe_all(keys))
+            .await
+            .clone()
+    }
+}
+
+impl Nodes {
+    /// Subscribes to the resource's release channel on every node, concurrently;
+    /// nodes that fail or time out are left out (the fallback retry covers them).
+    pub(crate) async fn subscribe_all(&self, keys: &LockKeys) -> Vec<ReleaseSignal> {
+        let timeout = self.timeout();
+        let calls: FuturesUnordered<_> = self
+            .each()
+            .map(|node| tokio::time::timeout(timeout, node.subscribe(keys)))
+            .collect();
+        calls
+            .filter_map(|answer| async move { answer.ok().and_then(Result::ok) })
+            .collect()
+            .await
+    }
+}
+
+/// Resolves at the next release notification on any of the signals; never when empty.
+pub(crate) async fn next_release(signals: &mut [ReleaseSignal]) {
+    if signals.is_empty() {
+        return std::future::pending().await;
+    }
+    select_all(signals.iter_mut().map(|s| Box::pin(s.changed()))).await;
+}

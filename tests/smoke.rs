@@ -1,0 +1,54 @@
+//! A first end-to-end check of the engine on three real redis-server nodes.
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::RedisServer;
+use tower_redlock::{LockError, LockOptions, Redlock, ReleaseOutcome};
+
+fn locker(servers: &[RedisServer], options: LockOptions) -> Redlock {
+    Redlock::connect(servers.iter().map(|s| s.url()), options).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_release_and_exclusion_on_three_nodes() {
+    let servers = RedisServer::start_many(3);
+    let locker = locker(&servers, LockOptions::default());
+    let lease = locker.try_acquire("smoke").await.unwrap();
+    for s in &servers {
+        assert_eq!(s.get("redlock:{smoke}").as_deref(), Some(lease.owner()));
+    }
+    let err = locker.try_acquire("smoke").await.unwrap_err();
+    assert!(matches!(err, LockError::Held { .. }), "{err}");
+    let other = locker.clone();
+    let token = lease.fencing_token();
+    assert_eq!(lease.release().await, ReleaseOutcome::Released);
+    let lease2 = other.try_acquire("smoke").await.unwrap();
+    assert!(lease2.fencing_token() > token);
+    drop(lease2);
+
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let locker = locker.clone();
+        let inside = inside.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tokens = Vec::new();
+            for _ in 0..5 {
+                let lease = locker.acquire("hot", Duration::from_secs(30)).await.unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "overlap");
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                tokens.push(lease.fencing_token());
+                lease.release().await;
+            }
+            tokens
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(locker.local_resources(), 0);
+}
