@@ -37,7 +37,10 @@ async fn acquire_release_and_exclusion_on_three_nodes() {
         tasks.push(tokio::spawn(async move {
             let mut tokens = Vec::new();
             for _ in 0..5 {
-                let lease = locker.acquire("hot", Duration::from_secs(30)).await.unwrap();
+                let lease = locker
+                    .acquire("hot", Duration::from_secs(30))
+                    .await
+                    .unwrap();
                 assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "overlap");
                 tokio::task::yield_now().await;
                 inside.fetch_sub(1, Ordering::SeqCst);

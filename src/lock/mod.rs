@@ -83,6 +83,7 @@ pub use resource::{LockKeys, Resource};
 #[derive(Clone)]
 pub struct Redlock {
     shared: Arc<Shared>,
+    max_waiters: usize,
 }
 
 pub(crate) struct Shared {
@@ -121,6 +122,7 @@ impl Redlock {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ConfigError::new("a locker must be created inside a Tokio runtime"))?;
         Ok(Redlock {
+            max_waiters: options.max_waiters,
             shared: Arc::new(Shared {
                 nodes: Nodes::new(nodes, options.node_timeout),
                 options,
@@ -155,6 +157,15 @@ impl Redlock {
             .map(|url| RedisNode::open(url.as_ref()).map(|n| Arc::new(n) as Arc<dyn Node>))
             .collect::<Result<Vec<_>, _>>()?;
         Self::from_nodes(nodes, options)
+    }
+
+    /// This locker with another bound on the callers of this process that may wait for
+    /// one resource at once (see [`LockOptions::max_waiters`]). Shares everything else.
+    pub fn with_max_waiters(&self, max: usize) -> Self {
+        Redlock {
+            shared: self.shared.clone(),
+            max_waiters: max.max(1),
+        }
     }
 
     /// The options this locker was built with.
@@ -230,14 +241,11 @@ impl Redlock {
         let started = Instant::now();
         let shared = &self.shared;
         let queue = shared.queues.get(&resource);
-        let waiting = match queue.enter(shared.options.max_waiters) {
-            Some(waiting) => waiting,
-            None => {
-                return Err(LockError::QueueFull {
-                    resource,
-                    limit: shared.options.max_waiters,
-                })
-            }
+        let Some(waiting) = queue.enter(self.max_waiters) else {
+            return Err(LockError::QueueFull {
+                resource,
+                limit: self.max_waiters,
+            });
         };
         let timeout = |holder_ttl| LockError::WaitTimeout {
             resource: resource.clone(),
