@@ -140,6 +140,10 @@ pub enum NodeError {
     /// The answer had an unexpected shape.
     #[error("unexpected reply: {0}")]
     Protocol(Arc<str>),
+    /// The node does not implement the operation (for example outcome records on a
+    /// node kind that has no record commands yet).
+    #[error("not supported by this node: {0}")]
+    Unsupported(Arc<str>),
 }
 
 /// Options or node lists that cannot work, rejected when the locker is built.

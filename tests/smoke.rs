@@ -17,9 +17,12 @@ async fn acquire_release_and_exclusion_on_three_nodes() {
     let servers = RedisServer::start_many(3);
     let locker = locker(&servers, LockOptions::default());
     let lease = locker.try_acquire("smoke").await.unwrap();
-    for s in &servers {
-        assert_eq!(s.get("redlock:{smoke}").as_deref(), Some(lease.owner()));
-    }
+    // A majority holds our key when acquire returns; the third node may still be answering.
+    let holding = servers
+        .iter()
+        .filter(|s| s.get("redlock:{smoke}").as_deref() == Some(lease.owner()))
+        .count();
+    assert!(holding >= 2, "only {holding} nodes hold the key");
     let err = locker.try_acquire("smoke").await.unwrap_err();
     assert!(matches!(err, LockError::Held { .. }), "{err}");
     let other = locker.clone();

@@ -86,13 +86,14 @@ impl LeaseInner {
         let marked = self.status.send_if_modified(|s| {
             if s.lost.is_none() && !s.released {
                 s.lost = Some(cause);
+                // Counted before `lost()` wakes up, so the metrics never lag the signal.
+                self.locker.metrics.lost.inc();
                 true
             } else {
                 false
             }
         });
         if marked {
-            self.locker.metrics.lost.inc();
             tracing::warn!(resource = %self.resource, token = %self.token, %cause, "lease lost");
         }
         marked
@@ -216,6 +217,11 @@ impl Lease {
         if let Some(cause) = status.lost {
             return Err(self.lost_error(cause));
         }
+        if status.valid_until <= Instant::now() && !inner.locker.options.watchdog {
+            // Ran out before anyone asked: the same answer `lost()` gives.
+            inner.mark_lost(LostCause::Expired);
+            return Err(self.lost_error(inner.status().lost.unwrap_or(LostCause::Expired)));
+        }
         match inner.extend(status.valid_until).await {
             Ok(_) => Ok(self.remaining()),
             Err(ExtendFailure::KeyLost) => {
@@ -246,7 +252,7 @@ impl Lease {
     }
 
     /// Releases the resource: compare-and-delete on every node, then hands the resource
-    /// to the next waiter of this process. Returns once the outcome is decided.
+    /// to the next waiter of this process. Returns once every node answered or timed out.
     pub async fn release(mut self) -> ReleaseOutcome {
         let held = self.held.take();
         let outcome = release(&self.handle.inner).await;
@@ -313,6 +319,11 @@ pub struct LeaseHandle {
 }
 
 impl LeaseHandle {
+    /// The lease's state, for the outcome records (`record.rs`).
+    pub(crate) fn lease_inner(&self) -> &LeaseInner {
+        &self.inner
+    }
+
     /// The resource this lease holds.
     pub fn resource(&self) -> &Resource {
         &self.inner.resource

@@ -1,15 +1,18 @@
 //! [`MemoryNode`]: the lock store inside the process, the embedded default.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::error::NodeError;
-use crate::lock::fencing::counter_start;
+use crate::lock::fencing::FencingToken;
+use crate::lock::fencing::{counter_start, unix_ms};
 use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 use crate::lock::resource::LockKeys;
 
 /// Sweep expired keys after this many writes, so unique resources (idempotency keys)
@@ -51,6 +54,53 @@ struct Shared {
     store: Mutex<Store>,
     channels: Mutex<HashMap<String, watch::Sender<u64>>>,
     fault: Mutex<Fault>,
+    order: Order,
+}
+
+/// Delayed operations apply in the order they were issued, as commands sent over one
+/// connection do: ticket `n` waits until ticket `n - 1` has applied (or was dropped).
+struct Order {
+    issued: AtomicU64,
+    applied: watch::Sender<u64>,
+}
+
+impl Default for Order {
+    fn default() -> Self {
+        Order {
+            issued: AtomicU64::new(0),
+            applied: watch::channel(0).0,
+        }
+    }
+}
+
+struct Ticket {
+    shared: Arc<Shared>,
+    number: u64,
+}
+
+impl Ticket {
+    fn issue(shared: &Arc<Shared>) -> Self {
+        Ticket {
+            shared: shared.clone(),
+            number: shared.order.issued.fetch_add(1, Ordering::AcqRel) + 1,
+        }
+    }
+
+    async fn turn(&self) {
+        let mut applied = self.shared.order.applied.subscribe();
+        // The sender lives as long as `self.shared`: this cannot fail.
+        let _ = applied.wait_for(|&done| done + 1 >= self.number).await;
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let number = self.number;
+        self.shared
+            .order
+            .applied
+            .send_modify(|done| *done = (*done).max(number));
+    }
 }
 
 #[derive(Default)]
@@ -82,7 +132,9 @@ impl MemoryNode {
     }
 
     /// Delays every answer by `delay`, as a slow network. The operation itself happens
-    /// when the delay has passed.
+    /// when the delay has passed, whether or not the caller still waits for the answer
+    /// (as a command already sent to a slow server does), and delayed operations apply
+    /// in the order they were issued.
     pub fn set_delay(&self, delay: Duration) {
         lock(&self.shared.fault).delay = delay;
     }
@@ -162,9 +214,28 @@ impl MemoryNode {
         if fault.delay.is_zero() {
             return Box::pin(std::future::ready(check()));
         }
-        Box::pin(async move {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Box::pin(async move {
+                tokio::time::sleep(fault.delay).await;
+                check()
+            });
+        };
+        // Run the operation on its own task, so that it lands even when the caller
+        // gives up on the answer (a timed-out or decided quorum round): the locker
+        // must clean up after such late writes, and tests must be able to see them.
+        let ticket = Ticket::issue(&self.shared);
+        let (tx, rx) = oneshot::channel();
+        runtime.spawn(async move {
             tokio::time::sleep(fault.delay).await;
-            check()
+            ticket.turn().await;
+            let _ = tx.send(check());
+        });
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(NodeError::Connection(
+                    "memory node stopped with the runtime".into(),
+                ))
+            })
         })
     }
 }
@@ -209,12 +280,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding these locks cannot leave the maps half-updated in a way
     // that matters (each update is one insert or remove), so poisoning is ignored.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl Node for MemoryNode {
@@ -333,6 +398,212 @@ impl Node for MemoryNode {
             Ok(ReleaseSignal::new(rx, Arc::new(())))
         })
     }
+
+    // Outcome records (idempotent replay), stored as text in an ordinary entry of the
+    // record key, so expiry, `clear`, `delete` and the fault injection apply to them.
+    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
+        let key = keys.record();
+        self.run(move |shared| {
+            let mut store = lock(&shared.store);
+            match store.live(&key, Instant::now()) {
+                Some(entry) => match MemRecord::parse(&entry.value)? {
+                    MemRecord::Done(record) => Ok(Some(record)),
+                    MemRecord::Pending { .. } => Ok(None),
+                },
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
+        let lock_key = request.keys.lock.clone();
+        let key = request.keys.record();
+        let owner = request.owner.as_str().to_owned();
+        let token = request.token;
+        let fingerprint = request.fingerprint.to_vec();
+        let (pending_ttl, orphan_ttl) = (request.pending_ttl, request.orphan_ttl);
+        self.run(move |shared| {
+            let now = Instant::now();
+            let mut store = lock(&shared.store);
+            let current = match store.live(&key, now) {
+                Some(entry) => Some(MemRecord::parse(&entry.value)?),
+                None => None,
+            };
+            if let Some(MemRecord::Done(record)) = current {
+                return Ok(ClaimReply::Completed(record));
+            }
+            if store.live(&lock_key, now).is_none_or(|e| e.value != owner) {
+                return Ok(ClaimReply::NotOwner);
+            }
+            match current {
+                Some(MemRecord::Pending {
+                    token: other,
+                    fingerprint,
+                    orphan,
+                }) => {
+                    if other == token {
+                        return Ok(ClaimReply::Claimed);
+                    }
+                    let Some(entry) = store.live(&key, now) else {
+                        return Ok(ClaimReply::Orphaned { pttl: None });
+                    };
+                    if !orphan {
+                        entry.value = MemRecord::Pending {
+                            token: other,
+                            fingerprint,
+                            orphan: true,
+                        }
+                        .encode();
+                        if let Some(ttl) = orphan_ttl {
+                            entry.expires = Some(now + ttl);
+                        }
+                    }
+                    let pttl = entry.expires.map(|at| at.saturating_duration_since(now));
+                    Ok(ClaimReply::Orphaned { pttl })
+                }
+                Some(MemRecord::Done(_)) | None => {
+                    let value = MemRecord::Pending {
+                        token,
+                        fingerprint,
+                        orphan: false,
+                    }
+                    .encode();
+                    store.entries.insert(
+                        key,
+                        Entry {
+                            value,
+                            expires: Some(now + pending_ttl),
+                        },
+                    );
+                    store.wrote(now);
+                    Ok(ClaimReply::Claimed)
+                }
+            }
+        })
+    }
+
+    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
+        let lock_key = request.keys.lock.clone();
+        let key = request.keys.record();
+        let owner = request.owner.as_str().to_owned();
+        let record = request.record.clone();
+        let retention = request.retention;
+        self.run(move |shared| {
+            let now = Instant::now();
+            let mut store = lock(&shared.store);
+            if store.live(&lock_key, now).is_none_or(|e| e.value != owner) {
+                return Ok(StoreReply::NotOwner);
+            }
+            if let Some(entry) = store.live(&key, now) {
+                if let Ok(MemRecord::Done(existing)) = MemRecord::parse(&entry.value) {
+                    if existing.token() >= record.token() {
+                        return Ok(StoreReply::Superseded);
+                    }
+                }
+            }
+            store.entries.insert(
+                key,
+                Entry {
+                    value: MemRecord::Done(record).encode(),
+                    expires: Some(now + retention),
+                },
+            );
+            store.wrote(now);
+            Ok(StoreReply::Stored)
+        })
+    }
+
+    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
+        let key = keys.record();
+        self.run(move |shared| {
+            let mut store = lock(&shared.store);
+            let ours = store.live(&key, Instant::now()).is_some_and(|e| {
+                matches!(MemRecord::parse(&e.value), Ok(MemRecord::Pending { token: t, .. }) if t == token)
+            });
+            if ours {
+                store.entries.remove(&key);
+            }
+            Ok(ours)
+        })
+    }
+}
+
+/// An outcome record as the text of a [`MemoryNode`] entry:
+/// `P <token> <fingerprint hex> <orphan 0|1>` or `D <token> <fingerprint hex> <data hex>`.
+enum MemRecord {
+    Pending {
+        token: u64,
+        fingerprint: Vec<u8>,
+        orphan: bool,
+    },
+    Done(Record),
+}
+
+impl MemRecord {
+    fn encode(&self) -> String {
+        match self {
+            MemRecord::Pending {
+                token,
+                fingerprint,
+                orphan,
+            } => format!("P {token} {} {}", hex(fingerprint), u8::from(*orphan)),
+            MemRecord::Done(record) => format!(
+                "D {} {} {}",
+                record.token(),
+                hex(record.fingerprint()),
+                hex(record.data())
+            ),
+        }
+    }
+
+    fn parse(text: &str) -> Result<Self, NodeError> {
+        let malformed = || NodeError::Server("WRONGTYPE the key does not hold a record".into());
+        let mut fields = text.split(' ');
+        let (Some(kind), Some(token), Some(fingerprint), Some(last), None) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) else {
+            return Err(malformed());
+        };
+        let token: u64 = token.parse().map_err(|_| malformed())?;
+        let fingerprint = unhex(fingerprint).ok_or_else(malformed)?;
+        match kind {
+            "P" => Ok(MemRecord::Pending {
+                token,
+                fingerprint,
+                orphan: last == "1",
+            }),
+            "D" => Ok(MemRecord::Done(Record::new(
+                FencingToken::new(token),
+                fingerprint.into(),
+                unhex(last).ok_or_else(malformed)?.into(),
+            ))),
+            _ => Err(malformed()),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 impl std::fmt::Debug for MemoryNode {

@@ -8,7 +8,7 @@
 //! 3. `validity = ttl − elapsed − (ttl × drift_factor + 2 ms)`.
 //! 4. Success iff a majority (`N/2 + 1`) granted the lock and the validity exceeds
 //!    [`LockOptions::min_validity`]. The fencing token is then made from the nodes'
-//!    counters (see [`fencing`](crate::fencing)).
+//!    counters (see [`fencing`]).
 //! 5. On failure, release in the background on every node that may hold our key,
 //!    including those that did not answer in time: their `SET` may have landed.
 //!
@@ -16,15 +16,26 @@
 //! [`LockError::Unavailable`] (too few nodes answered, with each node's cause), or
 //! [`LockError::ValidityExpired`] (a majority granted it too slowly).
 
+#[cfg(feature = "redis")]
+mod cluster_node;
 pub mod fencing;
 mod lease;
 mod memory;
 mod node;
 mod options;
 mod quorum;
+pub mod record;
+#[cfg(feature = "redis")]
+mod redis_call;
 #[cfg(feature = "redis")]
 mod redis_node;
+#[cfg(feature = "redis")]
+mod redis_record;
 mod resource;
+#[cfg(feature = "redis")]
+mod sentinel_node;
+#[cfg(feature = "redis")]
+mod url;
 mod wait;
 mod watchdog;
 
@@ -42,13 +53,20 @@ use lease::{LeaseInner, Status};
 use quorum::Nodes;
 use wait::{next_release, QueueRef, Queues};
 
+#[cfg(feature = "redis")]
+pub use cluster_node::ClusterNode;
 pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
 pub use memory::MemoryNode;
 pub use node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
 pub use options::{Backoff, LockOptions, RetryPolicy};
+pub use record::{Claim, ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 #[cfg(feature = "redis")]
 pub use redis_node::RedisNode;
 pub use resource::{LockKeys, Resource};
+#[cfg(feature = "redis")]
+pub use sentinel_node::SentinelNode;
+#[cfg(feature = "redis")]
+pub use url::node_from_url;
 
 /// A Redlock over one or more independent nodes.
 ///
@@ -146,7 +164,8 @@ impl Redlock {
         }
     }
 
-    /// A locker over one [`RedisNode`] per URL.
+    /// A locker over one node per URL: a standalone server, a Redis Cluster or a
+    /// Sentinel-managed master, each one vote (see [`node_from_url`] for the forms).
     #[cfg(feature = "redis")]
     pub fn connect<U: AsRef<str>>(
         urls: impl IntoIterator<Item = U>,
@@ -154,7 +173,7 @@ impl Redlock {
     ) -> Result<Self, ConfigError> {
         let nodes = urls
             .into_iter()
-            .map(|url| RedisNode::open(url.as_ref()).map(|n| Arc::new(n) as Arc<dyn Node>))
+            .map(|url| node_from_url(url.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         Self::from_nodes(nodes, options)
     }
@@ -241,6 +260,8 @@ impl Redlock {
         let started = Instant::now();
         let shared = &self.shared;
         let queue = shared.queues.get(&resource);
+        // Counts this caller against `max_waiters` until it returns: the head of the
+        // queue, contending at the nodes, waits as much as those behind it.
         let Some(waiting) = queue.enter(self.max_waiters) else {
             return Err(LockError::QueueFull {
                 resource,
@@ -265,7 +286,6 @@ impl Redlock {
                 }
             }
         };
-        drop(waiting);
         let keys = LockKeys::new(&shared.options.key_prefix, &resource);
         let mut signals: Option<Vec<ReleaseSignal>> = None;
         let mut attempt = 0;
@@ -275,8 +295,15 @@ impl Redlock {
                 signals.iter_mut().for_each(ReleaseSignal::mark_seen);
             }
             let holder_ttl = match self.attempt_keeping_permit(&resource, &keys, &permit).await {
-                Ok(inner) => return Ok(self.finish(inner, permit, queue)),
-                Err(LockError::Held { holder_ttl, .. }) => holder_ttl,
+                Ok(inner) => {
+                    drop(waiting);
+                    return Ok(self.finish(inner, permit, queue));
+                }
+                Err(LockError::Held { holder_ttl, .. }) => {
+                    // For the callers queued behind us: whom they wait for, and how long.
+                    queue.note_remote_holder(holder_ttl);
+                    holder_ttl
+                }
                 Err(LockError::ValidityExpired { .. }) => None,
                 Err(e) => return Err(e),
             };
@@ -348,6 +375,7 @@ impl Redlock {
         let nodes = &shared.nodes;
         let owner = Owner::random();
         let start = Instant::now();
+        let in_flight = ReleaseIfDropped::new(nodes, keys, &owner);
         let tally = nodes
             .acquire(&AcquireRequest {
                 keys,
@@ -356,6 +384,7 @@ impl Redlock {
                 fence_ttl: options.fence_ttl,
             })
             .await;
+        in_flight.disarm();
         let quorum = nodes.quorum();
         let valid_until = start + options.ttl - options.drift();
         let cleanup = |nodes: &Nodes| {
@@ -397,6 +426,7 @@ impl Redlock {
         if !behind.is_empty() {
             // Write-back: a majority must hold the token before the lease counts.
             let level = tally.won.len() - behind.len();
+            let in_flight = ReleaseIfDropped::new(nodes, keys, &owner);
             let (confirmed, failures) = nodes
                 .raise_fence(
                     behind,
@@ -407,8 +437,21 @@ impl Redlock {
                     quorum - level.min(quorum),
                 )
                 .await;
+            in_flight.disarm();
             if level + confirmed < quorum {
                 cleanup(nodes);
+                let validity = valid_until.saturating_duration_since(Instant::now());
+                if validity <= options.min_validity {
+                    // The write-back was cut short by the validity deadline: a majority
+                    // answered, too slowly. Not an unavailable store; worth a retry.
+                    shared.metrics.slow.inc();
+                    tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "fence write-back ran out of validity");
+                    return Err(LockError::ValidityExpired {
+                        resource: resource.clone(),
+                        validity,
+                        min_validity: options.min_validity,
+                    });
+                }
                 shared.metrics.unavailable.inc();
                 return Err(LockError::Unavailable {
                     resource: resource.clone(),
@@ -448,6 +491,42 @@ impl Redlock {
             acquired_at: start,
             status,
         }))
+    }
+}
+
+/// Releases an attempt's key on every node, in the background, when the attempt is
+/// dropped while a round is in flight (a cancelled `acquire`): a `SET` sent before the
+/// drop may land after it, and would otherwise block the resource for a whole ttl.
+struct ReleaseIfDropped<'a> {
+    nodes: &'a Nodes,
+    keys: &'a LockKeys,
+    owner: &'a Owner,
+    armed: bool,
+}
+
+impl<'a> ReleaseIfDropped<'a> {
+    fn new(nodes: &'a Nodes, keys: &'a LockKeys, owner: &'a Owner) -> Self {
+        ReleaseIfDropped {
+            nodes,
+            keys,
+            owner,
+            armed: true,
+        }
+    }
+
+    /// The round finished: its outcome is handled by the caller.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ReleaseIfDropped<'_> {
+    fn drop(&mut self) {
+        // Without a runtime (it is shutting down) nothing can be sent; the keys expire.
+        if self.armed && tokio::runtime::Handle::try_current().is_ok() {
+            self.nodes
+                .release_in_background(0..self.nodes.len(), self.keys, self.owner);
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::error::NodeError;
+use crate::lock::record::{self, ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 use crate::lock::resource::LockKeys;
 
 /// The boxed future every node operation returns. It owns what it needs (`'static`),
@@ -34,7 +35,8 @@ pub trait Node: Send + Sync + 'static {
     fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
 
     /// Deletes the lock key if it still holds `owner`, and then wakes the waiters
-    /// subscribed to the resource. Returns whether the key was deleted.
+    /// subscribed to the resource — unless `keys.channel` is empty, which the locker
+    /// passes when it cleans up a failed attempt. Returns whether the key was deleted.
     fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool>;
 
     /// Raises the fence counter to `token` if it is lower.
@@ -44,6 +46,42 @@ pub trait Node: Send + Sync + 'static {
     /// active when the future resolves; it ends when the last clone of the returned
     /// [`ReleaseSignal`] is dropped.
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal>;
+
+    // ---- Outcome records (idempotent replay; see `crate::lock::record`) ----------
+    // Default implementations fail with `NodeError::Unsupported`, so node kinds
+    // without records keep compiling; a locker over them answers `Unavailable`.
+
+    /// The completed record under the resource's record key, if any (a pending marker
+    /// reads as none). Reads only; needs no lock.
+    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
+        let _ = keys;
+        Box::pin(std::future::ready(Err(record::unsupported())))
+    }
+
+    /// Atomically: returns the completed record if one exists; else, unless the lock key
+    /// holds `request.owner`, writes nothing ([`ClaimReply::NotOwner`]); else, when
+    /// another token's pending marker exists, marks it orphaned (once: its ttl is cut to
+    /// `orphan_ttl` if given) and returns its remaining ttl; else stores this token's
+    /// pending marker with `pending_ttl`.
+    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
+        let _ = request;
+        Box::pin(std::future::ready(Err(record::unsupported())))
+    }
+
+    /// Atomically: unless the lock key holds `request.owner`, writes nothing; when a
+    /// completed record with an equal or larger token exists, writes nothing; else
+    /// replaces the record key with the completed record, ttl `retention`.
+    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
+        let _ = request;
+        Box::pin(std::future::ready(Err(record::unsupported())))
+    }
+
+    /// Deletes the record key if it holds the pending marker of `token`. Returns whether
+    /// it did.
+    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
+        let _ = (keys, token);
+        Box::pin(std::future::ready(Err(record::unsupported())))
+    }
 }
 
 impl fmt::Debug for dyn Node {

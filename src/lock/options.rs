@@ -100,7 +100,9 @@ impl LockOptions {
         self
     }
 
-    /// Time to live of the fence counters (default 7 days, refreshed on every acquire).
+    /// Time to live of the fence counters, from their creation (default 7 days). Each
+    /// resource ever locked keeps one small counter key per node this long; an expired
+    /// counter is re-created from the clock, still above every earlier token.
     pub fn fence_ttl(mut self, ttl: Duration) -> Self {
         self.fence_ttl = ttl;
         self
@@ -118,8 +120,9 @@ impl LockOptions {
         self
     }
 
-    /// Most callers of this process that may wait for one resource at once
-    /// (default 1,000); one more gets [`LockError::QueueFull`](crate::LockError::QueueFull).
+    /// Most callers of this process that may wait for one resource at once (default
+    /// 1,000), counting the head of the queue while it contends at the nodes; one more
+    /// gets [`LockError::QueueFull`](crate::LockError::QueueFull).
     pub fn max_waiters(mut self, max: usize) -> Self {
         self.max_waiters = max;
         self
@@ -217,6 +220,7 @@ pub(crate) fn drift(ttl: Duration, factor: f64) -> Duration {
 }
 
 /// Whole milliseconds, rounded up, as Redis takes them.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn millis_ceil(d: Duration) -> u64 {
     let ms = d.as_millis();
     let ms = if !d.subsec_nanos().is_multiple_of(1_000_000) {

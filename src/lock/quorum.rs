@@ -1,6 +1,10 @@
 //! Fan-out to the nodes: every operation goes to all nodes at once, each bounded by
 //! the per-node timeout, and the caller stops listening as soon as the outcome is
-//! decided rather than waiting for the slowest node.
+//! decided rather than waiting for the slowest node. The calls still running then
+//! finish in the background (each within its timeout), so every node that can answer
+//! gets every command: a lease is held, renewed and released on all healthy nodes, not
+//! only on the fastest majority (redis-rs does not even send a request whose future
+//! was dropped before the connection picked it up).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,15 +21,6 @@ pub(crate) struct Nodes {
     list: Box<[Arc<dyn Node>]>,
     quorum: usize,
     timeout: Duration,
-}
-
-/// What to do with the calls still running once the outcome is decided.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Stragglers {
-    /// Drop them: their effect is covered by a later release on every node.
-    Drop,
-    /// Let them finish in the background, so every node gets the command.
-    Finish,
 }
 
 /// The per-node answers of one acquire round.
@@ -47,6 +42,19 @@ pub(crate) struct OwnerTally {
     /// Nodes on which our key was gone or belonged to someone else.
     pub(crate) no: usize,
     pub(crate) failures: Vec<NodeFailure>,
+}
+
+impl OwnerTally {
+    fn add(&mut self, answer: Result<bool, NodeError>, node: impl FnOnce() -> Arc<str>) {
+        match answer {
+            Ok(true) => self.yes += 1,
+            Ok(false) => self.no += 1,
+            Err(error) => self.failures.push(NodeFailure {
+                node: node(),
+                error,
+            }),
+        }
+    }
 }
 
 impl Nodes {
@@ -114,7 +122,6 @@ impl Nodes {
                     || (won + pending < quorum
                         && (answered >= quorum || answered + pending < quorum))
             },
-            Stragglers::Drop,
         )
         .await;
         tally
@@ -149,7 +156,6 @@ impl Nodes {
                 }
                 confirmed >= needed || confirmed + pending < needed
             },
-            Stragglers::Finish,
         )
         .await;
         (confirmed, failures)
@@ -164,23 +170,30 @@ impl Nodes {
         ttl: Duration,
         timeout: Duration,
     ) -> OwnerTally {
-        self.owner_round(
-            timeout,
-            |node| node.extend(keys, owner, ttl),
-            Stragglers::Drop,
-        )
-        .await
+        self.owner_round(timeout, |node| node.extend(keys, owner, ttl))
+            .await
     }
 
-    /// One release round; every node gets the command, the caller only waits until
-    /// the outcome is decided.
+    /// One release round. Unlike the other rounds it waits for every node (each within
+    /// the timeout), not only until the outcome is decided: whoever acquires next —
+    /// often the caller itself, or the next waiter of its local queue — must not find
+    /// our key on a straggler. A straggling release can even be overtaken on its own
+    /// connection, e.g. when the script is reloaded after `NOSCRIPT` while the next
+    /// acquire goes out; one node down then turns that leftover key into a spurious
+    /// [`Held`](crate::LockError::Held).
     pub(crate) async fn release(&self, keys: &LockKeys, owner: &Owner) -> OwnerTally {
-        self.owner_round(
+        let mut tally = OwnerTally::default();
+        self.fan_out(
+            0..self.list.len(),
             self.timeout,
             |node| node.release(keys, owner),
-            Stragglers::Finish,
+            |index, answer, _| {
+                tally.add(answer, || self.name(index));
+                false
+            },
         )
-        .await
+        .await;
+        tally
     }
 
     /// Releases on the given nodes in the background (cleanup of a failed attempt).
@@ -191,9 +204,14 @@ impl Nodes {
         owner: &Owner,
     ) {
         let timeout = self.timeout;
+        // Nothing was granted to anyone here: wake no waiter (see release.lua).
+        let quiet = LockKeys {
+            channel: String::new(),
+            ..keys.clone()
+        };
         let calls: FuturesUnordered<_> = targets
             .into_iter()
-            .map(|index| bounded(timeout, self.list[index].release(keys, owner)))
+            .map(|index| bounded(timeout, self.list[index].release(&quiet, owner)))
             .collect();
         if !calls.is_empty() {
             tokio::spawn(calls.for_each(|_| async {}));
@@ -204,7 +222,6 @@ impl Nodes {
         &self,
         timeout: Duration,
         call: impl FnMut(&dyn Node) -> NodeFuture<bool>,
-        stragglers: Stragglers,
     ) -> OwnerTally {
         let mut tally = OwnerTally::default();
         let quorum = self.quorum;
@@ -213,33 +230,25 @@ impl Nodes {
             timeout,
             call,
             |index, answer, pending| {
-                match answer {
-                    Ok(true) => tally.yes += 1,
-                    Ok(false) => tally.no += 1,
-                    Err(error) => tally.failures.push(NodeFailure {
-                        node: self.name(index),
-                        error,
-                    }),
-                }
+                tally.add(answer, || self.name(index));
                 tally.yes >= quorum
                     || tally.no >= quorum
                     || (tally.yes + pending < quorum && tally.no + pending < quorum)
             },
-            stragglers,
         )
         .await;
         tally
     }
 
     /// Calls `call` on the `targets` concurrently and feeds every answer to `decided`
-    /// (with the number of calls still pending) until it returns `true`.
-    async fn fan_out<T: Send + 'static>(
+    /// (with the number of calls still pending) until it returns `true`; the calls
+    /// still pending then finish in the background.
+    pub(crate) async fn fan_out<T: Send + 'static>(
         &self,
         targets: impl IntoIterator<Item = usize>,
         timeout: Duration,
         mut call: impl FnMut(&dyn Node) -> NodeFuture<T>,
         mut decided: impl FnMut(usize, Result<T, NodeError>, usize) -> bool,
-        stragglers: Stragglers,
     ) {
         let mut pending: FuturesUnordered<_> = targets
             .into_iter()
@@ -253,7 +262,7 @@ impl Nodes {
                 break;
             }
         }
-        if stragglers == Stragglers::Finish && !pending.is_empty() {
+        if !pending.is_empty() {
             tokio::spawn(pending.for_each(|_| async {}));
         }
     }

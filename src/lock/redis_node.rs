@@ -2,25 +2,21 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ErrorKind, IntoConnectionInfo, PushInfo, PushKind, RedisError, Script, Value};
+use redis::{Client, IntoConnectionInfo, PushInfo, PushKind, RedisError, Value};
 use tokio::sync::{watch, Mutex as AsyncMutex};
 
 use crate::error::{ConfigError, NodeError};
 use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::lock::options::millis_ceil;
+use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
+use crate::lock::redis_call::{
+    self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
+};
+use crate::lock::redis_record;
 use crate::lock::resource::LockKeys;
-
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
-static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
-static RAISE_FENCE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
 
 /// One Redis server (standalone master) as a lock node.
 ///
@@ -51,6 +47,7 @@ static RAISE_FENCE: LazyLock<Script> =
 #[derive(Clone)]
 pub struct RedisNode {
     inner: Arc<Inner>,
+    wait: Option<ReplicaWait>,
 }
 
 struct Inner {
@@ -78,6 +75,12 @@ impl RedisNode {
                 "RedisNode must be created inside a Tokio runtime",
             ));
         }
+        // Lock commands are tiny and latency-bound: never let Nagle's algorithm hold
+        // one back waiting for the previous reply's ACK.
+        let info = client.get_connection_info().clone();
+        let tcp = info.tcp_settings().clone().set_nodelay(true);
+        let client = Client::open(info.set_tcp_settings(tcp))
+            .map_err(|e| ConfigError::new(format!("bad Redis connection settings: {e}")))?;
         let info = client.get_connection_info();
         let name: Arc<str> =
             format!("redis://{}/{}", info.addr(), info.redis_settings().db()).into();
@@ -90,7 +93,46 @@ impl RedisNode {
                 conn,
                 subscriber: Mutex::new(None),
             }),
+            wait: None,
         })
+    }
+
+    /// Counts this node's vote only once `replicas` replicas acknowledged the write,
+    /// within `timeout`; `replicas = 0` turns it off (the default). Applies to this
+    /// handle and its later clones.
+    ///
+    /// `WAIT replicas timeout` is pipelined behind the acquire, extend and raise-fence
+    /// commands on the same connection, so it covers them (and any earlier write of the
+    /// connection); when fewer replicas acknowledged in time, the node answers with an
+    /// error instead of its grant, the locker counts no vote from it and releases there
+    /// as after any failed attempt. Releases never wait: a lost release only delays the
+    /// next holder until the key expires.
+    ///
+    /// What it buys: a lock granted by a replicated master (a [`SentinelNode`](crate::SentinelNode),
+    /// a [`ClusterNode`](crate::ClusterNode) shard, or a server with replicas) survives
+    /// a failover to one of the replicas that acknowledged it, with its fence counter,
+    /// instead of silently vanishing with the asynchronous replication backlog. What it
+    /// does not buy: `WAIT` is not consensus. The failover may promote a replica that
+    /// did not acknowledge (fewer acknowledgements than replicas, or a stale replica
+    /// chosen by the failover), a replica may still lose the write if it restarts
+    /// without persistence, and a write that timed out on `WAIT` may still have reached
+    /// some replicas. Nor does it close the split-brain window of a failover (see
+    /// [`SentinelNode`](crate::SentinelNode)). For safety against any single failure,
+    /// use several independent nodes and check fencing tokens.
+    ///
+    /// What it costs: every grant and renewal waits for a replication round trip, and a
+    /// blocked `WAIT` holds back every command queued behind it on this node's single
+    /// multiplexed connection, up to `timeout` when replicas lag. Keep `timeout` well
+    /// under [`LockOptions::node_timeout`](crate::LockOptions::node_timeout) (which
+    /// bounds the whole call), and `replicas` at most the number of replicas the master
+    /// normally has, or no vote ever counts. A replica that just (re)synced is not
+    /// counted until its first acknowledgement, up to a second later, so votes may
+    /// fail during that second; after a failover, until the old master rejoins as a
+    /// replica, a master with a single replica has none to acknowledge.
+    #[must_use]
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
+        self
     }
 
     fn subscriber(&self) -> Result<Arc<Subscriber>, NodeError> {
@@ -105,6 +147,11 @@ impl RedisNode {
         let subscriber = Subscriber::new(&self.inner.client)?;
         *slot = Some(subscriber.clone());
         Ok(subscriber)
+    }
+
+    /// The command connection (for [`SentinelNode`](crate::SentinelNode)).
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.inner.conn.clone()
     }
 }
 
@@ -121,42 +168,7 @@ fn connection_config() -> ConnectionManagerConfig {
 }
 
 fn node_error(e: RedisError) -> NodeError {
-    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
-        NodeError::Connection(e.to_string().into())
-    } else if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) {
-        NodeError::Server(e.to_string().into())
-    } else {
-        NodeError::Protocol(e.to_string().into())
-    }
-}
-
-fn int(value: &Value) -> Option<i64> {
-    match value {
-        Value::Int(n) => Some(*n),
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
-fn parse_acquire(value: Value) -> Result<AcquireReply, NodeError> {
-    let bad = || NodeError::Protocol(format!("acquire script returned {value:?}").into());
-    let Value::Array(items) = &value else {
-        return Err(bad());
-    };
-    let [flag, n] = items.as_slice() else {
-        return Err(bad());
-    };
-    match (int(flag), int(n)) {
-        (Some(1), Some(fence)) => Ok(AcquireReply::Acquired {
-            fence: u64::try_from(fence).map_err(|_| bad())?,
-        }),
-        (Some(0), Some(pttl)) => Ok(AcquireReply::Held {
-            // -1: the key has no ttl; -2: it vanished between the two commands.
-            pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-        }),
-        _ => Err(bad()),
-    }
+    redis_call::node_error(e)
 }
 
 impl Node for RedisNode {
@@ -164,76 +176,91 @@ impl Node for RedisNode {
         &self.inner.name
     }
 
+    // The commands themselves are in `redis_call`, shared with the cluster and
+    // sentinel nodes.
     fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
-        let mut invocation = ACQUIRE.prepare_invoke();
-        invocation
-            .key(&request.keys.lock)
-            .key(&request.keys.fence)
-            .arg(request.owner.as_str())
-            .arg(millis_ceil(request.ttl))
-            .arg(millis_ceil(request.fence_ttl));
+        let call = Acquire::new(request);
         let mut conn = self.inner.conn.clone();
+        let wait = self.wait;
         Box::pin(async move {
-            let value: Value = invocation
-                .invoke_async(&mut conn)
+            call.run(&mut conn, wait)
                 .await
-                .map_err(node_error)?;
-            parse_acquire(value)
+                .map_err(CallError::into_node_error)
         })
     }
 
     fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        let mut invocation = EXTEND.prepare_invoke();
-        invocation
-            .key(&keys.lock)
-            .arg(owner.as_str())
-            .arg(millis_ceil(ttl));
+        let call = ExtendCall::new(keys, owner, ttl);
         let mut conn = self.inner.conn.clone();
+        let wait = self.wait;
         Box::pin(async move {
-            let n: i64 = invocation
-                .invoke_async(&mut conn)
+            redis_call::extend(&mut conn, &call, wait)
                 .await
-                .map_err(node_error)?;
-            Ok(n == 1)
+                .map_err(CallError::into_node_error)
         })
     }
 
     fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
-        let mut invocation = RELEASE.prepare_invoke();
-        invocation
-            .key(&keys.lock)
-            .arg(owner.as_str())
-            .arg(&keys.channel);
+        let call = ReleaseCall::new(keys, owner, false);
         let mut conn = self.inner.conn.clone();
         Box::pin(async move {
-            let n: i64 = invocation
-                .invoke_async(&mut conn)
+            redis_call::release(&mut conn, &call)
                 .await
-                .map_err(node_error)?;
-            Ok(n == 1)
+                .map_err(CallError::into_node_error)
         })
     }
 
     fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
-        let mut invocation = RAISE_FENCE.prepare_invoke();
-        invocation
-            .key(&keys.fence)
-            .arg(token)
-            .arg(millis_ceil(fence_ttl));
+        let call = RaiseFenceCall::new(keys, token, fence_ttl);
         let mut conn = self.inner.conn.clone();
+        let wait = self.wait;
         Box::pin(async move {
-            let _: i64 = invocation
-                .invoke_async(&mut conn)
+            redis_call::raise_fence(&mut conn, &call, wait)
                 .await
-                .map_err(node_error)?;
-            Ok(())
+                .map_err(CallError::into_node_error)
         })
     }
 
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
         let channel = keys.channel.clone();
         let subscriber = self.subscriber();
-        Box::pin(async move { subscriber?.subscribe(channel).await })
+        Box::pin(async move {
+            // In a task of its own, so a caller that gives up (the per-node timeout, a
+            // dropped waiter) cannot cut it between the server's SUBSCRIBE and the local
+            // `Channel`: the subscription would then live on the server with nothing to
+            // end it. Finished without a caller, the signal is dropped, and with it the
+            // subscription.
+            tokio::spawn(subscriber?.subscribe(channel))
+                .await
+                .map_err(|e| NodeError::Connection(format!("subscription task: {e}").into()))?
+        })
+    }
+
+    // Outcome records (idempotent replay): the commands are in `redis_record`.
+    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
+        let keys = keys.clone();
+        let mut conn = self.inner.conn.clone();
+        Box::pin(async move { redis_record::read(&mut conn, &keys).await })
+    }
+
+    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
+        let call = redis_record::ClaimCall::new(request);
+        let mut conn = self.inner.conn.clone();
+        let wait = self.wait;
+        Box::pin(async move { redis_record::claim(&mut conn, &call, wait).await })
+    }
+
+    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
+        let call = redis_record::StoreCall::new(request);
+        let mut conn = self.inner.conn.clone();
+        let wait = self.wait;
+        Box::pin(async move { redis_record::store(&mut conn, &call, wait).await })
+    }
+
+    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
+        let call = redis_record::DiscardCall::new(keys, token);
+        let mut conn = self.inner.conn.clone();
+        Box::pin(async move { redis_record::discard(&mut conn, &call).await })
     }
 }
 
@@ -294,8 +321,8 @@ impl Subscriber {
         if let Some(channel) = existing {
             return Ok(ReleaseSignal::new(channel.tx.subscribe(), channel));
         }
-        let mut conn = self.conn.clone();
-        conn.subscribe(&name).await.map_err(node_error)?;
+        // Register the channel before subscribing: should this future be dropped while
+        // SUBSCRIBE is under way, dropping `channel` unsubscribes again (see its Drop).
         let (tx, rx) = watch::channel(0);
         let channel = Arc::new(Channel {
             name: name.clone(),
@@ -305,7 +332,9 @@ impl Subscriber {
         self.channels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(name, Arc::downgrade(&channel));
+            .insert(name.clone(), Arc::downgrade(&channel));
+        let mut conn = self.conn.clone();
+        conn.subscribe(&name).await.map_err(node_error)?;
         Ok(ReleaseSignal::new(rx, channel))
     }
 }
@@ -359,35 +388,5 @@ fn route_push(channels: &Mutex<HashMap<String, Weak<Channel>>>, push: PushInfo) 
             }
         }
         _ => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_script_replies() {
-        let acquired = Value::Array(vec![Value::Int(1), Value::Int(1_873_000_000_000_000)]);
-        assert_eq!(
-            parse_acquire(acquired).unwrap(),
-            AcquireReply::Acquired {
-                fence: 1_873_000_000_000_000
-            }
-        );
-        let held = Value::Array(vec![Value::Int(0), Value::Int(1234)]);
-        assert_eq!(
-            parse_acquire(held).unwrap(),
-            AcquireReply::Held {
-                pttl: Some(Duration::from_millis(1234))
-            }
-        );
-        let no_ttl = Value::Array(vec![Value::Int(0), Value::Int(-1)]);
-        assert_eq!(
-            parse_acquire(no_ttl).unwrap(),
-            AcquireReply::Held { pttl: None }
-        );
-        assert!(parse_acquire(Value::Nil).is_err());
-        assert!(parse_acquire(Value::Array(vec![Value::Int(2), Value::Int(0)])).is_err());
     }
 }

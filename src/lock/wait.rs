@@ -31,6 +31,9 @@ pub(crate) struct LocalQueue {
     waiting: AtomicUsize,
     /// The local lease holding the resource, if any.
     holder: Mutex<Weak<LeaseInner>>,
+    /// When another process's hold ends, as last reported to the head waiter: what
+    /// the callers queued behind the head wait for.
+    remote_until: Mutex<Option<Instant>>,
     /// Release subscriptions on the nodes, made by the first waiter that needed them
     /// and kept while the queue lives.
     signals: OnceCell<Vec<ReleaseSignal>>,
@@ -60,6 +63,7 @@ impl Queues {
                     permit: Arc::new(Semaphore::new(1)),
                     waiting: AtomicUsize::new(0),
                     holder: Mutex::new(Weak::new()),
+                    remote_until: Mutex::new(None),
                     signals: OnceCell::new(),
                 })
             })
@@ -125,22 +129,34 @@ impl LocalQueue {
         }
     }
 
-    /// Remaining validity of the local holder, if a lease of this process holds it.
+    /// Remaining validity of the local holder if a lease of this process holds it,
+    /// else the remaining ttl of another process's hold as last reported to the head
+    /// waiter, if it has not run out.
     pub(crate) fn holder_ttl(&self) -> Option<std::time::Duration> {
         let holder = self
             .holder
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .upgrade()?;
-        let status = holder.status();
-        if status.released || status.lost.is_some() {
-            return None;
+            .upgrade();
+        if let Some(status) = holder.map(|h| h.status()) {
+            if !status.released && status.lost.is_none() {
+                return Some(status.valid_until.saturating_duration_since(Instant::now()));
+            }
         }
-        Some(status.valid_until.saturating_duration_since(Instant::now()))
+        let until = (*self.remote_until.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let left = until.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
     }
 
     pub(crate) fn set_holder(&self, lease: &Arc<LeaseInner>) {
         *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(lease);
+        *self.remote_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Records the holder's remaining ttl that the nodes reported to the head waiter.
+    pub(crate) fn note_remote_holder(&self, ttl: Option<std::time::Duration>) {
+        *self.remote_until.lock().unwrap_or_else(|p| p.into_inner()) =
+            ttl.map(|ttl| Instant::now() + ttl);
     }
 
     /// The release subscriptions on every node that answered, made on first use.

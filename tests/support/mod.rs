@@ -24,7 +24,10 @@
 //! ends with each test.)
 #![allow(dead_code)]
 
+pub mod cluster;
 mod eventually;
+pub mod history;
+pub mod proxy;
 pub mod resp;
 
 #[allow(unused_imports)] // not every test file uses every helper

@@ -1,0 +1,283 @@
+//! tower-redlock in the anchors' harness (`../shared/anchors`): the same scenarios and
+//! the same one-line JSON result as the other libraries' binaries, so `run_all.sh`
+//! can put us in the same table (`EXTRA_IMPL="tower-redlock=$PWD/benches/anchor.sh"`).
+//!
+//! `cargo bench --bench anchor -- --scenario S1|S2|S3|S3ffa --ports 7101[,7102,7103]`
+//! against Redis nodes that are already running (the harness starts them).
+//!
+//! Scenarios: S1 one task, acquire+release on distinct keys; S2 64 tasks on distinct
+//! keys; S3 16 tasks on one key, ~1 ms hold, a releaser waits until another task
+//! acquired (strict hand-off); S3ffa the same without that rule.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tower_redlock::{LockOptions, Redlock};
+
+struct Args {
+    scenario: String,
+    ports: Vec<u16>,
+    variant: String,
+    cycles: usize,
+    tasks: usize,
+    target: usize,
+    hold: Duration,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        scenario: "S1".into(),
+        ports: vec![7101],
+        variant: "default".into(),
+        cycles: 0,
+        tasks: 0,
+        target: 1000,
+        hold: Duration::from_millis(1),
+    };
+    let argv: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    for pair in argv.chunks(2) {
+        let [flag, value] = pair else {
+            panic!("flags come in pairs: {argv:?}");
+        };
+        match flag.as_str() {
+            "--scenario" => args.scenario = value.clone(),
+            "--ports" => {
+                args.ports = value.split(',').map(|p| p.parse().expect("port")).collect();
+            }
+            "--variant" => args.variant = value.clone(),
+            "--cycles" => args.cycles = value.parse().expect("cycles"),
+            "--conc" => args.tasks = value.parse().expect("conc"),
+            "--target" => args.target = value.parse().expect("target"),
+            "--hold-ms" => {
+                args.hold = Duration::from_secs_f64(value.parse::<f64>().expect("hold") / 1e3)
+            }
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    if args.cycles == 0 {
+        args.cycles = if args.scenario == "S1" { 5000 } else { 20000 };
+    }
+    if args.tasks == 0 {
+        args.tasks = match args.scenario.as_str() {
+            "S1" => 1,
+            "S2" => 64,
+            _ => 16,
+        };
+    }
+    args
+}
+
+fn main() {
+    let args = parse_args();
+    let runtime = match std::env::var("ANCHOR_RT").as_deref() {
+        Ok("current_thread") => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    }
+    .expect("runtime");
+    let line = runtime.block_on(run(&args));
+    println!("{line}");
+}
+
+async fn run(args: &Args) -> String {
+    let urls = args
+        .ports
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}/0"));
+    let options = LockOptions::default().ttl(Duration::from_secs(30));
+    let locker = Redlock::connect(urls, options).expect("locker");
+    let prefix = format!("bench:tower-redlock:{}", std::process::id());
+    let mut fields: Vec<(&str, String)> = Vec::new();
+    match args.scenario.as_str() {
+        "S1" | "S2" => {
+            let warm_up = (args.cycles / 10).max(args.tasks);
+            cycles(&locker, &format!("{prefix}:w"), warm_up, args.tasks).await;
+            let start = Instant::now();
+            let mut latencies =
+                cycles(&locker, &format!("{prefix}:m"), args.cycles, args.tasks).await;
+            let elapsed = start.elapsed().as_secs_f64();
+            latencies.sort_by(f64::total_cmp);
+            fields.push(("ops", args.cycles.to_string()));
+            fields.push(("conc", args.tasks.to_string()));
+            fields.push(("elapsed_s", num(elapsed)));
+            fields.push(("ops_per_s", num(args.cycles as f64 / elapsed)));
+            fields.push(("acq_p50_us", num(percentile(&latencies, 50.0))));
+            fields.push(("acq_p99_us", num(percentile(&latencies, 99.0))));
+        }
+        "S3" | "S3ffa" => {
+            let strict = args.scenario == "S3";
+            fields.extend(contended(&locker, &format!("{prefix}:hot"), args, strict).await);
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+    let mut out = format!(
+        "{{\"impl\":\"tower-redlock\",\"lang\":\"rust\",\"scenario\":\"{}\",\"variant\":\"{}\",\"nodes\":{}",
+        args.scenario,
+        args.variant,
+        args.ports.len()
+    );
+    for (key, value) in fields {
+        out.push_str(&format!(",\"{key}\":{value}"));
+    }
+    out.push('}');
+    out
+}
+
+/// `total` acquire+release cycles on distinct keys over `tasks` tasks; acquire
+/// latencies in µs.
+async fn cycles(locker: &Redlock, prefix: &str, total: usize, tasks: usize) -> Vec<f64> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (locker, next, prefix) = (locker.clone(), next.clone(), prefix.to_owned());
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(total / tasks + 1);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return latencies;
+                    }
+                    let key = format!("{prefix}:{i}");
+                    let start = Instant::now();
+                    let lease = locker.try_acquire(key).await.expect("uncontended acquire");
+                    latencies.push(start.elapsed().as_secs_f64() * 1e6);
+                    lease.release().await;
+                }
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(total);
+    for worker in workers {
+        all.extend(worker.await.expect("worker"));
+    }
+    all
+}
+
+#[derive(Default)]
+struct Contention {
+    count: usize,
+    last_release: Option<Instant>,
+    last_holder: usize,
+    same_holder: usize,
+    handoffs: Vec<f64>,
+    holds: Vec<f64>,
+    done: Option<Instant>,
+}
+
+async fn contended(
+    locker: &Redlock,
+    key: &str,
+    args: &Args,
+    strict: bool,
+) -> Vec<(&'static str, String)> {
+    let warm = locker
+        .acquire(format!("{key}:warm"), Duration::from_secs(5))
+        .await
+        .expect("warm-up");
+    warm.release().await;
+    let state = Arc::new(Mutex::new(Contention::default()));
+    let (acquired_tx, acquired_rx) = tokio::sync::watch::channel(0usize);
+    let acquired_tx = Arc::new(acquired_tx);
+    let (target, hold) = (args.target, args.hold);
+    let start = Instant::now();
+    let tasks: Vec<_> = (1..=args.tasks)
+        .map(|me| {
+            let (locker, state, key) = (locker.clone(), state.clone(), key.to_owned());
+            let (acquired_tx, mut acquired_rx) = (acquired_tx.clone(), acquired_rx.clone());
+            tokio::spawn(async move {
+                loop {
+                    if state.lock().unwrap().count >= target {
+                        return;
+                    }
+                    let lease = locker
+                        .acquire(key.as_str(), Duration::from_secs(600))
+                        .await
+                        .expect("contended acquire");
+                    let now = Instant::now();
+                    let mine = {
+                        let mut s = state.lock().unwrap();
+                        if s.count >= target {
+                            0
+                        } else {
+                            s.count += 1;
+                            if let Some(released) = s.last_release {
+                                s.handoffs.push((now - released).as_secs_f64() * 1e6);
+                            }
+                            if s.last_holder == me {
+                                s.same_holder += 1;
+                            }
+                            s.last_holder = me;
+                            acquired_tx.send_replace(s.count);
+                            s.count
+                        }
+                    };
+                    if mine == 0 {
+                        lease.release().await;
+                        return;
+                    }
+                    tokio::task::spawn_blocking(move || std::thread::sleep(hold))
+                        .await
+                        .expect("hold");
+                    let released = Instant::now();
+                    {
+                        let mut s = state.lock().unwrap();
+                        s.last_release = Some(released);
+                        s.holds.push((released - now).as_secs_f64() * 1e6);
+                    }
+                    lease.release().await;
+                    if mine == target {
+                        state.lock().unwrap().done = Some(Instant::now());
+                    }
+                    if strict {
+                        let _ = acquired_rx.wait_for(|c| *c > mine || *c >= target).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let mut s = state.lock().unwrap();
+    let total = (s.done.expect("finished") - start).as_secs_f64();
+    s.handoffs.sort_by(f64::total_cmp);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    vec![
+        ("ops", target.to_string()),
+        ("conc", args.tasks.to_string()),
+        ("elapsed_s", num(total)),
+        ("ops_per_s", num(target as f64 / total)),
+        ("handoff_p50_us", num(percentile(&s.handoffs, 50.0))),
+        ("handoff_p99_us", num(percentile(&s.handoffs, 99.0))),
+        ("handoff_mean_us", num(mean(&s.handoffs))),
+        ("hold_mean_us", num(mean(&s.holds))),
+        (
+            "same_holder_frac",
+            num(s.same_holder as f64 / target as f64),
+        ),
+    ]
+}
+
+/// Nearest-rank percentile of an ascending slice.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn num(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.3}")
+    } else {
+        "null".into()
+    }
+}

@@ -1,0 +1,727 @@
+//! Orders: the main demo of `tower-redlock`.
+//!
+//! ```sh
+//! cargo run --example orders                      # one process, no Redis needed
+//! REDIS_URLS=redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003 \
+//!     cargo run --example orders                  # Redlock over three Redis nodes
+//! ```
+//!
+//! Environment:
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `PORT` | 3000 | listens on `127.0.0.1:$PORT` |
+//! | `REDIS_URLS` | unset | comma-separated Redis URLs: Redlock over them (majority), and the ledger in the first one. Unset: the in-process `MemoryNode` and an in-process ledger |
+//! | `LOCK_TTL_MS` | 10000 | lease time to live (the watchdog renews it while a handler runs) |
+//! | `WAIT_TIMEOUT_MS` | 5000 | how long `ship` waits for the order's lock |
+//! | `RUST_LOG` | `info` | log filter |
+//!
+//! Routes:
+//!
+//! | route | lock | answer |
+//! |---|---|---|
+//! | `GET /healthz` | none | 200 |
+//! | `POST /orders/{id}/pay[?work_ms=N]` | `order:{id}`, refuse when held (409) | `{"order", "payment", "fencing_token"}` |
+//! | `POST /orders/{id}/ship[?work_ms=N]` | `order:{id}`, wait up to `WAIT_TIMEOUT_MS` | `{"order", "shipment", "fencing_token"}` |
+//! | `POST /payments[?work_ms=N]` | the `Idempotency-Key` header (required), refuse when held, replay the first answer | `{"idempotency_key", "payment", "fencing_token"}` |
+//! | `GET /orders/{id}` | none | `{"order", "payments", "shipments", "max_in_flight", "last_fencing_token"}` |
+//!
+//! `work_ms` (default 50, at most 60000) simulates the slow part of the handler, such as
+//! a call to a payment provider.
+//!
+//! The ledger is what the lock protects. It counts payments and shipments per order,
+//! and `max_in_flight` is the largest number of handlers that ever worked on one order
+//! at once: with the lock it stays 1, whatever the number of instances. It also
+//! teaches fencing: a write is accepted only with a fencing token larger than the last
+//! one accepted for the order, so a handler whose lease ran out while it worked (a long
+//! GC pause, a stopped VM) cannot overwrite the work of the next holder: it gets
+//! 409 `stale-fencing-token`. With `REDIS_URLS` the ledger lives in the first Redis
+//! node (a Lua script per step), so every instance started with the same `REDIS_URLS`
+//! shares it; without, it lives in this process.
+//!
+//! `tests/orders.rs` includes this file as a module and drives [`app`] directly, so the
+//! test and the demo run the same code.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, MethodRouter};
+use axum::{Json, Router};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tower_redlock::axum::LayerLease;
+use tower_redlock::http::{self as lock_http, path_param, Contention, LockLayer, OnLost, Scope};
+use tower_redlock::{FencingToken, LockOptions, MemoryNode, Redlock};
+use tracing_subscriber::EnvFilter;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+// ------------------------------------------------------------------------------------
+// Configuration
+
+/// What the environment configures; [`Config::default`] has the documented defaults.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `PORT`.
+    pub port: u16,
+    /// `REDIS_URLS`, split at commas; empty for the in-process default.
+    pub redis_urls: Vec<String>,
+    /// `LOCK_TTL_MS`.
+    pub lock_ttl: Duration,
+    /// `WAIT_TIMEOUT_MS`.
+    pub wait_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            port: 3000,
+            redis_urls: Vec::new(),
+            lock_ttl: Duration::from_millis(10_000),
+            wait_timeout: Duration::from_millis(5_000),
+        }
+    }
+}
+
+impl Config {
+    /// Reads `PORT`, `REDIS_URLS`, `LOCK_TTL_MS` and `WAIT_TIMEOUT_MS`.
+    #[allow(dead_code)] // used by `main`; tests/orders.rs, which includes this file, does not
+    pub fn from_env() -> Result<Config, String> {
+        fn number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
+            match std::env::var(name) {
+                Ok(value) => value
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("{name} must be a whole number, got {value:?}")),
+                Err(_) => Ok(default),
+            }
+        }
+        let defaults = Config::default();
+        Ok(Config {
+            port: number("PORT", defaults.port)?,
+            redis_urls: std::env::var("REDIS_URLS")
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .filter(|url| !url.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            lock_ttl: Duration::from_millis(number("LOCK_TTL_MS", 10_000)?),
+            wait_timeout: Duration::from_millis(number("WAIT_TIMEOUT_MS", 5_000)?),
+        })
+    }
+}
+
+#[allow(dead_code)] // the binary's entry point; tests/orders.rs includes this file as a module
+#[tokio::main]
+pub async fn main() -> Result<(), BoxError> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let config = Config::from_env()?;
+    let app = build(&config)?;
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
+    tracing::info!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
+
+/// The locker and the ledger that `config` asks for, and the app over them.
+pub fn build(config: &Config) -> Result<Router, BoxError> {
+    let options = LockOptions::default().ttl(config.lock_ttl);
+    let (locker, ledger) = match config.redis_urls.first() {
+        None => {
+            tracing::info!(
+                "REDIS_URLS is not set: locking with the in-process MemoryNode, which only \
+                 this process sees (set REDIS_URLS to lock across instances)"
+            );
+            (
+                Redlock::new([MemoryNode::new()], options)?,
+                Ledger::in_memory(),
+            )
+        }
+        Some(first) => {
+            let locker = Redlock::connect(&config.redis_urls, options)?;
+            tracing::info!(
+                nodes = locker.node_count(),
+                quorum = locker.quorum(),
+                "locking over Redis; the ledger lives in the first node of REDIS_URLS"
+            );
+            (locker, Ledger::redis(first)?)
+        }
+    };
+    Ok(app(locker, ledger, config))
+}
+
+// ------------------------------------------------------------------------------------
+// Routes
+
+#[derive(Clone)]
+struct AppState {
+    ledger: Ledger,
+}
+
+/// The demo's router.
+pub fn app(locker: Redlock, ledger: Ledger, config: &Config) -> Router {
+    // `pay` and `ship` lock the same resource, `order:{id}`: a payment and a shipment
+    // of one order never run at the same time. A payment is refused while the order is
+    // busy (the client decides whether to retry); a shipment waits its turn.
+    let order_lock = LockLayer::new(locker.clone(), path_param("id"))
+        .scope(Scope::shared("order"))
+        .on_lost(OnLost::Abort); // the default, spelled out: a lost lease stops the handler
+    let pay_lock = order_lock.clone().contention(Contention::Reject);
+    let ship_lock = order_lock.contention(Contention::Wait {
+        timeout: config.wait_timeout,
+    });
+
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/orders/{id}", get(order_status))
+        .route("/orders/{id}/pay", post(pay).layer(pay_lock))
+        .route("/orders/{id}/ship", post(ship).layer(ship_lock))
+        .route("/payments", payments_route(&locker))
+        .with_state(AppState { ledger })
+}
+
+#[derive(Debug, Deserialize)]
+struct WorkParams {
+    work_ms: Option<String>,
+}
+
+/// Most simulated work a request may ask for.
+const MAX_WORK: Duration = Duration::from_millis(60_000);
+
+/// The simulated work of a request: `work_ms`, default 50 ms, at most 60 s.
+fn work_of(params: &WorkParams) -> Result<Duration, ApiProblem> {
+    let Some(raw) = params.work_ms.as_deref() else {
+        return Ok(Duration::from_millis(50));
+    };
+    let work = raw.parse().map(Duration::from_millis).map_err(|_| {
+        ApiProblem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-work-ms",
+            "Invalid work_ms",
+            format!("work_ms must be a whole number of milliseconds, got {raw:?}"),
+        )
+    })?;
+    if work > MAX_WORK {
+        return Err(ApiProblem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-work-ms",
+            "Invalid work_ms",
+            format!("work_ms may be at most {}, got {raw}", MAX_WORK.as_millis()),
+        ));
+    }
+    Ok(work)
+}
+
+/// `POST /orders/{id}/pay`: runs under the order's lock (the layer took it).
+async fn pay(
+    State(state): State<AppState>,
+    Path(order): Path<String>,
+    Query(params): Query<WorkParams>,
+    lease: LayerLease,
+) -> Result<Json<Value>, ApiProblem> {
+    let work = work_of(&params)?;
+    let token = lease.fencing_token();
+    let payment = work_on_order(&state.ledger, &order, Entry::Payment, token, work).await?;
+    tracing::info!(%order, payment, %token, "payment recorded");
+    Ok(Json(json!({
+        "order": order,
+        "payment": payment,
+        "fencing_token": token.to_string(),
+    })))
+}
+
+/// `POST /orders/{id}/ship`: runs under the order's lock, after waiting for it.
+async fn ship(
+    State(state): State<AppState>,
+    Path(order): Path<String>,
+    Query(params): Query<WorkParams>,
+    lease: LayerLease,
+) -> Result<Json<Value>, ApiProblem> {
+    let work = work_of(&params)?;
+    let token = lease.fencing_token();
+    let shipment = work_on_order(&state.ledger, &order, Entry::Shipment, token, work).await?;
+    tracing::info!(%order, shipment, %token, "shipment recorded");
+    Ok(Json(json!({
+        "order": order,
+        "shipment": shipment,
+        "fencing_token": token.to_string(),
+    })))
+}
+
+/// The body of `pay` and `ship`: enter the ledger, do the slow part, record the entry
+/// under the fencing token. Returns the entry's number (1 for the first payment).
+async fn work_on_order(
+    ledger: &Ledger,
+    order: &str,
+    entry: Entry,
+    token: FencingToken,
+    work: Duration,
+) -> Result<u64, ApiProblem> {
+    let visit = ledger.enter(order).await?;
+    // The slow part, e.g. the call to the payment provider. Should the lease be lost
+    // meanwhile, the layer (OnLost::Abort) drops this future, and `visit` with it.
+    tokio::time::sleep(work).await;
+    Ok(visit.record(entry, token).await?)
+}
+
+/// `POST /payments`: one request per `Idempotency-Key` at a time, and idempotent
+/// replay: the first response for a key is recorded in the lock nodes, and the same key
+/// again gets it back (`Idempotent-Replayed: true`) without running the handler. The
+/// layer answers 400 `key-missing` without the header, 409 `request-in-progress` while a
+/// request with the same key runs, and 422 `idempotency-key-reused` for the same key
+/// with another request (method, path, query or body).
+fn payments_route(locker: &Redlock) -> MethodRouter<AppState> {
+    post(create_payment).layer(
+        LockLayer::new(locker.clone(), lock_http::header("Idempotency-Key"))
+            .replay(lock_http::Replay::new()),
+    )
+}
+
+async fn create_payment(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<WorkParams>,
+    lease: LayerLease,
+) -> Result<Json<Value>, ApiProblem> {
+    let work = work_of(&params)?;
+    // The layer only lets requests with exactly one, visible-ASCII key through.
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    let token = lease.fencing_token();
+    // The ledger entry of this payment is named after its key (`GET /orders/payment:<key>`
+    // shows it): a token orders writes of one lock only, so it gets its own entry.
+    let entry = format!("payment:{key}");
+    let payment = work_on_order(&state.ledger, &entry, Entry::Payment, token, work).await?;
+    tracing::info!(idempotency_key = key, payment, %token, "payment created");
+    Ok(Json(json!({
+        "idempotency_key": key,
+        "payment": payment,
+        "fencing_token": token.to_string(),
+    })))
+}
+
+/// `GET /orders/{id}`: what the ledger knows of an order. Takes no lock.
+async fn order_status(
+    State(state): State<AppState>,
+    Path(order): Path<String>,
+) -> Result<Json<Value>, ApiProblem> {
+    let record = state.ledger.order(&order).await?;
+    Ok(Json(json!({
+        "order": order,
+        "payments": record.payments,
+        "shipments": record.shipments,
+        "max_in_flight": record.max_in_flight,
+        "last_fencing_token": record.last_token.map(|token| token.to_string()),
+    })))
+}
+
+// ------------------------------------------------------------------------------------
+// The ledger: what the lock protects
+
+/// What is recorded for an order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// A payment (`pay`).
+    Payment,
+    /// A shipment (`ship`).
+    Shipment,
+}
+
+impl Entry {
+    fn field(self) -> &'static str {
+        match self {
+            Entry::Payment => "payments",
+            Entry::Shipment => "shipments",
+        }
+    }
+}
+
+/// What the ledger knows of one order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OrderRecord {
+    /// Payments recorded.
+    pub payments: u64,
+    /// Shipments recorded.
+    pub shipments: u64,
+    /// Handlers working on the order right now.
+    pub in_flight: i64,
+    /// The most handlers that ever worked on the order at once: 1 under the lock.
+    pub max_in_flight: i64,
+    /// The fencing token of the last accepted write.
+    pub last_token: Option<u64>,
+}
+
+/// Why the ledger refused.
+#[derive(Debug)]
+pub enum LedgerError {
+    /// The writer's fencing token is not larger than the last accepted one: its lease
+    /// ended and another holder wrote since.
+    Stale {
+        /// The refused token.
+        token: FencingToken,
+        /// The last accepted token.
+        last: u64,
+    },
+    /// The ledger's store did not answer.
+    Unavailable(String),
+}
+
+impl From<redis::RedisError> for LedgerError {
+    fn from(error: redis::RedisError) -> Self {
+        LedgerError::Unavailable(error.to_string())
+    }
+}
+
+/// Payments and shipments per order, shared by every instance with the same
+/// `REDIS_URLS` (or by this process only). Cheap to clone.
+#[derive(Clone)]
+pub struct Ledger {
+    store: Store,
+}
+
+#[derive(Clone)]
+enum Store {
+    Memory(Arc<Mutex<HashMap<String, OrderRecord>>>),
+    Redis {
+        connection: ConnectionManager,
+        scripts: Arc<Scripts>,
+    },
+}
+
+/// One Lua script per ledger step, so that each step is atomic in Redis.
+struct Scripts {
+    enter: redis::Script,
+    leave: redis::Script,
+    record: redis::Script,
+}
+
+// KEYS[1]: the order's hash. A handler starts working on the order: count it in
+// flight, and keep the largest count ever seen.
+const ENTER: &str = r"
+local n = redis.call('HINCRBY', KEYS[1], 'in_flight', 1)
+local max = tonumber(redis.call('HGET', KEYS[1], 'max_in_flight') or '0')
+if n > max then
+  redis.call('HSET', KEYS[1], 'max_in_flight', n)
+end
+return n
+";
+
+// KEYS[1]: the order's hash. A handler stopped without recording anything.
+const LEAVE: &str = r"
+return redis.call('HINCRBY', KEYS[1], 'in_flight', -1)
+";
+
+// KEYS[1]: the order's hash; ARGV[1]: the counter (`payments` or `shipments`);
+// ARGV[2]: the writer's fencing token, in decimal. The writer leaves the in-flight
+// count, then its write is accepted only with a token larger than the last one.
+// Tokens are compared as decimal text (longer is larger; equal lengths compare as
+// text), which stays exact for every u64, unlike Lua's floating-point numbers.
+const RECORD: &str = r"
+redis.call('HINCRBY', KEYS[1], 'in_flight', -1)
+local token = ARGV[2]
+local last = redis.call('HGET', KEYS[1], 'last_token')
+if last and (#last > #token or (#last == #token and last >= token)) then
+  return {'stale', last}
+end
+redis.call('HSET', KEYS[1], 'last_token', token)
+return {'ok', tostring(redis.call('HINCRBY', KEYS[1], ARGV[1], 1))}
+";
+
+impl Ledger {
+    /// A ledger in this process.
+    pub fn in_memory() -> Ledger {
+        Ledger {
+            store: Store::Memory(Arc::default()),
+        }
+    }
+
+    /// A ledger in the Redis server at `url` (a plain `redis://` URL). Connects on
+    /// first use, and reconnects by itself.
+    pub fn redis(url: &str) -> Result<Ledger, BoxError> {
+        let client = redis::Client::open(url).map_err(|e| {
+            format!("the ledger needs a plain redis:// URL first in REDIS_URLS: {e}")
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(2)));
+        let connection = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(Ledger {
+            store: Store::Redis {
+                connection,
+                scripts: Arc::new(Scripts {
+                    enter: redis::Script::new(ENTER),
+                    leave: redis::Script::new(LEAVE),
+                    record: redis::Script::new(RECORD),
+                }),
+            },
+        })
+    }
+
+    fn key(order: &str) -> String {
+        format!("orders-example:ledger:{order}")
+    }
+
+    /// A handler starts working on `order`. Record with the returned [`Visit`].
+    pub async fn enter(&self, order: &str) -> Result<Visit, LedgerError> {
+        match &self.store {
+            Store::Memory(orders) => {
+                let mut orders = lock(orders);
+                let record = orders.entry(order.to_owned()).or_default();
+                record.in_flight += 1;
+                record.max_in_flight = record.max_in_flight.max(record.in_flight);
+            }
+            Store::Redis {
+                connection,
+                scripts,
+            } => {
+                let _: i64 = scripts
+                    .enter
+                    .key(Self::key(order))
+                    .invoke_async(&mut connection.clone())
+                    .await?;
+            }
+        }
+        Ok(Visit {
+            ledger: self.clone(),
+            order: order.to_owned(),
+            open: true,
+        })
+    }
+
+    /// What the ledger knows of `order` (zeros for an unknown order).
+    pub async fn order(&self, order: &str) -> Result<OrderRecord, LedgerError> {
+        match &self.store {
+            Store::Memory(orders) => Ok(lock(orders).get(order).cloned().unwrap_or_default()),
+            Store::Redis { connection, .. } => {
+                let fields: Vec<Option<String>> = redis::cmd("HMGET")
+                    .arg(Self::key(order))
+                    .arg(&[
+                        "payments",
+                        "shipments",
+                        "in_flight",
+                        "max_in_flight",
+                        "last_token",
+                    ])
+                    .query_async(&mut connection.clone())
+                    .await?;
+                let number = |i: usize| -> Result<Option<i64>, LedgerError> {
+                    match fields.get(i).cloned().flatten() {
+                        None => Ok(None),
+                        Some(text) => text.parse().map(Some).map_err(|_| {
+                            LedgerError::Unavailable(format!("ledger field {i} is {text:?}"))
+                        }),
+                    }
+                };
+                let count = |i: usize| number(i).map(|n| n.unwrap_or(0).max(0) as u64);
+                Ok(OrderRecord {
+                    payments: count(0)?,
+                    shipments: count(1)?,
+                    in_flight: number(2)?.unwrap_or(0),
+                    max_in_flight: number(3)?.unwrap_or(0),
+                    last_token: fields
+                        .get(4)
+                        .cloned()
+                        .flatten()
+                        .and_then(|text| text.parse().ok()),
+                })
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere does not make the counters wrong: keep serving.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A handler at work on an order, between [`Ledger::enter`] and [`Visit::record`].
+/// Dropped without recording (the handler was stopped), it leaves the in-flight count.
+pub struct Visit {
+    ledger: Ledger,
+    order: String,
+    open: bool,
+}
+
+impl Visit {
+    /// Records `entry` with the writer's fencing token, and leaves. Refused when the
+    /// token is not larger than the last accepted one. Returns the entry's number.
+    pub async fn record(mut self, entry: Entry, token: FencingToken) -> Result<u64, LedgerError> {
+        self.open = false;
+        match &self.ledger.store {
+            Store::Memory(orders) => {
+                let mut orders = lock(orders);
+                let record = orders.entry(self.order.clone()).or_default();
+                record.in_flight -= 1;
+                if let Some(last) = record.last_token.filter(|&last| last >= token.get()) {
+                    return Err(LedgerError::Stale { token, last });
+                }
+                record.last_token = Some(token.get());
+                let count = match entry {
+                    Entry::Payment => &mut record.payments,
+                    Entry::Shipment => &mut record.shipments,
+                };
+                *count += 1;
+                Ok(*count)
+            }
+            Store::Redis {
+                connection,
+                scripts,
+            } => {
+                let (outcome, value): (String, String) = scripts
+                    .record
+                    .key(Ledger::key(&self.order))
+                    .arg(entry.field())
+                    .arg(token.get())
+                    .invoke_async(&mut connection.clone())
+                    .await?;
+                let number = value.parse().map_err(|_| {
+                    LedgerError::Unavailable(format!("unexpected ledger reply {value:?}"))
+                })?;
+                match outcome.as_str() {
+                    "ok" => Ok(number),
+                    _ => Err(LedgerError::Stale {
+                        token,
+                        last: number,
+                    }),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Visit {
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        match &self.ledger.store {
+            Store::Memory(orders) => {
+                if let Some(record) = lock(orders).get_mut(&self.order) {
+                    record.in_flight -= 1;
+                }
+            }
+            Store::Redis {
+                connection,
+                scripts,
+            } => {
+                // Drop cannot wait: leave in the background.
+                let (mut connection, scripts) = (connection.clone(), scripts.clone());
+                let key = Ledger::key(&self.order);
+                tokio::spawn(async move {
+                    let left: Result<i64, _> =
+                        scripts.leave.key(key).invoke_async(&mut connection).await;
+                    if let Err(error) = left {
+                        tracing::warn!(%error, "ledger: leaving the in-flight count failed");
+                    }
+                });
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// The demo's own problems, in the same RFC 9457 format as the lock layer's
+
+/// A refusal of the demo's handlers, answered as `application/problem+json`.
+#[derive(Debug)]
+pub struct ApiProblem {
+    status: StatusCode,
+    code: &'static str,
+    title: &'static str,
+    detail: String,
+    extra: Option<Value>,
+}
+
+impl ApiProblem {
+    fn new(
+        status: StatusCode,
+        code: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        ApiProblem {
+            status,
+            code,
+            title,
+            detail: detail.into(),
+            extra: None,
+        }
+    }
+}
+
+impl From<LedgerError> for ApiProblem {
+    fn from(error: LedgerError) -> Self {
+        match error {
+            LedgerError::Stale { token, last } => {
+                tracing::warn!(%token, last, "stale write refused by the ledger");
+                ApiProblem {
+                    extra: Some(json!({
+                        "fencing_token": token.to_string(),
+                        "last_fencing_token": last.to_string(),
+                    })),
+                    ..ApiProblem::new(
+                        StatusCode::CONFLICT,
+                        "stale-fencing-token",
+                        "Stale fencing token",
+                        format!(
+                            "the write with fencing token {token} was refused: the ledger already \
+                             accepted token {last} for this order, so this request's lock ended \
+                             and another holder wrote since"
+                        ),
+                    )
+                }
+            }
+            LedgerError::Unavailable(error) => {
+                tracing::error!(%error, "ledger unavailable");
+                ApiProblem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ledger-unavailable",
+                    "Ledger unavailable",
+                    "the ledger did not answer; retry later",
+                )
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiProblem {
+    fn into_response(self) -> Response {
+        let mut body = json!({
+            // example.com stands for your own documentation of the problem types.
+            "type": format!("https://example.com/problems#{}", self.code),
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        if let (Some(Value::Object(extra)), Some(object)) = (self.extra, body.as_object_mut()) {
+            object.extend(extra);
+        }
+        let mut response = (self.status, Json(body)).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        response
+    }
+}

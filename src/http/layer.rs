@@ -1,0 +1,389 @@
+//! [`LockLayer`] and its policies.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::Request;
+use tower_layer::Layer;
+
+use super::problem::{DefaultRenderer, ProblemRenderer};
+use super::replay::{Replay, ReplaySettings, Replaying};
+use super::service::LockService;
+use crate::lock::{Redlock, Resource};
+
+/// The default [`LockLayer::fencing_header`]: `Fencing-Token`.
+pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
+
+/// The default [`LockLayer::max_key_len`]: 255 bytes.
+pub const DEFAULT_MAX_KEY_LEN: usize = 255;
+
+/// What a request does when another holds its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Contention {
+    /// Answer at once with 409 `lock-held` and `Retry-After` (the default).
+    #[default]
+    Reject,
+    /// Queue for the lock, up to `timeout`; then 409 `lock-wait-timeout`. Requests of
+    /// one process queue first-in first-out (see [`Redlock::acquire`]).
+    Wait {
+        /// How long a request may wait for the lock.
+        timeout: Duration,
+    },
+}
+
+/// What a request without a key does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingKey {
+    /// Answer with 400 `key-missing` (the default).
+    #[default]
+    Reject,
+    /// Run the handler without a lock. The request carries [`Unlocked::MissingKey`].
+    ///
+    /// [`Unlocked::MissingKey`]: super::Unlocked::MissingKey
+    Bypass,
+}
+
+/// What happens when the lease is lost while the handler runs (renewals failed on a
+/// majority of nodes, or the key expired or was taken over).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnLost {
+    /// Drop the handler future (stopping it at its next `.await`) and answer 503
+    /// `lock-lost` (the default). A handler that has already finished keeps its
+    /// response, marked as for [`Continue`](OnLost::Continue).
+    #[default]
+    Abort,
+    /// Let the handler finish; its response carries a [`LeaseLost`] extension and a
+    /// warning is logged.
+    ///
+    /// [`LeaseLost`]: super::LeaseLost
+    Continue,
+}
+
+/// What a request does when the lock store cannot decide (too few nodes answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unavailable {
+    /// Answer 503 `lock-unavailable` with `Retry-After: 1`; the handler does not run
+    /// (the default).
+    #[default]
+    FailClosed,
+    /// Run the handler without a lock and log a warning. The request carries
+    /// [`Unlocked::StoreUnavailable`]. Only for handlers that are safe without the lock.
+    ///
+    /// [`Unlocked::StoreUnavailable`]: super::Unlocked::StoreUnavailable
+    FailOpen,
+}
+
+/// Which requests share a lock: the [`Resource`] locked for a key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// One lock per route and key (the default):
+    /// `Resource::new(method).join(route).join(key)`, where the route is axum's
+    /// `MatchedPath` (e.g. `/orders/{id}`) when present (feature `axum`), else the URI
+    /// path. The same key on two routes takes two different locks.
+    #[default]
+    Route,
+    /// One lock per name and key, whatever the route: `Resource::new(name).join(key)`.
+    /// Routes (and code using [`Redlock`] directly) that use the same name share locks
+    /// on purpose, e.g. `Scope::shared("order")` on every route that changes an order.
+    Shared(Arc<str>),
+}
+
+impl Scope {
+    /// [`Scope::Shared`] with `name`.
+    pub fn shared(name: impl Into<Arc<str>>) -> Self {
+        Scope::Shared(name.into())
+    }
+
+    /// The resource locked for `key` on `request`.
+    pub fn resource<B>(&self, request: &Request<B>, key: &str) -> Resource {
+        match self {
+            Scope::Route => {
+                let route = matched_path(request).unwrap_or_else(|| request.uri().path());
+                Resource::new(request.method().as_str())
+                    .join(route)
+                    .join(key)
+            }
+            Scope::Shared(name) => Resource::new(&**name).join(key),
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+fn matched_path<B>(request: &Request<B>) -> Option<&str> {
+    request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(axum::extract::MatchedPath::as_str)
+}
+
+#[cfg(not(feature = "axum"))]
+fn matched_path<B>(_request: &Request<B>) -> Option<&str> {
+    None
+}
+
+/// Everything the layer's services and futures share.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) locker: Redlock,
+    pub(crate) contention: Contention,
+    pub(crate) fencing_header: Option<HeaderName>,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) on_lost: OnLost,
+    pub(crate) hold_through_body: bool,
+    pub(crate) scope: Scope,
+    pub(crate) max_key_len: usize,
+    pub(crate) on_unavailable: Unavailable,
+    pub(crate) renderer: Arc<dyn ProblemRenderer>,
+    pub(crate) replay: Option<Arc<ReplaySettings>>,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("locker", &self.locker)
+            .field("contention", &self.contention)
+            .field("fencing_header", &self.fencing_header)
+            .field("missing_key", &self.missing_key)
+            .field("on_lost", &self.on_lost)
+            .field("hold_through_body", &self.hold_through_body)
+            .field("scope", &self.scope)
+            .field("max_key_len", &self.max_key_len)
+            .field("on_unavailable", &self.on_unavailable)
+            .field("replay", &self.replay)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A [`Layer`] that runs each request under a Redlock lease named after its key.
+///
+/// The lease's time to live, node timeout, watchdog and so on are the locker's
+/// ([`LockOptions`](crate::LockOptions)); the layer decides which requests lock what,
+/// and what the client hears when they cannot. See the [module documentation](super)
+/// for the behaviour and an example.
+///
+/// Cheap to clone: clones share the locker and the settings.
+#[derive(Clone)]
+pub struct LockLayer<K> {
+    key: K,
+    settings: Arc<Settings>,
+}
+
+impl<K> LockLayer<K> {
+    /// A layer locking on the key `key` finds, with `locker`.
+    ///
+    /// Defaults: [`Contention::Reject`], a `Fencing-Token` response header,
+    /// [`MissingKey::Reject`], [`OnLost::Abort`], the lease held until the response body
+    /// ends, [`Scope::Route`], keys of at most 255 bytes, the locker's own queue limit
+    /// (1000 unless set), [`Unavailable::FailClosed`] and [`DefaultRenderer`].
+    pub fn new(locker: Redlock, key: K) -> Self {
+        LockLayer {
+            key,
+            settings: Arc::new(Settings {
+                locker,
+                contention: Contention::default(),
+                fencing_header: Some(FENCING_TOKEN),
+                missing_key: MissingKey::default(),
+                on_lost: OnLost::default(),
+                hold_through_body: true,
+                scope: Scope::default(),
+                max_key_len: DEFAULT_MAX_KEY_LEN,
+                on_unavailable: Unavailable::default(),
+                renderer: Arc::new(DefaultRenderer),
+                replay: None,
+            }),
+        }
+    }
+
+    fn settings(&mut self) -> &mut Settings {
+        Arc::make_mut(&mut self.settings)
+    }
+
+    /// Whether to answer or to wait when the lock is held (default [`Contention::Reject`]).
+    #[must_use]
+    pub fn contention(mut self, contention: Contention) -> Self {
+        self.settings().contention = contention;
+        self
+    }
+
+    /// The response header that carries the lease's fencing token (default
+    /// `Fencing-Token`; `None` for none). The handler always finds the
+    /// [`LeaseHandle`](crate::LeaseHandle), with the token, in the request extensions.
+    #[must_use]
+    pub fn fencing_header(mut self, name: Option<HeaderName>) -> Self {
+        self.settings().fencing_header = name;
+        self
+    }
+
+    /// What requests without a key do (default [`MissingKey::Reject`]).
+    #[must_use]
+    pub fn missing_key(mut self, policy: MissingKey) -> Self {
+        self.settings().missing_key = policy;
+        self
+    }
+
+    /// What happens when the lease is lost while the handler runs (default
+    /// [`OnLost::Abort`]).
+    #[must_use]
+    pub fn on_lost(mut self, policy: OnLost) -> Self {
+        self.settings().on_lost = policy;
+        self
+    }
+
+    /// Keep the lease until the response body has been sent (default `true`), so a
+    /// streamed response is produced under the lock. With `false` the lease is released
+    /// as soon as the handler returns its response.
+    #[must_use]
+    pub fn hold_through_body(mut self, hold: bool) -> Self {
+        self.settings().hold_through_body = hold;
+        self
+    }
+
+    /// Which requests share a lock (default [`Scope::Route`]).
+    #[must_use]
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.settings().scope = scope;
+        self
+    }
+
+    /// The longest key accepted, in bytes (default 255); longer keys get 400 `key-invalid`.
+    #[must_use]
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.settings().max_key_len = bytes;
+        self
+    }
+
+    /// How many requests of this process may wait for one resource at once under
+    /// [`Contention::Wait`]; more get 503 `lock-queue-full`. Default: the locker's
+    /// [`LockOptions::max_waiters`](crate::LockOptions::max_waiters), 1000 unless set.
+    #[must_use]
+    pub fn queue_limit(mut self, limit: usize) -> Self {
+        let settings = self.settings();
+        settings.locker = settings.locker.with_max_waiters(limit);
+        self
+    }
+
+    /// What requests do when the lock store cannot decide (default
+    /// [`Unavailable::FailClosed`]).
+    #[must_use]
+    pub fn on_unavailable(mut self, policy: Unavailable) -> Self {
+        self.settings().on_unavailable = policy;
+        self
+    }
+
+    /// Renders the problem responses (default [`DefaultRenderer`], RFC 9457 JSON).
+    #[must_use]
+    pub fn problem_renderer(mut self, renderer: impl ProblemRenderer) -> Self {
+        self.settings().renderer = Arc::new(renderer);
+        self
+    }
+
+    /// Turns on idempotent replay: the first response for a key is recorded in the lock
+    /// nodes and replayed, with `Idempotent-Replayed: true`, to later requests with the
+    /// same key; the same key with a different request gets 422. See
+    /// [`replay`](super::replay) for the behaviour and [`Replay`] for the options.
+    ///
+    /// The key extractor is wrapped ([`Replaying`]) to also compute the request's
+    /// fingerprint, reading the body when the fingerprint covers it (request bodies
+    /// `B: Body<Data = Bytes> + From<Bytes>`, such as axum's). Under
+    /// [`Contention::Reject`] a request whose key is in flight gets 409
+    /// `request-in-progress`; under [`Contention::Wait`] it waits and gets the first
+    /// response replayed.
+    pub fn replay(self, replay: Replay) -> LockLayer<Replaying<K>> {
+        let ttl = self.settings.locker.options().get_ttl();
+        let replay = Arc::new(ReplaySettings::new(replay, ttl));
+        let mut layer = LockLayer {
+            key: Replaying::new(self.key, replay.clone()),
+            settings: self.settings,
+        };
+        layer.settings().replay = Some(replay);
+        layer
+    }
+
+    /// The key extractor.
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+
+    /// The locker.
+    pub fn locker(&self) -> &Redlock {
+        &self.settings.locker
+    }
+}
+
+impl<S, K: Clone> Layer<S> for LockLayer<K> {
+    type Service = LockService<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LockService::from_parts(inner, self.key.clone(), self.settings.clone())
+    }
+}
+
+impl<K: fmt::Debug> fmt::Debug for LockLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockLayer")
+            .field("key", &self.key)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Method;
+
+    #[tokio::test]
+    async fn scopes_name_resources() {
+        let request = Request::builder()
+            .method(Method::PUT)
+            .uri("/orders/7?x=1")
+            .body(())
+            .unwrap();
+        assert_eq!(
+            Scope::Route.resource(&request, "k:1"),
+            Resource::new("PUT").join("/orders/7").join("k:1")
+        );
+        assert_eq!(
+            Scope::shared("order").resource(&request, "7"),
+            Resource::new("order").join("7")
+        );
+        // A shared scope never collides with a route scope: different part counts.
+        assert_ne!(
+            Scope::shared("PUT").resource(&request, "/orders/7"),
+            Scope::Route.resource(&request, "")
+        );
+    }
+
+    #[tokio::test]
+    async fn builder_sets_every_option() {
+        let layer = LockLayer::new(Redlock::in_memory(), ())
+            .contention(Contention::Wait {
+                timeout: Duration::from_secs(1),
+            })
+            .fencing_header(None)
+            .missing_key(MissingKey::Bypass)
+            .on_lost(OnLost::Continue)
+            .hold_through_body(false)
+            .scope(Scope::shared("s"))
+            .max_key_len(10)
+            .queue_limit(3)
+            .on_unavailable(Unavailable::FailOpen);
+        let s = &layer.settings;
+        assert_eq!(
+            s.contention,
+            Contention::Wait {
+                timeout: Duration::from_secs(1)
+            }
+        );
+        assert_eq!(s.fencing_header, None);
+        assert_eq!(s.missing_key, MissingKey::Bypass);
+        assert_eq!(s.on_lost, OnLost::Continue);
+        assert!(!s.hold_through_body);
+        assert_eq!(s.scope, Scope::shared("s"));
+        assert_eq!(s.max_key_len, 10);
+        assert_eq!(s.on_unavailable, Unavailable::FailOpen);
+        assert!(format!("{layer:?}").contains("LockLayer"));
+    }
+}

@@ -1,0 +1,127 @@
+//! The HTTP layer: a tower middleware that runs each request under a Redlock lease.
+//!
+//! [`LockLayer`] finds a key in each request (a header, a path or query parameter, a
+//! JSON body field, a closure: see [`key`]), locks the [`Resource`](crate::Resource)
+//! named after it, runs the inner service with the lease, and keeps the lease until
+//! the response body has been sent. It works with axum ([`Router::route_layer`],
+//! [`Router::layer`], [`MethodRouter::layer`]) and any tower stack
+//! (`ServiceBuilder`).
+//!
+//! Prefer `route_layer`: `Router::layer` also wraps the router's fallback, so a request
+//! for an unknown path without a key gets 400 rather than 404. Around a whole router
+//! (`ServiceBuilder`), routing has not happened yet: `path_param` finds nothing and
+//! [`Scope::Route`] uses the URI path instead of the route.
+//!
+//! ```
+//! use axum::{body::Body, routing::post, Extension, Router};
+//! use http::{Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_redlock::http::{header, Contention, LockLayer};
+//! use tower_redlock::{LeaseHandle, Redlock};
+//!
+//! async fn create_order(Extension(lease): Extension<LeaseHandle>) -> String {
+//!     // Pass the fencing token to the storage with every write.
+//!     format!("created under token {}", lease.fencing_token())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let app = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .route_layer(LockLayer::new(Redlock::in_memory(), header("Idempotency-Key")));
+//!
+//! let request = Request::post("/orders")
+//!     .header("Idempotency-Key", "8e03978e")
+//!     .body(Body::empty())
+//!     .unwrap();
+//! let response = app.clone().oneshot(request).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::OK);
+//! assert!(response.headers().contains_key("fencing-token"));
+//!
+//! let no_key = Request::post("/orders").body(Body::empty()).unwrap();
+//! let response = app.oneshot(no_key).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::BAD_REQUEST); // problem+json, key-missing
+//! # }
+//! ```
+//!
+//! # Behaviour
+//!
+//! | situation | response |
+//! |---|---|
+//! | no key, [`MissingKey::Reject`] (default) | 400 `key-missing` |
+//! | no key, [`MissingKey::Bypass`] | the handler runs without a lock ([`Unlocked::MissingKey`]) |
+//! | key empty, too long ([`LockLayer::max_key_len`]), not visible ASCII, ambiguous | 400 `key-invalid` |
+//! | body over the limit of a body key | 413 `body-too-large`, no lock taken |
+//! | body key: body not JSON | 400 `body-not-json` |
+//! | lock held, [`Contention::Reject`] (default) | 409 `lock-held`, `Retry-After` = holder's ttl, rounded up |
+//! | lock held, [`Contention::Wait`], timeout passed | 409 `lock-wait-timeout`, `Retry-After` |
+//! | too many waiters ([`LockLayer::queue_limit`]) | 503 `lock-queue-full`, `Retry-After: 1` |
+//! | no quorum, [`Unavailable::FailClosed`] (default) | 503 `lock-unavailable`, `Retry-After: 1`; the handler never runs |
+//! | no quorum, [`Unavailable::FailOpen`] | the handler runs without a lock ([`Unlocked::StoreUnavailable`]), warning logged |
+//! | lease lost mid-handler, [`OnLost::Abort`] (default) | handler future dropped, 503 `lock-lost` |
+//! | lease lost mid-handler, [`OnLost::Continue`] | the handler's response with a [`LeaseLost`] extension, warning logged |
+//! | acquired | the handler runs with the [`LeaseHandle`](crate::LeaseHandle) in the request extensions; `Fencing-Token: <n>` on the response ([`LockLayer::fencing_header`]) |
+//!
+//! Refusals are [RFC 9457](https://www.rfc-editor.org/rfc/rfc9457) problems
+//! (`application/problem+json`, `Cache-Control: no-store`); see [`problem`] for the
+//! `type` URIs and for replacing the renderer. They are responses, not errors: the
+//! service's error type is the inner service's, so an `Infallible` service stays
+//! `Infallible`.
+//!
+//! # Idempotent replay
+//!
+//! With [`LockLayer::replay`] the first response for a key is recorded in the lock
+//! nodes and replayed (`Idempotent-Replayed: true`) to later requests with the same key;
+//! the same key with a different request gets 422 `idempotency-key-reused`, and a
+//! request whose key is in flight gets 409 `request-in-progress` (or, waiting, the
+//! first one's response). See [`replay`] for the full table.
+//!
+//! # Which lock
+//!
+//! By default ([`Scope::Route`]) the resource is method, route and key:
+//! `Resource::new("POST").join("/orders/{id}").join(key)`, the route being axum's
+//! `MatchedPath` when the layer runs after routing, else the URI path. The same key
+//! on two routes takes two locks. [`Scope::Shared`] names a lock shared by every route
+//! (and by code calling [`Redlock`](crate::Redlock) directly) that uses the same name.
+//!
+//! # Lease lifetime
+//!
+//! The lease is released, in the background and never blocking:
+//!
+//! - when the response body ends ([`LeaseBody`]), or right after the handler returns
+//!   with [`LockLayer::hold_through_body`]`(false)`;
+//! - at once when the client goes away: dropping the response future (while waiting
+//!   for the lock or while the handler runs) or the body drops the lease;
+//! - when the inner service fails.
+//!
+//! While it lives, the locker's watchdog renews it. Each locked request runs in a
+//! `redlock` tracing span (DEBUG) with the fields `resource`, `outcome`, `wait_ms` and
+//! `token`.
+//!
+//! [`Router::route_layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.route_layer
+//! [`Router::layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.layer
+//! [`MethodRouter::layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.layer
+
+mod body;
+mod future;
+pub mod key;
+mod layer;
+pub mod problem;
+pub mod replay;
+mod service;
+
+pub use body::LeaseBody;
+pub use future::ResponseFuture;
+pub use key::{
+    header, json_field, query_param, webhook, BoxKeyFuture, Header, JsonField, KeyExtractor,
+    KeyFromParts, KeyRejection, KeyResult, Or, QueryParam,
+};
+#[cfg(feature = "axum")]
+pub use key::{path_param, PathParam};
+pub use layer::{
+    Contention, LockLayer, MissingKey, OnLost, Scope, Unavailable, DEFAULT_MAX_KEY_LEN,
+    FENCING_TOKEN,
+};
+pub use problem::{DefaultRenderer, Problem, ProblemKind, ProblemRenderer};
+pub use replay::{Fingerprint, Replay, Replaying, UnknownOutcome, IDEMPOTENT_REPLAYED};
+pub use service::{LeaseLost, LockService, Unlocked};

@@ -1,0 +1,571 @@
+//! RFC 9457 problem responses of [`LockLayer`](super::LockLayer) (and of the axum
+//! extractors, feature `axum`), and the renderer that turns them into HTTP responses.
+//!
+//! Every request the layer refuses gets an `application/problem+json` body with
+//! `Cache-Control: no-store`:
+//!
+//! ```json
+//! {
+//!   "type": "https://docs.rs/tower-redlock/latest/tower_redlock/http/problem/#lock-held",
+//!   "title": "Lock held",
+//!   "status": 409,
+//!   "detail": "another request holds the lock on this resource; retry later",
+//!   "resource": "POST:/orders:abc-123",
+//!   "retry_after_ms": 8412
+//! }
+//! ```
+//!
+//! The `type` URI is this page followed by `#` and a short, stable code (see
+//! [`ProblemKind::code`]); [`ProblemKind::from_type_uri`] reads it back. `resource`
+//! (the locked [`Resource`]) and `retry_after_ms` are extension members, present where
+//! they apply. When a problem has a retry delay the response also carries
+//! `Retry-After` in whole seconds, rounded up, at least 1.
+//!
+//! Replace the renderer with [`LockLayer::problem_renderer`](super::LockLayer::problem_renderer)
+//! to change the format (a closure `Fn(&Problem) -> Response<Bytes>` will do). The
+//! layer then still adds `Retry-After` and `Cache-Control: no-store` when the renderer
+//! did not set them: they are protocol, not presentation.
+//!
+//! # Problem types
+//!
+//! ### key-missing
+//! 400: the request carries no lock key, and the layer requires one
+//! ([`MissingKey::Reject`](super::MissingKey::Reject)).
+//!
+//! ### key-invalid
+//! 400: the key is empty, longer than the limit
+//! ([`LockLayer::max_key_len`](super::LockLayer::max_key_len)), contains a byte outside
+//! visible ASCII (`0x21..=0x7E`), or is ambiguous (a header or query parameter given
+//! twice, a JSON field that is neither a string nor a number).
+//!
+//! ### body-too-large
+//! 413: the body is larger than the limit of a body key
+//! ([`JsonField::limit`](super::JsonField::limit)). No lock was taken.
+//!
+//! ### body-not-json
+//! 400: a body key was configured, but the body is not JSON.
+//!
+//! ### body-unreadable
+//! 400: reading the body for a body key failed (for example, the client went away).
+//!
+//! ### lock-held
+//! 409: another request holds the lock ([`Contention::Reject`](super::Contention::Reject)).
+//! `Retry-After` is the holder's remaining time to live.
+//!
+//! ### lock-wait-timeout
+//! 409: the lock was still held when the wait ran out
+//! ([`Contention::Wait`](super::Contention::Wait)). `Retry-After` is the holder's
+//! remaining time to live.
+//!
+//! ### lock-unavailable
+//! 503: too few lock nodes answered to decide; the handler did not run.
+//! `Retry-After: 1`.
+//!
+//! ### lock-queue-full
+//! 503: too many requests of this process already wait for the same resource
+//! ([`LockLayer::queue_limit`](super::LockLayer::queue_limit)). `Retry-After: 1`.
+//!
+//! ### lock-lost
+//! 503: the lease was lost while the handler ran and the handler was stopped
+//! ([`OnLost::Abort`](super::OnLost::Abort)). `Retry-After: 1`.
+//!
+//! ### lock-layer-missing
+//! 500: a handler asked for the lease of a [`LockLayer`](super::LockLayer) (the
+//! `LayerLease` extractor of the `axum` feature) and the request has none: the route has
+//! no layer, or its layer let the request through unlocked
+//! ([`MissingKey::Bypass`](super::MissingKey::Bypass),
+//! [`Unavailable::FailOpen`](super::Unavailable::FailOpen)). A configuration error of the
+//! server; the handler did not run.
+//!
+//! ### request-in-progress
+//! 409: idempotent replay ([`LockLayer::replay`](super::LockLayer::replay)): a request
+//! with the same key is still being processed ([`Contention::Reject`](super::Contention::Reject),
+//! or [`Contention::Wait`](super::Contention::Wait) ran out). No correction is needed:
+//! retry after `Retry-After` to get the first request's response.
+//!
+//! ### outcome-unknown
+//! 409: idempotent replay: an earlier request with the same key was interrupted (its
+//! lease was lost, or it was dropped) before its response could be recorded, so whether
+//! it took effect is unknown. `Retry-After` says how long the key answers so; after that
+//! the request runs again, unless the layer refuses until the retention ends
+//! ([`UnknownOutcome`](super::UnknownOutcome)).
+//!
+//! ### idempotency-key-reused
+//! 422: idempotent replay: the key was already used for a different request (another
+//! body, method or route; see [`Fingerprint`](super::Fingerprint)). Send a new key with
+//! a new request.
+//!
+//! ### response-failed
+//! 500: idempotent replay: the handler's response body failed while it was being
+//! recorded, before anything was sent. Nothing was recorded: a retry runs the handler
+//! again.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+
+use crate::error::LockError;
+use crate::lock::Resource;
+
+/// `Retry-After` of refusals that know no better delay.
+pub(crate) const RETRY_SOON: Duration = Duration::from_secs(1);
+
+/// Where the `type` URIs point: this module's documentation, one heading per code.
+pub const TYPE_BASE: &str = "https://docs.rs/tower-redlock/latest/tower_redlock/http/problem/";
+
+/// The media type of problem bodies.
+pub const CONTENT_TYPE_PROBLEM: &str = "application/problem+json";
+
+/// What went wrong: one variant per problem type of the layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// 400 `key-missing`.
+    KeyMissing,
+    /// 400 `key-invalid`.
+    KeyInvalid,
+    /// 413 `body-too-large`.
+    BodyTooLarge,
+    /// 400 `body-not-json`.
+    BodyNotJson,
+    /// 400 `body-unreadable`.
+    BodyUnreadable,
+    /// 409 `lock-held`.
+    LockHeld,
+    /// 409 `lock-wait-timeout`.
+    LockWaitTimeout,
+    /// 503 `lock-unavailable`.
+    LockUnavailable,
+    /// 503 `lock-queue-full`.
+    LockQueueFull,
+    /// 503 `lock-lost`.
+    LockLost,
+    /// 500 `lock-layer-missing`.
+    LockLayerMissing,
+    /// 409 `request-in-progress` (idempotent replay).
+    RequestInProgress,
+    /// 409 `outcome-unknown` (idempotent replay).
+    OutcomeUnknown,
+    /// 422 `idempotency-key-reused` (idempotent replay).
+    IdempotencyKeyReused,
+    /// 500 `response-failed` (idempotent replay).
+    ResponseFailed,
+}
+
+impl ProblemKind {
+    /// Every kind, in documentation order.
+    pub const ALL: [ProblemKind; 15] = [
+        ProblemKind::KeyMissing,
+        ProblemKind::KeyInvalid,
+        ProblemKind::BodyTooLarge,
+        ProblemKind::BodyNotJson,
+        ProblemKind::BodyUnreadable,
+        ProblemKind::LockHeld,
+        ProblemKind::LockWaitTimeout,
+        ProblemKind::LockUnavailable,
+        ProblemKind::LockQueueFull,
+        ProblemKind::LockLost,
+        ProblemKind::LockLayerMissing,
+        ProblemKind::RequestInProgress,
+        ProblemKind::OutcomeUnknown,
+        ProblemKind::IdempotencyKeyReused,
+        ProblemKind::ResponseFailed,
+    ];
+
+    /// The short, stable code, e.g. `lock-held`: the fragment of the `type` URI.
+    pub const fn code(self) -> &'static str {
+        match self {
+            ProblemKind::KeyMissing => "key-missing",
+            ProblemKind::KeyInvalid => "key-invalid",
+            ProblemKind::BodyTooLarge => "body-too-large",
+            ProblemKind::BodyNotJson => "body-not-json",
+            ProblemKind::BodyUnreadable => "body-unreadable",
+            ProblemKind::LockHeld => "lock-held",
+            ProblemKind::LockWaitTimeout => "lock-wait-timeout",
+            ProblemKind::LockUnavailable => "lock-unavailable",
+            ProblemKind::LockQueueFull => "lock-queue-full",
+            ProblemKind::LockLost => "lock-lost",
+            ProblemKind::LockLayerMissing => "lock-layer-missing",
+            ProblemKind::RequestInProgress => "request-in-progress",
+            ProblemKind::OutcomeUnknown => "outcome-unknown",
+            ProblemKind::IdempotencyKeyReused => "idempotency-key-reused",
+            ProblemKind::ResponseFailed => "response-failed",
+        }
+    }
+
+    /// The HTTP status of this kind.
+    pub const fn status(self) -> StatusCode {
+        match self {
+            ProblemKind::KeyMissing
+            | ProblemKind::KeyInvalid
+            | ProblemKind::BodyNotJson
+            | ProblemKind::BodyUnreadable => StatusCode::BAD_REQUEST,
+            ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemKind::LockHeld
+            | ProblemKind::LockWaitTimeout
+            | ProblemKind::RequestInProgress
+            | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
+            ProblemKind::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemKind::LockUnavailable | ProblemKind::LockQueueFull | ProblemKind::LockLost => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ProblemKind::LockLayerMissing | ProblemKind::ResponseFailed => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+
+    /// A short human-readable summary, the same for every occurrence.
+    pub const fn title(self) -> &'static str {
+        match self {
+            ProblemKind::KeyMissing => "Lock key missing",
+            ProblemKind::KeyInvalid => "Lock key invalid",
+            ProblemKind::BodyTooLarge => "Body too large",
+            ProblemKind::BodyNotJson => "Body is not JSON",
+            ProblemKind::BodyUnreadable => "Body unreadable",
+            ProblemKind::LockHeld => "Lock held",
+            ProblemKind::LockWaitTimeout => "Lock wait timed out",
+            ProblemKind::LockUnavailable => "Lock store unavailable",
+            ProblemKind::LockQueueFull => "Lock queue full",
+            ProblemKind::LockLost => "Lock lost",
+            ProblemKind::LockLayerMissing => "Lock layer missing",
+            ProblemKind::RequestInProgress => "Request in progress",
+            ProblemKind::OutcomeUnknown => "Outcome unknown",
+            ProblemKind::IdempotencyKeyReused => "Idempotency key reused",
+            ProblemKind::ResponseFailed => "Response failed",
+        }
+    }
+
+    /// The `type` URI: [`TYPE_BASE`] `#` [`code`](ProblemKind::code).
+    pub fn type_uri(self) -> String {
+        format!("{TYPE_BASE}#{}", self.code())
+    }
+
+    /// The kind of a short code, e.g. `lock-held`.
+    pub fn from_code(code: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.code() == code)
+    }
+
+    /// The kind of a `type` URI made by [`type_uri`](ProblemKind::type_uri). Only the
+    /// fragment is compared, so links to other versions of the documentation work too.
+    pub fn from_type_uri(uri: &str) -> Option<Self> {
+        let (_, code) = uri.rsplit_once('#')?;
+        Self::from_code(code)
+    }
+}
+
+impl fmt::Display for ProblemKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+/// One problem to report to the client: a [`ProblemKind`] plus what is specific to
+/// this occurrence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    kind: ProblemKind,
+    detail: String,
+    resource: Option<Resource>,
+    retry_after: Option<Duration>,
+}
+
+impl Problem {
+    /// A problem of `kind` explained by `detail`.
+    pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
+        Problem {
+            kind,
+            detail: detail.into(),
+            resource: None,
+            retry_after: None,
+        }
+    }
+
+    /// This problem, about `resource`.
+    #[must_use]
+    pub fn with_resource(mut self, resource: Resource) -> Self {
+        self.resource = Some(resource);
+        self
+    }
+
+    /// This problem, with a delay after which a retry may succeed.
+    #[must_use]
+    pub fn with_retry_after(mut self, delay: Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ProblemKind {
+        self.kind
+    }
+
+    /// The HTTP status ([`ProblemKind::status`]).
+    pub fn status(&self) -> StatusCode {
+        self.kind.status()
+    }
+
+    /// An explanation of this occurrence. Never contains infrastructure details such as
+    /// node addresses: those go to the logs.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The locked resource, for problems about a lock.
+    pub fn resource(&self) -> Option<&Resource> {
+        self.resource.as_ref()
+    }
+
+    /// The delay after which a retry may succeed, when one is known.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The `Retry-After` value: [`retry_after`](Problem::retry_after) in whole seconds,
+    /// rounded up, at least 1.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after.map(|delay| {
+            let secs = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
+            secs.max(1)
+        })
+    }
+
+    /// The RFC 9457 JSON object: `type`, `title`, `status`, `detail`, and `resource`
+    /// and `retry_after_ms` when present.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut object = serde_json::Map::new();
+        object.insert("type".into(), self.kind.type_uri().into());
+        object.insert("title".into(), self.kind.title().into());
+        object.insert("status".into(), self.status().as_u16().into());
+        object.insert("detail".into(), self.detail.clone().into());
+        if let Some(resource) = &self.resource {
+            object.insert("resource".into(), resource.as_str().into());
+        }
+        if let Some(delay) = self.retry_after {
+            let ms = delay.as_nanos().div_ceil(1_000_000);
+            object.insert(
+                "retry_after_ms".into(),
+                u64::try_from(ms).unwrap_or(u64::MAX).into(),
+            );
+        }
+        serde_json::Value::Object(object)
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}): {}", self.kind.title(), self.kind, self.detail)
+    }
+}
+
+/// Turns a [`Problem`] into a response. Implemented for [`DefaultRenderer`] and for
+/// every closure `Fn(&Problem) -> Response<Bytes>`.
+///
+/// The layer adds `Retry-After` (when the problem has a delay) and
+/// `Cache-Control: no-store` to whatever the renderer returns, unless it set them.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::{header, Response};
+/// use tower_redlock::http::{header as key_header, LockLayer};
+/// use tower_redlock::{Problem, Redlock};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // Plain text instead of problem+json.
+/// let layer = LockLayer::new(Redlock::in_memory(), key_header("Idempotency-Key"))
+///     .problem_renderer(|problem: &Problem| {
+///         Response::builder()
+///             .status(problem.status())
+///             .header(header::CONTENT_TYPE, "text/plain")
+///             .body(Bytes::from(format!("{}: {}", problem.kind(), problem.detail())))
+///             .unwrap_or_default()
+///     });
+/// # let _ = layer;
+/// # }
+/// ```
+pub trait ProblemRenderer: Send + Sync + 'static {
+    /// The response for `problem`.
+    fn render(&self, problem: &Problem) -> Response<Bytes>;
+}
+
+impl<F> ProblemRenderer for F
+where
+    F: Fn(&Problem) -> Response<Bytes> + Send + Sync + 'static,
+{
+    fn render(&self, problem: &Problem) -> Response<Bytes> {
+        self(problem)
+    }
+}
+
+/// The default renderer: `application/problem+json` as described in the
+/// [module documentation](self).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultRenderer;
+
+impl ProblemRenderer for DefaultRenderer {
+    fn render(&self, problem: &Problem) -> Response<Bytes> {
+        let body = Bytes::from(problem.to_json().to_string());
+        let mut response = Response::new(body);
+        *response.status_mut() = problem.status();
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_PROBLEM));
+        response
+    }
+}
+
+/// Renders `problem` and adds the headers every problem response carries.
+pub(crate) fn render(renderer: &dyn ProblemRenderer, problem: &Problem) -> Response<Bytes> {
+    let mut response = renderer.render(problem);
+    let headers = response.headers_mut();
+    if let Some(secs) = problem.retry_after_secs() {
+        if !headers.contains_key(RETRY_AFTER) {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+    }
+    if !headers.contains_key(CACHE_CONTROL) {
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+/// The problem a failed acquisition of `resource` is answered with, by the layer and by
+/// the axum extractors alike.
+pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Problem {
+    let problem = match error {
+        LockError::Held { holder_ttl, .. } => Problem::new(
+            ProblemKind::LockHeld,
+            "another request holds the lock on this resource; retry later",
+        )
+        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
+        LockError::WaitTimeout {
+            waited, holder_ttl, ..
+        } => Problem::new(
+            ProblemKind::LockWaitTimeout,
+            format!(
+                "the lock on this resource was still held after waiting {} ms; retry later",
+                waited.as_millis()
+            ),
+        )
+        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
+        LockError::Unavailable { .. } | LockError::ValidityExpired { .. } => {
+            // The details (node addresses) go to the log, not to the client.
+            tracing::warn!(%error, "lock store unavailable: request refused");
+            Problem::new(
+                ProblemKind::LockUnavailable,
+                "the lock store could not reach a quorum; the request was not processed",
+            )
+            .with_retry_after(RETRY_SOON)
+        }
+        LockError::QueueFull { limit, .. } => Problem::new(
+            ProblemKind::LockQueueFull,
+            format!("{limit} requests already wait for this resource"),
+        )
+        .with_retry_after(RETRY_SOON),
+        LockError::Lost { .. } => Problem::new(
+            ProblemKind::LockLost,
+            "the lock was lost while the request was processed",
+        )
+        .with_retry_after(RETRY_SOON),
+    };
+    problem.with_resource(resource)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_through_type_uris() {
+        for kind in ProblemKind::ALL {
+            assert_eq!(ProblemKind::from_code(kind.code()), Some(kind));
+            assert_eq!(ProblemKind::from_type_uri(&kind.type_uri()), Some(kind));
+            assert!(kind.type_uri().starts_with(TYPE_BASE));
+        }
+        assert_eq!(ProblemKind::from_type_uri("about:blank"), None);
+        assert_eq!(ProblemKind::from_code("nope"), None);
+    }
+
+    #[test]
+    fn module_docs_have_a_heading_per_code() {
+        // The `type` URIs point at these headings.
+        let source = include_str!("problem.rs");
+        for kind in ProblemKind::ALL {
+            let heading = format!("//! ### {}\n", kind.code());
+            assert!(source.contains(&heading), "no heading for {kind}");
+        }
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds_at_least_one() {
+        let secs = |ms| {
+            Problem::new(ProblemKind::LockHeld, "")
+                .with_retry_after(Duration::from_millis(ms))
+                .retry_after_secs()
+        };
+        assert_eq!(secs(0), Some(1));
+        assert_eq!(secs(1), Some(1));
+        assert_eq!(secs(1000), Some(1));
+        assert_eq!(secs(1001), Some(2));
+        assert_eq!(secs(9_999), Some(10));
+        assert_eq!(
+            Problem::new(ProblemKind::LockHeld, "").retry_after_secs(),
+            None
+        );
+    }
+
+    #[test]
+    fn default_rendering() {
+        let problem = Problem::new(ProblemKind::LockHeld, "busy")
+            .with_resource(Resource::new("POST").join("/orders").join("k"))
+            .with_retry_after(Duration::from_micros(1_500_100));
+        let response = render(&DefaultRenderer, &problem);
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(response.headers()[CONTENT_TYPE], CONTENT_TYPE_PROBLEM);
+        assert_eq!(response.headers()[CACHE_CONTROL], "no-store");
+        assert_eq!(response.headers()[RETRY_AFTER], "2");
+        let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "type": ProblemKind::LockHeld.type_uri(),
+                "title": "Lock held",
+                "status": 409,
+                "detail": "busy",
+                "resource": "POST:/orders:k",
+                "retry_after_ms": 1501,
+            })
+        );
+    }
+
+    #[test]
+    fn optional_members_are_left_out() {
+        let body = Problem::new(ProblemKind::KeyMissing, "no key").to_json();
+        let object = body.as_object().unwrap();
+        assert!(!object.contains_key("resource"));
+        assert!(!object.contains_key("retry_after_ms"));
+        let response = render(&DefaultRenderer, &Problem::new(ProblemKind::KeyMissing, ""));
+        assert!(!response.headers().contains_key(RETRY_AFTER));
+    }
+
+    #[test]
+    fn custom_renderers_keep_their_headers_and_get_the_protocol_ones() {
+        let renderer = |problem: &Problem| {
+            let mut response = Response::new(Bytes::from(problem.kind().code()));
+            response
+                .headers_mut()
+                .insert(CACHE_CONTROL, HeaderValue::from_static("private"));
+            response
+        };
+        let problem =
+            Problem::new(ProblemKind::LockUnavailable, "").with_retry_after(Duration::from_secs(1));
+        let response = render(&renderer, &problem);
+        assert_eq!(response.headers()[CACHE_CONTROL], "private");
+        assert_eq!(response.headers()[RETRY_AFTER], "1");
+        assert_eq!(response.body(), "lock-unavailable");
+    }
+}

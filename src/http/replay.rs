@@ -1,0 +1,840 @@
+//! Idempotent replay: the first response for a key is stored and replayed.
+//!
+//! Turned on with [`LockLayer::replay`](super::LockLayer::replay). It follows the IETF
+//! draft *The Idempotency-Key HTTP Header Field* (draft-ietf-httpapi-idempotency-key-header)
+//! and the behaviour Stripe documents for its API:
+//!
+//! | situation | response |
+//! |---|---|
+//! | first request with a key | the handler runs under the lock; its response is recorded (when [`Replay::store_if`] accepts the status and the body fits [`Replay::max_body`]) **before** it is sent |
+//! | same key, same request, after the first completed | the recorded response: same status, same allowed headers, same body bytes, plus `Idempotent-Replayed: true`; the handler does not run and no lock is taken |
+//! | same key, different request ([`Fingerprint`]) | 422 `idempotency-key-reused` |
+//! | same key while the first is in flight, [`Contention::Reject`](super::Contention::Reject) | 409 `request-in-progress`, `Retry-After` = the holder's remaining ttl |
+//! | same key while the first is in flight, [`Contention::Wait`](super::Contention::Wait) | waits for the lock, then gets the first response replayed (or runs, if the first recorded nothing); 409 `request-in-progress` when the wait times out |
+//! | the first's outcome was not recorded because it is not worth keeping (status rejected by [`Replay::store_if`], by default 5xx, 408, 409 and 429; body larger than [`Replay::max_body`]) | the next request runs the handler again |
+//! | the first was interrupted: lease lost mid-handler, response future dropped, record write refused | 409 `outcome-unknown` with `Retry-After`, for [`UnknownOutcome`]'s time (default: the lock's ttl), then the next request runs the handler again |
+//! | the record's retention passed (default 24 h) | the key is new again: the handler runs |
+//! | the response body fails while being recorded | 500 `response-failed`; nothing recorded |
+//!
+//! # Why it is part of [`LockLayer`](super::LockLayer)
+//!
+//! Replay and the lock must interleave in one state machine, so it is an option of the
+//! layer rather than a second layer:
+//!
+//! 1. **Before** the lock: a completed record is replayed at once, without locking or
+//!    writing anything — retries of finished requests never contend.
+//! 2. **After** acquiring the lock: the record is checked again (the holder we waited
+//!    for may have just written it), and in the same atomic step on each node a pending
+//!    marker is written for this lease (see [`crate::lock::record`]).
+//! 3. The handler's response body is buffered (up to [`Replay::max_body`]) **while the
+//!    lease is still held**, written with a compare-and-set on the lock's owner value,
+//!    and only then sent. So the record exists before the client sees a byte, a client
+//!    that goes away while the response is in transit can retry and get it, and a
+//!    holder that lost its lease can never write over a newer outcome.
+//!
+//! A companion layer could not do step 3 under the same lease without reaching into
+//! the lock layer's state, and would have to find the key a second time.
+//!
+//! # What is stored
+//!
+//! The status, the response headers named by the allow-list (by default `Content-Type`
+//! and `Location`, more with [`Replay::allow_header`]), and the body, up to
+//! [`Replay::max_body`] (default 1 MiB; larger responses are sent but not stored, with
+//! a warning, so a retry runs again). Trailers are sent but never stored. The replay
+//! carries the original `Fencing-Token` (when the layer sends one): it names the
+//! execution the response came from.
+//!
+//! Records live in the lock nodes, next to the lock key and in its hash slot
+//! (`{prefix}{<resource>}:record`): written to every node and counted at a majority,
+//! read from a majority (see [`crate::lock::record`] for the protocol and why a holder
+//! that lost its lease can never write one).
+//!
+//! # Keys, tenants and the fingerprint
+//!
+//! The record belongs to the lock's [`Resource`]: by default method,
+//! route and key. [`Replay::tenant`] adds the client's identity (draft §5: the lookup key
+//! should combine the client's key with what the server knows of the client), hashed,
+//! so two clients who pick the same key never see each other's responses. The
+//! [`Fingerprint`] (method, route, path and query, and a SHA-256 of the body by
+//! default) is stored with the record; a later request with the same key and another
+//! fingerprint gets 422.
+//!
+//! # Limitations
+//!
+//! - A client that goes away while the handler runs makes hyper drop the handler: the
+//!   outcome is then unknown (409 `outcome-unknown` for a while), as it is when the
+//!   lease is lost.
+//! - An unknown outcome is detected by the pending marker the interrupted attempt left
+//!   on a majority of nodes. The first request to find it shortens it to
+//!   [`UnknownOutcome`]'s time on every node where that request holds the lock; a node
+//!   still holding the interrupted attempt's lock key at that moment keeps its marker
+//!   until a later request finds it, which answers 409 `outcome-unknown` once more.
+//!   Errs on the side of refusing, never of running twice.
+//! - A server error's pending marker is removed before the answer is sent; a node that
+//!   misses the removal (down, or too slow) makes a later request answer 409
+//!   `outcome-unknown` for [`UnknownOutcome`]'s time: again, refusing rather than
+//!   guessing.
+//! - Responses are buffered before they are sent: not for streaming endpoints.
+//! - Under [`Unavailable::FailOpen`](super::Unavailable::FailOpen), a request that runs
+//!   without a lock is neither replayed nor recorded.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use http::request::Parts;
+use http::{HeaderMap, Request, StatusCode};
+use http_body::Body;
+use sha2::{Digest, Sha256};
+
+use super::key::{read_limited, BoxKeyFuture, KeyExtractor, KeyFromParts, KeyRejection};
+use super::problem::ProblemKind;
+use crate::lock::Resource;
+
+/// The header added to replayed responses: `Idempotent-Replayed: true`.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The default [`Replay::retention`]: 24 hours.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// The default [`Replay::max_body`] and [`Replay::max_request_body`]: 1 MiB.
+pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type TenantFn = Arc<dyn Fn(&mut Parts) -> Result<Option<String>, KeyRejection> + Send + Sync>;
+
+/// Idempotent replay for [`LockLayer::replay`](super::LockLayer::replay); see the
+/// [module documentation](self) for the behaviour.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{body::Body, routing::post, Router};
+/// use http::{Request, StatusCode};
+/// use tower::ServiceExt;
+/// use tower_redlock::http::{header, LockLayer, Replay};
+/// use tower_redlock::Redlock;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let app = Router::new()
+///     .route("/payments", post(|| async { (StatusCode::CREATED, "pay_1") }))
+///     .route_layer(
+///         LockLayer::new(Redlock::in_memory(), header("Idempotency-Key"))
+///             .replay(Replay::new().retention(Duration::from_secs(3600))),
+///     );
+/// let pay = || {
+///     Request::post("/payments")
+///         .header("Idempotency-Key", "k-1")
+///         .body(Body::from(r#"{"amount":100}"#))
+///         .unwrap()
+/// };
+/// let first = app.clone().oneshot(pay()).await.unwrap();
+/// assert_eq!(first.status(), StatusCode::CREATED);
+/// assert!(first.headers().get("idempotent-replayed").is_none());
+/// let again = app.oneshot(pay()).await.unwrap();
+/// assert_eq!(again.status(), StatusCode::CREATED);
+/// assert_eq!(again.headers()["idempotent-replayed"], "true");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Replay {
+    retention: Duration,
+    max_body: usize,
+    max_request_body: usize,
+    headers: Vec<HeaderName>,
+    store_if: Arc<dyn Fn(StatusCode) -> bool + Send + Sync>,
+    fingerprint: Fingerprint,
+    unknown: Option<UnknownOutcome>,
+    tenant: Option<(TenantFn, String)>,
+}
+
+impl Default for Replay {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Replay {
+    /// Replay with the defaults: records kept 24 h, bodies up to 1 MiB, headers
+    /// `Content-Type` and `Location`, statuses of [`stored_by_default`], the default
+    /// [`Fingerprint`], [`UnknownOutcome::ReexecuteAfter`] the lock's ttl, no tenant.
+    pub fn new() -> Self {
+        Replay {
+            retention: DEFAULT_RETENTION,
+            max_body: DEFAULT_MAX_BODY,
+            max_request_body: DEFAULT_MAX_BODY,
+            headers: vec![CONTENT_TYPE, LOCATION],
+            store_if: Arc::new(stored_by_default),
+            fingerprint: Fingerprint::default(),
+            unknown: None,
+            tenant: None,
+        }
+    }
+
+    /// How long a record is kept (default 24 h); after that the key is new again.
+    #[must_use]
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The largest response body recorded (default 1 MiB). Larger responses are sent but
+    /// not recorded (a warning is logged), and a retry runs the handler again.
+    #[must_use]
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.max_body = bytes;
+        self
+    }
+
+    /// The largest request body read for the fingerprint (default 1 MiB); larger
+    /// requests get 413 `body-too-large` before any lock is taken. Not used when the
+    /// fingerprint ignores the body.
+    #[must_use]
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.max_request_body = bytes;
+        self
+    }
+
+    /// Also records and replays the response header `name` (`Content-Type` and
+    /// `Location` are always included). Every value of a repeated header is kept.
+    ///
+    /// # Panics
+    ///
+    /// When `name` is not a valid header name.
+    #[must_use]
+    pub fn allow_header<N>(mut self, name: N) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: fmt::Display,
+    {
+        let name = match name.try_into() {
+            Ok(name) => name,
+            Err(e) => panic!("invalid header name to replay: {e}"),
+        };
+        if !self.headers.contains(&name) {
+            self.headers.push(name);
+        }
+        self
+    }
+
+    /// Which responses are recorded, by status (default [`stored_by_default`]). A status
+    /// that is not recorded leaves the key free: the next request runs the handler.
+    #[must_use]
+    pub fn store_if(mut self, policy: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        self.store_if = Arc::new(policy);
+        self
+    }
+
+    /// What makes two requests with the same key "the same request" (default
+    /// [`Fingerprint::default`]: method, route, path and query, and the body's SHA-256).
+    #[must_use]
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+
+    /// What the key answers after an attempt whose outcome is unknown (default
+    /// [`UnknownOutcome::ReexecuteAfter`] the lock's ttl).
+    #[must_use]
+    pub fn unknown_outcome(mut self, policy: UnknownOutcome) -> Self {
+        self.unknown = Some(policy);
+        self
+    }
+
+    /// Scopes records (and locks) to the client that `tenant` finds in the request,
+    /// e.g. `header("Authorization")` or a closure reading an authenticated user id from
+    /// the extensions: the same key sent by two clients names two records. The value is
+    /// hashed (SHA-256) before it becomes part of the Redis keys, so credentials never
+    /// appear there. Requests without a tenant share one anonymous scope.
+    #[must_use]
+    pub fn tenant<T: KeyFromParts>(mut self, tenant: T) -> Self {
+        let describe = tenant.describe();
+        let find: TenantFn = Arc::new(move |parts: &mut Parts| tenant.key(parts));
+        self.tenant = Some((find, describe));
+        self
+    }
+}
+
+impl fmt::Debug for Replay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replay")
+            .field("retention", &self.retention)
+            .field("max_body", &self.max_body)
+            .field("max_request_body", &self.max_request_body)
+            .field("headers", &self.headers)
+            .field("fingerprint", &self.fingerprint)
+            .field("unknown", &self.unknown)
+            .field("tenant", &self.tenant.as_ref().map(|(_, d)| d))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The statuses [`Replay`] records by default: 2xx, 3xx, and 4xx except 408 Request
+/// Timeout, 409 Conflict and 429 Too Many Requests (those say "try again", and a retry
+/// should be able to succeed). 5xx are not recorded, so a retry after a server error
+/// runs the handler again — unlike Stripe, which replays 500s too; use
+/// [`Replay::store_if`] for that.
+pub fn stored_by_default(status: StatusCode) -> bool {
+    match status.as_u16() {
+        200..=399 => true,
+        408 | 409 | 429 => false,
+        400..=499 => true,
+        _ => false,
+    }
+}
+
+/// What the key answers after an attempt whose outcome is unknown: its lease was lost
+/// while the handler ran, its response future was dropped (the client went away), or
+/// its record could not be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnknownOutcome {
+    /// 409 `outcome-unknown` for this long after the first request that finds the
+    /// interrupted attempt, then run the handler again. The default, with the lock's ttl.
+    ReexecuteAfter(Duration),
+    /// 409 `outcome-unknown` until the retention ends: an operator (or the client,
+    /// with a new key after checking) must resolve it.
+    Refuse,
+}
+
+/// What makes two requests with the same key "the same request", stored with the
+/// record: a request whose fingerprint differs gets 422 `idempotency-key-reused`.
+///
+/// Always covers the method, the route (axum's matched path, else the URI path) and the
+/// request's path and query — the same key sent to `/orders/7/pay` and `/orders/8/pay`
+/// names one lock under [`Scope::Route`](super::Scope::Route), but two requests — then,
+/// by default, the SHA-256 of the whole body. It can instead cover
+/// selected JSON fields, or no body, plus selected request headers — the draft's
+/// "checksum of selected elements".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    body: BodyPart,
+    headers: Vec<HeaderName>,
+    enabled: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum BodyPart {
+    Whole,
+    JsonFields(Vec<Arc<str>>),
+    Ignored,
+}
+
+impl Default for Fingerprint {
+    /// Method, route, path and query, and the SHA-256 of the whole body.
+    fn default() -> Self {
+        Fingerprint {
+            body: BodyPart::Whole,
+            headers: Vec::new(),
+            enabled: true,
+        }
+    }
+}
+
+impl Fingerprint {
+    /// Method, route, path and query, and the fields at these JSON Pointers (RFC 6901) of the JSON body,
+    /// e.g. `["/amount", "/currency"]`: other fields may differ between retries. A
+    /// missing field counts as `null`; a body that is not JSON gets 400 `body-not-json`.
+    pub fn json_fields<P: Into<Arc<str>>>(pointers: impl IntoIterator<Item = P>) -> Self {
+        Fingerprint {
+            body: BodyPart::JsonFields(pointers.into_iter().map(Into::into).collect()),
+            headers: Vec::new(),
+            enabled: true,
+        }
+    }
+
+    /// Method, route, path and query only: the body is not read.
+    pub fn without_body() -> Self {
+        Fingerprint {
+            body: BodyPart::Ignored,
+            headers: Vec::new(),
+            enabled: true,
+        }
+    }
+
+    /// No check at all: every request with the key gets the recorded response.
+    pub fn none() -> Self {
+        Fingerprint {
+            body: BodyPart::Ignored,
+            headers: Vec::new(),
+            enabled: false,
+        }
+    }
+
+    /// Also covers the request header `name` (all its values, in order).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is not a valid header name.
+    #[must_use]
+    pub fn header<N>(mut self, name: N) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: fmt::Display,
+    {
+        match name.try_into() {
+            Ok(name) => self.headers.push(name),
+            Err(e) => panic!("invalid header name for a fingerprint: {e}"),
+        }
+        self
+    }
+
+    fn reads_body(&self) -> bool {
+        self.enabled && self.body != BodyPart::Ignored
+    }
+
+    /// The fingerprint of a request: empty when disabled.
+    fn compute(&self, parts: &Parts, body: &[u8]) -> Result<Bytes, KeyRejection> {
+        if !self.enabled {
+            return Ok(Bytes::new());
+        }
+        let mut hash = Hasher(Sha256::new());
+        hash.part(b"tower-redlock replay fingerprint v1");
+        hash.part(parts.method.as_str().as_bytes());
+        hash.part(
+            matched_path_of(parts)
+                .unwrap_or_else(|| parts.uri.path())
+                .as_bytes(),
+        );
+        // The route alone is not enough: under one route (`/orders/{id}/pay`) the same
+        // key must not replay order 7's answer for order 8.
+        hash.part(
+            parts
+                .uri
+                .path_and_query()
+                .map_or("", |p| p.as_str())
+                .as_bytes(),
+        );
+        for name in &self.headers {
+            hash.part(name.as_str().as_bytes());
+            let values = parts.headers.get_all(name);
+            hash.part(&(values.iter().count() as u64).to_le_bytes());
+            for value in values {
+                hash.part(value.as_bytes());
+            }
+        }
+        match &self.body {
+            BodyPart::Whole => {
+                hash.part(b"body");
+                hash.part(body);
+            }
+            BodyPart::JsonFields(pointers) => {
+                hash.part(b"json");
+                let json: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+                    KeyRejection::body_not_json(format!(
+                        "the body is not JSON, and the idempotency fingerprint reads JSON fields: {e}"
+                    ))
+                })?;
+                for pointer in pointers {
+                    hash.part(pointer.as_bytes());
+                    let value = json.pointer(pointer).unwrap_or(&serde_json::Value::Null);
+                    // serde_json's maps are sorted: equal values serialise equally.
+                    hash.part(value.to_string().as_bytes());
+                }
+            }
+            BodyPart::Ignored => hash.part(b"no body"),
+        }
+        Ok(Bytes::copy_from_slice(&hash.0.finalize()))
+    }
+}
+
+/// Feeds length-prefixed parts, so that no two part lists hash the same input.
+struct Hasher(Sha256);
+
+impl Hasher {
+    fn part(&mut self, bytes: &[u8]) {
+        self.0.update((bytes.len() as u64).to_le_bytes());
+        self.0.update(bytes);
+    }
+}
+
+fn matched_path_of(parts: &Parts) -> Option<&str> {
+    // `matched_path` reads a request; the extensions are all it needs.
+    #[cfg(feature = "axum")]
+    {
+        parts
+            .extensions
+            .get::<axum::extract::MatchedPath>()
+            .map(axum::extract::MatchedPath::as_str)
+    }
+    #[cfg(not(feature = "axum"))]
+    {
+        let _ = parts;
+        None
+    }
+}
+
+/// The replay settings a layer resolved (defaults that depend on the locker filled in).
+pub(crate) struct ReplaySettings {
+    pub(crate) retention: Duration,
+    pub(crate) max_body: usize,
+    pub(crate) headers: Vec<HeaderName>,
+    pub(crate) store_if: Arc<dyn Fn(StatusCode) -> bool + Send + Sync>,
+    /// `Some`: an interrupted attempt blocks its key this long; `None`: until retention.
+    pub(crate) unknown_for: Option<Duration>,
+    max_request_body: usize,
+    fingerprint: Fingerprint,
+    tenant: Option<(TenantFn, String)>,
+}
+
+impl ReplaySettings {
+    pub(crate) fn new(replay: Replay, lock_ttl: Duration) -> Self {
+        let unknown_for = match replay
+            .unknown
+            .unwrap_or(UnknownOutcome::ReexecuteAfter(lock_ttl))
+        {
+            UnknownOutcome::ReexecuteAfter(after) => Some(after),
+            UnknownOutcome::Refuse => None,
+        };
+        ReplaySettings {
+            retention: replay.retention,
+            max_body: replay.max_body,
+            headers: replay.headers,
+            store_if: replay.store_if,
+            unknown_for,
+            max_request_body: replay.max_request_body,
+            fingerprint: replay.fingerprint,
+            tenant: replay.tenant,
+        }
+    }
+
+    /// How long a pending marker lives: it must outlast the work, and an interrupted
+    /// attempt must stay visible until someone finds it.
+    pub(crate) fn pending_ttl(&self) -> Duration {
+        self.retention.max(self.unknown_for.unwrap_or_default())
+    }
+
+    /// Whether a request with `ours` may use a record stored with `stored`.
+    pub(crate) fn matches(&self, ours: &[u8], stored: &[u8]) -> bool {
+        !self.fingerprint.enabled || ours == stored
+    }
+}
+
+impl fmt::Debug for ReplaySettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replay")
+            .field("retention", &self.retention)
+            .field("max_body", &self.max_body)
+            .field("headers", &self.headers)
+            .field("unknown_for", &self.unknown_for)
+            .field("fingerprint", &self.fingerprint)
+            .field("tenant", &self.tenant.as_ref().map(|(_, d)| d))
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the key extractor learned for replay, carried in the request extensions to the
+/// response future (which removes it before the handler runs).
+#[derive(Clone)]
+pub(crate) struct ReplayRequest {
+    pub(crate) fingerprint: Bytes,
+    tenant: Option<Option<String>>,
+}
+
+impl ReplayRequest {
+    /// The resource of this request's lock and record: with a tenant, one more part,
+    /// the tenant's SHA-256 (or `anonymous`).
+    pub(crate) fn scope(&self, resource: Resource) -> Resource {
+        match &self.tenant {
+            None => resource,
+            Some(None) => resource.join("tenant").join("anonymous"),
+            Some(Some(tenant)) => {
+                let digest = Sha256::digest(tenant.as_bytes());
+                let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+                resource.join("tenant").join(hex)
+            }
+        }
+    }
+}
+
+/// The key extractor of a replaying layer: the layer's own extractor, then the tenant
+/// and the fingerprint (reading the body when the fingerprint covers it, and passing
+/// the identical bytes on). Made by [`LockLayer::replay`](super::LockLayer::replay).
+#[derive(Clone)]
+pub struct Replaying<K> {
+    key: K,
+    settings: Arc<ReplaySettings>,
+}
+
+impl<K> Replaying<K> {
+    pub(crate) fn new(key: K, settings: Arc<ReplaySettings>) -> Self {
+        Replaying { key, settings }
+    }
+
+    /// The layer's own key extractor.
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+}
+
+impl<K: fmt::Debug> fmt::Debug for Replaying<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replaying")
+            .field("key", &self.key)
+            .field("replay", &self.settings)
+            .finish()
+    }
+}
+
+impl<K, B> KeyExtractor<B> for Replaying<K>
+where
+    K: KeyExtractor<B>,
+    B: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Future = BoxKeyFuture<B>;
+
+    fn extract(&self, request: Request<B>) -> Self::Future {
+        let key = self.key.extract(request);
+        let settings = self.settings.clone();
+        Box::pin(async move {
+            let (request, key) = key.await?;
+            if key.is_none() {
+                return Ok((request, None));
+            }
+            let (mut parts, body) = request.into_parts();
+            let tenant = match &settings.tenant {
+                None => None,
+                Some((find, _)) => Some(find(&mut parts)?),
+            };
+            let fingerprint = &settings.fingerprint;
+            let (fingerprint, body) = if fingerprint.reads_body() {
+                let limit = settings.max_request_body;
+                let declared = parts
+                    .headers
+                    .get(CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+                let too_large = |n: u64| n > u64::try_from(limit).unwrap_or(u64::MAX);
+                if declared.is_some_and(too_large) || too_large(body.size_hint().lower()) {
+                    return Err(request_too_large(limit));
+                }
+                let bytes = read_limited(body, limit).await.map_err(|rejection| {
+                    if rejection.kind() == ProblemKind::BodyTooLarge {
+                        request_too_large(limit)
+                    } else {
+                        rejection
+                    }
+                })?;
+                (fingerprint.compute(&parts, &bytes)?, B::from(bytes))
+            } else {
+                (fingerprint.compute(&parts, &[])?, body)
+            };
+            parts.extensions.insert(ReplayRequest {
+                fingerprint,
+                tenant,
+            });
+            Ok((Request::from_parts(parts, body), key))
+        })
+    }
+
+    fn describe(&self) -> String {
+        self.key.describe()
+    }
+}
+
+fn request_too_large(limit: usize) -> KeyRejection {
+    KeyRejection::with_kind(
+        ProblemKind::BodyTooLarge,
+        format!("the body is larger than {limit} bytes, the limit for an idempotent request"),
+    )
+}
+
+// ---------------------------------------------------------------------------------
+// The recorded response
+
+/// A response as recorded: status, allowed headers, body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredResponse {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+}
+
+/// Format version of [`StoredResponse::encode`].
+const FORMAT: u8 = 1;
+
+impl StoredResponse {
+    /// Keeps the headers of `all` that the allow-list names.
+    pub(crate) fn new(
+        status: StatusCode,
+        all: &HeaderMap,
+        allowed: &[HeaderName],
+        body: Bytes,
+    ) -> Self {
+        let mut headers = HeaderMap::new();
+        for name in allowed {
+            for value in all.get_all(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        StoredResponse {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// `1`, status (u16), header count (u16), then per header name length (u16), name,
+    /// value length (u32), value; then the body to the end. Big-endian.
+    pub(crate) fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(self.body.len() + 64);
+        out.put_u8(FORMAT);
+        out.put_u16(self.status.as_u16());
+        out.put_u16(u16::try_from(self.headers.len()).unwrap_or(u16::MAX));
+        for (name, value) in self.headers.iter().take(usize::from(u16::MAX)) {
+            out.put_u16(name.as_str().len() as u16);
+            out.put_slice(name.as_str().as_bytes());
+            out.put_u32(value.len() as u32);
+            out.put_slice(value.as_bytes());
+        }
+        out.put_slice(&self.body);
+        out.freeze()
+    }
+
+    /// Reads what [`encode`](StoredResponse::encode) wrote; `None` if malformed.
+    pub(crate) fn decode(mut data: Bytes) -> Option<Self> {
+        if data.remaining() < 5 || data.get_u8() != FORMAT {
+            return None;
+        }
+        let status = StatusCode::from_u16(data.get_u16()).ok()?;
+        let count = data.get_u16();
+        let mut headers = HeaderMap::new();
+        for _ in 0..count {
+            if data.remaining() < 2 {
+                return None;
+            }
+            let len = usize::from(data.get_u16());
+            if data.remaining() < len + 4 {
+                return None;
+            }
+            let name = HeaderName::from_bytes(&data.split_to(len)).ok()?;
+            let len = data.get_u32() as usize;
+            if data.remaining() < len {
+                return None;
+            }
+            let value = HeaderValue::from_maybe_shared(data.split_to(len)).ok()?;
+            headers.append(name, value);
+        }
+        Some(StoredResponse {
+            status,
+            headers,
+            body: data,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_statuses() {
+        for ok in [200, 201, 204, 303, 400, 404, 410, 422] {
+            assert!(stored_by_default(StatusCode::from_u16(ok).unwrap()), "{ok}");
+        }
+        for no in [408, 409, 429, 500, 502, 503, 504] {
+            assert!(
+                !stored_by_default(StatusCode::from_u16(no).unwrap()),
+                "{no}"
+            );
+        }
+    }
+
+    #[test]
+    fn responses_round_trip() {
+        let mut all = HeaderMap::new();
+        all.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        all.append("x-a", HeaderValue::from_static("1"));
+        all.append("x-a", HeaderValue::from_static("2"));
+        all.insert("x-secret", HeaderValue::from_static("s"));
+        let allowed = [CONTENT_TYPE, HeaderName::from_static("x-a")];
+        let stored = StoredResponse::new(
+            StatusCode::CREATED,
+            &all,
+            &allowed,
+            Bytes::from_static(b"{}\x00\xff"),
+        );
+        assert!(!stored.headers.contains_key("x-secret"));
+        let decoded = StoredResponse::decode(stored.encode()).unwrap();
+        assert_eq!(decoded, stored);
+        let values: Vec<_> = decoded.headers.get_all("x-a").iter().collect();
+        assert_eq!(values, ["1", "2"]);
+        // Truncations and garbage are refused, never misread.
+        let encoded = stored.encode();
+        for cut in 0..encoded.len() - stored.body.len() {
+            assert!(
+                StoredResponse::decode(encoded.slice(..cut)).is_none(),
+                "{cut}"
+            );
+        }
+        assert!(StoredResponse::decode(Bytes::from_static(b"\x02\x00\xc8\x00\x00")).is_none());
+    }
+
+    fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut builder = Request::builder().method(method).uri(uri);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn fingerprints() {
+        let default = Fingerprint::default();
+        let p = parts("POST", "/pay", &[]);
+        let a = default.compute(&p, b"{\"a\":1}").unwrap();
+        assert_eq!(a.len(), 32);
+        assert_eq!(a, default.compute(&p, b"{\"a\":1}").unwrap());
+        assert_ne!(a, default.compute(&p, b"{\"a\":2}").unwrap());
+        assert_ne!(
+            a,
+            default
+                .compute(&parts("PUT", "/pay", &[]), b"{\"a\":1}")
+                .unwrap()
+        );
+        assert_ne!(
+            a,
+            default
+                .compute(&parts("POST", "/other", &[]), b"{\"a\":1}")
+                .unwrap()
+        );
+        let with_query = parts("POST", "/pay?x=1", &[]);
+        assert_ne!(a, default.compute(&with_query, b"{\"a\":1}").unwrap());
+
+        let fields = Fingerprint::json_fields(["/amount"]).header("x-currency");
+        let eur = parts("POST", "/pay", &[("x-currency", "EUR")]);
+        let one = fields.compute(&eur, br#"{"amount":1,"note":"x"}"#).unwrap();
+        assert_eq!(
+            one,
+            fields.compute(&eur, br#"{"note":"y","amount":1}"#).unwrap()
+        );
+        assert_ne!(one, fields.compute(&eur, br#"{"amount":2}"#).unwrap());
+        let usd = parts("POST", "/pay", &[("x-currency", "USD")]);
+        assert_ne!(one, fields.compute(&usd, br#"{"amount":1}"#).unwrap());
+        assert_eq!(
+            fields.compute(&eur, b"nope").unwrap_err().kind(),
+            ProblemKind::BodyNotJson
+        );
+        assert!(Fingerprint::none().compute(&eur, b"x").unwrap().is_empty());
+        assert!(!Fingerprint::without_body().reads_body());
+    }
+
+    #[test]
+    fn tenants_scope_resources_without_revealing_them() {
+        let resource = Resource::new("POST").join("/pay").join("k");
+        let of = |tenant: Option<Option<&str>>| {
+            ReplayRequest {
+                fingerprint: Bytes::new(),
+                tenant: tenant.map(|t| t.map(str::to_owned)),
+            }
+            .scope(resource.clone())
+        };
+        assert_eq!(of(None), resource);
+        let alice = of(Some(Some("Bearer alice")));
+        assert_ne!(alice, of(Some(Some("Bearer bob"))));
+        assert_ne!(alice, of(Some(None)));
+        assert!(!alice.as_str().contains("alice"));
+    }
+}

@@ -1,0 +1,552 @@
+//! [`ClusterNode`]: one Redis Cluster as one lock node, over redis-rs's async cluster client.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
+use tokio::sync::{mpsc, watch, Mutex as AsyncMutex};
+use tokio::time::Instant;
+
+use crate::error::{ConfigError, NodeError};
+use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::lock::redis_call::ReplicaWait;
+use crate::lock::redis_call::{self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall};
+use crate::lock::resource::LockKeys;
+
+type Configure = dyn Fn(ClusterClientBuilder) -> ClusterClientBuilder + Send + Sync;
+type Connect = Shared<BoxFuture<'static, Result<ClusterConnection, NodeError>>>;
+
+/// Least time between two attempts to connect to the cluster.
+const RECONNECT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// One Redis Cluster as **one** lock node: the cluster casts one vote, however many
+/// shards it has.
+///
+/// A resource's keys (`{prefix}{<resource>}`, `…:fence`) and its wake-up channel
+/// (`…:released`) share one hash tag, so they live in one slot on one shard, and every
+/// script runs on that shard's master. Redirections (`MOVED`, `ASK`) during resharding
+/// and failover are followed by redis-rs's async cluster client, which also discovers
+/// the topology from the seeds: any reachable node of the cluster is enough to start.
+///
+/// Release notifications use **sharded pub/sub** (Redis ≥ 7): the release script
+/// `SPUBLISH`es on the resource's channel, and waiters `SSUBSCRIBE` over a second,
+/// RESP3 cluster connection (opened on first use, shared by every waiter), on a node
+/// of the shard that owns the channel's slot (a shard's replicas get its `SPUBLISH`es
+/// too). When the slot moves (resharding, failover) the server ends the subscription,
+/// and when a connection drops it is gone: in both cases the waiters are woken to
+/// retry and the subscription is made again, following the slot. A notification lost
+/// in between is covered by the waiters' fallback retry.
+///
+/// # Safety trade-offs
+///
+/// A cluster is one vote, so it is as safe as its shards' replication: Redis replicates
+/// **asynchronously**. When a shard's master fails and its replica is promoted, a lock
+/// granted (or extended, or a fence counter raised) shortly before the failure may not
+/// have reached the replica: the new master does not know the lock, and a second
+/// client can acquire it while the first still believes it holds it. Its fence counter
+/// may also lag, so the second client's token is not guaranteed to be greater.
+///
+/// * For mutual exclusion that survives the failure of any one machine, prefer several
+///   **independent** masters (3 or 5, each a [`RedisNode`](crate::RedisNode), or even
+///   several independent clusters): Redlock needs a majority of them, and one node
+///   losing a key cannot break it. A single cluster scales throughput, not safety.
+/// * [`wait_for_replicas`](ClusterNode::wait_for_replicas) narrows the window (see
+///   there), and fencing tokens checked by the protected storage turn a lost lock into
+///   a rejected write instead of a corruption whenever the counter survived.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_redlock::{ClusterNode, LockOptions, Redlock};
+///
+/// let cluster = ClusterNode::open(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])?;
+/// let locker = Redlock::new([cluster], LockOptions::default())?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ClusterNode {
+    inner: Arc<Inner>,
+    wait: Option<ReplicaWait>,
+}
+
+struct Inner {
+    name: Arc<str>,
+    seeds: Vec<ConnectionInfo>,
+    configure: Arc<Configure>,
+    client: ClusterClient,
+    runtime: tokio::runtime::Handle,
+    /// The connection, once made. redis-rs keeps it working from then on (reconnects,
+    /// topology refreshes); until then, failed attempts are made again on demand.
+    connecting: Mutex<Connecting>,
+    subscriber: Mutex<Option<Arc<Subscriber>>>,
+}
+
+struct Connecting {
+    started: Instant,
+    attempt: Connect,
+}
+
+impl ClusterNode {
+    /// A node for the cluster reached through `seeds` (one or more node URLs:
+    /// `redis://[user:password@]host:port`, or `rediss://…` with the `tls` feature).
+    /// Every seed must carry the same credentials.
+    ///
+    /// Fails on a malformed URL or outside a Tokio runtime; connects in the background
+    /// and does not wait for it.
+    pub fn open<T: IntoConnectionInfo>(
+        seeds: impl IntoIterator<Item = T>,
+    ) -> Result<Self, ConfigError> {
+        Self::with_config(seeds, |builder| builder)
+    }
+
+    /// Like [`open`](ClusterNode::open), with `configure` applied to the redis-rs
+    /// [`ClusterClientBuilder`] of both connections (commands and pub/sub), for example
+    /// to set TLS certificates or timeouts. The subscriber's builder is then switched to
+    /// RESP3 with a push sender.
+    pub fn with_config<T: IntoConnectionInfo>(
+        seeds: impl IntoIterator<Item = T>,
+        configure: impl Fn(ClusterClientBuilder) -> ClusterClientBuilder + Send + Sync + 'static,
+    ) -> Result<Self, ConfigError> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| ConfigError::new("ClusterNode must be created inside a Tokio runtime"))?;
+        let seeds = seeds
+            .into_iter()
+            .map(IntoConnectionInfo::into_connection_info)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ConfigError::new(format!("bad Redis Cluster seed URL: {e}")))?;
+        if seeds.is_empty() {
+            return Err(ConfigError::new(
+                "a Redis Cluster node needs at least one seed",
+            ));
+        }
+        let tls = matches!(seeds[0].addr(), redis::ConnectionAddr::TcpTls { .. });
+        let hosts: Vec<String> = seeds.iter().map(|s| s.addr().to_string()).collect();
+        let name: Arc<str> = format!(
+            "{}://{}",
+            if tls {
+                "rediss+cluster"
+            } else {
+                "redis+cluster"
+            },
+            hosts.join(",")
+        )
+        .into();
+        let configure: Arc<Configure> = Arc::new(configure);
+        let client = configure(defaults(ClusterClientBuilder::new(seeds.clone())))
+            .build()
+            .map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
+        let attempt = connect(&runtime, client.clone(), name.clone(), None);
+        Ok(ClusterNode {
+            inner: Arc::new(Inner {
+                name,
+                seeds,
+                configure,
+                client,
+                runtime,
+                connecting: Mutex::new(Connecting {
+                    started: Instant::now(),
+                    attempt,
+                }),
+                subscriber: Mutex::new(None),
+            }),
+            wait: None,
+        })
+    }
+
+    /// Counts this node's vote only once `replicas` replicas of the shard acknowledged
+    /// the write, within `timeout` (`WAIT replicas timeout`, pipelined behind the
+    /// acquire, extend and raise-fence commands on the same connection); `replicas = 0`
+    /// turns it off. See [`RedisNode::wait_for_replicas`](crate::RedisNode::wait_for_replicas)
+    /// for what it buys and what it costs. Applies to this handle and its later clones.
+    #[must_use]
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
+        self
+    }
+
+    fn subscriber(&self) -> Result<Arc<Subscriber>, NodeError> {
+        let mut slot = self
+            .inner
+            .subscriber
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(subscriber) = slot.as_ref() {
+            return Ok(subscriber.clone());
+        }
+        let subscriber = Subscriber::new(&self.inner)?;
+        *slot = Some(subscriber.clone());
+        Ok(subscriber)
+    }
+}
+
+/// Retries that fit the locker's per-node timeout: redirections are followed at once,
+/// and the waits between other retries stay short (redis-rs's defaults start at 1.28 s).
+fn defaults(builder: ClusterClientBuilder) -> ClusterClientBuilder {
+    builder
+        .retries(5)
+        .min_retry_wait(5)
+        .max_retry_wait(500)
+        .retry_wait_formula(10, 2)
+}
+
+fn connection_config() -> ClusterConfig {
+    ClusterConfig::new().set_connection_timeout(Duration::from_secs(2))
+}
+
+/// Connects to the cluster (seeds, topology, masters) in a task of its own, so that
+/// the attempt completes even when the callers waiting for it give up (their per-node
+/// timeout is much shorter), and keeps its error, such as a failed authentication.
+fn connect(
+    runtime: &tokio::runtime::Handle,
+    client: ClusterClient,
+    name: Arc<str>,
+    not_before: Option<Instant>,
+) -> Connect {
+    let attempt = async move {
+        if let Some(at) = not_before {
+            tokio::time::sleep_until(at).await;
+        }
+        client
+            .get_async_connection_with_config(connection_config())
+            .await
+            .map_err(|e| {
+                let e = redis_call::node_error(e);
+                tracing::warn!(node = %name, error = %e, "cannot connect to the cluster");
+                NodeError::Connection(
+                    format!("cannot connect to the cluster: {}", redis_call::detail(&e)).into(),
+                )
+            })
+    }
+    .boxed()
+    .shared();
+    runtime.spawn(attempt.clone());
+    attempt
+}
+
+impl Inner {
+    /// The cluster connection, waiting for the attempt in progress; a failed attempt
+    /// is made again (at most every [`RECONNECT_INTERVAL`]).
+    async fn connection(&self) -> Result<ClusterConnection, NodeError> {
+        let attempt = self
+            .connecting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .attempt
+            .clone();
+        match attempt.clone().await {
+            Ok(conn) => Ok(conn),
+            Err(e) => {
+                let mut connecting = self.connecting.lock().unwrap_or_else(|p| p.into_inner());
+                if connecting.attempt.ptr_eq(&attempt) {
+                    let not_before = connecting.started + RECONNECT_INTERVAL;
+                    connecting.started = Instant::now().max(not_before);
+                    connecting.attempt = connect(
+                        &self.runtime,
+                        self.client.clone(),
+                        self.name.clone(),
+                        Some(not_before),
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+fn node_error(e: CallError) -> NodeError {
+    e.into_node_error()
+}
+
+impl Node for ClusterNode {
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+        let call = Acquire::new(request);
+        let inner = self.inner.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            call.run(&mut conn, wait).await.map_err(node_error)
+        })
+    }
+
+    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        let call = ExtendCall::new(keys, owner, ttl);
+        let inner = self.inner.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            redis_call::extend(&mut conn, &call, wait)
+                .await
+                .map_err(node_error)
+        })
+    }
+
+    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+        let call = ReleaseCall::new(keys, owner, true);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            redis_call::release(&mut conn, &call)
+                .await
+                .map_err(node_error)
+        })
+    }
+
+    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+        let call = RaiseFenceCall::new(keys, token, fence_ttl);
+        let inner = self.inner.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            redis_call::raise_fence(&mut conn, &call, wait)
+                .await
+                .map_err(node_error)
+        })
+    }
+
+    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+        let channel = keys.channel.clone();
+        let subscriber = self.subscriber();
+        Box::pin(async move { subscriber?.subscribe(channel).await })
+    }
+}
+
+impl fmt::Debug for ClusterNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterNode")
+            .field("name", &self.inner.name)
+            .field("wait_for_replicas", &self.wait)
+            .finish()
+    }
+}
+
+type Channels = Arc<Mutex<HashMap<String, Weak<Channel>>>>;
+
+/// The sharded pub/sub side of a cluster node: one RESP3 cluster connection whose
+/// pushes are routed to the subscribed channels. Subscriptions are reference-counted
+/// per channel.
+struct Subscriber {
+    conn: ClusterConnection,
+    channels: Channels,
+    /// Serialises SSUBSCRIBE and SUNSUBSCRIBE so an SUNSUBSCRIBE of a channel's last
+    /// subscriber can never overtake the SSUBSCRIBE of its next one.
+    commands: AsyncMutex<()>,
+}
+
+struct Channel {
+    name: String,
+    tx: watch::Sender<u64>,
+    subscriber: Weak<Subscriber>,
+}
+
+/// What the push handler asks the resubscription task to do.
+enum Resubscribe {
+    /// A connection dropped: every channel may have lost its subscription.
+    All,
+    /// The server ended this channel's subscription (its slot moved).
+    One(String),
+}
+
+impl Subscriber {
+    fn new(inner: &Inner) -> Result<Arc<Self>, NodeError> {
+        let channels: Channels = Arc::default();
+        let routes = channels.clone();
+        let (resubscribe, requests) = mpsc::unbounded_channel();
+        let builder = (inner.configure)(defaults(ClusterClientBuilder::new(inner.seeds.clone())))
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(move |push: PushInfo| -> Result<(), ()> {
+                route_push(&routes, &resubscribe, push);
+                Ok(())
+            });
+        let client = builder
+            .build()
+            .map_err(|e| NodeError::Connection(format!("{}: {e}", inner.name).into()))?;
+        let conn = client.get_pending_async_connection_with_config(connection_config());
+        let subscriber = Arc::new(Subscriber {
+            conn,
+            channels,
+            commands: AsyncMutex::new(()),
+        });
+        tokio::spawn(resubscribe_task(Arc::downgrade(&subscriber), requests));
+        Ok(subscriber)
+    }
+
+    async fn subscribe(self: Arc<Self>, name: String) -> Result<ReleaseSignal, NodeError> {
+        let _serial = self.commands.lock().await;
+        let existing = self
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&name)
+            .and_then(Weak::upgrade);
+        if let Some(channel) = existing {
+            return Ok(ReleaseSignal::new(channel.tx.subscribe(), channel));
+        }
+        // Register the channel before subscribing: should this future be dropped while
+        // SSUBSCRIBE is under way, dropping `channel` unsubscribes again (see its Drop).
+        let (tx, rx) = watch::channel(0);
+        let channel = Arc::new(Channel {
+            name: name.clone(),
+            tx,
+            subscriber: Arc::downgrade(&self),
+        });
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.clone(), Arc::downgrade(&channel));
+        let mut conn = self.conn.clone();
+        conn.ssubscribe(&name)
+            .await
+            .map_err(redis_call::node_error)?;
+        Ok(ReleaseSignal::new(rx, channel))
+    }
+
+    /// The names of the channels that still have subscribers, among `wanted`
+    /// (every channel when `None`).
+    fn live(&self, wanted: Option<&[String]>) -> Vec<String> {
+        let channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        channels
+            .iter()
+            .filter(|(name, channel)| {
+                channel.strong_count() > 0 && wanted.is_none_or(|w| w.contains(name))
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        let Some(subscriber) = self.subscriber.upgrade() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let name = std::mem::take(&mut self.name);
+        runtime.spawn(async move {
+            let _serial = subscriber.commands.lock().await;
+            {
+                let mut channels = subscriber
+                    .channels
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if channels.get(&name).is_some_and(|w| w.strong_count() > 0) {
+                    // A new subscriber took the channel over in the meantime.
+                    return;
+                }
+                channels.remove(&name);
+            }
+            let mut conn = subscriber.conn.clone();
+            let _ = conn.sunsubscribe(&name).await;
+        });
+    }
+}
+
+fn wake(channel: &Channel) {
+    channel.tx.send_modify(|n| *n = n.wrapping_add(1));
+}
+
+fn route_push(
+    channels: &Mutex<HashMap<String, Weak<Channel>>>,
+    resubscribe: &mpsc::UnboundedSender<Resubscribe>,
+    push: PushInfo,
+) {
+    let channels = channels.lock().unwrap_or_else(|p| p.into_inner());
+    let named = || {
+        let Some(Value::BulkString(name)) = push.data.first() else {
+            return None;
+        };
+        let name = std::str::from_utf8(name).ok()?;
+        channels.get(name).and_then(Weak::upgrade)
+    };
+    match push.kind {
+        PushKind::SMessage | PushKind::Message => {
+            if let Some(channel) = named() {
+                wake(&channel);
+            }
+        }
+        PushKind::SUnsubscribe => {
+            // Our own SUNSUBSCRIBE removed the channel from the map first, so a live
+            // channel here means the server ended the subscription: its slot moved to
+            // another shard. Wake the waiters (a release may be missed meanwhile) and
+            // subscribe again, which follows the slot to its new owner.
+            if let Some(channel) = named() {
+                wake(&channel);
+                let _ = resubscribe.send(Resubscribe::One(channel.name.clone()));
+            }
+        }
+        PushKind::Disconnection => {
+            // Messages may have been lost while disconnected: wake every waiter to retry.
+            for channel in channels.values().filter_map(Weak::upgrade) {
+                wake(&channel);
+            }
+            let _ = resubscribe.send(Resubscribe::All);
+        }
+        _ => {}
+    }
+}
+
+/// Subscribes again to the channels whose subscription the server ended or whose
+/// connection dropped. `SSUBSCRIBE` is idempotent, and an attempt routed to a node that
+/// no longer owns the slot makes redis-rs refresh the slot map and follow the slot
+/// (which also re-subscribes everything it tracks). Retries with backoff for a few
+/// seconds, long enough for a shard failover.
+async fn resubscribe_task(
+    subscriber: Weak<Subscriber>,
+    mut requests: mpsc::UnboundedReceiver<Resubscribe>,
+) {
+    const ATTEMPTS: u32 = 7;
+    while let Some(first) = requests.recv().await {
+        // Coalesce a burst of requests (one per channel of a moved slot, or one per
+        // dropped connection).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut all = matches!(first, Resubscribe::All);
+        let mut names = Vec::new();
+        if let Resubscribe::One(name) = first {
+            names.push(name);
+        }
+        while let Ok(more) = requests.try_recv() {
+            match more {
+                Resubscribe::All => all = true,
+                Resubscribe::One(name) => names.push(name),
+            }
+        }
+        let mut delay = Duration::from_millis(50);
+        for attempt in 1..=ATTEMPTS {
+            let Some(subscriber) = subscriber.upgrade() else {
+                return;
+            };
+            let ok = {
+                let _serial = subscriber.commands.lock().await;
+                let live = subscriber.live((!all).then_some(names.as_slice()));
+                let mut conn = subscriber.conn.clone();
+                let mut ok = true;
+                for name in &live {
+                    let done =
+                        tokio::time::timeout(Duration::from_secs(2), conn.ssubscribe(name)).await;
+                    if !matches!(done, Ok(Ok(()))) {
+                        tracing::debug!(channel = %name, attempt, result = ?done, "re-subscribe failed");
+                        ok = false;
+                    }
+                }
+                ok
+            };
+            drop(subscriber);
+            if ok {
+                break;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+    }
+}

@@ -1,0 +1,604 @@
+//! Outcome records: an opaque result stored next to a resource's lock, written only by
+//! the current holder, for idempotent replay.
+//!
+//! The engine stores bytes; what they mean (an HTTP response, a job result) is the
+//! caller's business. The HTTP layer's [`Replay`](crate::http::Replay) is built on it.
+//!
+//! # The record key and its two states
+//!
+//! Each resource has one record key per node, `{prefix}{<resource>}:record`, in the
+//! same Redis Cluster slot as the lock key. It holds either
+//!
+//! - a **pending marker** (`token`, `fingerprint`): a holder claimed the resource and its
+//!   work is under way, or was interrupted; or
+//! - a **completed record** (`token`, `fingerprint`, `data`): the outcome of the work.
+//!
+//! # Protocol
+//!
+//! 1. [`Redlock::read_record`] — no lock needed: a completed record is immutable for its
+//!    retention, so a caller that finds one can use it without locking (the fast path).
+//! 2. After acquiring the lock, [`Lease::claim_record`] runs on every node, atomically:
+//!    a completed record is returned; a pending marker of an *earlier* holder means that
+//!    holder lost its lease (or was dropped) before it wrote an outcome, so the outcome
+//!    is **unknown** — the marker is stamped as orphaned and, unless asked to keep it
+//!    for its whole retention, expires after the configured time, after which the work
+//!    may run again; otherwise the node stores this lease's pending marker.
+//! 3. When the work is done, [`Lease::store_record`] writes the completed record, or
+//!    [`Lease::discard_record`] removes this lease's marker (an outcome not worth
+//!    keeping, such as a server error a retry may fix).
+//!
+//! # Why a lost holder cannot overwrite a newer outcome
+//!
+//! Every claim and store runs as one script on the node, and writes only if the lock
+//! key still holds **this lease's owner value** (`GET lock == owner`). That is the
+//! precise check: on that node, at that moment, nobody else holds the resource. The
+//! fence counter cannot serve here: it is incremented by every acquire *attempt*,
+//! including failed ones by contenders, so it may exceed the holder's token while the
+//! holder is still perfectly valid. A store counts only when a majority of nodes
+//! accepted it before the lease's validity ran out; by Redlock's own assumption no
+//! other lease can exist during that validity, so no two holders can both store.
+//!
+//! # Majorities, both ways
+//!
+//! A store goes to every node and counts once a majority accepted it; a read (and a
+//! claim) counts a completed record only when a majority of nodes holds it. Two
+//! majorities intersect, so a read always meets a stored record; a store reaches every
+//! node that is up, so when all were up any `(N−1)/2` of them may fail afterwards and
+//! the record is still found (one that missed the store while down, or was restarted
+//! empty, only takes a vote away). And a write that reached only a minority — a holder
+//! that lost its lease mid-write, whose store therefore failed — is never taken for an
+//! outcome. Such a leftover is harmless: the interrupted attempt's pending markers still say
+//! "unknown" on the majority, and the token orders it below any later record, which
+//! replaces it wherever it lands (a store replaces a completed record only when its
+//! token is larger).
+//!
+//! Reading from a majority rather than from the first node that has the record costs
+//! the same single round trip (all nodes are asked at once), and it is what makes
+//! minority leftovers invisible.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::error::{LockError, NodeError, NodeFailure};
+use crate::lock::fencing::FencingToken;
+use crate::lock::lease::{Lease, LeaseHandle, LeaseInner, LostCause};
+use crate::lock::node::Owner;
+use crate::lock::quorum::Nodes;
+use crate::lock::resource::{LockKeys, Resource};
+use crate::lock::Redlock;
+
+impl LockKeys {
+    /// The key of the resource's outcome record: `{prefix}{<resource>}:record`, in the
+    /// same hash slot as the lock key.
+    pub fn record(&self) -> String {
+        format!("{}:record", self.lock)
+    }
+}
+
+/// A completed outcome stored under a resource: the fencing token of the lease that
+/// produced it, the fingerprint of the request it answers, and opaque data.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Record {
+    token: FencingToken,
+    fingerprint: Bytes,
+    data: Bytes,
+}
+
+impl Record {
+    /// A record, for [`Node`](crate::Node) implementations that read one back.
+    pub fn new(token: FencingToken, fingerprint: Bytes, data: Bytes) -> Self {
+        Record {
+            token,
+            fingerprint,
+            data,
+        }
+    }
+
+    /// The fencing token of the lease that stored it.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The fingerprint given when it was stored.
+    pub fn fingerprint(&self) -> &Bytes {
+        &self.fingerprint
+    }
+
+    /// The stored bytes.
+    pub fn data(&self) -> &Bytes {
+        &self.data
+    }
+}
+
+impl fmt::Debug for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Record")
+            .field("token", &self.token)
+            .field("fingerprint_len", &self.fingerprint.len())
+            .field("data_len", &self.data.len())
+            .finish()
+    }
+}
+
+/// What [`Lease::claim_record`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Claim {
+    /// No outcome and no interrupted attempt: the work is this lease's to do. A pending
+    /// marker now says so; end it with [`Lease::store_record`] or
+    /// [`Lease::discard_record`].
+    Claimed,
+    /// The work was done already: here is its outcome.
+    Completed(Record),
+    /// An earlier holder started the work and never recorded an outcome (its lease was
+    /// lost, or it was dropped mid-way): whether its effects happened is unknown.
+    Unknown {
+        /// How long this answer stands (the orphaned marker's remaining time to live);
+        /// after that, a claim succeeds again.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// Arguments of [`Node::claim_record`](crate::Node::claim_record).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The keys of the resource.
+    pub keys: &'a LockKeys,
+    /// The owner value the lock key must hold.
+    pub owner: &'a Owner,
+    /// The claiming lease's fencing token.
+    pub token: u64,
+    /// The fingerprint stored with the pending marker.
+    pub fingerprint: &'a [u8],
+    /// Time to live of the pending marker.
+    pub pending_ttl: Duration,
+    /// When an earlier holder's marker is found: shorten its time to live to this, once
+    /// (`None`: leave it as it is).
+    pub orphan_ttl: Option<Duration>,
+}
+
+/// One node's answer to [`Node::claim_record`](crate::Node::claim_record).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimReply {
+    /// The pending marker of this lease is stored (or already was).
+    Claimed,
+    /// A completed record exists (whoever holds the lock).
+    Completed(Record),
+    /// An earlier holder's pending marker exists; it lives `pttl` more.
+    Orphaned {
+        /// The marker's remaining time to live.
+        pttl: Option<Duration>,
+    },
+    /// The lock key does not hold the owner value: nothing was written.
+    NotOwner,
+}
+
+/// Arguments of [`Node::store_record`](crate::Node::store_record).
+#[derive(Debug, Clone, Copy)]
+pub struct StoreRequest<'a> {
+    /// The keys of the resource.
+    pub keys: &'a LockKeys,
+    /// The owner value the lock key must hold.
+    pub owner: &'a Owner,
+    /// The record to store; its token orders it against an existing record.
+    pub record: &'a Record,
+    /// The record's time to live.
+    pub retention: Duration,
+}
+
+/// One node's answer to [`Node::store_record`](crate::Node::store_record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreReply {
+    /// The record replaced whatever the key held.
+    Stored,
+    /// A completed record with an equal or larger token exists; nothing was written.
+    Superseded,
+    /// The lock key does not hold the owner value: nothing was written.
+    NotOwner,
+}
+
+/// The error of the default record operations of [`Node`](crate::Node).
+pub(crate) fn unsupported() -> NodeError {
+    NodeError::Unsupported("outcome records (idempotent replay)".into())
+}
+
+impl Redlock {
+    /// The completed outcome stored under `resource`, if any. Takes no lock: a completed
+    /// record is immutable until its retention ends.
+    ///
+    /// Asks every node; a record counts when a majority of nodes holds it (see the
+    /// [module documentation](crate::lock::record)). `Ok(None)` when a majority answered
+    /// and no record is held by a majority; [`LockError::Unavailable`] when too few nodes
+    /// answer to tell.
+    pub async fn read_record(
+        &self,
+        resource: impl Into<Resource>,
+    ) -> Result<Option<Record>, LockError> {
+        let resource = resource.into();
+        let keys = LockKeys::new(&self.shared.options.key_prefix, &resource);
+        read(&self.shared.nodes, &keys)
+            .await
+            .map_err(|(answered, failures)| {
+                unavailable(&self.shared.nodes, &resource, answered, failures)
+            })
+    }
+}
+
+impl Lease {
+    /// Claims the resource's work for this lease, or finds its outcome (see the
+    /// [module documentation](crate::lock::record)).
+    ///
+    /// `fingerprint` describes the request the work answers; it is stored with the
+    /// marker and with the record. The pending marker lives `pending_ttl`. When an
+    /// earlier holder's marker is found, its time to live is cut to `unknown_for`
+    /// (`None`: it keeps its own, typically the whole retention), and the answer is
+    /// [`Claim::Unknown`] until it expires.
+    ///
+    /// Fails with [`LockError::Lost`] when a majority says the lock key is no longer
+    /// ours, and with [`LockError::Unavailable`] when too few nodes answer.
+    pub async fn claim_record(
+        &self,
+        fingerprint: &[u8],
+        pending_ttl: Duration,
+        unknown_for: Option<Duration>,
+    ) -> Result<Claim, LockError> {
+        claim(self.lease_inner(), fingerprint, pending_ttl, unknown_for).await
+    }
+
+    /// Stores the outcome of this lease's work, for `retention`.
+    ///
+    /// Written on every node where the lock key still holds this lease's owner value;
+    /// succeeds once a majority accepted it within the lease's validity. Fails with
+    /// [`LockError::Lost`] when the lease is no longer held (nothing can be written then:
+    /// a newer holder's outcome is never overwritten), and with
+    /// [`LockError::Unavailable`] when too few nodes confirmed in time. After a failure
+    /// the record may exist on a minority of nodes.
+    pub async fn store_record(
+        &self,
+        fingerprint: &[u8],
+        data: Bytes,
+        retention: Duration,
+    ) -> Result<(), LockError> {
+        store(
+            self.lease_inner(),
+            Bytes::copy_from_slice(fingerprint),
+            data,
+            retention,
+        )
+        .await
+    }
+
+    /// Removes this lease's pending marker: the work ended without an outcome worth
+    /// keeping, and the next claim may do it again. Leaves other holders' markers and
+    /// every completed record alone. Succeeds once a majority answered.
+    pub async fn discard_record(&self) -> Result<(), LockError> {
+        discard(self.lease_inner()).await
+    }
+}
+
+fn unavailable(
+    nodes: &Nodes,
+    resource: &Resource,
+    answered: usize,
+    failures: Vec<NodeFailure>,
+) -> LockError {
+    LockError::Unavailable {
+        resource: resource.clone(),
+        nodes: nodes.len(),
+        answered,
+        quorum: nodes.quorum(),
+        failures,
+    }
+}
+
+fn lost(inner: &LeaseInner) -> LockError {
+    let cause = inner.status().lost.unwrap_or(LostCause::KeyLost);
+    LockError::Lost {
+        resource: inner.resource.clone(),
+        cause,
+    }
+}
+
+/// Completed records seen in one round, with how many nodes hold each (by token).
+#[derive(Default)]
+struct Seen(Vec<(Record, usize)>);
+
+impl Seen {
+    fn add(&mut self, found: Record) {
+        match self.0.iter_mut().find(|(r, _)| r.token == found.token) {
+            Some((_, count)) => *count += 1,
+            None => self.0.push((found, 1)),
+        }
+    }
+
+    /// The most widely held record and how many nodes hold it (the newest on a tie).
+    fn best(&self) -> Option<(&Record, usize)> {
+        self.0
+            .iter()
+            .max_by_key(|(r, count)| (*count, r.token))
+            .map(|(r, count)| (r, *count))
+    }
+
+    fn count(&self) -> usize {
+        self.best().map_or(0, |(_, count)| count)
+    }
+
+    /// The record a majority holds.
+    fn committed(self, quorum: usize) -> Option<Record> {
+        self.0
+            .into_iter()
+            .find(|(_, count)| *count >= quorum)
+            .map(|(r, _)| r)
+    }
+}
+
+/// [`claim`] for a future that owns what it needs (the HTTP layer's response future).
+pub(crate) async fn claim_owned(
+    handle: LeaseHandle,
+    fingerprint: Bytes,
+    pending_ttl: Duration,
+    unknown_for: Option<Duration>,
+) -> Result<Claim, LockError> {
+    claim(handle.lease_inner(), &fingerprint, pending_ttl, unknown_for).await
+}
+
+/// [`store`] for a future that owns what it needs.
+pub(crate) async fn store_owned(
+    handle: LeaseHandle,
+    fingerprint: Bytes,
+    data: Bytes,
+    retention: Duration,
+) -> Result<(), LockError> {
+    store(handle.lease_inner(), fingerprint, data, retention).await
+}
+
+/// [`discard`] for a future that owns what it needs.
+pub(crate) async fn discard_owned(handle: LeaseHandle) -> Result<(), LockError> {
+    discard(handle.lease_inner()).await
+}
+
+/// Reads the completed record on every node. A record counts only when a majority of
+/// nodes holds it (as a store counts only once a majority accepted it): a write that
+/// reached a minority, such as a late one by a holder whose lease was lost, is never
+/// read as an outcome.
+pub(crate) async fn read(
+    nodes: &Nodes,
+    keys: &LockKeys,
+) -> Result<Option<Record>, (usize, Vec<NodeFailure>)> {
+    let quorum = nodes.quorum();
+    let mut seen = Seen::default();
+    let mut answered = 0;
+    let mut failures = Vec::new();
+    nodes
+        .fan_out(
+            0..nodes.len(),
+            nodes.timeout(),
+            |node| node.read_record(keys),
+            |index, answer, pending| {
+                match answer {
+                    Ok(found) => {
+                        answered += 1;
+                        if let Some(found) = found {
+                            seen.add(found);
+                        }
+                    }
+                    Err(error) => failures.push(NodeFailure {
+                        node: nodes.name(index),
+                        error,
+                    }),
+                }
+                // Decided once a majority holds one record, or once none can.
+                seen.count() >= quorum
+                    || (answered >= quorum && seen.count() + pending < quorum)
+                    || answered + pending < quorum
+            },
+        )
+        .await;
+    if let Some(record) = seen.committed(quorum) {
+        return Ok(Some(record));
+    }
+    if answered >= quorum {
+        Ok(None)
+    } else {
+        Err((answered, failures))
+    }
+}
+
+pub(crate) async fn claim(
+    inner: &LeaseInner,
+    fingerprint: &[u8],
+    pending_ttl: Duration,
+    unknown_for: Option<Duration>,
+) -> Result<Claim, LockError> {
+    let nodes = &inner.locker.nodes;
+    if !holds(inner) {
+        return Err(lost(inner));
+    }
+    let quorum = nodes.quorum();
+    let request = ClaimRequest {
+        keys: &inner.keys,
+        owner: &inner.owner,
+        token: inner.token.get(),
+        fingerprint,
+        pending_ttl,
+        orphan_ttl: unknown_for,
+    };
+    let mut claimed = 0;
+    let mut not_owner = 0;
+    let mut completed = Seen::default();
+    let mut orphaned: Option<Option<Duration>> = None;
+    let mut answered = 0;
+    let mut failures = Vec::new();
+    let timeout = bounded_by_validity(inner);
+    nodes
+        .fan_out(
+            0..nodes.len(),
+            timeout,
+            |node| node.claim_record(&request),
+            |index, answer, pending| {
+                match answer {
+                    Ok(reply) => {
+                        answered += 1;
+                        match reply {
+                            ClaimReply::Claimed => claimed += 1,
+                            ClaimReply::Completed(record) => completed.add(record),
+                            ClaimReply::Orphaned { pttl } => {
+                                orphaned = Some(orphaned.flatten().max(pttl));
+                            }
+                            ClaimReply::NotOwner => not_owner += 1,
+                        }
+                    }
+                    Err(error) => failures.push(NodeFailure {
+                        node: nodes.name(index),
+                        error,
+                    }),
+                }
+                completed.count() >= quorum
+                    || claimed >= quorum
+                    || not_owner >= quorum
+                    || (orphaned.is_some() && answered >= quorum)
+                    || answered + pending < quorum
+            },
+        )
+        .await;
+    let outcome = if let Some(record) = completed.committed(quorum) {
+        Ok(Claim::Completed(record))
+    } else if let Some(retry_after) = orphaned {
+        Ok(Claim::Unknown { retry_after })
+    } else if claimed >= quorum && holds(inner) {
+        return Ok(Claim::Claimed);
+    } else if not_owner >= quorum || !holds(inner) {
+        Err(lost(inner))
+    } else {
+        // Too few answers, or a record on a minority only (a node holding its copy
+        // may be down): undecided.
+        Err(unavailable(nodes, &inner.resource, answered, failures))
+    };
+    // Our marker may have landed on some nodes (also on those that answered after the
+    // decision): it must not outlive this answer, or it would read as an attempt of
+    // ours that was interrupted.
+    discard_in_background(inner);
+    outcome
+}
+
+pub(crate) async fn store(
+    inner: &LeaseInner,
+    fingerprint: Bytes,
+    data: Bytes,
+    retention: Duration,
+) -> Result<(), LockError> {
+    let nodes = &inner.locker.nodes;
+    if !holds(inner) {
+        return Err(lost(inner));
+    }
+    let quorum = nodes.quorum();
+    let record = Record::new(inner.token, fingerprint, data);
+    let request = StoreRequest {
+        keys: &inner.keys,
+        owner: &inner.owner,
+        record: &record,
+        retention,
+    };
+    let deadline = inner.status().valid_until;
+    let mut stored = 0;
+    let mut refused = 0;
+    let mut failures = Vec::new();
+    nodes
+        .fan_out(
+            0..nodes.len(),
+            bounded_by_validity(inner),
+            |node| node.store_record(&request),
+            |index, answer, pending| {
+                match answer {
+                    // Only what a node accepted while the lease was valid counts.
+                    Ok(StoreReply::Stored) if Instant::now() < deadline => stored += 1,
+                    Ok(StoreReply::Stored) => refused += 1,
+                    Ok(StoreReply::Superseded | StoreReply::NotOwner) => refused += 1,
+                    Err(error) => failures.push(NodeFailure {
+                        node: nodes.name(index),
+                        error,
+                    }),
+                }
+                stored >= quorum || stored + pending < quorum
+            },
+        )
+        .await;
+    if stored >= quorum {
+        tracing::debug!(resource = %inner.resource, token = %inner.token, votes = stored, "outcome recorded");
+        return Ok(());
+    }
+    tracing::warn!(resource = %inner.resource, token = %inner.token, stored, refused, failures = failures.len(), "outcome not recorded on a majority");
+    if refused >= quorum || !holds(inner) {
+        return Err(lost(inner));
+    }
+    Err(unavailable(
+        nodes,
+        &inner.resource,
+        stored + refused,
+        failures,
+    ))
+}
+
+pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
+    let nodes = &inner.locker.nodes;
+    let quorum = nodes.quorum();
+    let token = inner.token.get();
+    let mut answered = 0;
+    let mut failures = Vec::new();
+    nodes
+        .fan_out(
+            0..nodes.len(),
+            nodes.timeout(),
+            |node| node.discard_record(&inner.keys, token),
+            |index, answer, pending| {
+                match answer {
+                    Ok(_) => answered += 1,
+                    Err(error) => failures.push(NodeFailure {
+                        node: nodes.name(index),
+                        error,
+                    }),
+                }
+                answered >= quorum || answered + pending < quorum
+            },
+        )
+        .await;
+    if answered >= quorum {
+        Ok(())
+    } else {
+        Err(unavailable(nodes, &inner.resource, answered, failures))
+    }
+}
+
+/// Removes our pending marker everywhere, without waiting for the answers.
+fn discard_in_background(inner: &LeaseInner) {
+    let nodes = &inner.locker.nodes;
+    let token = inner.token.get();
+    let calls: Vec<_> = nodes
+        .each()
+        .map(|node| {
+            let call = node.discard_record(&inner.keys, token);
+            tokio::time::timeout(nodes.timeout(), call)
+        })
+        .collect();
+    inner.locker.runtime.spawn(async move {
+        futures_util::future::join_all(calls).await;
+    });
+}
+
+/// The lease is neither lost, released nor past its validity.
+fn holds(inner: &LeaseInner) -> bool {
+    let status = inner.status();
+    status.lost.is_none() && !status.released && status.valid_until > Instant::now()
+}
+
+/// The per-node timeout, cut to the lease's remaining validity.
+fn bounded_by_validity(inner: &LeaseInner) -> Duration {
+    let left = inner
+        .status()
+        .valid_until
+        .saturating_duration_since(Instant::now());
+    inner.locker.nodes.timeout().min(left)
+}

@@ -1,0 +1,489 @@
+//! What every Redis-backed node shares: the Lua scripts, one script call with its
+//! `NOSCRIPT` fallback and its optional replica acknowledgement (`WAIT`), and how
+//! redis-rs errors become [`NodeError`]s.
+
+use std::fmt;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
+
+use crate::error::NodeError;
+use crate::lock::fencing::{counter_start, unix_ms};
+use crate::lock::node::{AcquireReply, AcquireRequest, Owner};
+use crate::lock::options::millis_ceil;
+use crate::lock::resource::LockKeys;
+
+/// One Lua script: its source (for `EVAL` after `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
+pub(crate) struct Lua {
+    code: &'static str,
+    script: Script,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        Lua {
+            code,
+            script: Script::new(code),
+        }
+    }
+}
+
+static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/extend.lua")));
+static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/release.lua")));
+static RAISE_FENCE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/raise_fence.lua")));
+
+/// Replica acknowledgement: after a script wrote, `WAIT replicas timeout` on the same
+/// connection, and the answer counts only if at least `replicas` replicas acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaWait {
+    pub(crate) replicas: usize,
+    pub(crate) timeout: Duration,
+}
+
+impl fmt::Display for ReplicaWait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "wait for {} replica(s) within {} ms",
+            self.replicas,
+            millis_ceil(self.timeout)
+        )
+    }
+}
+
+/// The text of a node error without its kind's prefix.
+pub(crate) fn detail(e: &NodeError) -> std::sync::Arc<str> {
+    match e {
+        NodeError::Connection(m) | NodeError::Server(m) | NodeError::Protocol(m) => m.clone(),
+        other => other.to_string().into(),
+    }
+}
+
+/// Why one script call failed.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// The connection or the server failed.
+    Redis(RedisError),
+    /// The script wrote, but fewer replicas than required acknowledged it in time.
+    Replicas { acked: i64, wait: ReplicaWait },
+    /// The answer had an unexpected shape.
+    Reply(NodeError),
+}
+
+impl From<RedisError> for CallError {
+    fn from(e: RedisError) -> Self {
+        CallError::Redis(e)
+    }
+}
+
+impl CallError {
+    /// The server that answered may no longer be the master (it is unreachable, it
+    /// answers as a replica, or it lost its replicas): ask the sentinels again.
+    pub(crate) fn master_may_have_moved(&self) -> bool {
+        match self {
+            CallError::Redis(e) => {
+                is_connection_error(e)
+                    || matches!(
+                        e.kind(),
+                        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+                    )
+            }
+            CallError::Replicas { .. } => true,
+            CallError::Reply(_) => false,
+        }
+    }
+
+    /// The script certainly did not run (the server refused every write, or no
+    /// connection was made): the call may be sent again elsewhere without effect here.
+    pub(crate) fn certainly_not_run(&self) -> bool {
+        match self {
+            CallError::Redis(e) => {
+                e.is_connection_refusal()
+                    || matches!(
+                        e.kind(),
+                        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+                    )
+            }
+            _ => false,
+        }
+    }
+
+    pub(crate) fn into_node_error(self) -> NodeError {
+        match self {
+            CallError::Redis(e) => node_error(e),
+            CallError::Replicas { acked, wait } => NodeError::Server(
+                format!(
+                    "the write was acknowledged by {acked} replica(s), {} required ({wait})",
+                    wait.replicas
+                )
+                .into(),
+            ),
+            CallError::Reply(e) => e,
+        }
+    }
+}
+
+fn is_connection_error(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+}
+
+/// A redis-rs error as a [`NodeError`]. Authentication failures and client-side
+/// configuration or discovery failures count as connection failures (no usable
+/// connection could be made) and keep their reason.
+pub(crate) fn node_error(e: RedisError) -> NodeError {
+    if is_connection_error(&e) {
+        NodeError::Connection(e.to_string().into())
+    } else if e.kind() == ErrorKind::AuthenticationFailed
+        || matches!(e.kind(), ErrorKind::Server(ServerErrorKind::NoPerm))
+        || e.code()
+            .is_some_and(|code| code == "WRONGPASS" || code == "NOAUTH")
+    {
+        NodeError::Connection(format!("authentication failed: {e}").into())
+    } else if matches!(
+        e.kind(),
+        ErrorKind::InvalidClientConfig
+            | ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::MasterNameNotFoundBySentinel
+            | ErrorKind::NoValidReplicasFoundBySentinel
+            | ErrorKind::EmptySentinelList
+    ) {
+        // Client-side: no usable connection to the right server could be made.
+        NodeError::Connection(e.to_string().into())
+    } else if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) {
+        NodeError::Server(e.to_string().into())
+    } else {
+        NodeError::Protocol(e.to_string().into())
+    }
+}
+
+/// One prepared script call.
+struct Call {
+    lua: &'static Lua,
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl Call {
+    fn command(&self, by_hash: bool) -> Cmd {
+        let mut cmd = if by_hash {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.lua.script.get_hash());
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(self.lua.code);
+            cmd
+        };
+        cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+        cmd
+    }
+
+    /// Runs the script with `EVALSHA`, or with `EVAL` after `NOSCRIPT` (which also caches
+    /// it on the server that answered, and needs no `SCRIPT LOAD` on every node of a
+    /// cluster). With `wait`, `WAIT` is pipelined right behind the script on the same
+    /// connection, so it covers the script's writes; its answer is checked only when
+    /// `wrote` says the script wrote.
+    async fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+        wrote: fn(&Value) -> bool,
+    ) -> Result<Value, CallError> {
+        match self.once(conn, wait, wrote, true).await {
+            Err(CallError::Redis(e))
+                if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+            {
+                self.once(conn, wait, wrote, false).await
+            }
+            other => other,
+        }
+    }
+
+    async fn once<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+        wrote: fn(&Value) -> bool,
+        by_hash: bool,
+    ) -> Result<Value, CallError> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.command(by_hash));
+        let mut replies = query(conn, pipe, 1, wait).await?;
+        let value = replies.remove(0)?;
+        if wrote(&value) {
+            check_acks(replies.pop(), wait)?;
+        }
+        Ok(value)
+    }
+}
+
+/// Sends `pipe` (plus `WAIT` when `wait` is set) and returns one result per command
+/// not ignored (`replies` of them), the `WAIT` reply last.
+async fn query<C: ConnectionLike + Send>(
+    conn: &mut C,
+    mut pipe: redis::Pipeline,
+    replies: usize,
+    wait: Option<ReplicaWait>,
+) -> Result<Vec<RedisResult<Value>>, CallError> {
+    let expected = replies + usize::from(wait.is_some());
+    if let Some(wait) = wait {
+        pipe.cmd("WAIT")
+            .arg(wait.replicas)
+            .arg(millis_ceil(wait.timeout));
+    }
+    pipe.ignore_errors();
+    let replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
+    if replies.len() != expected {
+        return Err(CallError::Reply(NodeError::Protocol(
+            format!("{} replies to {expected} commands", replies.len()).into(),
+        )));
+    }
+    Ok(replies)
+}
+
+/// Checks the `WAIT` reply (when `wait` is set) against the replicas required.
+fn check_acks(
+    reply: Option<RedisResult<Value>>,
+    wait: Option<ReplicaWait>,
+) -> Result<(), CallError> {
+    let Some(wait) = wait else {
+        return Ok(());
+    };
+    let reply =
+        reply.ok_or_else(|| CallError::Reply(NodeError::Protocol("no reply to WAIT".into())))??;
+    let acked = int(&reply).ok_or_else(|| {
+        CallError::Reply(NodeError::Protocol(
+            format!("WAIT returned {reply:?}").into(),
+        ))
+    })?;
+    if acked < i64::try_from(wait.replicas).unwrap_or(i64::MAX) {
+        return Err(CallError::Replicas { acked, wait });
+    }
+    Ok(())
+}
+
+/// The owned arguments of one acquire call (the call outlives the request).
+pub(crate) struct Acquire {
+    lock: String,
+    fence: String,
+    owner: String,
+    ttl_ms: u64,
+    fence_ttl_ms: u64,
+}
+
+impl Acquire {
+    pub(crate) fn new(request: &AcquireRequest<'_>) -> Self {
+        Acquire {
+            lock: request.keys.lock.clone(),
+            fence: request.keys.fence.clone(),
+            owner: request.owner.as_str().to_owned(),
+            ttl_ms: millis_ceil(request.ttl),
+            fence_ttl_ms: millis_ceil(request.fence_ttl),
+        }
+    }
+
+    /// One round trip of plain commands rather than a script: a script call costs
+    /// Redis several times a SET, and acquisition is the hot path. The fence counter is
+    /// seeded from the clock only when missing, and INCR runs even when the lock is
+    /// held: extra increments only make later tokens larger (see `fencing`); `PTTL`
+    /// follows when held. With `wait`, a grant counts only once enough replicas
+    /// acknowledged the key and the counter.
+    pub(crate) async fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<AcquireReply, CallError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&self.lock)
+            .arg(&self.owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.ttl_ms)
+            .cmd("SET")
+            .arg(&self.fence)
+            .arg(counter_start(unix_ms()))
+            .arg("NX")
+            .arg("PX")
+            .arg(self.fence_ttl_ms)
+            .ignore()
+            .cmd("INCR")
+            .arg(&self.fence);
+        let mut replies = query(conn, pipe, 2, wait).await?.into_iter();
+        let (Some(set), Some(fence)) = (replies.next(), replies.next()) else {
+            return Err(CallError::Reply(NodeError::Protocol(
+                "too few replies to SET and INCR".into(),
+            )));
+        };
+        let (set, fence) = (set?, fence?);
+        let fence = int(&fence)
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| {
+                CallError::Reply(NodeError::Protocol(
+                    format!("INCR returned {fence:?}").into(),
+                ))
+            })?;
+        if matches!(set, Value::Nil) {
+            let (holder, pttl): (Option<String>, i64) = redis::pipe()
+                .cmd("GET")
+                .arg(&self.lock)
+                .cmd("PTTL")
+                .arg(&self.lock)
+                .query_async(conn)
+                .await?;
+            if holder.as_deref() != Some(self.owner.as_str()) {
+                // -1: the key has no ttl; -2: it vanished in between.
+                return Ok(AcquireReply::Held {
+                    pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+                });
+            }
+            // Our own key: an earlier send of this very call landed (a client retried
+            // it after a dropped connection, as redis-rs's cluster client does). The
+            // grant is ours, with this round's (larger) counter.
+        }
+        check_acks(replies.next(), wait)?;
+        Ok(AcquireReply::Acquired { fence })
+    }
+}
+
+/// The extend script (compare-and-pexpire). With `wait`, an extension counts only once
+/// enough replicas acknowledged it.
+pub(crate) async fn extend<C: ConnectionLike + Send>(
+    conn: &mut C,
+    call: &ExtendCall,
+    wait: Option<ReplicaWait>,
+) -> Result<bool, CallError> {
+    let value = call.0.run(conn, wait, |v| int(v) == Some(1)).await?;
+    parse_flag(value).map_err(CallError::Reply)
+}
+
+/// The owned arguments of one extend call.
+pub(crate) struct ExtendCall(Call);
+
+impl ExtendCall {
+    pub(crate) fn new(keys: &LockKeys, owner: &Owner, ttl: Duration) -> Self {
+        ExtendCall(Call {
+            lua: &EXTEND,
+            keys: vec![keys.lock.clone()],
+            args: vec![owner.as_str().to_owned(), millis_ceil(ttl).to_string()],
+        })
+    }
+}
+
+/// The owned arguments of one release call: compare-and-delete, then `PUBLISH` on the
+/// resource's channel, or `SPUBLISH` when `sharded` (Redis Cluster).
+pub(crate) struct ReleaseCall(Call);
+
+impl ReleaseCall {
+    pub(crate) fn new(keys: &LockKeys, owner: &Owner, sharded: bool) -> Self {
+        let mut args = vec![owner.as_str().to_owned(), keys.channel.clone()];
+        if sharded {
+            args.push("1".to_owned());
+        }
+        ReleaseCall(Call {
+            lua: &RELEASE,
+            keys: vec![keys.lock.clone()],
+            args,
+        })
+    }
+}
+
+/// The release script. Never waits for replicas: a release lost in a failover only
+/// delays the next holder until the key expires.
+pub(crate) async fn release<C: ConnectionLike + Send>(
+    conn: &mut C,
+    call: &ReleaseCall,
+) -> Result<bool, CallError> {
+    let value = call.0.run(conn, None, |_| false).await?;
+    parse_flag(value).map_err(CallError::Reply)
+}
+
+/// The owned arguments of one raise-fence call.
+pub(crate) struct RaiseFenceCall(Call);
+
+impl RaiseFenceCall {
+    pub(crate) fn new(keys: &LockKeys, token: u64, fence_ttl: Duration) -> Self {
+        RaiseFenceCall(Call {
+            lua: &RAISE_FENCE,
+            keys: vec![keys.fence.clone()],
+            args: vec![token.to_string(), millis_ceil(fence_ttl).to_string()],
+        })
+    }
+}
+
+/// The raise-fence script. With `wait`, a raised counter counts only once enough
+/// replicas acknowledged it.
+pub(crate) async fn raise_fence<C: ConnectionLike + Send>(
+    conn: &mut C,
+    call: &RaiseFenceCall,
+    wait: Option<ReplicaWait>,
+) -> Result<(), CallError> {
+    let value = call.0.run(conn, wait, |v| int(v) == Some(1)).await?;
+    int(&value).map(|_| ()).ok_or_else(|| {
+        CallError::Reply(NodeError::Protocol(
+            format!("raise_fence returned {value:?}").into(),
+        ))
+    })
+}
+
+pub(crate) fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// The reply of the extend, release and raise-fence scripts: 1 or 0.
+pub(crate) fn parse_flag(value: Value) -> Result<bool, NodeError> {
+    match int(&value) {
+        Some(1) => Ok(true),
+        Some(0) => Ok(false),
+        _ => Err(NodeError::Protocol(
+            format!("script returned {value:?}").into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_flags() {
+        assert!(parse_flag(Value::Int(1)).unwrap());
+        assert!(!parse_flag(Value::Int(0)).unwrap());
+        assert!(parse_flag(Value::Nil).is_err());
+    }
+
+    #[test]
+    fn release_publishes_sharded_only_when_asked() {
+        let keys = LockKeys::new("p:", &crate::lock::Resource::new("r"));
+        let owner = Owner::random();
+        assert_eq!(ReleaseCall::new(&keys, &owner, false).0.args.len(), 2);
+        let sharded = ReleaseCall::new(&keys, &owner, true);
+        assert_eq!(sharded.0.args[2], "1");
+    }
+
+    #[test]
+    fn errors_say_why() {
+        let wait = ReplicaWait {
+            replicas: 2,
+            timeout: Duration::from_millis(20),
+        };
+        let e = CallError::Replicas { acked: 1, wait };
+        assert!(e.master_may_have_moved());
+        assert!(!e.certainly_not_run());
+        let text = e.into_node_error().to_string();
+        assert!(text.contains("1 replica(s), 2 required"), "{text}");
+        let readonly = CallError::Redis(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        )));
+        assert!(readonly.master_may_have_moved() && readonly.certainly_not_run());
+    }
+}

@@ -1,0 +1,293 @@
+//! The outcome-record commands of Redis-backed nodes (see `record.rs`): three Lua
+//! scripts (sent with `EVAL`, see below) and one `HMGET`, over any redis-rs connection,
+//! so the standalone, cluster and sentinel nodes can share them. The record key is a hash (`state`, `token`, `fp`,
+//! `data`, `orphan`) in the lock key's hash slot; values are raw bytes.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, RedisResult, Value};
+
+use crate::error::NodeError;
+use crate::lock::fencing::FencingToken;
+use crate::lock::options::millis_ceil;
+use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
+use crate::lock::redis_call::{int, node_error, ReplicaWait};
+use crate::lock::resource::LockKeys;
+
+// The scripts are always sent with `EVAL`, never `EVALSHA`: after a `NOSCRIPT` answer
+// the fallback would be sent one round trip later, and could then overtake a command
+// issued after it on the same connection — a discard landing before the claim whose
+// marker it removes would leave that marker behind, and the key would answer
+// "outcome unknown" for nothing. `EVAL` keeps the order in which the calls were made;
+// the server still caches the compiled script, and a record costs only two calls per
+// request (claim, then store or discard).
+const CLAIM: &str = include_str!("scripts/record_claim.lua");
+const STORE: &str = include_str!("scripts/record_store.lua");
+const DISCARD: &str = include_str!("scripts/record_discard.lua");
+
+/// One prepared script call with owned, binary-safe arguments.
+struct Eval {
+    code: &'static str,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Eval {
+    fn command(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.code)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+
+    /// `EVAL`; with `wait`, `WAIT` is pipelined right behind the script, and a reply for
+    /// which `wrote` holds counts only once enough replicas acknowledged it.
+    async fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+        wrote: fn(&Value) -> bool,
+    ) -> Result<Value, NodeError> {
+        self.once(conn, wait, wrote)
+            .await
+            .map_err(Failure::into_node_error)
+    }
+
+    async fn once<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+        wrote: fn(&Value) -> bool,
+    ) -> Result<Value, Failure> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.command());
+        if let Some(wait) = wait {
+            pipe.cmd("WAIT")
+                .arg(wait.replicas)
+                .arg(millis_ceil(wait.timeout));
+        }
+        pipe.ignore_errors();
+        let replies: Vec<RedisResult<Value>> =
+            pipe.query_async(conn).await.map_err(Failure::Redis)?;
+        let mut replies = replies.into_iter();
+        let value = replies
+            .next()
+            .ok_or_else(|| Failure::Node(NodeError::Protocol("no reply to a script".into())))?
+            .map_err(Failure::Redis)?;
+        if let (Some(wait), true) = (wait, wrote(&value)) {
+            let acked = replies
+                .next()
+                .ok_or_else(|| Failure::Node(NodeError::Protocol("no reply to WAIT".into())))?
+                .map_err(Failure::Redis)?;
+            let acked = int(&acked).unwrap_or(-1);
+            if acked < i64::try_from(wait.replicas).unwrap_or(i64::MAX) {
+                return Err(Failure::Node(NodeError::Server(
+                    format!(
+                        "the record write was acknowledged by {acked} replica(s), {} required",
+                        wait.replicas
+                    )
+                    .into(),
+                )));
+            }
+        }
+        Ok(value)
+    }
+}
+
+enum Failure {
+    Redis(redis::RedisError),
+    Node(NodeError),
+}
+
+impl Failure {
+    fn into_node_error(self) -> NodeError {
+        match self {
+            Failure::Redis(e) => node_error(e),
+            Failure::Node(e) => e,
+        }
+    }
+}
+
+fn protocol(what: &str, value: &Value) -> NodeError {
+    NodeError::Protocol(format!("{what} returned {value:?}").into())
+}
+
+fn bytes_of(value: &Value) -> Option<Bytes> {
+    match value {
+        Value::BulkString(b) => Some(Bytes::copy_from_slice(b)),
+        Value::SimpleString(s) => Some(Bytes::copy_from_slice(s.as_bytes())),
+        Value::Nil => Some(Bytes::new()),
+        _ => None,
+    }
+}
+
+fn token_of(value: &Value) -> Option<FencingToken> {
+    int(value)
+        .and_then(|n| u64::try_from(n).ok())
+        .map(FencingToken::new)
+}
+
+fn record_of(
+    what: &str,
+    token: &Value,
+    fingerprint: &Value,
+    data: &Value,
+) -> Result<Record, NodeError> {
+    match (token_of(token), bytes_of(fingerprint), bytes_of(data)) {
+        (Some(token), Some(fingerprint), Some(data)) => Ok(Record::new(token, fingerprint, data)),
+        _ => Err(NodeError::Protocol(
+            format!("{what}: malformed record (token {token:?})").into(),
+        )),
+    }
+}
+
+/// `HMGET record state token fp data`: the completed record, if any.
+pub(crate) async fn read<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &LockKeys,
+) -> Result<Option<Record>, NodeError> {
+    let value: Value = redis::cmd("HMGET")
+        .arg(keys.record())
+        .arg(&["state", "token", "fp", "data"])
+        .query_async(conn)
+        .await
+        .map_err(node_error)?;
+    let Value::Array(fields) = &value else {
+        return Err(protocol("HMGET", &value));
+    };
+    match fields.as_slice() {
+        [Value::BulkString(state), token, fingerprint, data] if state.as_slice() == b"done" => {
+            record_of("HMGET", token, fingerprint, data).map(Some)
+        }
+        [_, _, _, _] => Ok(None),
+        _ => Err(protocol("HMGET", &value)),
+    }
+}
+
+/// The owned arguments of one claim call.
+pub(crate) struct ClaimCall(Eval);
+
+impl ClaimCall {
+    pub(crate) fn new(request: &ClaimRequest<'_>) -> Self {
+        let orphan_ttl = request
+            .orphan_ttl
+            .map(|ttl| millis_ceil(ttl).to_string())
+            .unwrap_or_default();
+        ClaimCall(Eval {
+            code: CLAIM,
+            keys: vec![
+                request.keys.lock.clone().into(),
+                request.keys.record().into(),
+            ],
+            args: vec![
+                request.owner.as_str().as_bytes().to_vec(),
+                request.token.to_string().into_bytes(),
+                request.fingerprint.to_vec(),
+                millis_ceil(request.pending_ttl).to_string().into_bytes(),
+                orphan_ttl.into_bytes(),
+            ],
+        })
+    }
+}
+
+/// The claim script. With `wait`, a stored marker counts only once enough replicas
+/// acknowledged it.
+pub(crate) async fn claim<C: ConnectionLike + Send>(
+    conn: &mut C,
+    call: &ClaimCall,
+    wait: Option<ReplicaWait>,
+) -> Result<ClaimReply, NodeError> {
+    let value = call
+        .0
+        .run(
+            conn,
+            wait,
+            |v| matches!(v, Value::Array(a) if a.first().and_then(int) == Some(2)),
+        )
+        .await?;
+    let Value::Array(items) = &value else {
+        return Err(protocol("claim", &value));
+    };
+    match items.as_slice() {
+        [tag] if int(tag) == Some(0) => Ok(ClaimReply::NotOwner),
+        [tag] if int(tag) == Some(2) => Ok(ClaimReply::Claimed),
+        [tag, pttl] if int(tag) == Some(3) => Ok(ClaimReply::Orphaned {
+            pttl: int(pttl)
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(Duration::from_millis),
+        }),
+        [tag, token, fingerprint, data] if int(tag) == Some(1) => {
+            record_of("claim", token, fingerprint, data).map(ClaimReply::Completed)
+        }
+        _ => Err(protocol("claim", &value)),
+    }
+}
+
+/// The owned arguments of one store call.
+pub(crate) struct StoreCall(Eval);
+
+impl StoreCall {
+    pub(crate) fn new(request: &StoreRequest<'_>) -> Self {
+        StoreCall(Eval {
+            code: STORE,
+            keys: vec![
+                request.keys.lock.clone().into(),
+                request.keys.record().into(),
+            ],
+            args: vec![
+                request.owner.as_str().as_bytes().to_vec(),
+                request.record.token().get().to_string().into_bytes(),
+                request.record.fingerprint().to_vec(),
+                request.record.data().to_vec(),
+                millis_ceil(request.retention).to_string().into_bytes(),
+            ],
+        })
+    }
+}
+
+/// The store script. With `wait`, a stored record counts only once enough replicas
+/// acknowledged it.
+pub(crate) async fn store<C: ConnectionLike + Send>(
+    conn: &mut C,
+    call: &StoreCall,
+    wait: Option<ReplicaWait>,
+) -> Result<StoreReply, NodeError> {
+    let value = call.0.run(conn, wait, |v| int(v) == Some(1)).await?;
+    match int(&value) {
+        Some(1) => Ok(StoreReply::Stored),
+        Some(0) => Ok(StoreReply::NotOwner),
+        Some(2) => Ok(StoreReply::Superseded),
+        _ => Err(protocol("store", &value)),
+    }
+}
+
+/// The owned arguments of one discard call.
+pub(crate) struct DiscardCall(Eval);
+
+impl DiscardCall {
+    pub(crate) fn new(keys: &LockKeys, token: u64) -> Self {
+        DiscardCall(Eval {
+            code: DISCARD,
+            keys: vec![keys.record().into()],
+            args: vec![token.to_string().into_bytes()],
+        })
+    }
+}
+
+/// The discard script. Never waits for replicas: a lost discard only makes a later
+/// claim report an unknown outcome.
+pub(crate) async fn discard<C: ConnectionLike + Send>(
+    conn: &mut C,
+    call: &DiscardCall,
+) -> Result<bool, NodeError> {
+    let value = call.0.run(conn, None, |_| false).await?;
+    match int(&value) {
+        Some(1) => Ok(true),
+        Some(0) => Ok(false),
+        _ => Err(protocol("discard", &value)),
+    }
+}

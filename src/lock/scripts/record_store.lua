@@ -1,0 +1,18 @@
+-- Store a completed outcome record, only while the lock key holds our owner value.
+-- KEYS[1] lock key, KEYS[2] record key.
+-- ARGV[1] owner, ARGV[2] token, ARGV[3] fingerprint, ARGV[4] data, ARGV[5] retention ms.
+-- Returns 1 when stored, 0 when the lock key is not ours, 2 when a completed record
+-- with an equal or larger token exists (a newer outcome is never overwritten).
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if redis.call('HGET', KEYS[2], 'state') == 'done' then
+  local t = tonumber(redis.call('HGET', KEYS[2], 'token'))
+  if t and t >= tonumber(ARGV[2]) then
+    return 2
+  end
+end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'state', 'done', 'token', ARGV[2], 'fp', ARGV[3], 'data', ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+return 1

@@ -1,0 +1,622 @@
+//! [`SentinelNode`]: a Sentinel-managed master as one lock node.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use redis::IntoConnectionInfo;
+use tokio::sync::{watch, Mutex as AsyncMutex};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::error::{ConfigError, NodeError};
+use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::lock::redis_call::{
+    self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
+};
+use crate::lock::redis_node::RedisNode;
+use crate::lock::resource::LockKeys;
+
+/// How long one lookup through the sentinels may take.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Least time between two lookups: a master that keeps failing is not looked up in a loop.
+const MIN_RESOLVE_INTERVAL: Duration = Duration::from_millis(100);
+/// Default period of the background check of the sentinels' current master.
+const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A master managed by Redis Sentinel as **one** lock node, found through the sentinels
+/// and followed across failovers.
+///
+/// The master's address comes from the sentinels (`SENTINEL MASTERS`, then `ROLE` on
+/// the address to check that it really is a master; redis-rs's
+/// [`sentinel`](redis::sentinel) module). It is looked up again
+///
+/// * when a command fails to connect or the server answers `READONLY` (it was
+///   demoted to a replica) or `MASTERDOWN`; a command refused that way certainly did
+///   not run, so it is sent once more to the new master within the same call;
+/// * when fewer replicas than required acknowledged a write (see
+///   [`wait_for_replicas`](SentinelNode::wait_for_replicas)): the master may have lost
+///   its replicas in a failover;
+/// * every [`check_interval`](SentinelNode::check_interval) (default 1 s) in the
+///   background, which catches a failover whose old master is still reachable and not
+///   yet demoted.
+///
+/// Commands and release notifications (`PUBLISH`/`SUBSCRIBE`) go to the current master
+/// exactly as with a [`RedisNode`](crate::RedisNode); waiters' subscriptions move to
+/// the new master after a failover, and the waiters are woken once to retry, since a
+/// release may have been published meanwhile.
+///
+/// # Safety trade-offs
+///
+/// Redis replicates **asynchronously**. A lock granted, extended or fenced on the
+/// master shortly before a failover may be missing on the promoted replica: a second
+/// client then acquires the "free" resource while the first still believes it holds
+/// it, and the second token may equal the first (the promoted replica's fence counter
+/// may lag too). During the failover itself, until the old master is reconfigured as
+/// a replica, clients that still talk to it and clients that already follow the new
+/// master can both be granted the lock (split brain); the background check shortens,
+/// but cannot close, that window. Sentinel buys availability, not safety:
+///
+/// * For mutual exclusion that survives the failure of any one machine, use **several
+///   independent masters** (3 or 5 [`RedisNode`](crate::RedisNode)s, or several
+///   independent Sentinel groups as separate nodes): Redlock needs a majority of
+///   them, so one node losing a key or a failover inside one group cannot break it.
+/// * [`wait_for_replicas`](SentinelNode::wait_for_replicas) makes a vote count only
+///   once the write reached the replicas, which closes the "not yet replicated" window
+///   for failovers that promote an acknowledged replica (see there for what it does not
+///   cover).
+/// * Check fencing tokens in the protected storage.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tower_redlock::{LockOptions, Redlock, SentinelNode};
+///
+/// let node = SentinelNode::open(["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"], "locks")?
+///     .wait_for_replicas(1, Duration::from_millis(20));
+/// let locker = Redlock::new([node], LockOptions::default().node_timeout(Duration::from_millis(50)))?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SentinelNode {
+    inner: Arc<Inner>,
+    wait: Option<ReplicaWait>,
+}
+
+struct Inner {
+    name: Arc<str>,
+    service: String,
+    sentinel: AsyncMutex<Sentinel>,
+    master_info: SentinelNodeConnectionInfo,
+    runtime: tokio::runtime::Handle,
+    state: Mutex<State>,
+    /// Period of the background check in ms; 0 turns it off.
+    check_interval_ms: AtomicU64,
+    channels: Mutex<HashMap<String, Weak<HubChannel>>>,
+    /// Identifies the [`RedisNode`] of each master found (a new one per new address).
+    epochs: AtomicU64,
+}
+
+struct State {
+    generation: u64,
+    started: Instant,
+    lookup: Lookup,
+}
+
+type Lookup = Shared<BoxFuture<'static, Result<Master, NodeError>>>;
+
+/// The master found by one lookup.
+#[derive(Clone)]
+struct Master {
+    epoch: u64,
+    addr: String,
+    node: RedisNode,
+}
+
+impl SentinelNode {
+    /// A node for the master named `master_name`, found through the sentinels at
+    /// `sentinels` (URLs such as `redis://host:26379`; credentials in a URL authenticate
+    /// to that sentinel). The master is reached without credentials, database 0.
+    ///
+    /// Fails on a malformed URL or outside a Tokio runtime; looks the master up in the
+    /// background and does not wait for it.
+    pub fn open<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: &str,
+    ) -> Result<Self, ConfigError> {
+        Self::with_master_info(
+            sentinels,
+            master_name,
+            SentinelNodeConnectionInfo::default(),
+        )
+    }
+
+    /// Like [`open`](SentinelNode::open), with how to reach the master: database,
+    /// username and password, TLS mode (redis-rs's [`SentinelNodeConnectionInfo`]).
+    pub fn with_master_info<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: &str,
+        master: SentinelNodeConnectionInfo,
+    ) -> Result<Self, ConfigError> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| ConfigError::new("SentinelNode must be created inside a Tokio runtime"))?;
+        if master_name.is_empty() {
+            return Err(ConfigError::new("a Sentinel node needs the master's name"));
+        }
+        let sentinels = sentinels
+            .into_iter()
+            .map(IntoConnectionInfo::into_connection_info)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ConfigError::new(format!("bad Sentinel URL: {e}")))?;
+        if sentinels.is_empty() {
+            return Err(ConfigError::new(
+                "a Sentinel node needs at least one sentinel",
+            ));
+        }
+        let tls = matches!(sentinels[0].addr(), redis::ConnectionAddr::TcpTls { .. });
+        let hosts: Vec<String> = sentinels.iter().map(|s| s.addr().to_string()).collect();
+        let name: Arc<str> = format!(
+            "{}://{}/{master_name}",
+            if tls {
+                "rediss+sentinel"
+            } else {
+                "redis+sentinel"
+            },
+            hosts.join(",")
+        )
+        .into();
+        let sentinel =
+            Sentinel::build(sentinels).map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
+        let pending = futures_util::future::pending().boxed().shared();
+        let inner = Arc::new(Inner {
+            name,
+            service: master_name.to_owned(),
+            sentinel: AsyncMutex::new(sentinel),
+            master_info: master,
+            runtime: runtime.clone(),
+            state: Mutex::new(State {
+                generation: 0,
+                started: Instant::now(),
+                lookup: pending,
+            }),
+            check_interval_ms: AtomicU64::new(millis(DEFAULT_CHECK_INTERVAL)),
+            channels: Mutex::default(),
+            epochs: AtomicU64::new(0),
+        });
+        // The first lookup starts at once, in the background.
+        let first = spawn_lookup(&runtime, Arc::downgrade(&inner), None, None);
+        inner.state.lock().unwrap_or_else(|p| p.into_inner()).lookup = first;
+        runtime.spawn(check_task(Arc::downgrade(&inner)));
+        Ok(SentinelNode { inner, wait: None })
+    }
+
+    /// Counts this node's vote only once `replicas` replicas acknowledged the write,
+    /// within `timeout` (`WAIT replicas timeout`, pipelined behind the acquire, extend
+    /// and raise-fence commands on the same connection); `replicas = 0` turns it off.
+    /// See [`RedisNode::wait_for_replicas`](crate::RedisNode::wait_for_replicas) for
+    /// what it buys and what it costs. A write acknowledged by too few replicas also
+    /// makes the node look the master up again. Applies to this handle and its later
+    /// clones.
+    #[must_use]
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
+        self
+    }
+
+    /// How often the sentinels are asked in the background whether the master changed
+    /// (default 1 s, at least 10 ms; `None` turns the check off, leaving only the
+    /// lookups on errors).
+    /// Each check asks the sentinels (`SENTINEL MASTERS`) and opens one short
+    /// connection to the master named (`ROLE`). Shared by every clone of this node.
+    #[must_use]
+    pub fn check_interval(self, interval: Option<Duration>) -> Self {
+        let ms = interval.map_or(0, |i| millis(i).max(10));
+        self.inner.check_interval_ms.store(ms, Ordering::Relaxed);
+        self
+    }
+
+    /// The address (`host:port`) of the master currently used, once it was found.
+    pub fn current_master(&self) -> Option<String> {
+        let state = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        match state.lookup.peek() {
+            Some(Ok(master)) => Some(master.addr.clone()),
+            _ => None,
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Starts looking the master up, in a task of its own so it completes even when every
+/// caller waiting for it gives up (their per-node timeout is much shorter).
+fn spawn_lookup(
+    runtime: &tokio::runtime::Handle,
+    inner: Weak<Inner>,
+    previous: Option<Master>,
+    not_before: Option<Instant>,
+) -> Lookup {
+    let lookup = async move {
+        if let Some(at) = not_before {
+            tokio::time::sleep_until(at).await;
+        }
+        let Some(inner) = inner.upgrade() else {
+            return Err(NodeError::Connection("the node was dropped".into()));
+        };
+        let master = inner.find_master(previous).await;
+        if let Ok(master) = &master {
+            inner.follow(master);
+        }
+        master
+    }
+    .boxed()
+    .shared();
+    runtime.spawn(lookup.clone());
+    lookup
+}
+
+impl Inner {
+    /// Asks the sentinels for the master (checked with `ROLE`) and connects to it,
+    /// keeping the previous connection when the address did not change.
+    async fn find_master(&self, previous: Option<Master>) -> Result<Master, NodeError> {
+        let found = tokio::time::timeout(RESOLVE_TIMEOUT, async {
+            let mut sentinel = self.sentinel.lock().await;
+            sentinel
+                .async_master_for(&self.service, Some(&self.master_info))
+                .await
+        })
+        .await;
+        let client = match found {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => {
+                let e = redis_call::node_error(e);
+                tracing::warn!(node = %self.name, error = %e, "no master found through the sentinels");
+                return Err(NodeError::Connection(
+                    format!(
+                        "finding master `{}` through the sentinels: {}",
+                        self.service,
+                        redis_call::detail(&e)
+                    )
+                    .into(),
+                ));
+            }
+            Err(_) => {
+                return Err(NodeError::Connection(
+                    format!(
+                        "finding master `{}` through the sentinels took over {RESOLVE_TIMEOUT:?}",
+                        self.service
+                    )
+                    .into(),
+                ))
+            }
+        };
+        let addr = client.get_connection_info().addr().to_string();
+        if let Some(previous) = previous.filter(|p| p.addr == addr) {
+            return Ok(previous);
+        }
+        let node = RedisNode::from_client(client)
+            .map_err(|e| NodeError::Connection(e.to_string().into()))?;
+        tracing::info!(node = %self.name, master = %addr, "following master");
+        Ok(Master {
+            epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
+            addr,
+            node,
+        })
+    }
+
+    /// The current master, waiting for a lookup in progress.
+    async fn master(&self) -> (u64, Result<Master, NodeError>) {
+        let (generation, lookup) = {
+            let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            (state.generation, state.lookup.clone())
+        };
+        (generation, lookup.await)
+    }
+
+    /// Starts a new lookup unless one started since `generation`.
+    fn invalidate(self: &Arc<Self>, generation: u64) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.generation != generation {
+            return;
+        }
+        let previous = match state.lookup.peek() {
+            Some(Ok(master)) => Some(master.clone()),
+            Some(Err(_)) => None,
+            // Still looking: that lookup answers for this generation.
+            None => return,
+        };
+        let not_before = state.started + MIN_RESOLVE_INTERVAL;
+        state.generation += 1;
+        state.started = Instant::now().max(not_before);
+        state.lookup = spawn_lookup(
+            &self.runtime,
+            Arc::downgrade(self),
+            previous,
+            Some(not_before),
+        );
+    }
+
+    /// Runs `op` on the current master. Errors that hint at a failover start a new
+    /// lookup, and an op refused without effect is retried once on the master found.
+    async fn with_master<T, F, Fut>(self: &Arc<Self>, mut op: F) -> Result<T, NodeError>
+    where
+        F: FnMut(redis::aio::ConnectionManager) -> Fut,
+        Fut: Future<Output = Result<T, CallError>>,
+    {
+        let mut retried = false;
+        loop {
+            let (generation, master) = self.master().await;
+            let master = match master {
+                Ok(master) => master,
+                Err(e) => {
+                    self.invalidate(generation);
+                    return Err(e);
+                }
+            };
+            match op(master.node.connection()).await {
+                Ok(value) => return Ok(value),
+                Err(e) => {
+                    if e.master_may_have_moved() {
+                        tracing::debug!(node = %self.name, master = %master.addr, error = ?e, "master may have moved");
+                        self.invalidate(generation);
+                        if e.certainly_not_run() && !retried {
+                            retried = true;
+                            continue;
+                        }
+                    }
+                    return Err(e.into_node_error());
+                }
+            }
+        }
+    }
+
+    /// Moves the waiters' subscriptions to a newly found master.
+    fn follow(self: &Arc<Self>, master: &Master) {
+        let channels: Vec<Arc<HubChannel>> = self
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for channel in channels {
+            if channel.epoch() == Some(master.epoch) {
+                continue;
+            }
+            let master = master.clone();
+            self.runtime.spawn(async move {
+                // A release may have been published on the new master already.
+                channel.wake();
+                let mut delay = Duration::from_millis(50);
+                for _ in 0..5 {
+                    if channel.attach(&master).await.is_ok() {
+                        return;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+            });
+        }
+    }
+}
+
+/// Asks the sentinels every `check_interval` whether the master changed.
+async fn check_task(inner: Weak<Inner>) {
+    loop {
+        let interval = match inner.upgrade() {
+            Some(inner) => inner.check_interval_ms.load(Ordering::Relaxed),
+            None => return,
+        };
+        tokio::time::sleep(Duration::from_millis(if interval == 0 {
+            millis(DEFAULT_CHECK_INTERVAL)
+        } else {
+            interval
+        }))
+        .await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.check_interval_ms.load(Ordering::Relaxed) == 0 {
+            continue;
+        }
+        let (generation, current) = {
+            let state = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+            (state.generation, state.lookup.peek().cloned())
+        };
+        match current {
+            // A lookup is in progress.
+            None => {}
+            // The last lookup failed and no command asked again since: retry.
+            Some(Err(_)) => inner.invalidate(generation),
+            Some(Ok(master)) => {
+                let found = tokio::time::timeout(RESOLVE_TIMEOUT, async {
+                    let mut sentinel = inner.sentinel.lock().await;
+                    sentinel
+                        .async_master_for(&inner.service, Some(&inner.master_info))
+                        .await
+                })
+                .await;
+                if let Ok(Ok(client)) = found {
+                    if client.get_connection_info().addr().to_string() != master.addr {
+                        inner.invalidate(generation);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Node for SentinelNode {
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+        let call = Acquire::new(request);
+        let inner = self.inner.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move { call.run(&mut conn, wait).await })
+                .await
+        })
+    }
+
+    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        let call = ExtendCall::new(keys, owner, ttl);
+        let inner = self.inner.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(
+                    |mut conn| async move { redis_call::extend(&mut conn, call, wait).await },
+                )
+                .await
+        })
+    }
+
+    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+        let call = ReleaseCall::new(keys, owner, false);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move { redis_call::release(&mut conn, call).await })
+                .await
+        })
+    }
+
+    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+        let call = RaiseFenceCall::new(keys, token, fence_ttl);
+        let inner = self.inner.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move {
+                    redis_call::raise_fence(&mut conn, call, wait).await
+                })
+                .await
+        })
+    }
+
+    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+        let inner = self.inner.clone();
+        let keys = keys.clone();
+        Box::pin(async move {
+            let (generation, master) = inner.master().await;
+            let master = master.inspect_err(|_| inner.invalidate(generation))?;
+            let channel = {
+                let mut channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+                match channels.get(&keys.channel).and_then(Weak::upgrade) {
+                    Some(channel) => channel,
+                    None => {
+                        channels.retain(|_, c| c.strong_count() > 0);
+                        let channel = Arc::new(HubChannel {
+                            keys: keys.clone(),
+                            tx: watch::channel(0).0,
+                            upstream: Mutex::new(None),
+                        });
+                        channels.insert(keys.channel.clone(), Arc::downgrade(&channel));
+                        channel
+                    }
+                }
+            };
+            channel.attach(&master).await?;
+            Ok(ReleaseSignal::new(channel.tx.subscribe(), channel))
+        })
+    }
+}
+
+impl fmt::Debug for SentinelNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentinelNode")
+            .field("name", &self.inner.name)
+            .field("master", &self.current_master())
+            .field("wait_for_replicas", &self.wait)
+            .finish()
+    }
+}
+
+/// One resource's release notifications as the waiters see them, fed by a subscription
+/// on the current master that is replaced when the master changes.
+struct HubChannel {
+    keys: LockKeys,
+    tx: watch::Sender<u64>,
+    upstream: Mutex<Option<Upstream>>,
+}
+
+/// The subscription on one master, forwarded by a task.
+struct Upstream {
+    epoch: u64,
+    forward: AbortHandle,
+}
+
+impl HubChannel {
+    fn wake(&self) {
+        self.tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn epoch(&self) -> Option<u64> {
+        self.upstream
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|u| u.epoch)
+    }
+
+    /// Subscribes on `master` (unless already subscribed there) and forwards its
+    /// notifications, replacing the subscription on an earlier master.
+    async fn attach(self: &Arc<Self>, master: &Master) -> Result<(), NodeError> {
+        if self.epoch() == Some(master.epoch) {
+            return Ok(());
+        }
+        let mut signal = master.node.subscribe(&self.keys).await?;
+        let channel = Arc::downgrade(self);
+        let forward = tokio::spawn(async move {
+            loop {
+                signal.changed().await;
+                match channel.upgrade() {
+                    Some(channel) => channel.wake(),
+                    None => return,
+                }
+            }
+        });
+        let previous = self
+            .upstream
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(Upstream {
+                epoch: master.epoch,
+                forward: forward.abort_handle(),
+            });
+        if let Some(previous) = previous {
+            previous.forward.abort();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HubChannel {
+    fn drop(&mut self) {
+        // Ending the forwarding task drops its subscription on the master.
+        if let Some(upstream) = self
+            .upstream
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            upstream.forward.abort();
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! One string per node: [`node_from_url`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::sentinel::SentinelNodeConnectionInfo;
+use redis::{IntoConnectionInfo, TlsMode};
+
+use crate::error::ConfigError;
+use crate::lock::cluster_node::ClusterNode;
+use crate::lock::node::Node;
+use crate::lock::redis_node::RedisNode;
+use crate::lock::sentinel_node::SentinelNode;
+
+/// Replica acknowledgement timeout when a URL sets `wait_replicas` without `wait_timeout_ms`.
+const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(20);
+
+/// A lock node from one URL. Each node casts one vote, whatever its kind.
+///
+/// | URL | node |
+/// |---|---|
+/// | `redis://[user:password@]host[:port][/db]` | a standalone server ([`RedisNode`]) |
+/// | `rediss://[user:password@]host[:port][/db][#insecure]` | the same over TLS (feature `tls`) |
+/// | `redis+cluster://[user:password@]host1:port1,host2:port2[/]` | a Redis Cluster, given by one or more seed nodes ([`ClusterNode`]) |
+/// | `rediss+cluster://…` | the same over TLS |
+/// | `redis+sentinel://[user:password@]host1:port1,host2:port2/master_name[/db]` | the master `master_name` of a Sentinel group, given by one or more sentinels ([`SentinelNode`]) |
+/// | `rediss+sentinel://…` | the same over TLS, to the sentinels and to the master |
+///
+/// The port defaults to 6379 (26379 for sentinels) and the database to 0.
+/// Credentials are percent-encoded (`%40` for `@`) and authenticate to the data nodes
+/// (with Redis ACLs, `user:password`; with `requirepass`, `:password`). Sentinels
+/// that require a password of their own get it from the `sentinel_username` and
+/// `sentinel_password` query parameters.
+///
+/// TLS (`rediss…`, feature `tls`) verifies the server certificate against the webpki
+/// (Mozilla) roots. For a private CA, build the node from a redis-rs client configured
+/// with the certificates instead: [`RedisNode::from_client`] with
+/// `redis::Client::build_with_tls`, or [`ClusterNode::with_config`] with
+/// `ClusterClientBuilder::certs`. `#insecure` (no verification) needs redis-rs's
+/// `tls-rustls-insecure` feature, which this crate does not enable; without it the
+/// connection fails with an error saying so.
+///
+/// Query parameters read by this function (other parameters, such as `protocol`,
+/// are passed on to redis-rs):
+///
+/// * `wait_replicas=N` and `wait_timeout_ms=T` (default 20 ms): count the node's vote
+///   only once `N` replicas acknowledged each write, see
+///   [`RedisNode::wait_for_replicas`]. The timeout must fit in the locker's
+///   [`node_timeout`](crate::LockOptions::node_timeout) together with one round trip.
+/// * `sentinel_username`, `sentinel_password` (sentinel URLs only).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_redlock::node_from_url;
+///
+/// let standalone = node_from_url("redis://:secret@127.0.0.1:7001/0")?;
+/// let cluster = node_from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000/")?;
+/// let sentinel = node_from_url("redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/locks/2?wait_replicas=1")?;
+/// assert_eq!(cluster.name(), "redis+cluster://10.0.0.1:7000,10.0.0.2:7000");
+/// assert_eq!(sentinel.name(), "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/locks");
+/// assert!(!standalone.name().contains("secret"));
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Fails on a malformed URL, an unknown scheme, or outside a Tokio runtime. Never
+/// connects: nodes connect on first use.
+pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
+    let url = Url::parse(s)?;
+    let wait = url.wait()?;
+    match url.scheme {
+        "redis" | "rediss" | "valkey" | "valkeys" | "unix" | "redis+unix" => {
+            let mut node = RedisNode::open(url.rebuild(&url.hosts.join(","), url.path))?;
+            if let Some((replicas, timeout)) = wait {
+                node = node.wait_for_replicas(replicas, timeout);
+            }
+            Ok(Arc::new(node))
+        }
+        "redis+cluster" | "rediss+cluster" => {
+            let base = if url.scheme == "rediss+cluster" {
+                "rediss"
+            } else {
+                "redis"
+            };
+            let seeds = url
+                .hosts
+                .iter()
+                .map(|host| {
+                    Url {
+                        scheme: base,
+                        ..url.clone()
+                    }
+                    .rebuild(host, url.path)
+                })
+                .collect::<Vec<_>>();
+            let mut node = ClusterNode::open(seeds)?;
+            if let Some((replicas, timeout)) = wait {
+                node = node.wait_for_replicas(replicas, timeout);
+            }
+            Ok(Arc::new(node))
+        }
+        "redis+sentinel" | "rediss+sentinel" => sentinel(&url, wait),
+        other => Err(ConfigError::new(format!(
+            "unknown URL scheme `{other}`: expected redis://, rediss://, redis+cluster://, \
+             rediss+cluster://, redis+sentinel:// or rediss+sentinel://"
+        ))),
+    }
+}
+
+fn sentinel(url: &Url<'_>, wait: Option<(usize, Duration)>) -> Result<Arc<dyn Node>, ConfigError> {
+    let tls = url.scheme == "rediss+sentinel";
+    let mut segments = url.path.trim_matches('/').split('/');
+    let master = segments.next().unwrap_or_default();
+    if master.is_empty() {
+        return Err(ConfigError::new(
+            "a sentinel URL needs the master's name: redis+sentinel://host:port/master_name[/db]",
+        ));
+    }
+    let master = percent_decode(master)?;
+    let db: i64 = match segments.next() {
+        None | Some("") => 0,
+        Some(db) => db.parse().map_err(|_| {
+            ConfigError::new(format!("invalid database number `{db}` in sentinel URL"))
+        })?,
+    };
+    if segments.next().is_some() {
+        return Err(ConfigError::new(
+            "a sentinel URL's path is /master_name[/db]",
+        ));
+    }
+    let base = if tls { "rediss" } else { "redis" };
+    let sentinel_user = url.param("sentinel_username")?;
+    let sentinel_password = url.param("sentinel_password")?;
+    let sentinels = url
+        .hosts
+        .iter()
+        .map(|host| {
+            let host = if has_port(host) {
+                (*host).to_owned()
+            } else {
+                format!("{host}:26379")
+            };
+            let bare = Url {
+                scheme: base,
+                userinfo: None,
+                query: Vec::new(),
+                ..url.clone()
+            };
+            let info = bare
+                .rebuild(&host, "")
+                .into_connection_info()
+                .map_err(|e| ConfigError::new(format!("bad sentinel address `{host}`: {e}")))?;
+            let mut settings = info.redis_settings().clone();
+            if let Some(user) = &sentinel_user {
+                settings = settings.set_username(user);
+            }
+            if let Some(password) = &sentinel_password {
+                settings = settings.set_password(password);
+            }
+            Ok(info.set_redis_settings(settings))
+        })
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    // The master's credentials and protocol, parsed (and percent-decoded) by redis-rs.
+    let master_info = Url {
+        scheme: "redis",
+        fragment: None,
+        ..url.clone()
+    }
+    .rebuild("localhost", &format!("/{db}"))
+    .into_connection_info()
+    .map_err(|e| ConfigError::new(format!("bad sentinel URL: {e}")))?;
+    let mut info = SentinelNodeConnectionInfo::default()
+        .set_redis_connection_info(master_info.redis_settings().clone());
+    if tls {
+        info = info.set_tls_mode(if url.fragment == Some("insecure") {
+            TlsMode::Insecure
+        } else {
+            TlsMode::Secure
+        });
+    }
+    let mut node = SentinelNode::with_master_info(sentinels, &master, info)?;
+    if let Some((replicas, timeout)) = wait {
+        node = node.wait_for_replicas(replicas, timeout);
+    }
+    Ok(Arc::new(node))
+}
+
+fn has_port(host: &str) -> bool {
+    match host.rsplit_once(':') {
+        // `[v6]` alone has colons only inside the brackets.
+        Some((before, port)) => {
+            !port.ends_with(']') && !before.is_empty() && port.parse::<u16>().is_ok()
+        }
+        None => false,
+    }
+}
+
+/// A node URL split into its parts. Kept as slices of the input so that the parts
+/// handed on to redis-rs stay exactly as written (percent-encoding included).
+#[derive(Clone)]
+struct Url<'a> {
+    scheme: &'a str,
+    userinfo: Option<&'a str>,
+    hosts: Vec<&'a str>,
+    path: &'a str,
+    /// Query parameters not consumed here, as written.
+    query: Vec<(&'a str, &'a str)>,
+    fragment: Option<&'a str>,
+}
+
+/// Parameters this crate reads; everything else goes on to redis-rs.
+const OWN_PARAMS: [&str; 4] = [
+    "wait_replicas",
+    "wait_timeout_ms",
+    "sentinel_username",
+    "sentinel_password",
+];
+
+impl<'a> Url<'a> {
+    fn parse(s: &'a str) -> Result<Self, ConfigError> {
+        let (scheme, rest) = s
+            .split_once("://")
+            .ok_or_else(|| ConfigError::new("a node URL starts with a scheme such as redis://"))?;
+        let (rest, fragment) = match rest.split_once('#') {
+            Some((rest, fragment)) => (rest, Some(fragment)),
+            None => (rest, None),
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, query),
+            None => (rest, ""),
+        };
+        let unix = matches!(scheme, "unix" | "redis+unix");
+        let (authority, path) = match rest.find('/') {
+            Some(i) if !unix => rest.split_at(i),
+            _ if unix => ("", rest),
+            _ => (rest, ""),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let hosts: Vec<&str> = if unix {
+            Vec::new()
+        } else {
+            hosts.split(',').map(str::trim).collect()
+        };
+        if !unix && hosts.iter().any(|h| h.is_empty()) {
+            return Err(ConfigError::new(format!(
+                "a {scheme}:// URL needs host[:port] (several separated by commas for clusters and sentinels)"
+            )));
+        }
+        if hosts.len() > 1 && matches!(scheme, "redis" | "rediss" | "valkey" | "valkeys") {
+            return Err(ConfigError::new(format!(
+                "a {scheme}:// URL names one server; use {scheme}+cluster:// or {scheme}+sentinel:// for several hosts"
+            )));
+        }
+        let query = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| p.split_once('=').unwrap_or((p, "")))
+            .collect();
+        Ok(Url {
+            scheme,
+            userinfo,
+            hosts,
+            path,
+            query,
+            fragment,
+        })
+    }
+
+    /// The value of one of this crate's own parameters, percent-decoded.
+    fn param(&self, name: &str) -> Result<Option<String>, ConfigError> {
+        self.query
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| percent_decode(v))
+            .transpose()
+    }
+
+    fn wait(&self) -> Result<Option<(usize, Duration)>, ConfigError> {
+        let Some(replicas) = self.param("wait_replicas")? else {
+            return Ok(None);
+        };
+        let replicas: usize = replicas.parse().map_err(|_| {
+            ConfigError::new(format!("wait_replicas must be a number, got `{replicas}`"))
+        })?;
+        let timeout = match self.param("wait_timeout_ms")? {
+            None => DEFAULT_WAIT_TIMEOUT,
+            Some(ms) => Duration::from_millis(ms.parse().map_err(|_| {
+                ConfigError::new(format!("wait_timeout_ms must be a number, got `{ms}`"))
+            })?),
+        };
+        Ok((replicas > 0).then_some((replicas, timeout)))
+    }
+
+    /// A URL for redis-rs: this one's scheme, credentials, remaining query and fragment,
+    /// with `host` and `path`.
+    fn rebuild(&self, host: &str, path: &str) -> String {
+        let mut out = format!("{}://", self.scheme);
+        if let Some(userinfo) = self.userinfo {
+            out.push_str(userinfo);
+            out.push('@');
+        }
+        out.push_str(host);
+        out.push_str(path);
+        let query: Vec<String> = self
+            .query
+            .iter()
+            .filter(|(k, _)| !OWN_PARAMS.contains(k))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        if !query.is_empty() {
+            out.push('?');
+            out.push_str(&query.join("&"));
+        }
+        if let Some(fragment) = self.fragment {
+            out.push('#');
+            out.push_str(fragment);
+        }
+        out
+    }
+}
+
+fn percent_decode(s: &str) -> Result<String, ConfigError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| ConfigError::new("bad percent-encoding in URL"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| ConfigError::new("URL component is not UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_and_rebuilds() {
+        let url =
+            Url::parse("redis+cluster://u:p%40ss@h1:1,h2:2/0?protocol=resp3&wait_replicas=1#x")
+                .unwrap();
+        assert_eq!(url.scheme, "redis+cluster");
+        assert_eq!(url.userinfo, Some("u:p%40ss"));
+        assert_eq!(url.hosts, ["h1:1", "h2:2"]);
+        assert_eq!(url.path, "/0");
+        assert_eq!(url.fragment, Some("x"));
+        assert_eq!(url.wait().unwrap(), Some((1, DEFAULT_WAIT_TIMEOUT)));
+        let one = Url {
+            scheme: "redis",
+            ..url.clone()
+        };
+        assert_eq!(
+            one.rebuild("h1:1", "/0"),
+            "redis://u:p%40ss@h1:1/0?protocol=resp3#x"
+        );
+        let plain = Url::parse("redis://127.0.0.1").unwrap();
+        assert_eq!(
+            plain.rebuild(plain.hosts[0], plain.path),
+            "redis://127.0.0.1"
+        );
+        assert_eq!(plain.wait().unwrap(), None);
+        let unix = Url::parse("redis+unix:///run/redis.sock?db=2").unwrap();
+        assert_eq!(
+            unix.rebuild("", unix.path),
+            "redis+unix:///run/redis.sock?db=2"
+        );
+    }
+
+    #[test]
+    fn ports_and_decoding() {
+        assert!(has_port("h:1"));
+        assert!(!has_port("h"));
+        assert!(has_port("[::1]:26379"));
+        assert!(!has_port("[::1]"));
+        assert_eq!(percent_decode("a%40b%3A").unwrap(), "a@b:");
+        assert!(percent_decode("%4").is_err());
+    }
+
+    #[tokio::test]
+    async fn builds_every_kind_and_rejects_nonsense() {
+        for (url, name) in [
+            ("redis://127.0.0.1:7001/2", "redis://127.0.0.1:7001/2"),
+            ("redis://:pw@127.0.0.1:7001", "redis://127.0.0.1:7001/0"),
+            (
+                "redis://user:pw@127.0.0.1:7001/0?wait_replicas=1&wait_timeout_ms=5",
+                "redis://127.0.0.1:7001/0",
+            ),
+            (
+                "redis+cluster://user:pw@127.0.0.1:7001,127.0.0.1:7002/",
+                "redis+cluster://127.0.0.1:7001,127.0.0.1:7002",
+            ),
+            (
+                "redis+sentinel://127.0.0.1,127.0.0.1:26380/mymaster/3?sentinel_password=x",
+                "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster",
+            ),
+        ] {
+            let node = node_from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(node.name(), name);
+        }
+        for (url, says) in [
+            ("127.0.0.1:6379", "scheme"),
+            ("http://127.0.0.1", "unknown URL scheme"),
+            ("redis://a:1,b:2", "redis+cluster"),
+            ("redis+cluster:///", "host"),
+            ("redis+sentinel://127.0.0.1:26379", "master's name"),
+            ("redis+sentinel://127.0.0.1:26379/m/x", "database"),
+            ("redis+sentinel://127.0.0.1:26379/m/1/2", "path"),
+            ("redis://127.0.0.1?wait_replicas=many", "wait_replicas"),
+            ("redis://127.0.0.1:notaport", "bad Redis URL"),
+        ] {
+            let err = node_from_url(url).map(|_| ()).expect_err(url).to_string();
+            assert!(err.contains(says), "{url}: {err}");
+        }
+        let err = node_from_url("redis://user:topsecret@127.0.0.1:notaport")
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("topsecret"), "{err}");
+    }
+}

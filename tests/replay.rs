@@ -1,0 +1,985 @@
+//! Idempotent replay (`LockLayer::replay`) end to end: a real axum `Router` driven with
+//! `ServiceExt::oneshot`, over `MemoryNode`, one real `redis-server` and three.
+//!
+//! No sleeps sequence anything: handlers report with `Notify`s and wait on `watch`
+//! gates; expiries and effects on the nodes are observed with `support::eventually`,
+//! always with a bound that is reached only when a test fails. No timing is asserted.
+mod support;
+
+// The demo's router, as it is served (`cargo run --example orders`).
+#[path = "../examples/orders.rs"]
+#[allow(dead_code)]
+mod orders;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::post;
+use axum::{Extension, Router};
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use support::{eventually, RedisServer};
+use tokio::sync::{watch, Notify};
+use tower::ServiceExt;
+use tower_redlock::http::{
+    header, Contention, Fingerprint, Header, LockLayer, OnLost, Replay, Replaying, UnknownOutcome,
+};
+use tower_redlock::lock::Claim;
+use tower_redlock::{
+    LeaseHandle, LeaseLost, LockError, LockOptions, MemoryNode, ProblemKind, Redlock, Resource,
+};
+
+/// Generous bound for things that happen promptly; only reached when a test fails.
+const PROMPTLY: Duration = Duration::from_secs(10);
+/// Bound on waiting for a response; only reached when a test fails.
+const RESPONSE_LIMIT: Duration = Duration::from_secs(60);
+
+// ------------------------------------------------------------------------------------
+// backends
+
+/// The lock nodes of a test: in-process, or real `redis-server`s.
+enum Backend {
+    Memory(MemoryNode),
+    Redis(Vec<RedisServer>),
+}
+
+impl Backend {
+    fn memory() -> Backend {
+        Backend::Memory(MemoryNode::new())
+    }
+
+    fn redis(n: usize) -> Backend {
+        Backend::Redis(RedisServer::start_many(n))
+    }
+
+    /// Every backend a rule is checked on: `MemoryNode`, one Redis, three Redis.
+    fn all() -> Vec<Backend> {
+        vec![Backend::memory(), Backend::redis(1), Backend::redis(3)]
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Backend::Memory(_) => "memory".to_owned(),
+            Backend::Redis(servers) => format!("{} redis", servers.len()),
+        }
+    }
+
+    fn locker(&self, options: LockOptions) -> Redlock {
+        match self {
+            Backend::Memory(node) => Redlock::new([node.clone()], options).unwrap(),
+            Backend::Redis(servers) => {
+                Redlock::connect(servers.iter().map(RedisServer::url), options).unwrap()
+            }
+        }
+    }
+
+    fn servers(&mut self) -> &mut [RedisServer] {
+        match self {
+            Backend::Redis(servers) => servers,
+            Backend::Memory(_) => panic!("not a Redis backend"),
+        }
+    }
+
+    /// The state of the record key on every node: `pending`, `done` or `None`.
+    fn record_states(&self, resource: &Resource) -> Vec<Option<String>> {
+        let key = record_key(resource);
+        match self {
+            Backend::Memory(node) => {
+                vec![node.get(&key).map(|value| match value.split(' ').next() {
+                    Some("P") => "pending".to_owned(),
+                    Some("D") => "done".to_owned(),
+                    other => panic!("unexpected record {other:?}"),
+                })]
+            }
+            Backend::Redis(servers) => servers
+                .iter()
+                .map(|server| server.cmd(&["HGET", &key, "state"]).to_string_lossy())
+                .collect(),
+        }
+    }
+
+    /// `true` once no node has the record key any more.
+    fn record_gone(&self, resource: &Resource) -> bool {
+        self.record_states(resource).iter().all(Option::is_none)
+    }
+
+    /// The record key on every node, for failure messages.
+    fn dump(&self, resource: &Resource) -> String {
+        let key = record_key(resource);
+        match self {
+            Backend::Memory(node) => format!("{:?}", node.get(&key)),
+            Backend::Redis(servers) => servers
+                .iter()
+                .map(|server| {
+                    let fields = server.cmd(&["HMGET", &key, "state", "token", "orphan"]);
+                    let pttl = server.pttl(&key);
+                    format!("{fields:?} pttl {pttl}")
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        }
+    }
+
+    /// Waits until no node has the record key any more.
+    async fn wait_record_gone(&self, what: &str, resource: &Resource) {
+        let start = std::time::Instant::now();
+        while !self.record_gone(resource) {
+            if start.elapsed() > PROMPTLY {
+                panic!("{}: {what}: still {}", self.name(), self.dump(resource));
+            }
+            tokio::time::sleep(support::POLL_INTERVAL).await;
+        }
+    }
+}
+
+/// A per-node timeout that a loaded test machine does not exceed by accident (a killed
+/// node fails at once; a paused one costs this much per call).
+fn options() -> LockOptions {
+    LockOptions::default().node_timeout(Duration::from_millis(250))
+}
+
+/// The Redis key of a resource's record under the default prefix.
+fn record_key(resource: &Resource) -> String {
+    format!("redlock:{{{}}}:record", resource.as_str())
+}
+
+fn payments_resource(key: &str) -> Resource {
+    Resource::new("POST").join("/payments").join(key)
+}
+
+// ------------------------------------------------------------------------------------
+// the app
+
+/// A `POST /payments` handler that counts its runs (the ledger) and can be held at a
+/// gate, answer 500 on its first runs, or wait for its lease to be lost.
+#[derive(Clone, Default)]
+struct Payments {
+    runs: Arc<AtomicUsize>,
+    entered: Arc<Notify>,
+    gate: Option<watch::Sender<bool>>,
+    fail_first: usize,
+    wait_for_loss: Arc<AtomicBool>,
+}
+
+impl Payments {
+    fn gated() -> Self {
+        Payments {
+            gate: Some(watch::channel(false).0),
+            ..Payments::default()
+        }
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    fn open_gate(&self) {
+        self.gate
+            .as_ref()
+            .expect("a gated handler")
+            .send_replace(true);
+    }
+
+    fn app(&self, layer: ReplayLayer) -> Router {
+        let payments = self.clone();
+        Router::new()
+            .route(
+                "/payments",
+                post(move |lease: Extension<LeaseHandle>, body: Bytes| {
+                    let payments = payments.clone();
+                    async move { payments.pay(lease.0, body).await }
+                }),
+            )
+            .route_layer(layer)
+    }
+
+    async fn pay(&self, lease: LeaseHandle, body: Bytes) -> Response<Body> {
+        let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        self.entered.notify_one();
+        if let Some(gate) = &self.gate {
+            let mut open = gate.subscribe();
+            let _ = open.wait_for(|open| *open).await;
+        }
+        if self.wait_for_loss.load(Ordering::SeqCst) {
+            lease.lost().await;
+        }
+        if run <= self.fail_first {
+            return Response::builder()
+                .status(StatusCode::INTERNAL_SERVER_ERROR)
+                .body(Body::from("payment provider down"))
+                .unwrap();
+        }
+        // Bytes that are not UTF-8 too: the replay must be byte-identical.
+        let mut payload = format!("{{\"payment\":{run},\"echo\":{}}}", body.len()).into_bytes();
+        payload.extend_from_slice(&[0, 0xff, b'\n']);
+        Response::builder()
+            .status(StatusCode::CREATED)
+            .header(CONTENT_TYPE, "application/json")
+            .header(LOCATION, format!("/payments/pay_{run}"))
+            .header("x-extra", "one")
+            .header("x-extra", "two")
+            .header("x-private", format!("run {run}"))
+            .body(Body::from(payload))
+            .unwrap()
+    }
+}
+
+type ReplayLayer = LockLayer<Replaying<Header>>;
+
+/// Replay on the `Idempotency-Key` header. Waits for the lock: a request sent right
+/// after another may find its lock still being released in the background.
+fn layer(locker: Redlock, replay: Replay) -> ReplayLayer {
+    LockLayer::new(locker, header("Idempotency-Key"))
+        .contention(Contention::Wait {
+            timeout: RESPONSE_LIMIT,
+        })
+        .replay(replay)
+}
+
+fn pay(key: &str, body: &'static str) -> Request<Body> {
+    Request::post("/payments")
+        .header("idempotency-key", key)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .unwrap()
+}
+
+/// A response, read to the end.
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    extensions: http::Extensions,
+    body: Bytes,
+}
+
+impl Answer {
+    async fn read<B>(response: Response<B>) -> Answer
+    where
+        B: http_body::Body,
+        B::Error: std::fmt::Debug,
+    {
+        let (parts, body) = response.into_parts();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            extensions: parts.extensions,
+            body: body.collect().await.unwrap().to_bytes(),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect()
+    }
+
+    fn replayed(&self) -> bool {
+        match self.header("idempotent-replayed") {
+            Some("true") => true,
+            None => false,
+            other => panic!("Idempotent-Replayed: {other:?}"),
+        }
+    }
+
+    /// Checks the problem envelope and the code; returns the JSON body.
+    fn assert_problem(&self, status: StatusCode, code: &str) -> serde_json::Value {
+        assert_eq!(self.status, status, "{:?}", self.body);
+        assert_eq!(
+            self.header(CONTENT_TYPE.as_str()),
+            Some("application/problem+json")
+        );
+        assert_eq!(self.header(CACHE_CONTROL.as_str()), Some("no-store"));
+        let json: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
+        let kind = ProblemKind::from_type_uri(json["type"].as_str().unwrap()).unwrap();
+        assert_eq!(kind.code(), code, "{json}");
+        assert_eq!(json["status"], status.as_u16());
+        assert!(!self.replayed(), "a problem is never a replay");
+        json
+    }
+
+    fn retry_after(&self) -> u64 {
+        self.header(RETRY_AFTER.as_str())
+            .expect("Retry-After")
+            .parse()
+            .unwrap()
+    }
+}
+
+async fn send(app: &Router, request: Request<Body>) -> Answer {
+    let response = tokio::time::timeout(RESPONSE_LIMIT, app.clone().oneshot(request))
+        .await
+        .expect("no response")
+        .unwrap();
+    Answer::read(response).await
+}
+
+/// Status, the allowed headers and the body are those of `first`; the handler's other
+/// headers are not replayed; the replay says so.
+fn assert_replay_of(first: &Answer, replay: &Answer) {
+    assert!(!first.replayed());
+    assert!(
+        replay.replayed(),
+        "not a replay: {} {:?} {:?}",
+        replay.status,
+        replay.headers,
+        replay.body
+    );
+    assert_eq!(replay.status, first.status);
+    assert_eq!(replay.body, first.body, "the body is byte-identical");
+    for name in ["content-type", "location", "fencing-token"] {
+        assert_eq!(replay.all(name), first.all(name), "header {name}");
+    }
+    // Replayed only when allowed (`Replay::allow_header`), then every value, in order.
+    let extra = replay.all("x-extra");
+    assert!(
+        extra.is_empty() || extra == first.all("x-extra"),
+        "{extra:?}"
+    );
+    assert_eq!(replay.header("x-private"), None, "not on the allow-list");
+}
+
+// ------------------------------------------------------------------------------------
+// replay, 422
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_response_is_replayed_byte_identical() {
+    for backend in Backend::all() {
+        let payments = Payments::default();
+        let app = payments.app(layer(
+            backend.locker(options()),
+            Replay::new().allow_header("x-extra"),
+        ));
+        let first = send(&app, pay("k-1", r#"{"amount":100}"#)).await;
+        assert_eq!(first.status, StatusCode::CREATED, "{}", backend.name());
+        assert!(first.header("fencing-token").is_some());
+        assert_eq!(first.all("x-extra"), ["one", "two"]);
+        assert!(first.header("x-private").is_some());
+        assert!(first.body.ends_with(&[0, 0xff, b'\n']));
+        // Recorded on a majority before the answer; on the others soon after.
+        let resource = payments_resource("k-1");
+        let states = backend.record_states(&resource);
+        let done = states
+            .iter()
+            .filter(|s| s.as_deref() == Some("done"))
+            .count();
+        assert!(done > states.len() / 2, "{}: {states:?}", backend.name());
+        eventually("recorded on every node", PROMPTLY, || {
+            backend
+                .record_states(&resource)
+                .iter()
+                .all(|state| state.as_deref() == Some("done"))
+        })
+        .await;
+
+        for _ in 0..2 {
+            let again = send(&app, pay("k-1", r#"{"amount":100}"#)).await;
+            assert_replay_of(&first, &again);
+            assert_eq!(again.all("x-extra"), ["one", "two"]);
+        }
+        assert_eq!(
+            payments.runs(),
+            1,
+            "{}: the ledger counts one payment",
+            backend.name()
+        );
+
+        // Another key is another payment.
+        let other = send(&app, pay("k-2", r#"{"amount":100}"#)).await;
+        assert_eq!(other.status, StatusCode::CREATED);
+        assert!(!other.replayed());
+        assert_eq!(payments.runs(), 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_key_with_another_body_gets_422() {
+    for backend in Backend::all() {
+        let payments = Payments::default();
+        let app = payments.app(layer(backend.locker(options()), Replay::new()));
+        let first = send(&app, pay("k", r#"{"amount":100}"#)).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        let changed = send(&app, pay("k", r#"{"amount":999}"#)).await;
+        let json =
+            changed.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused");
+        assert_eq!(json["resource"], payments_resource("k").as_str());
+        assert_eq!(payments.runs(), 1, "{}", backend.name());
+        // The original request still replays.
+        let again = send(&app, pay("k", r#"{"amount":100}"#)).await;
+        assert_replay_of(&first, &again);
+    }
+}
+
+#[tokio::test]
+async fn the_fingerprint_can_cover_selected_fields_or_nothing() {
+    let payments = Payments::default();
+    let app = payments.app(layer(
+        Redlock::in_memory(),
+        Replay::new().fingerprint(Fingerprint::json_fields(["/amount"])),
+    ));
+    let first = send(&app, pay("k", r#"{"amount":100,"note":"a"}"#)).await;
+    let other_note = send(&app, pay("k", r#"{"note":"b","amount":100}"#)).await;
+    assert_replay_of(&first, &other_note);
+    send(&app, pay("k", r#"{"amount":1}"#))
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused");
+    send(&app, pay("k", "not json"))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, "body-not-json");
+
+    let payments = Payments::default();
+    let app = payments.app(layer(
+        Redlock::in_memory(),
+        Replay::new().fingerprint(Fingerprint::none()),
+    ));
+    let first = send(&app, pay("k", "a")).await;
+    assert_replay_of(&first, &send(&app, pay("k", "b")).await);
+    assert_eq!(payments.runs(), 1);
+}
+
+// ------------------------------------------------------------------------------------
+// concurrency: 409 in Reject mode, the replay in Wait mode
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_flight_gets_409_request_in_progress() {
+    for backend in Backend::all() {
+        let payments = Payments::gated();
+        let app = payments.app(
+            LockLayer::new(backend.locker(options()), header("Idempotency-Key"))
+                .contention(Contention::Reject)
+                .replay(Replay::new()),
+        );
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move { send(&app, pay("k", "{}")).await }
+        });
+        payments.entered.notified().await;
+
+        let concurrent = send(&app, pay("k", "{}")).await;
+        let json = concurrent.assert_problem(StatusCode::CONFLICT, "request-in-progress");
+        assert!(concurrent.retry_after() >= 1);
+        assert!(json["retry_after_ms"].as_u64().is_some());
+        // Even with another body: the first is still in flight.
+        send(&app, pay("k", r#"{"other":1}"#))
+            .await
+            .assert_problem(StatusCode::CONFLICT, "request-in-progress");
+
+        payments.open_gate();
+        let first = first.await.unwrap();
+        assert_eq!(first.status, StatusCode::CREATED, "{}", backend.name());
+        assert_replay_of(&first, &send(&app, pay("k", "{}")).await);
+        assert_eq!(payments.runs(), 1, "{}", backend.name());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_wait_mode_the_waiter_gets_the_replay() {
+    for backend in Backend::all() {
+        let payments = Payments::gated();
+        let locker = backend.locker(options());
+        let app = payments.app(
+            LockLayer::new(locker.clone(), header("Idempotency-Key"))
+                .contention(Contention::Wait {
+                    timeout: RESPONSE_LIMIT,
+                })
+                .replay(Replay::new()),
+        );
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move { send(&app, pay("k", "{}")).await }
+        });
+        payments.entered.notified().await;
+        let waiter = tokio::spawn({
+            let app = app.clone();
+            async move { send(&app, pay("k", "{}")).await }
+        });
+        // The waiter found no record and queues for the lock.
+        eventually("the second request waits for the lock", PROMPTLY, || {
+            locker.metrics().waits >= 1
+        })
+        .await;
+        payments.open_gate();
+
+        let first = first.await.unwrap();
+        let waiter = waiter.await.unwrap();
+        assert_eq!(first.status, StatusCode::CREATED, "{}", backend.name());
+        assert_replay_of(&first, &waiter);
+        assert_eq!(payments.runs(), 1, "{}", backend.name());
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// what is not recorded
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_are_not_recorded_and_the_retry_runs_again() {
+    for backend in Backend::all() {
+        let payments = Payments {
+            fail_first: 1,
+            ..Payments::default()
+        };
+        let app = payments.app(layer(backend.locker(options()), Replay::new()));
+        let failed = send(&app, pay("k", "{}")).await;
+        assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!failed.replayed());
+        let resource = payments_resource("k");
+        backend
+            .wait_record_gone("no record, no pending marker", &resource)
+            .await;
+
+        let retry = send(&app, pay("k", "{}")).await;
+        assert_eq!(
+            retry.status,
+            StatusCode::CREATED,
+            "{}: {:?}; now {}",
+            backend.name(),
+            retry.body,
+            backend.dump(&resource)
+        );
+        assert!(!retry.replayed());
+        assert_eq!(payments.runs(), 2);
+        assert_replay_of(&retry, &send(&app, pay("k", "{}")).await);
+        assert_eq!(payments.runs(), 2);
+    }
+}
+
+#[tokio::test]
+async fn which_statuses_are_recorded_is_configurable() {
+    let payments = Payments {
+        fail_first: 1,
+        ..Payments::default()
+    };
+    let app = payments.app(layer(
+        Redlock::in_memory(),
+        Replay::new().store_if(|status| status != StatusCode::CREATED),
+    ));
+    let failed = send(&app, pay("k", "{}")).await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let again = send(&app, pay("k", "{}")).await;
+    assert!(again.replayed(), "the 500 was recorded, as Stripe does");
+    assert_eq!(again.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(again.body, failed.body);
+    assert_eq!(payments.runs(), 1);
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_are_sent_but_not_recorded() {
+    let node = MemoryNode::new();
+    let payments = Payments::default();
+    let app = payments.app(layer(
+        Redlock::new([node.clone()], options()).unwrap(),
+        Replay::new().max_body(8),
+    ));
+    let first = send(&app, pay("k", "{}")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(first.body.len() > 8, "sent whole");
+    assert_eq!(node.get(&record_key(&payments_resource("k"))), None);
+    let second = send(&app, pay("k", "{}")).await;
+    assert!(!second.replayed());
+    assert_eq!(payments.runs(), 2);
+
+    // Request bodies are read for the fingerprint up to their own limit.
+    let app = payments.app(layer(
+        Redlock::in_memory(),
+        Replay::new().max_request_body(4),
+    ));
+    send(&app, pay("k", "0123456789"))
+        .await
+        .assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large");
+    assert_eq!(payments.runs(), 2);
+}
+
+// ------------------------------------------------------------------------------------
+// failures: a node down, a lost lease, retention
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_survives_one_node_killed() {
+    let mut backend = Backend::redis(3);
+    let payments = Payments::default();
+    let app = payments.app(layer(backend.locker(options()), Replay::new()));
+    let first = send(&app, pay("k", "{}")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+
+    backend.servers()[0].kill();
+    assert_replay_of(&first, &send(&app, pay("k", "{}")).await);
+    send(&app, pay("k", r#"{"x":1}"#))
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused");
+    assert_eq!(payments.runs(), 1);
+
+    // Restarted empty, the node has no record; the majority still answers.
+    backend.servers()[0].restart();
+    assert_replay_of(&first, &send(&app, pay("k", "{}")).await);
+    assert_eq!(payments.runs(), 1);
+}
+
+/// ttl 2 s: a lease whose majority stops answering is lost quickly.
+fn short_lease_options() -> LockOptions {
+    options().ttl(Duration::from_secs(2))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_records_nothing_then_the_key_answers_outcome_unknown_then_runs_again() {
+    let mut backend = Backend::redis(3);
+    let payments = Payments::default();
+    payments.wait_for_loss.store(true, Ordering::SeqCst);
+    let unknown_for = Duration::from_millis(300);
+    let app = payments.app(
+        LockLayer::new(
+            backend.locker(short_lease_options()),
+            header("Idempotency-Key"),
+        )
+        .on_lost(OnLost::Continue)
+        .contention(Contention::Wait {
+            timeout: RESPONSE_LIMIT,
+        })
+        .replay(Replay::new().unknown_outcome(UnknownOutcome::ReexecuteAfter(unknown_for))),
+    );
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, pay("k", "{}")).await }
+    });
+    payments.entered.notified().await;
+    backend.servers()[0].pause();
+    backend.servers()[1].pause();
+    let first = first.await.unwrap();
+    backend.servers()[0].resume();
+    backend.servers()[1].resume();
+
+    // The handler finished after the loss: its response is passed on, marked, and not
+    // recorded (a holder without its lease writes nothing).
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(first.extensions.get::<LeaseLost>().is_some());
+    assert!(!first.replayed());
+    let resource = payments_resource("k");
+    let states = backend.record_states(&resource);
+    assert!(
+        states.iter().all(|s| s.as_deref() != Some("done")),
+        "no record: {states:?}"
+    );
+    assert!(states.iter().any(|s| s.as_deref() == Some("pending")));
+
+    // The lost lease's key is gone everywhere (released, or expired during the pause).
+    let lock_key = format!("redlock:{{{}}}", resource.as_str());
+    eventually("the lost lease's lock keys are gone", PROMPTLY, || {
+        backend
+            .servers()
+            .iter()
+            .all(|server| !server.exists(&lock_key))
+    })
+    .await;
+
+    // Whether the payment happened is unknown: the key says so, for a while.
+    let unknown = send(&app, pay("k", "{}")).await;
+    unknown.assert_problem(StatusCode::CONFLICT, "outcome-unknown");
+    assert_eq!(unknown.retry_after(), 1);
+    assert_eq!(payments.runs(), 1);
+
+    // Once the interrupted attempt's marker has expired, the request runs again.
+    backend
+        .wait_record_gone("the orphaned marker expires", &resource)
+        .await;
+    payments.wait_for_loss.store(false, Ordering::SeqCst);
+    let rerun = send(&app, pay("k", "{}")).await;
+    assert_eq!(payments.runs(), 2, "the handler ran again");
+    assert_eq!(rerun.status, StatusCode::CREATED);
+    assert!(!rerun.replayed());
+    eventually(
+        "the re-executed outcome is recorded everywhere",
+        PROMPTLY,
+        || {
+            backend
+                .record_states(&resource)
+                .iter()
+                .all(|s| s.as_deref() == Some("done"))
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_request_blocks_its_key_until_the_configured_time() {
+    // The handler future is dropped mid-way (the client went away): outcome unknown.
+    let node = MemoryNode::new();
+    let payments = Payments::gated();
+    let unknown_for = Duration::from_millis(200);
+    let app = payments.app(layer(
+        Redlock::new([node.clone()], options()).unwrap(),
+        Replay::new().unknown_outcome(UnknownOutcome::ReexecuteAfter(unknown_for)),
+    ));
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, pay("k", "{}")).await }
+    });
+    payments.entered.notified().await;
+    first.abort();
+    let _ = first.await;
+    let resource = payments_resource("k");
+    let lock_key = format!("redlock:{{{}}}", resource.as_str());
+    eventually("the dropped request's lock is released", PROMPTLY, || {
+        node.get(&lock_key).is_none()
+    })
+    .await;
+
+    let unknown = send(&app, pay("k", "{}")).await;
+    unknown.assert_problem(StatusCode::CONFLICT, "outcome-unknown");
+    eventually("the orphaned marker expires", PROMPTLY, || {
+        node.get(&record_key(&resource)).is_none()
+    })
+    .await;
+    payments.open_gate();
+    let rerun = send(&app, pay("k", "{}")).await;
+    assert_eq!(rerun.status, StatusCode::CREATED);
+    assert_eq!(payments.runs(), 2);
+
+    // With `Refuse`, the key keeps answering until the retention ends.
+    let payments = Payments::gated();
+    let app = payments.app(layer(
+        Redlock::new([node.clone()], options()).unwrap(),
+        Replay::new().unknown_outcome(UnknownOutcome::Refuse),
+    ));
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, pay("r", "{}")).await }
+    });
+    payments.entered.notified().await;
+    first.abort();
+    let _ = first.await;
+    let resource = payments_resource("r");
+    let lock_key = format!("redlock:{{{}}}", resource.as_str());
+    eventually("the dropped request's lock is released", PROMPTLY, || {
+        node.get(&lock_key).is_none()
+    })
+    .await;
+    let unknown = send(&app, pay("r", "{}")).await;
+    unknown.assert_problem(StatusCode::CONFLICT, "outcome-unknown");
+    assert!(unknown.retry_after() > 3600, "until the retention ends");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_retention_the_key_runs_again() {
+    for backend in Backend::all() {
+        let payments = Payments::default();
+        let app = payments.app(layer(
+            backend.locker(options()),
+            Replay::new().retention(Duration::from_millis(300)),
+        ));
+        let first = send(&app, pay("k", "{}")).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        let resource = payments_resource("k");
+        eventually("the record expires", PROMPTLY, || {
+            backend.record_gone(&resource)
+        })
+        .await;
+        let again = send(&app, pay("k", "{}")).await;
+        assert_eq!(again.status, StatusCode::CREATED, "{}", backend.name());
+        assert!(!again.replayed());
+        assert_eq!(payments.runs(), 2);
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// tenants
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_with_the_same_key_get_their_own_records() {
+    for backend in Backend::all() {
+        let payments = Payments::default();
+        let app = payments.app(layer(
+            backend.locker(options()),
+            Replay::new().tenant(header("Authorization")),
+        ));
+        let as_user = |user: &str, body: &'static str| {
+            let mut request = pay("same-key", body);
+            request
+                .headers_mut()
+                .insert("authorization", format!("Bearer {user}").parse().unwrap());
+            request
+        };
+        let alice = send(&app, as_user("alice", "{}")).await;
+        let bob = send(&app, as_user("bob", r#"{"different":"body"}"#)).await;
+        assert_eq!(bob.status, StatusCode::CREATED, "{}", backend.name());
+        assert!(!bob.replayed(), "bob's key is not alice's");
+        assert_ne!(alice.body, bob.body);
+        assert_eq!(payments.runs(), 2);
+        assert_replay_of(&alice, &send(&app, as_user("alice", "{}")).await);
+        assert_replay_of(
+            &bob,
+            &send(&app, as_user("bob", r#"{"different":"body"}"#)).await,
+        );
+        // Without a tenant: a third, anonymous scope.
+        let anonymous = send(&app, pay("same-key", "{}")).await;
+        assert!(!anonymous.replayed());
+        assert_eq!(payments.runs(), 3);
+        if let Backend::Redis(servers) = &backend {
+            let keys = servers[0].keys("*");
+            assert!(
+                keys.iter()
+                    .all(|k| !k.contains("alice") && !k.contains("Bearer")),
+                "{keys:?}"
+            );
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// the engine: records are written only under a live lock key
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_lock_key_was_taken_cannot_write_the_record() {
+    for backend in [Backend::memory(), Backend::redis(3)] {
+        let locker = backend.locker(options());
+        let resource = Resource::new("engine").join("k");
+        let lease = locker.try_acquire(&resource).await.unwrap();
+        assert_eq!(
+            lease
+                .claim_record(b"fp", Duration::from_secs(60), None)
+                .await
+                .unwrap(),
+            Claim::Claimed
+        );
+        // Someone else owns the lock key now on a majority (it expired and was taken,
+        // as after a long pause); the local lease does not know yet.
+        let lock_key = format!("redlock:{{{}}}", resource.as_str());
+        match &backend {
+            Backend::Memory(node) => node.set(&lock_key, "another-owner"),
+            Backend::Redis(servers) => {
+                for server in &servers[..2] {
+                    assert!(server.cmd(&["SET", &lock_key, "another-owner"]).is_ok());
+                }
+            }
+        }
+        assert!(lease.is_held(), "the loss is not noticed locally yet");
+        let refused = lease
+            .store_record(
+                b"fp",
+                Bytes::from_static(b"late outcome"),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(refused, LockError::Lost { .. }), "{refused:?}");
+        let states = backend.record_states(&resource);
+        let done = states
+            .iter()
+            .filter(|s| s.as_deref() == Some("done"))
+            .count();
+        assert!(
+            done < states.len() / 2 + 1,
+            "{}: {states:?}",
+            backend.name()
+        );
+        assert_eq!(locker.read_record(&resource).await.unwrap(), None);
+        drop(lease);
+    }
+}
+
+#[tokio::test]
+async fn the_engine_api_stores_and_reads_opaque_records() {
+    let locker = Redlock::new(
+        [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()],
+        LockOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(locker.read_record("job").await.unwrap(), None);
+    let lease = locker.try_acquire("job").await.unwrap();
+    assert_eq!(
+        lease
+            .claim_record(b"f", Duration::from_secs(60), None)
+            .await
+            .unwrap(),
+        Claim::Claimed
+    );
+    lease
+        .store_record(
+            b"f",
+            Bytes::from_static(b"\x00result"),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let token = lease.fencing_token();
+    lease.release().await;
+    let record = locker.read_record("job").await.unwrap().unwrap();
+    assert_eq!(record.data(), &Bytes::from_static(b"\x00result"));
+    assert_eq!(record.fingerprint(), &Bytes::from_static(b"f"));
+    assert_eq!(record.token(), token);
+
+    // The next holder finds the outcome instead of claiming the work.
+    let lease = locker.try_acquire("job").await.unwrap();
+    match lease
+        .claim_record(b"f", Duration::from_secs(60), None)
+        .await
+        .unwrap()
+    {
+        Claim::Completed(found) => assert_eq!(found, record),
+        other => panic!("{other:?}"),
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// the orders example
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orders_example_replays_payments() {
+    let servers = RedisServer::start_many(3);
+    let app = orders::build(&orders::Config {
+        redis_urls: servers.iter().map(RedisServer::url).collect(),
+        ..orders::Config::default()
+    })
+    .unwrap();
+    let payment = |body: &'static str| {
+        Request::post("/payments?work_ms=0")
+            .header("idempotency-key", "pay-1")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let first = send(&app, payment("")).await;
+    assert_eq!(first.status, StatusCode::OK, "{:?}", first.body);
+    let again = send(&app, payment("")).await;
+    assert_replay_of(&first, &again);
+    send(&app, payment(r#"{"amount":2}"#))
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused");
+}
+
+#[tokio::test]
+async fn one_key_on_two_paths_of_one_route_is_two_requests() {
+    // `/orders/{id}/pay` with the same key: one lock, but order 8 is not order 7.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route(
+            "/orders/{id}/pay",
+            post({
+                let runs = runs.clone();
+                move || {
+                    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    async move { format!("payment {run}") }
+                }
+            }),
+        )
+        .route_layer(layer(Redlock::in_memory(), Replay::new()));
+    let order = |id: u32| {
+        Request::post(format!("/orders/{id}/pay"))
+            .header("idempotency-key", "k")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let seven = send(&app, order(7)).await;
+    assert_eq!(seven.status, StatusCode::OK);
+    send(&app, order(8))
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused");
+    assert_replay_of(&seven, &send(&app, order(7)).await);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
