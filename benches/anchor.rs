@@ -8,6 +8,12 @@
 //! Scenarios: S1 one task, acquire+release on distinct keys; S2 64 tasks on distinct
 //! keys; S3 16 tasks on one key, ~1 ms hold, a releaser waits until another task
 //! acquired (strict hand-off); S3ffa the same without that rule.
+//!
+//! `--baseline fenced` (S1/S2 only) runs, instead of the crate, the same round trips
+//! written by hand with redis-rs: the acquire pipeline (`SET NX PX`, `SET fence NX PX`,
+//! `INCR fence`) to every node, a quorum, then the release script. The anchors' raw
+//! limit does less work (a bare `SET NX PX`, no fence); this baseline separates what
+//! the crate costs from what fencing costs Redis.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +29,7 @@ struct Args {
     tasks: usize,
     target: usize,
     hold: Duration,
+    fenced_baseline: bool,
 }
 
 fn parse_args() -> Args {
@@ -34,6 +41,7 @@ fn parse_args() -> Args {
         tasks: 0,
         target: 1000,
         hold: Duration::from_millis(1),
+        fenced_baseline: false,
     };
     let argv: Vec<String> = std::env::args()
         .skip(1)
@@ -55,6 +63,7 @@ fn parse_args() -> Args {
             "--hold-ms" => {
                 args.hold = Duration::from_secs_f64(value.parse::<f64>().expect("hold") / 1e3)
             }
+            "--baseline" => args.fenced_baseline = value == "fenced",
             other => panic!("unknown flag {other}"),
         }
     }
@@ -91,17 +100,24 @@ async fn run(args: &Args) -> String {
         .ports
         .iter()
         .map(|p| format!("redis://127.0.0.1:{p}/0"));
-    let options = LockOptions::default().ttl(Duration::from_secs(30));
+    let options = LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .watchdog(std::env::var("NO_WATCHDOG").is_err());
     let locker = Redlock::connect(urls, options).expect("locker");
     let prefix = format!("bench:tower-redlock:{}", std::process::id());
     let mut fields: Vec<(&str, String)> = Vec::new();
+    let subject = if args.fenced_baseline {
+        Subject::Fenced(Arc::new(FencedRaw::connect(&args.ports).await))
+    } else {
+        Subject::Crate(locker.clone())
+    };
     match args.scenario.as_str() {
         "S1" | "S2" => {
             let warm_up = (args.cycles / 10).max(args.tasks);
-            cycles(&locker, &format!("{prefix}:w"), warm_up, args.tasks).await;
+            cycles(&subject, &format!("{prefix}:w"), warm_up, args.tasks).await;
             let start = Instant::now();
             let mut latencies =
-                cycles(&locker, &format!("{prefix}:m"), args.cycles, args.tasks).await;
+                cycles(&subject, &format!("{prefix}:m"), args.cycles, args.tasks).await;
             let elapsed = start.elapsed().as_secs_f64();
             latencies.sort_by(f64::total_cmp);
             fields.push(("ops", args.cycles.to_string()));
@@ -117,8 +133,13 @@ async fn run(args: &Args) -> String {
         }
         other => panic!("unknown scenario {other}"),
     }
+    let name = if args.fenced_baseline {
+        "raw-fenced"
+    } else {
+        "tower-redlock"
+    };
     let mut out = format!(
-        "{{\"impl\":\"tower-redlock\",\"lang\":\"rust\",\"scenario\":\"{}\",\"variant\":\"{}\",\"nodes\":{}",
+        "{{\"impl\":\"{name}\",\"lang\":\"rust\",\"scenario\":\"{}\",\"variant\":\"{}\",\"nodes\":{}",
         args.scenario,
         args.variant,
         args.ports.len()
@@ -132,11 +153,11 @@ async fn run(args: &Args) -> String {
 
 /// `total` acquire+release cycles on distinct keys over `tasks` tasks; acquire
 /// latencies in µs.
-async fn cycles(locker: &Redlock, prefix: &str, total: usize, tasks: usize) -> Vec<f64> {
+async fn cycles(subject: &Subject, prefix: &str, total: usize, tasks: usize) -> Vec<f64> {
     let next = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..tasks)
         .map(|_| {
-            let (locker, next, prefix) = (locker.clone(), next.clone(), prefix.to_owned());
+            let (subject, next, prefix) = (subject.clone(), next.clone(), prefix.to_owned());
             tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(total / tasks + 1);
                 loop {
@@ -145,10 +166,7 @@ async fn cycles(locker: &Redlock, prefix: &str, total: usize, tasks: usize) -> V
                         return latencies;
                     }
                     let key = format!("{prefix}:{i}");
-                    let start = Instant::now();
-                    let lease = locker.try_acquire(key).await.expect("uncontended acquire");
-                    latencies.push(start.elapsed().as_secs_f64() * 1e6);
-                    lease.release().await;
+                    subject.cycle(key, &mut latencies).await;
                 }
             })
         })
@@ -158,6 +176,133 @@ async fn cycles(locker: &Redlock, prefix: &str, total: usize, tasks: usize) -> V
         all.extend(worker.await.expect("worker"));
     }
     all
+}
+
+/// What S1/S2 measure: the crate, or the same round trips written by hand.
+#[derive(Clone)]
+enum Subject {
+    Crate(Redlock),
+    Fenced(Arc<FencedRaw>),
+}
+
+impl Subject {
+    /// One acquire + release on a fresh key; records the acquire latency in µs.
+    async fn cycle(&self, key: String, latencies: &mut Vec<f64>) {
+        let start = Instant::now();
+        match self {
+            Subject::Crate(locker) => {
+                let lease = locker.try_acquire(key).await.expect("uncontended acquire");
+                latencies.push(start.elapsed().as_secs_f64() * 1e6);
+                lease.release().await;
+            }
+            Subject::Fenced(raw) => {
+                let owner = raw.acquire(&key).await;
+                latencies.push(start.elapsed().as_secs_f64() * 1e6);
+                raw.release(&key, &owner).await;
+            }
+        }
+    }
+}
+
+/// The crate's round trips by hand: one multiplexed connection per node, the acquire
+/// pipeline on every node at once, return at a quorum (stragglers finish in the
+/// background), then the release script on every node.
+struct FencedRaw {
+    conns: Vec<redis::aio::MultiplexedConnection>,
+    quorum: usize,
+    release: redis::Script,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl FencedRaw {
+    async fn connect(ports: &[u16]) -> FencedRaw {
+        let mut conns = Vec::new();
+        for port in ports {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{port}/0")).expect("url");
+            conns.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect"),
+            );
+        }
+        FencedRaw {
+            quorum: conns.len() / 2 + 1,
+            conns,
+            release: redis::Script::new(
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) \
+                 redis.call('PUBLISH', ARGV[2], '') return 1 end return 0",
+            ),
+            next: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    async fn acquire(&self, key: &str) -> String {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let owner = format!(
+            "{:x}-{}",
+            std::process::id(),
+            self.next.fetch_add(1, Ordering::Relaxed)
+        );
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64 * 1024);
+        let mut calls: FuturesUnordered<_> = self
+            .conns
+            .iter()
+            .map(|conn| {
+                let mut conn = conn.clone();
+                let mut pipe = redis::pipe();
+                pipe.cmd("SET")
+                    .arg(format!("{{{key}}}"))
+                    .arg(&owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000)
+                    .cmd("SET")
+                    .arg(format!("{{{key}}}:fence"))
+                    .arg(seed)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(604_800_000u64)
+                    .ignore()
+                    .cmd("INCR")
+                    .arg(format!("{{{key}}}:fence"));
+                async move {
+                    let reply: redis::RedisResult<(redis::Value, i64)> =
+                        pipe.query_async(&mut conn).await;
+                    matches!(reply, Ok((redis::Value::Okay, _)))
+                }
+            })
+            .collect();
+        let mut granted = 0;
+        while let Some(ok) = calls.next().await {
+            granted += usize::from(ok);
+            if granted >= self.quorum {
+                break;
+            }
+        }
+        if !calls.is_empty() {
+            tokio::spawn(calls.for_each(|_| async {}));
+        }
+        assert!(granted >= self.quorum, "uncontended acquire");
+        owner
+    }
+
+    async fn release(&self, key: &str, owner: &str) {
+        let calls = self.conns.iter().map(|conn| {
+            let mut conn = conn.clone();
+            let mut invocation = self.release.prepare_invoke();
+            invocation
+                .key(format!("{{{key}}}"))
+                .arg(owner)
+                .arg(format!("{{{key}}}:released"));
+            async move {
+                let _: redis::RedisResult<i64> = invocation.invoke_async(&mut conn).await;
+            }
+        });
+        futures_util::future::join_all(calls).await;
+    }
 }
 
 #[derive(Default)]

@@ -176,6 +176,11 @@ async fn key_tampered_on_a_majority(tamper: impl Fn(&RedisServer, &str)) -> Vec<
     let holder = locker(&servers, short(600));
     let lease = holder.try_acquire("wd:tamper").await.unwrap();
     let key = lock_key("wd:tamper");
+    // Acquire returns at a majority; the third node's SET may still be on its way.
+    eventually("every node holds the key", LIMIT, || {
+        servers.iter().all(|s| s.exists(&key))
+    })
+    .await;
     // On a minority only: the majority still renews it.
     tamper(&servers[0], &key);
     renewed_twice_more(&holder).await;

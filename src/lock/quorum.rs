@@ -245,13 +245,21 @@ impl Nodes {
     /// still pending then finish in the background.
     pub(crate) async fn fan_out<T: Send + 'static>(
         &self,
-        targets: impl IntoIterator<Item = usize>,
+        targets: impl IntoIterator<Item = usize, IntoIter: ExactSizeIterator>,
         timeout: Duration,
         mut call: impl FnMut(&dyn Node) -> NodeFuture<T>,
         mut decided: impl FnMut(usize, Result<T, NodeError>, usize) -> bool,
     ) {
+        let mut targets = targets.into_iter();
+        if targets.len() == 1 {
+            // The single-node lock: nothing to fan out, nothing to leave behind.
+            if let Some(only) = targets.next() {
+                let answer = bounded(timeout, call(&*self.list[only])).await;
+                decided(only, answer, 0);
+            }
+            return;
+        }
         let mut pending: FuturesUnordered<_> = targets
-            .into_iter()
             .map(|index| {
                 let answer = bounded(timeout, call(&*self.list[index]));
                 async move { (index, answer.await) }

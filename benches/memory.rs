@@ -1,0 +1,430 @@
+//! Memory (issue 6): bytes per held lease and per waiting acquire, counted by a global
+//! allocator that wraps the system allocator and keeps the number of live bytes and
+//! live allocations in atomics.
+//!
+//! `cargo bench --bench memory` spawns its own redis-server nodes on free loopback
+//! ports (the `tests/support` helper) and prints a markdown table. For a `MemoryNode`,
+//! 1 and 3 Redis nodes, with N = 10,000 (`-- --n N`):
+//!
+//! - **held lease**: N leases on distinct resources, each acquired with `try_acquire`
+//!   and kept in a `Vec<Lease>` (its N × `size_of::<Lease>()` counted), with the
+//!   watchdog on (the default; ttl 30 s, so no renewal runs during the measurement)
+//!   and off;
+//! - **waiting, same resource**: one lease held by this process, N spawned tasks each
+//!   `acquire(resource, 10 min)` queued behind it (the task, its future and its place
+//!   in the local queue; the `JoinHandle`s counted);
+//! - **waiting, own resource**: N resources held by another locker (another process,
+//!   as far as the nodes are concerned), N spawned tasks each waiting for one of them:
+//!   every one is the head of its own local queue, subscribed to its release channel
+//!   on every node and retrying on the fallback backoff.
+//!
+//! Each figure is (live bytes once settled − live bytes before) / N, taken after the
+//! spawned work went quiet (200 ms) as the median of 5 readings 50 ms apart; "left
+//! after" is the same difference once everything was released or cancelled (a leak
+//! shows there). Redis memory is `INFO memory` `used_memory`, summed over nodes.
+//! Repeated 3 times (`-- --reps N`); medians.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Duration;
+
+use support::RedisServer;
+use tokio::task::JoinHandle;
+use tower_redlock::{Lease, LockError, LockOptions, MemoryNode, Redlock};
+
+use common::median;
+
+/// The system allocator, counting live bytes and live allocations.
+struct Counting;
+
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+static LIVE_ALLOCS: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is forwarded to `System` with the same arguments; the counters
+// are only observed.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc(layout);
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+            LIVE_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc_zeroed(layout);
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+            LIVE_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout);
+        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        LIVE_ALLOCS.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = System.realloc(ptr, layout, new_size);
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(
+                new_size as isize - layout.size() as isize,
+                Ordering::Relaxed,
+            );
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const TTL: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(600);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Scenario {
+    Held { watchdog: bool },
+    WaitingSame,
+    WaitingOwn,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Held { watchdog: true } => "held lease, watchdog on",
+            Scenario::Held { watchdog: false } => "held lease, watchdog off",
+            Scenario::WaitingSame => {
+                "waiting acquire, same resource (queued behind a local holder)"
+            }
+            Scenario::WaitingOwn => {
+                "waiting acquire, own resource (held elsewhere; head waiter, subscribed)"
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Backend {
+    Memory,
+    Redis(usize),
+}
+
+impl Backend {
+    fn name(self) -> String {
+        match self {
+            Backend::Memory => "MemoryNode".into(),
+            Backend::Redis(1) => "Redis, 1 node".into(),
+            Backend::Redis(n) => format!("Redis, {n} nodes"),
+        }
+    }
+}
+
+/// Live bytes and allocations right now.
+fn live() -> (isize, isize) {
+    (
+        LIVE_BYTES.load(Ordering::Relaxed),
+        LIVE_ALLOCS.load(Ordering::Relaxed),
+    )
+}
+
+/// Waits for spawned work to go quiet, then the median of 5 readings 50 ms apart.
+async fn settled() -> (isize, isize) {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut bytes = Vec::new();
+    let mut allocs = Vec::new();
+    for _ in 0..5 {
+        let (b, a) = live();
+        bytes.push(b as f64);
+        allocs.push(a as f64);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (median(bytes) as isize, median(allocs) as isize)
+}
+
+struct Sample {
+    backend: Backend,
+    scenario: Scenario,
+    bytes: f64,
+    allocs: f64,
+    left: f64,
+    redis_bytes: Option<f64>,
+}
+
+fn used_memory(servers: &[RedisServer]) -> Option<f64> {
+    if servers.is_empty() {
+        return None;
+    }
+    Some(
+        servers
+            .iter()
+            .filter_map(|s| common::info_field(s, "memory", "used_memory"))
+            .filter_map(|v| v.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
+fn locker(backend: Backend, node: &MemoryNode, servers: &[RedisServer], watchdog: bool) -> Redlock {
+    let options = LockOptions::default()
+        .ttl(TTL)
+        .node_timeout(Duration::from_millis(500))
+        .watchdog(watchdog);
+    match backend {
+        Backend::Memory => Redlock::new([node.clone()], options),
+        Backend::Redis(_) => Redlock::connect(servers.iter().map(|s| s.url()), options),
+    }
+    .expect("locker")
+}
+
+fn main() {
+    let n: usize = common::flag("--n", 10_000);
+    let reps: usize = common::flag("--reps", 3);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let load_before = common::loadavg();
+    let futures = runtime.block_on(async {
+        let locker = Redlock::in_memory();
+        let sizes = {
+            let acquire = locker.acquire("r", WAIT);
+            let try_acquire = locker.try_acquire("r");
+            (
+                std::mem::size_of_val(&acquire),
+                std::mem::size_of_val(&try_acquire),
+            )
+        };
+        sizes
+    });
+    let mut samples = Vec::new();
+    for backend in [Backend::Memory, Backend::Redis(1), Backend::Redis(3)] {
+        let servers = match backend {
+            Backend::Memory => Vec::new(),
+            Backend::Redis(nodes) => RedisServer::start_many(nodes),
+        };
+        for rep in 0..reps {
+            for scenario in [
+                Scenario::Held { watchdog: true },
+                Scenario::Held { watchdog: false },
+                Scenario::WaitingSame,
+                Scenario::WaitingOwn,
+            ] {
+                let sample = runtime.block_on(measure(backend, scenario, &servers, n, rep));
+                eprintln!(
+                    "{} / {} / rep {}: {:.0} B, {:.1} allocations per item, {:.1} B left after",
+                    backend.name(),
+                    scenario.name(),
+                    rep + 1,
+                    sample.bytes,
+                    sample.allocs,
+                    sample.left
+                );
+                samples.push(sample);
+            }
+        }
+    }
+    print_table(&samples, n, reps, &load_before, futures);
+}
+
+async fn measure(
+    backend: Backend,
+    scenario: Scenario,
+    servers: &[RedisServer],
+    n: usize,
+    rep: usize,
+) -> Sample {
+    let node = MemoryNode::new();
+    let watchdog = !matches!(scenario, Scenario::Held { watchdog: false });
+    let locker = locker(backend, &node, servers, watchdog).with_max_waiters(n + 1);
+    let prefix = format!("mem:{rep}:{scenario:?}");
+    // Warm-up: connections, scripts and (for waiters) the pub/sub connection.
+    let other = locker_other(backend, &node, servers);
+    {
+        let held = other
+            .try_acquire(format!("{prefix}:warm"))
+            .await
+            .expect("warm");
+        let waiter = {
+            let locker = locker.clone();
+            let prefix = prefix.clone();
+            tokio::spawn(async move { locker.acquire(format!("{prefix}:warm"), WAIT).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        held.release().await;
+        waiter
+            .await
+            .expect("task")
+            .expect("warm acquire")
+            .release()
+            .await;
+    }
+    let (bytes0, allocs0) = settled().await;
+    let redis0 = used_memory(servers);
+    let (bytes1, allocs1, redis1);
+    match scenario {
+        Scenario::Held { .. } => {
+            let mut leases: Vec<Lease> = Vec::with_capacity(n);
+            for i in 0..n {
+                leases.push(
+                    locker
+                        .try_acquire(format!("{prefix}:{i}"))
+                        .await
+                        .expect("uncontended acquire"),
+                );
+            }
+            (bytes1, allocs1) = settled().await;
+            redis1 = used_memory(servers);
+            for lease in leases {
+                lease.release().await;
+            }
+        }
+        Scenario::WaitingSame => {
+            let held = locker
+                .try_acquire(format!("{prefix}:hot"))
+                .await
+                .expect("holder");
+            let waits0 = locker.metrics().waits;
+            let mut tasks: Vec<JoinHandle<Result<Lease, LockError>>> = Vec::with_capacity(n);
+            for _ in 0..n {
+                let locker = locker.clone();
+                let resource = format!("{prefix}:hot");
+                tasks.push(tokio::spawn(
+                    async move { locker.acquire(resource, WAIT).await },
+                ));
+            }
+            while locker.metrics().waits - waits0 < n as u64 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            (bytes1, allocs1) = settled().await;
+            redis1 = used_memory(servers);
+            for task in &tasks {
+                task.abort();
+            }
+            for task in tasks {
+                let _ = task.await;
+            }
+            held.release().await;
+        }
+        Scenario::WaitingOwn => {
+            let mut held = Vec::with_capacity(n);
+            for i in 0..n {
+                held.push(
+                    other
+                        .try_acquire(format!("{prefix}:{i}"))
+                        .await
+                        .expect("holder"),
+                );
+            }
+            // The holder's leases are not the waiters' cost.
+            let (b, a) = settled().await;
+            let r = used_memory(servers);
+            let (shift_b, shift_a) = (b - bytes0, a - allocs0);
+            let waits0 = locker.metrics().waits;
+            let mut tasks: Vec<JoinHandle<Result<Lease, LockError>>> = Vec::with_capacity(n);
+            for i in 0..n {
+                let locker = locker.clone();
+                let resource = format!("{prefix}:{i}");
+                tasks.push(tokio::spawn(
+                    async move { locker.acquire(resource, WAIT).await },
+                ));
+            }
+            // `waits` counts a caller once it subscribed and is about to wait.
+            while locker.metrics().waits - waits0 < n as u64 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let (b1, a1) = settled().await;
+            (bytes1, allocs1) = (b1 - shift_b, a1 - shift_a);
+            redis1 = match (used_memory(servers), r, redis0) {
+                (Some(now), Some(r), Some(r0)) => Some(now - (r - r0)),
+                _ => None,
+            };
+            for task in &tasks {
+                task.abort();
+            }
+            for task in tasks {
+                let _ = task.await;
+            }
+            for lease in held {
+                lease.release().await;
+            }
+        }
+    }
+    drop(other);
+    drop(locker);
+    let (bytes2, _) = settled().await;
+    let per = |x: isize| x as f64 / n as f64;
+    Sample {
+        backend,
+        scenario,
+        bytes: per(bytes1 - bytes0),
+        allocs: per(allocs1 - allocs0),
+        left: per(bytes2 - bytes0),
+        redis_bytes: match (redis0, redis1) {
+            (Some(a), Some(b)) => Some((b - a) / n as f64),
+            _ => None,
+        },
+    }
+}
+
+/// Another locker over the same nodes: "another process" to the nodes.
+fn locker_other(backend: Backend, node: &MemoryNode, servers: &[RedisServer]) -> Redlock {
+    locker(backend, node, servers, true)
+}
+
+fn print_table(
+    samples: &[Sample],
+    n: usize,
+    reps: usize,
+    load_before: &str,
+    (acquire, try_acquire): (usize, usize),
+) {
+    println!();
+    println!(
+        "N = {}, medians of {reps} repetitions; tokio multi-thread runtime; load average {load_before} → {}. \
+         size_of::<Lease>() = {} B; the future of `acquire` is {acquire} B, of `try_acquire` {try_acquire} B.",
+        common::thousands(n as f64),
+        common::loadavg(),
+        std::mem::size_of::<Lease>()
+    );
+    println!();
+    println!("| backend | what | bytes per item (client heap) | live allocations per item | bytes per item left after release/cancel | Redis used_memory per item (all nodes) |");
+    println!("|---|---|---|---|---|---|");
+    for backend in [Backend::Memory, Backend::Redis(1), Backend::Redis(3)] {
+        for scenario in [
+            Scenario::Held { watchdog: true },
+            Scenario::Held { watchdog: false },
+            Scenario::WaitingSame,
+            Scenario::WaitingOwn,
+        ] {
+            let rows: Vec<&Sample> = samples
+                .iter()
+                .filter(|s| s.backend == backend && s.scenario == scenario)
+                .collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let redis = median(rows.iter().filter_map(|s| s.redis_bytes));
+            println!(
+                "| {} | {} | {:.0} | {:.1} | {:.1} | {} |",
+                backend.name(),
+                scenario.name(),
+                median(rows.iter().map(|s| s.bytes)),
+                median(rows.iter().map(|s| s.allocs)),
+                median(rows.iter().map(|s| s.left)),
+                if redis.is_nan() {
+                    "–".to_owned()
+                } else {
+                    format!("{redis:.0}")
+                },
+            );
+        }
+    }
+}
