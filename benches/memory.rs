@@ -16,12 +16,17 @@
 //! - **waiting, own resource**: N resources held by another locker (another process,
 //!   as far as the nodes are concerned), N spawned tasks each waiting for one of them:
 //!   every one is the head of its own local queue, subscribed to its release channel
-//!   on every node and retrying on the fallback backoff.
+//!   on every node and retrying on the fallback backoff (default `Backoff`: full
+//!   jitter, capped at 500 ms). Measured 2 s after the last one started waiting, with
+//!   the retry traffic of the following second (attempts per waiter and second, Redis
+//!   commands per waiter and second).
 //!
 //! Each figure is (live bytes once settled − live bytes before) / N, taken after the
 //! spawned work went quiet (200 ms) as the median of 5 readings 50 ms apart; "left
 //! after" is the same difference once everything was released or cancelled (a leak
-//! shows there). Redis memory is `INFO memory` `used_memory`, summed over nodes.
+//! shows there; for a `MemoryNode`, whose store lives in this process, the fence
+//! counters it keeps stay too). Redis memory is `INFO memory` `used_memory`, summed over
+//! nodes, while held and after (the fence counters stay for `fence_ttl`, 7 days).
 //! Repeated 3 times (`-- --reps N`); medians.
 
 #[path = "../tests/support/mod.rs"]
@@ -128,6 +133,13 @@ impl Backend {
     }
 }
 
+fn servers_of(backend: Backend) -> usize {
+    match backend {
+        Backend::Memory => 0,
+        Backend::Redis(n) => n,
+    }
+}
+
 /// Live bytes and allocations right now.
 fn live() -> (isize, isize) {
     (
@@ -157,6 +169,10 @@ struct Sample {
     allocs: f64,
     left: f64,
     redis_bytes: Option<f64>,
+    /// Waiting on their own resource: attempts and Redis commands per waiter and second.
+    retry: Option<(f64, f64)>,
+    /// Redis memory per item once everything was released (fence counters stay).
+    redis_left: Option<f64>,
 }
 
 fn used_memory(servers: &[RedisServer]) -> Option<f64> {
@@ -269,6 +285,7 @@ async fn measure(
     let (bytes0, allocs0) = settled().await;
     let redis0 = used_memory(servers);
     let (bytes1, allocs1, redis1);
+    let mut retry = None;
     match scenario {
         Scenario::Held { .. } => {
             let mut leases: Vec<Lease> = Vec::with_capacity(n);
@@ -340,6 +357,17 @@ async fn measure(
             while locker.metrics().waits - waits0 < n as u64 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
+            // While they wait: the attempts of the fallback retry, per waiter and second,
+            // once its backoff reached its cap (after ~1 s), over one second.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            common::reset_stats(servers);
+            let (attempts0, t0) = (locker.metrics().contended, std::time::Instant::now());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let secs = t0.elapsed().as_secs_f64();
+            retry = Some((
+                (locker.metrics().contended - attempts0) as f64 / n as f64 / secs,
+                common::commands(servers) as f64 / n as f64 / secs,
+            ));
             let (b1, a1) = settled().await;
             (bytes1, allocs1) = (b1 - shift_b, a1 - shift_a);
             redis1 = match (used_memory(servers), r, redis0) {
@@ -360,6 +388,7 @@ async fn measure(
     drop(other);
     drop(locker);
     let (bytes2, _) = settled().await;
+    let redis2 = used_memory(servers);
     let per = |x: isize| x as f64 / n as f64;
     Sample {
         backend,
@@ -368,6 +397,11 @@ async fn measure(
         allocs: per(allocs1 - allocs0),
         left: per(bytes2 - bytes0),
         redis_bytes: match (redis0, redis1) {
+            (Some(a), Some(b)) => Some((b - a) / n as f64),
+            _ => None,
+        },
+        retry,
+        redis_left: match (redis0, redis2) {
             (Some(a), Some(b)) => Some((b - a) / n as f64),
             _ => None,
         },
@@ -395,8 +429,8 @@ fn print_table(
         std::mem::size_of::<Lease>()
     );
     println!();
-    println!("| backend | what | bytes per item (client heap) | live allocations per item | bytes per item left after release/cancel | Redis used_memory per item (all nodes) |");
-    println!("|---|---|---|---|---|---|");
+    println!("| backend | what | bytes per item (client heap) | live allocations per item | bytes per item left after release/cancel | Redis used_memory per item (all nodes) | Redis used_memory per item left after release/cancel | per waiter and second while waiting |");
+    println!("|---|---|---|---|---|---|---|---|");
     for backend in [Backend::Memory, Backend::Redis(1), Backend::Redis(3)] {
         for scenario in [
             Scenario::Held { watchdog: true },
@@ -412,18 +446,34 @@ fn print_table(
                 continue;
             }
             let redis = median(rows.iter().filter_map(|s| s.redis_bytes));
+            let redis_left = median(rows.iter().filter_map(|s| s.redis_left));
+            let bytes = |x: f64| {
+                if x.is_nan() {
+                    "–".to_owned()
+                } else {
+                    format!("{x:.0}")
+                }
+            };
+            let retry = if rows.iter().any(|s| s.retry.is_some()) {
+                let attempts = median(rows.iter().filter_map(|s| s.retry.map(|r| r.0)));
+                let commands = median(rows.iter().filter_map(|s| s.retry.map(|r| r.1)));
+                if servers_of(backend) == 0 {
+                    format!("{attempts:.1} attempts")
+                } else {
+                    format!("{attempts:.1} attempts, {commands:.1} commands")
+                }
+            } else {
+                "–".to_owned()
+            };
             println!(
-                "| {} | {} | {:.0} | {:.1} | {:.1} | {} |",
+                "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {retry} |",
                 backend.name(),
                 scenario.name(),
                 median(rows.iter().map(|s| s.bytes)),
                 median(rows.iter().map(|s| s.allocs)),
                 median(rows.iter().map(|s| s.left)),
-                if redis.is_nan() {
-                    "–".to_owned()
-                } else {
-                    format!("{redis:.0}")
-                },
+                bytes(redis),
+                bytes(redis_left),
             );
         }
     }

@@ -107,14 +107,20 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Median of some values (the lower middle one for an even count); NaN when empty.
+/// Median of some values (the mean of the two middle ones for an even count); NaN
+/// when empty.
 pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
     let mut values: Vec<f64> = values.into_iter().collect();
     if values.is_empty() {
         return f64::NAN;
     }
     values.sort_by(f64::total_cmp);
-    values[(values.len() - 1) / 2]
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
 }
 
 /// Milliseconds with three decimals.

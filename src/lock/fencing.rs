@@ -64,7 +64,7 @@
 //!   [`LockOptions::fence_ttl`](crate::LockOptions::fence_ttl) passes, so keep the
 //!   application hosts' clocks in sync (NTP in slew mode) to well within a lock ttl.
 //! - **The counter's own lifetime** ([`LockOptions::fence_ttl`](crate::LockOptions::fence_ttl),
-//!   7 days from its creation by default) only bounds memory: when it expires the
+//!   one hour from its creation by default) only bounds memory: when it expires the
 //!   counter is re-created from the clock, which is still above every earlier token.
 //! - **The storage must check the token.** A token the storage ignores protects nothing.
 

@@ -328,6 +328,10 @@ impl Redlock {
             };
             if woken {
                 shared.metrics.wakeups.inc();
+                // A release starts a new race: should this waiter lose it (a split vote
+                // among the woken), its next try comes after a short random delay,
+                // not after the long one its earlier waiting had grown to.
+                attempt = 0;
             } else if Instant::now() >= deadline {
                 return Err(timeout(holder_ttl));
             }

@@ -50,7 +50,7 @@ impl Default for LockOptions {
             min_validity: Duration::from_millis(5),
             retry: Arc::new(Backoff::default()),
             key_prefix: "redlock:".to_owned(),
-            fence_ttl: Duration::from_secs(7 * 24 * 3600),
+            fence_ttl: Duration::from_secs(3600),
             watchdog: true,
             max_hold: None,
             max_waiters: 1000,
@@ -100,7 +100,7 @@ impl LockOptions {
         self
     }
 
-    /// Time to live of the fence counters, from their creation (default 7 days). Each
+    /// Time to live of the fence counters, from their creation (default 1 hour). Each
     /// resource ever locked keeps one small counter key per node this long; an expired
     /// counter is re-created from the clock, still above every earlier token.
     pub fn fence_ttl(mut self, ttl: Duration) -> Self {
