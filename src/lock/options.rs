@@ -60,7 +60,8 @@ impl Default for LockOptions {
 
 impl LockOptions {
     /// Lease time to live (default 10 s). A holder that crashes blocks the resource for
-    /// at most this long; the watchdog renews live leases every `ttl / 3`.
+    /// at most this long; the watchdog renews live leases every `ttl / 4` to `ttl / 3`
+    /// (jittered, so leases taken together do not renew together).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self

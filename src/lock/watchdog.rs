@@ -36,9 +36,12 @@ async fn renew(inner: &LeaseInner) {
             return;
         }
         let deadline = status.valid_until;
-        // Renew when a third of the validity is used up.
+        // Renew when a third of the validity is used up, less a random twelfth: leases
+        // taken together (a burst of requests) must not renew in lockstep forever,
+        // sending every node thousands of extends in the same instant.
+        let left = validity.mul_f64(2.0 / 3.0 + rand::random::<f64>() / 12.0);
         let renew_at = deadline
-            .checked_sub(validity * 2 / 3)
+            .checked_sub(left)
             .unwrap_or(deadline)
             .max(Instant::now());
         tokio::time::sleep_until(renew_at).await;
