@@ -102,7 +102,8 @@ async fn run(args: &Args) -> String {
         .map(|p| format!("redis://127.0.0.1:{p}/0"));
     let options = LockOptions::default()
         .ttl(Duration::from_secs(30))
-        .watchdog(std::env::var("NO_WATCHDOG").is_err());
+        .watchdog(std::env::var("NO_WATCHDOG").is_err())
+        .fencing(std::env::var("NO_FENCING").is_err());
     let locker = Redlock::connect(urls, options).expect("locker");
     let prefix = format!("bench:tower-redlock:{}", std::process::id());
     let mut fields: Vec<(&str, String)> = Vec::new();

@@ -820,3 +820,33 @@ async fn held_carries_the_holders_ttl_on_three_nodes() {
 async fn held_carries_the_holders_ttl_on_one_node() {
     held_reports_holder_ttl(1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fencing_an_acquisition_is_one_set_per_node() {
+    let servers = RedisServer::start_many(3);
+    let locker = locker(&servers, options().fencing(false));
+    warm_up(&locker, &servers).await;
+    for s in &servers {
+        s.reset_stats();
+    }
+    let lease = locker.try_acquire("unfenced").await.unwrap();
+    assert_eq!(lease.fencing_token().get(), 0);
+    let err = locker.try_acquire("unfenced").await.unwrap_err();
+    assert!(matches!(err, LockError::Held { .. }), "{err}");
+    assert_eq!(lease.release().await, ReleaseOutcome::Released);
+    support::eventually("every node answered", LIMIT, || {
+        servers.iter().all(|s| s.command_calls("set") >= 1)
+    })
+    .await;
+    for s in &servers {
+        assert!(
+            !s.exists(&fence_key("unfenced")),
+            "a fence counter was made"
+        );
+        assert_eq!(s.command_calls("incr"), 0);
+    }
+    // Mutual exclusion does not depend on fencing.
+    let other = locker.clone();
+    let again = other.try_acquire("unfenced").await.unwrap();
+    assert_eq!(again.fencing_token().get(), 0);
+}

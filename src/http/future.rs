@@ -742,8 +742,8 @@ fn answer_record<ResBody>(
     *response.status_mut() = stored.status;
     *response.headers_mut() = stored.headers;
     let headers = response.headers_mut();
-    if let Some(name) = &settings.fencing_header {
-        headers.insert(name.clone(), HeaderValue::from(record.token().get()));
+    if let (Some(name), token @ 1..) = (&settings.fencing_header, record.token().get()) {
+        headers.insert(name.clone(), HeaderValue::from(token));
     }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response
@@ -812,11 +812,9 @@ fn finish_with<ResBody>(
         drop(lease);
         return Response::from_parts(parts, body(None));
     };
-    if let Some(name) = &settings.fencing_header {
-        parts.headers.insert(
-            name.clone(),
-            HeaderValue::from(handle.fencing_token().get()),
-        );
+    // Token 0: the locker runs with `LockOptions::fencing(false)`, there is no token.
+    if let (Some(name), token @ 1..) = (&settings.fencing_header, handle.fencing_token().get()) {
+        parts.headers.insert(name.clone(), HeaderValue::from(token));
     }
     // Lost, or past its validity without the watchdog having said so yet.
     let lost = handle

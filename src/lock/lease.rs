@@ -329,7 +329,9 @@ impl LeaseHandle {
         &self.inner.resource
     }
 
-    /// The fencing token: larger than the token of every earlier holder of the resource.
+    /// The fencing token: larger than the token of every earlier holder of the resource
+    /// (0 for every lease of a locker built with
+    /// [`LockOptions::fencing(false)`](crate::LockOptions::fencing)).
     pub fn fencing_token(&self) -> FencingToken {
         self.inner.token
     }

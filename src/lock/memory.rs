@@ -291,13 +291,24 @@ impl Node for MemoryNode {
         let lock_key = request.keys.lock.clone();
         let fence_key = request.keys.fence.clone();
         let owner = request.owner.as_str().to_owned();
-        let (ttl, fence_ttl) = (request.ttl, request.fence_ttl);
+        let (ttl, fence_ttl, fencing) = (request.ttl, request.fence_ttl, request.fencing);
         self.run(move |shared| {
             let now = Instant::now();
             let mut store = lock(&shared.store);
             if let Some(entry) = store.live(&lock_key, now) {
                 let pttl = entry.expires.map(|at| at.saturating_duration_since(now));
                 return Ok(AcquireReply::Held { pttl });
+            }
+            if !fencing {
+                store.entries.insert(
+                    lock_key,
+                    Entry {
+                        value: owner,
+                        expires: Some(now + ttl),
+                    },
+                );
+                store.wrote(now);
+                return Ok(AcquireReply::Acquired { fence: 0 });
             }
             let fence = match store.live(&fence_key, now) {
                 Some(entry) => {

@@ -386,6 +386,7 @@ impl Redlock {
                 owner: &owner,
                 ttl: options.ttl,
                 fence_ttl: options.fence_ttl,
+                fencing: options.fencing,
             })
             .await;
         in_flight.disarm();

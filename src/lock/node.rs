@@ -101,6 +101,10 @@ pub struct AcquireRequest<'a> {
     pub ttl: Duration,
     /// The fence counter's time to live.
     pub fence_ttl: Duration,
+    /// Maintain the fence counter; when `false` (see
+    /// [`LockOptions::fencing`](crate::LockOptions::fencing)) the node sets the lock key
+    /// only and answers `Acquired { fence: 0 }`.
+    pub fencing: bool,
 }
 
 /// One node's answer to [`Node::acquire`].

@@ -39,6 +39,7 @@ pub struct LockOptions {
     pub(crate) watchdog: bool,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) max_waiters: usize,
+    pub(crate) fencing: bool,
 }
 
 impl Default for LockOptions {
@@ -54,6 +55,7 @@ impl Default for LockOptions {
             watchdog: true,
             max_hold: None,
             max_waiters: 1000,
+            fencing: true,
         }
     }
 }
@@ -126,6 +128,16 @@ impl LockOptions {
     /// gets [`LockError::QueueFull`](crate::LockError::QueueFull).
     pub fn max_waiters(mut self, max: usize) -> Self {
         self.max_waiters = max;
+        self
+    }
+
+    /// Keep a fence counter per resource and give every lease a fencing token (default
+    /// on). Turning it off makes an acquisition one `SET NX PX` per node, the least a
+    /// Redlock can do, and every [`FencingToken`](crate::FencingToken) is 0: only for
+    /// users that never hand the token to a storage. Without tokens, nothing protects
+    /// the storage from a holder paused past its lease (see [`fencing`](crate::fencing)).
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.fencing = enabled;
         self
     }
 
@@ -212,6 +224,7 @@ impl fmt::Debug for LockOptions {
             .field("watchdog", &self.watchdog)
             .field("max_hold", &self.max_hold)
             .field("max_waiters", &self.max_waiters)
+            .field("fencing", &self.fencing)
             .finish_non_exhaustive()
     }
 }

@@ -272,6 +272,7 @@ pub(crate) struct Acquire {
     owner: String,
     ttl_ms: u64,
     fence_ttl_ms: u64,
+    fencing: bool,
 }
 
 impl Acquire {
@@ -282,6 +283,7 @@ impl Acquire {
             owner: request.owner.as_str().to_owned(),
             ttl_ms: millis_ceil(request.ttl),
             fence_ttl_ms: millis_ceil(request.fence_ttl),
+            fencing: request.fencing,
         }
     }
 
@@ -302,30 +304,43 @@ impl Acquire {
             .arg(&self.owner)
             .arg("NX")
             .arg("PX")
-            .arg(self.ttl_ms)
-            .cmd("SET")
-            .arg(&self.fence)
-            .arg(counter_start(unix_ms()))
-            .arg("NX")
-            .arg("PX")
-            .arg(self.fence_ttl_ms)
-            .ignore()
-            .cmd("INCR")
-            .arg(&self.fence);
-        let mut replies = query(conn, pipe, 2, wait).await?.into_iter();
-        let (Some(set), Some(fence)) = (replies.next(), replies.next()) else {
+            .arg(self.ttl_ms);
+        if self.fencing {
+            pipe.cmd("SET")
+                .arg(&self.fence)
+                .arg(counter_start(unix_ms()))
+                .arg("NX")
+                .arg("PX")
+                .arg(self.fence_ttl_ms)
+                .ignore()
+                .cmd("INCR")
+                .arg(&self.fence);
+        }
+        let expected = if self.fencing { 2 } else { 1 };
+        let mut replies = query(conn, pipe, expected, wait).await?.into_iter();
+        let Some(set) = replies.next() else {
             return Err(CallError::Reply(NodeError::Protocol(
-                "too few replies to SET and INCR".into(),
+                "no reply to SET".into(),
             )));
         };
-        let (set, fence) = (set?, fence?);
-        let fence = int(&fence)
-            .and_then(|n| u64::try_from(n).ok())
-            .ok_or_else(|| {
-                CallError::Reply(NodeError::Protocol(
-                    format!("INCR returned {fence:?}").into(),
-                ))
-            })?;
+        let set = set?;
+        let fence = if self.fencing {
+            let Some(fence) = replies.next() else {
+                return Err(CallError::Reply(NodeError::Protocol(
+                    "no reply to INCR".into(),
+                )));
+            };
+            let fence = fence?;
+            int(&fence)
+                .and_then(|n| u64::try_from(n).ok())
+                .ok_or_else(|| {
+                    CallError::Reply(NodeError::Protocol(
+                        format!("INCR returned {fence:?}").into(),
+                    ))
+                })?
+        } else {
+            0
+        };
         if matches!(set, Value::Nil) {
             let (holder, pttl): (Option<String>, i64) = redis::pipe()
                 .cmd("GET")
