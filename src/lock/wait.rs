@@ -42,7 +42,10 @@ pub(crate) struct LocalQueue {
 /// All local queues of a locker, one per resource in use.
 #[derive(Default)]
 pub(crate) struct Queues {
-    map: Mutex<HashMap<Resource, Arc<LocalQueue>>>,
+    /// Each queue with the number of [`QueueRef`]s to it, counted under the lock (the
+    /// `Arc`'s own count drops only after a `QueueRef`'s drop has let go of the lock, so
+    /// two refs dropping at once could each see the other and leave the entry behind).
+    map: Mutex<HashMap<Resource, (Arc<LocalQueue>, usize)>>,
 }
 
 /// A counted reference to a resource's local queue. The queue is removed from the map
@@ -56,18 +59,18 @@ pub(crate) struct QueueRef {
 impl Queues {
     pub(crate) fn get(self: &Arc<Self>, resource: &Resource) -> QueueRef {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let queue = map
-            .entry(resource.clone())
-            .or_insert_with(|| {
-                Arc::new(LocalQueue {
-                    permit: Arc::new(Semaphore::new(1)),
-                    waiting: AtomicUsize::new(0),
-                    holder: Mutex::new(Weak::new()),
-                    remote_until: Mutex::new(None),
-                    signals: OnceCell::new(),
-                })
-            })
-            .clone();
+        let (queue, refs) = map.entry(resource.clone()).or_insert_with(|| {
+            let queue = Arc::new(LocalQueue {
+                permit: Arc::new(Semaphore::new(1)),
+                waiting: AtomicUsize::new(0),
+                holder: Mutex::new(Weak::new()),
+                remote_until: Mutex::new(None),
+                signals: OnceCell::new(),
+            });
+            (queue, 0)
+        });
+        *refs += 1;
+        let queue = queue.clone();
         QueueRef {
             queues: self.clone(),
             resource: resource.clone(),
@@ -84,10 +87,11 @@ impl Queues {
 impl Drop for QueueRef {
     fn drop(&mut self) {
         let mut map = self.queues.map.lock().unwrap_or_else(|p| p.into_inner());
-        // Every clone of the Arc is made under this lock, so the count cannot grow
-        // while we look: two means the map and us.
-        if Arc::strong_count(&self.queue) == 2 {
-            map.remove(&self.resource);
+        if let Some((_, refs)) = map.get_mut(&self.resource) {
+            *refs -= 1;
+            if *refs == 0 {
+                map.remove(&self.resource);
+            }
         }
     }
 }
