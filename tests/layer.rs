@@ -722,6 +722,25 @@ async fn fencing_header_can_be_renamed_or_removed() {
 }
 
 #[tokio::test]
+async fn without_fencing_no_token_header_is_sent() {
+    let runs = Runs::default();
+    let locker = Redlock::new(
+        [tower_redlock::MemoryNode::new()],
+        tower_redlock::LockOptions::default().fencing(false),
+    )
+    .unwrap();
+    let app = counting_app(&runs).route_layer(LockLayer::new(locker, header("Idempotency-Key")));
+    let answer = send(&app, post_with_key("/orders", "k")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    // Every token is 0 without fencing: the layer does not pass one off as real.
+    assert!(answer.header("fencing-token").is_none());
+    assert_eq!(
+        answer.text(),
+        route_resource("POST", "/orders", "k").as_str()
+    );
+}
+
+#[tokio::test]
 async fn scopes_decide_which_routes_share_a_lock() {
     let locker = Redlock::in_memory();
     let runs = Runs::default();
