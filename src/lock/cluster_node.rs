@@ -17,6 +17,7 @@ use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, R
 use crate::lock::redis_call::ReplicaWait;
 use crate::lock::redis_call::{self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall};
 use crate::lock::resource::LockKeys;
+use crate::lock::url;
 
 type Configure = dyn Fn(ClusterClientBuilder) -> ClusterClientBuilder + Send + Sync;
 type Connect = Shared<BoxFuture<'static, Result<ClusterConnection, NodeError>>>;
@@ -115,28 +116,8 @@ impl ClusterNode {
     ) -> Result<Self, ConfigError> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ConfigError::new("ClusterNode must be created inside a Tokio runtime"))?;
-        let seeds = seeds
-            .into_iter()
-            .map(IntoConnectionInfo::into_connection_info)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ConfigError::new(format!("bad Redis Cluster seed URL: {e}")))?;
-        if seeds.is_empty() {
-            return Err(ConfigError::new(
-                "a Redis Cluster node needs at least one seed",
-            ));
-        }
-        let tls = matches!(seeds[0].addr(), redis::ConnectionAddr::TcpTls { .. });
-        let hosts: Vec<String> = seeds.iter().map(|s| s.addr().to_string()).collect();
-        let name: Arc<str> = format!(
-            "{}://{}",
-            if tls {
-                "rediss+cluster"
-            } else {
-                "redis+cluster"
-            },
-            hosts.join(",")
-        )
-        .into();
+        let (seeds, name) = url::seeds(seeds, "cluster", "Redis Cluster seed")?;
+        let name: Arc<str> = name.into();
         let configure: Arc<Configure> = Arc::new(configure);
         let client = configure(defaults(ClusterClientBuilder::new(seeds.clone())))
             .build()

@@ -21,6 +21,7 @@ use crate::lock::redis_call::{
 };
 use crate::lock::redis_node::RedisNode;
 use crate::lock::resource::LockKeys;
+use crate::lock::url;
 
 /// How long one lookup through the sentinels may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -150,28 +151,8 @@ impl SentinelNode {
         if master_name.is_empty() {
             return Err(ConfigError::new("a Sentinel node needs the master's name"));
         }
-        let sentinels = sentinels
-            .into_iter()
-            .map(IntoConnectionInfo::into_connection_info)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ConfigError::new(format!("bad Sentinel URL: {e}")))?;
-        if sentinels.is_empty() {
-            return Err(ConfigError::new(
-                "a Sentinel node needs at least one sentinel",
-            ));
-        }
-        let tls = matches!(sentinels[0].addr(), redis::ConnectionAddr::TcpTls { .. });
-        let hosts: Vec<String> = sentinels.iter().map(|s| s.addr().to_string()).collect();
-        let name: Arc<str> = format!(
-            "{}://{}/{master_name}",
-            if tls {
-                "rediss+sentinel"
-            } else {
-                "redis+sentinel"
-            },
-            hosts.join(",")
-        )
-        .into();
+        let (sentinels, name) = url::seeds(sentinels, "sentinel", "Sentinel")?;
+        let name: Arc<str> = format!("{name}/{master_name}").into();
         let sentinel =
             Sentinel::build(sentinels).map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
         let pending = futures_util::future::pending().boxed().shared();
