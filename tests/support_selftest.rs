@@ -271,3 +271,106 @@ fn restart_waits_while_someone_else_holds_the_port() {
 fn bad_config_fails_with_the_log() {
     let _redis = RedisServer::builder().arg("--no-such-option", "1").start();
 }
+
+#[test]
+fn save_then_restart_loads_the_rdb_file() {
+    let mut redis = RedisServer::builder().dbfilename("locks.rdb").start();
+    assert_eq!(
+        redis.cmd(&["CONFIG", "GET", "save"]),
+        RespValue::Array(vec![
+            RespValue::Bulk(b"save".to_vec()),
+            RespValue::Bulk(Vec::new()),
+        ])
+    );
+    redis.set("saved", "1");
+    redis.save();
+    assert!(redis.rdb_path().ends_with("locks.rdb"));
+    assert!(redis.rdb_path().is_file());
+    redis.set("after", "1");
+    redis.restart();
+    assert_eq!(redis.get("saved").as_deref(), Some("1"));
+    assert_eq!(
+        redis.get("after"),
+        None,
+        "written after SAVE, lost by SIGKILL"
+    );
+    // Restarting again keeps the files (the directory is not wiped).
+    redis.restart();
+    assert_eq!(redis.get("saved").as_deref(), Some("1"));
+}
+
+#[test]
+fn bgsave_waits_for_the_file() {
+    let mut redis = RedisServer::start();
+    redis.set("k", "v");
+    redis.bgsave();
+    assert!(redis.rdb_path().is_file());
+    redis.restart();
+    assert_eq!(redis.get("k").as_deref(), Some("v"));
+}
+
+#[test]
+fn save_schedule_is_passed_on() {
+    let redis = RedisServer::builder()
+        .save_schedule("3600 1 300 100")
+        .start();
+    assert_eq!(
+        redis.cmd(&["CONFIG", "GET", "save"]),
+        RespValue::Array(vec![
+            RespValue::Bulk(b"save".to_vec()),
+            RespValue::Bulk(b"3600 1 300 100".to_vec()),
+        ])
+    );
+}
+
+#[test]
+fn restart_from_rdb_snapshot_brings_back_older_state() {
+    let mut redis = RedisServer::start();
+    redis.set("k", "old");
+    let backup = redis.snapshot();
+    redis.set("k", "new");
+    redis.set("later", "1");
+    redis.save(); // the newer state is on disk too: restart_from must replace it
+    redis.restart_from(&backup);
+    assert_eq!(redis.get("k").as_deref(), Some("old"));
+    assert_eq!(redis.get("later"), None);
+    // The restored file is now the server's own: a plain restart loads it again.
+    redis.restart();
+    assert_eq!(redis.get("k").as_deref(), Some("old"));
+}
+
+#[test]
+fn aof_everysec_survives_sigkill() {
+    let mut redis = RedisServer::builder()
+        .aof(support::AppendFsync::EverySec)
+        .start();
+    assert_eq!(
+        redis.cmd(&["CONFIG", "GET", "appendfsync"]),
+        RespValue::Array(vec![
+            RespValue::Bulk(b"appendfsync".to_vec()),
+            RespValue::Bulk(b"everysec".to_vec()),
+        ])
+    );
+    redis.set("k", "v");
+    redis.wait_aof_written();
+    redis.restart();
+    assert_eq!(redis.get("k").as_deref(), Some("v"));
+}
+
+#[test]
+fn restart_from_aof_snapshot_loses_the_tail() {
+    for fsync in [support::AppendFsync::Always, support::AppendFsync::EverySec] {
+        let mut redis = RedisServer::builder().aof(fsync).start();
+        redis.set("k", "old");
+        let synced = redis.snapshot();
+        assert!(synced.dir().join("appendonlydir").is_dir());
+        redis.set("k", "new");
+        redis.set("tail", "1");
+        redis.restart_from(&synced);
+        assert_eq!(redis.get("k").as_deref(), Some("old"), "{fsync:?}");
+        assert_eq!(redis.get("tail"), None, "{fsync:?}");
+        redis.set("k", "newer");
+        redis.restart();
+        assert_eq!(redis.get("k").as_deref(), Some("newer"), "{fsync:?}");
+    }
+}

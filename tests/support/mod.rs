@@ -10,6 +10,16 @@
 //! assert_eq!(redis.get("key"), None);
 //! ```
 //!
+//! Persistence, when asked for (the default is none: `--save '' --appendonly no`):
+//!
+//! ```ignore
+//! let mut redis = support::RedisServer::builder().aof(support::AppendFsync::EverySec).start();
+//! let backup = redis.snapshot();   // the persisted files as they are now, copied aside
+//! /* ... more writes ... */
+//! redis.restart_from(&backup);     // SIGKILL, put the old files back, start: stale state
+//! redis.restart();                 // SIGKILL and start on the files as they are
+//! ```
+//!
 //! The binary is `$REDIS_SERVER` if set, else `redis-server` from `PATH`.
 //! Every server binds 127.0.0.1 only, on a port picked free at start (never the
 //! system Redis on 6379), with its own temporary directory. Dropping a
@@ -65,19 +75,67 @@ pub enum ServerState {
     Killed,
 }
 
+/// When an AOF server fsyncs its log (`--appendfsync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendFsync {
+    /// Before every write is acknowledged: a crash loses nothing acknowledged.
+    Always,
+    /// Once a second: a machine crash may lose the last second. A SIGKILL of the
+    /// process alone loses nothing (the data is in the kernel already); model the lost
+    /// tail with [`RedisServer::snapshot`] and [`RedisServer::restart_from`].
+    EverySec,
+}
+
+impl AppendFsync {
+    fn as_arg(self) -> &'static str {
+        match self {
+            AppendFsync::Always => "always",
+            AppendFsync::EverySec => "everysec",
+        }
+    }
+}
+
+/// RDB file name unless [`RedisServerBuilder::dbfilename`] says otherwise.
+const DEFAULT_DBFILENAME: &str = "dump.rdb";
+/// Directory of Redis 7's multi-part AOF (`--appenddirname`, its default).
+const AOF_DIRNAME: &str = "appendonlydir";
+
 /// Configuration for a [`RedisServer`]; from [`RedisServer::builder`].
 #[derive(Debug, Clone, Default)]
 pub struct RedisServerBuilder {
-    appendonly: bool,
+    aof: Option<AppendFsync>,
+    save_schedule: Option<String>,
+    dbfilename: Option<String>,
     password: Option<String>,
     extra_args: Vec<String>,
 }
 
 impl RedisServerBuilder {
-    /// AOF persistence (`--appendonly yes --appendfsync always`): a
+    /// AOF persistence with `appendfsync always` (`true`), or none (`false`): a
     /// [`RedisServer::restart`] then reloads the data from the same directory.
     pub fn appendonly(mut self, on: bool) -> Self {
-        self.appendonly = on;
+        self.aof = on.then_some(AppendFsync::Always);
+        self
+    }
+
+    /// AOF persistence (`--appendonly yes --appendfsync <fsync>`).
+    pub fn aof(mut self, fsync: AppendFsync) -> Self {
+        self.aof = Some(fsync);
+        self
+    }
+
+    /// Automatic RDB snapshots: `--save <schedule>`, e.g. `"3600 1 300 100 60 10000"`
+    /// (Redis's default). Without it the server never saves on its own; an explicit
+    /// [`RedisServer::save`] or [`RedisServer::bgsave`] writes the RDB file anyway, and
+    /// a (re)start loads that file when AOF is off.
+    pub fn save_schedule(mut self, schedule: impl Into<String>) -> Self {
+        self.save_schedule = Some(schedule.into());
+        self
+    }
+
+    /// `--dbfilename` (default `dump.rdb`), inside the server's own directory.
+    pub fn dbfilename(mut self, name: impl Into<String>) -> Self {
+        self.dbfilename = Some(name.into());
         self
     }
 
@@ -108,6 +166,21 @@ impl RedisServerBuilder {
     /// Starts the server and waits until it answers PING.
     pub fn start(self) -> RedisServer {
         RedisServer::start_with(self)
+    }
+}
+
+/// The persisted files of a [`RedisServer`] at one moment, copied aside by
+/// [`RedisServer::snapshot`]; [`RedisServer::restart_from`] brings them back. Lives in
+/// the server's directory, so it goes when the server is dropped.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    dir: PathBuf,
+}
+
+impl Snapshot {
+    /// Where the copied files are.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 }
 
@@ -269,9 +342,11 @@ impl RedisServer {
         self.wait_for_proc_state("resumed", |s| s != Some('T'));
     }
 
-    /// Kills the process if it runs, then starts it again on the same port,
-    /// with the same arguments and directory, and waits until it is ready.
-    /// With `appendonly(true)` it reloads its data; otherwise it comes back empty.
+    /// Kills the process if it runs (SIGKILL: nothing is saved on the way out), then
+    /// starts it again on the same port, with the same arguments and directory, and
+    /// waits until it is ready. The directory is kept, so the server loads what it had
+    /// persisted: its AOF, or else its RDB file if one was saved; without either it
+    /// comes back empty.
     pub fn restart(&mut self) {
         self.kill();
         let deadline = Instant::now() + READY_TIMEOUT;
@@ -287,6 +362,113 @@ impl RedisServer {
                 }
             }
         }
+    }
+
+    /// `SAVE`: writes the RDB file now (blocking the server until it is on disk).
+    pub fn save(&self) {
+        let reply = self.cmd(&["SAVE"]);
+        assert!(reply.is_ok(), "SAVE: {reply:?}");
+    }
+
+    /// `BGSAVE`, then waits until the forked child has written the RDB file and
+    /// checks that it succeeded.
+    pub fn bgsave(&self) {
+        let reply = self.cmd(&["BGSAVE"]);
+        assert!(
+            !reply.is_error(),
+            "BGSAVE: {reply:?} (is a save already running?)"
+        );
+        // BGSAVE forks before it answers: the save is in progress from here on.
+        eventually_blocking("BGSAVE to finish", READY_TIMEOUT, || {
+            self.info_field("persistence", "rdb_bgsave_in_progress")
+                .as_deref()
+                == Some("0")
+        });
+        let status = self.info_field("persistence", "rdb_last_bgsave_status");
+        assert_eq!(
+            status.as_deref(),
+            Some("ok"),
+            "BGSAVE failed\n{}",
+            self.log()
+        );
+    }
+
+    /// Waits until the AOF buffer is written to the file (`aof_buffer_length:0`), so a
+    /// SIGKILL from here on loses nothing acknowledged. Redis normally writes the log
+    /// before it answers; with `everysec` it may postpone that write for up to 2 s
+    /// while a background fsync runs.
+    pub fn wait_aof_written(&self) {
+        eventually_blocking("the AOF buffer to reach the file", READY_TIMEOUT, || {
+            self.info_field("persistence", "aof_buffer_length")
+                .as_deref()
+                == Some("0")
+        });
+    }
+
+    /// One `field:value` line of `INFO section`, if present.
+    pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
+        let reply = self.cmd(&["INFO", section]);
+        let text = reply.to_string_lossy()?;
+        text.lines()
+            .filter_map(|line| line.trim().split_once(':'))
+            .find(|(name, _)| *name == field)
+            .map(|(_, value)| value.to_owned())
+    }
+
+    /// The RDB file (`--dir` + `--dbfilename`); it exists once saved.
+    pub fn rdb_path(&self) -> PathBuf {
+        self.dir.join(self.dbfilename())
+    }
+
+    /// The AOF directory (Redis 7's manifest plus base and incremental files).
+    pub fn aof_dir(&self) -> PathBuf {
+        self.dir.join(AOF_DIRNAME)
+    }
+
+    /// Copies the server's persisted state aside, as a backup or a stale restore
+    /// would find it later. Without AOF it runs `SAVE` first and copies the RDB file;
+    /// with AOF it waits until every acknowledged write is in the AOF
+    /// ([`RedisServer::wait_aof_written`]) and copies the AOF directory.
+    pub fn snapshot(&self) -> Snapshot {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = self.dir.join(format!("snapshot-{n}"));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        if self.config.aof.is_some() {
+            self.wait_aof_written();
+            copy_dir(&self.aof_dir(), &dir.join(AOF_DIRNAME));
+        } else {
+            self.save();
+            copy_file(&self.rdb_path(), &dir.join(self.dbfilename()));
+        }
+        Snapshot { dir }
+    }
+
+    /// Kills the process (SIGKILL), replaces its persisted files with those of
+    /// `snapshot` and starts it again on the same port, so that it loads them: the
+    /// server comes back with the state it had when the snapshot was taken (a restored
+    /// backup, an RDB restart that lost the writes since the last save, an AOF that
+    /// lost its unsynced tail).
+    pub fn restart_from(&mut self, snapshot: &Snapshot) {
+        self.kill();
+        remove_path(&self.rdb_path());
+        remove_path(&self.aof_dir());
+        let rdb = snapshot.dir.join(self.dbfilename());
+        if rdb.exists() {
+            copy_file(&rdb, &self.rdb_path());
+        }
+        let aof = snapshot.dir.join(AOF_DIRNAME);
+        if aof.exists() {
+            copy_dir(&aof, &self.aof_dir());
+        }
+        self.restart();
+    }
+
+    fn dbfilename(&self) -> &str {
+        self.config
+            .dbfilename
+            .as_deref()
+            .unwrap_or(DEFAULT_DBFILENAME)
     }
 
     /// Sends one command on a fresh connection and returns the reply
@@ -426,9 +608,16 @@ impl RedisServer {
             "--bind".into(),
             "127.0.0.1".into(),
             "--save".into(),
-            String::new(),
+            self.config.save_schedule.clone().unwrap_or_default(),
+            "--dbfilename".into(),
+            self.dbfilename().to_owned(),
             "--appendonly".into(),
-            if self.config.appendonly { "yes" } else { "no" }.into(),
+            if self.config.aof.is_some() {
+                "yes"
+            } else {
+                "no"
+            }
+            .into(),
             "--daemonize".into(),
             "no".into(),
             "--dir".into(),
@@ -436,9 +625,8 @@ impl RedisServer {
             "--logfile".into(),
             self.dir.join("redis.log").display().to_string(),
         ];
-        if self.config.appendonly {
-            // Every write reaches the AOF before it is acknowledged.
-            args.extend(["--appendfsync".into(), "always".into()]);
+        if let Some(fsync) = self.config.aof {
+            args.extend(["--appendfsync".into(), fsync.as_arg().into()]);
         }
         if let Some(password) = &self.config.password {
             args.extend(["--requirepass".into(), password.clone()]);
@@ -591,6 +779,36 @@ fn read_from(path: &Path, offset: u64) -> String {
         .unwrap_or(usize::MAX)
         .min(bytes.len());
     String::from_utf8_lossy(&bytes[start..]).into_owned()
+}
+
+fn copy_file(from: &Path, to: &Path) {
+    std::fs::copy(from, to)
+        .unwrap_or_else(|e| panic!("copying {} to {}: {e}", from.display(), to.display()));
+}
+
+/// Copies the files of `from` (one level: the AOF directory has no subdirectories).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap_or_else(|e| panic!("creating {}: {e}", to.display()));
+    let entries =
+        std::fs::read_dir(from).unwrap_or_else(|e| panic!("reading {}: {e}", from.display()));
+    for entry in entries {
+        let entry = entry.unwrap_or_else(|e| panic!("reading {}: {e}", from.display()));
+        copy_file(&entry.path(), &to.join(entry.file_name()));
+    }
+}
+
+/// Removes a file or a directory; nothing to do if it is not there.
+fn remove_path(path: &Path) {
+    let result = if path.is_dir() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    match result {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => panic!("removing {}: {e}", path.display()),
+    }
 }
 
 /// A port that was free on 127.0.0.1 a moment ago (bind :0, read, drop).
