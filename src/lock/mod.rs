@@ -28,6 +28,8 @@ pub mod record;
 #[cfg(feature = "redis")]
 mod redis_call;
 #[cfg(feature = "redis")]
+mod redis_conn;
+#[cfg(feature = "redis")]
 mod redis_node;
 #[cfg(feature = "redis")]
 mod redis_record;

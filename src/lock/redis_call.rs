@@ -355,9 +355,18 @@ impl Acquire {
                     pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
                 });
             }
-            // Our own key: an earlier send of this very call landed (a client retried
-            // it after a dropped connection, as redis-rs's cluster client does). The
-            // grant is ours, with this round's (larger) counter.
+            // Our own key: an earlier send of this very call landed before its
+            // connection broke, and this is the resend (`redis_conn`, or redis-rs's
+            // cluster client). It is the same grant, not a second one: the owner value
+            // is this acquisition's alone, and the key held it ever since. The grant
+            // is ours, with this round's (larger) counter.
+            if let (Some(wait), false) = (wait, self.fencing) {
+                // This send wrote nothing (no INCR without fencing), so its `WAIT`
+                // says nothing about the earlier send's SET: fail closed.
+                return Err(CallError::Reply(NodeError::Server(
+                    format!("a resent grant cannot be confirmed by replicas ({wait})").into(),
+                )));
+            }
         }
         check_acks(replies.next(), wait)?;
         Ok(AcquireReply::Acquired { fence })

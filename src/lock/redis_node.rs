@@ -15,6 +15,7 @@ use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreReq
 use crate::lock::redis_call::{
     self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
 };
+use crate::lock::redis_conn::Resending;
 use crate::lock::redis_record;
 use crate::lock::resource::LockKeys;
 
@@ -22,7 +23,10 @@ use crate::lock::resource::LockKeys;
 ///
 /// Commands go over one multiplexed connection that reconnects by itself
 /// (redis-rs's `ConnectionManager`), shared by every lease and every task: ten
-/// thousand leases renew over one connection. Scripts run with `EVALSHA` and are
+/// thousand leases renew over one connection. A command that finds the connection
+/// broken (the server restarted while the locker was idle) is sent once more on the
+/// new connection, within the per-node timeout, so the first request after a restart
+/// does not fail; every command is safe to run twice (see the owner checks). Scripts run with `EVALSHA` and are
 /// loaded again when the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
 /// Release notifications arrive over a second, RESP3 connection, opened on first use
 /// and shared by every waiter of the process.
@@ -53,7 +57,7 @@ pub struct RedisNode {
 struct Inner {
     name: Arc<str>,
     client: Client,
-    conn: ConnectionManager,
+    conn: Resending,
     subscriber: Mutex<Option<Arc<Subscriber>>>,
 }
 
@@ -90,7 +94,7 @@ impl RedisNode {
             inner: Arc::new(Inner {
                 name,
                 client,
-                conn,
+                conn: Resending::new(conn),
                 subscriber: Mutex::new(None),
             }),
             wait: None,
@@ -150,7 +154,7 @@ impl RedisNode {
     }
 
     /// The command connection (for [`SentinelNode`](crate::SentinelNode)).
-    pub(crate) fn connection(&self) -> ConnectionManager {
+    pub(crate) fn connection(&self) -> Resending {
         self.inner.conn.clone()
     }
 }

@@ -19,6 +19,7 @@ use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, R
 use crate::lock::redis_call::{
     self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
 };
+use crate::lock::redis_conn::Resending;
 use crate::lock::redis_node::RedisNode;
 use crate::lock::resource::LockKeys;
 use crate::lock::url;
@@ -329,7 +330,7 @@ impl Inner {
     /// lookup, and an op refused without effect is retried once on the master found.
     async fn with_master<T, F, Fut>(self: &Arc<Self>, mut op: F) -> Result<T, NodeError>
     where
-        F: FnMut(redis::aio::ConnectionManager) -> Fut,
+        F: FnMut(Resending) -> Fut,
         Fut: Future<Output = Result<T, CallError>>,
     {
         let mut retried = false;

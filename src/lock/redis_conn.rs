@@ -1,0 +1,135 @@
+//! The command connection of the standalone and Sentinel nodes: redis-rs's
+//! `ConnectionManager`, plus one resend when the connection is found broken.
+//!
+//! # Why a resend
+//!
+//! A `ConnectionManager` learns that its connection died only when it is used: a
+//! server restarted while the locker was idle leaves a dead connection behind, the
+//! next command fails on it (`broken pipe`), and only then does the manager start a
+//! new connection. Without a resend that first command (an acquisition, on every
+//! restarted node at once) fails although the servers are up again. So a command
+//! that fails because the connection is broken is sent once more, on the new
+//! connection; the locker's per-node timeout bounds both sends together.
+//!
+//! A refused connection is resent too: the manager hands the next caller the cached
+//! outcome of its last connection attempt (possibly made while the server was still
+//! down) and only then starts a new attempt, so a refusal may be stale.
+//!
+//! # Why resending is safe
+//!
+//! A broken connection does not say whether the server ran the command before the
+//! connection died, so a resend may run it twice. Every command sent over this
+//! connection tolerates that, because each checks the owner value that only this
+//! acquisition knows:
+//!
+//! * **acquire** (`SET key owner NX PX`, fence `INCR`): a second run finds the key
+//!   holding its own owner value, which is the same grant, not a second one (see
+//!   `Acquire::run`): nobody else can have been granted the key in between, since it
+//!   held our value all along. The extra `INCR` only makes later tokens larger, which
+//!   fencing allows.
+//! * **extend** (compare-and-`PEXPIRE`) and **raise fence** (`if cur < t then set t`)
+//!   reach the same state however often they run. A second extend counts the ttl from
+//!   a later moment, so the key lives a little longer than the validity the locker
+//!   computed from the round's start: the safe direction.
+//! * **release** (compare-and-delete) and **record discard** (compare-and-delete of our
+//!   token's marker): a second run finds nothing left and answers "not deleted"; the
+//!   effect is the same, only the answer understates it.
+//! * **record claim**: a second run finds our own pending marker and answers "claimed"
+//!   again. **record store**: a second run finds the record it stored (same token) and
+//!   answers "superseded": the record is stored, and the answer fails closed.
+//! * reads (`GET`, `PTTL`, `HMGET`) have no effect.
+//!
+//! Anything that is not a broken connection (a server error, a timeout, failed
+//! authentication) is not resent: the server may still be busy with the first send,
+//! or will refuse the second one alike.
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+
+/// A node's command connection: multiplexed, cheap to clone, re-established when found
+/// broken, and resending once a command that failed on a broken connection (see the
+/// module docs for why that is safe for every command the nodes send).
+#[derive(Clone)]
+pub(crate) struct Resending(ConnectionManager);
+
+impl Resending {
+    pub(crate) fn new(conn: ConnectionManager) -> Self {
+        Resending(conn)
+    }
+}
+
+/// The connection was found broken or could not be made: the manager has started a
+/// new connection, which a resend waits for.
+fn found_broken(e: &RedisError) -> bool {
+    // `is_connection_dropped` covers a reset, aborted or closed connection and a
+    // refusal; a timeout is not one of them.
+    e.is_connection_dropped() && !e.is_timeout()
+}
+
+impl ConnectionLike for Resending {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            match self.0.send_packed_command(cmd).await {
+                Err(e) if found_broken(&e) => {
+                    tracing::debug!(error = %e, "connection found broken: sending again");
+                    self.0.send_packed_command(cmd).await
+                }
+                other => other,
+            }
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            match self.0.send_packed_commands(pipeline, offset, count).await {
+                Err(e) if found_broken(&e) => {
+                    tracing::debug!(error = %e, "connection found broken: sending again");
+                    self.0.send_packed_commands(pipeline, offset, count).await
+                }
+                other => other,
+            }
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    #[test]
+    fn only_broken_connections_are_resent() {
+        for kind in [
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::ConnectionAborted,
+            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::UnexpectedEof,
+        ] {
+            assert!(
+                found_broken(&RedisError::from(io::Error::from(kind))),
+                "{kind:?}"
+            );
+        }
+        assert!(!found_broken(&RedisError::from(io::Error::from(
+            io::ErrorKind::TimedOut
+        ))));
+        let oom = RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "OOM command not allowed",
+        ));
+        assert!(!found_broken(&oom));
+        let auth = RedisError::from((redis::ErrorKind::AuthenticationFailed, "WRONGPASS"));
+        assert!(!found_broken(&auth));
+    }
+}
