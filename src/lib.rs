@@ -97,5 +97,5 @@ pub use lock::fencing::{self, FencingToken};
 pub use lock::{node_from_url, ClusterNode, RedisNode, SentinelNode};
 pub use lock::{
     Backoff, Lease, LeaseHandle, LockOptions, LostCause, MemoryNode, MetricsSnapshot, Node,
-    Redlock, ReleaseOutcome, Resource, RetryPolicy,
+    NodeState, NodeStatus, Redlock, ReleaseOutcome, Resource, RetryPolicy,
 };

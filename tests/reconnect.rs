@@ -7,10 +7,13 @@
 //! check follows an operation whose answers were all awaited.
 mod support;
 
+use std::io;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use support::RedisServer;
-use tower_redlock::{LockOptions, Redlock, ReleaseOutcome};
+use tower_redlock::{LockOptions, NodeError, NodeStatus, Redlock, ReleaseOutcome};
+use tracing_subscriber::fmt::MakeWriter;
 
 /// Per-node timeout: generous, so a machine busy compiling cannot turn a slow answer
 /// into a failed vote. Dead nodes refuse at once; no timeout is expected to fire.
@@ -130,4 +133,121 @@ async fn first_acquire_after_two_of_three_nodes_come_back_succeeds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_acquire_after_the_only_node_comes_back_succeeds() {
     first_acquire_after_nodes_come_back(1, 1).await;
+}
+
+// 2. A node going down is visible ---------------------------------------------------
+
+/// The log lines of this test binary, written by a `tracing_subscriber::fmt`
+/// subscriber installed once as the global default. Global, not per test: tracing
+/// caches per call site whether anyone listens, and a call site first reached on
+/// another test's thread would stay silent for a thread-local subscriber.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Logs {
+    type Writer = Logs;
+
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+impl Logs {
+    fn get() -> &'static Logs {
+        static LOGS: OnceLock<Logs> = OnceLock::new();
+        LOGS.get_or_init(|| {
+            let logs = Logs::default();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(logs.clone())
+                .with_ansi(false)
+                .with_max_level(tracing::Level::INFO)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+            logs
+        })
+    }
+
+    /// Where the log ends now: count from here to skip earlier tests' lines.
+    fn mark(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// Log lines since `mark` that contain every one of `parts`.
+    fn count(&self, mark: usize, parts: &[&str]) -> usize {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap()[mark..]).into_owned();
+        text.lines()
+            .filter(|line| parts.iter().all(|part| line.contains(part)))
+            .count()
+    }
+}
+
+fn statuses(locker: &Redlock) -> Vec<NodeStatus> {
+    locker.node_states().iter().map(|s| s.status).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_going_down_and_back_is_readable_and_logged_once_each() {
+    let logs = Logs::get();
+    let mut servers = RedisServer::start_many(3);
+    // Our servers' ports are ours from here on (a port may have served another test
+    // before).
+    let mark = logs.mark();
+    let locker = locker(&servers);
+    let names: Vec<String> = locker
+        .node_states()
+        .iter()
+        .map(|s| s.name.to_string())
+        .collect();
+    assert_eq!(names.len(), 3);
+    for (name, server) in names.iter().zip(&servers) {
+        assert!(name.contains(&server.port().to_string()), "{name}");
+    }
+    // Connections open on first use: nothing is known yet.
+    assert_eq!(statuses(&locker), [NodeStatus::Unknown; 3]);
+    use_every_node(&locker, &servers, "before").await;
+    assert_eq!(statuses(&locker), [NodeStatus::Up; 3]);
+
+    servers[0].kill();
+    for round in 0..3 {
+        // A quorum holds: every lease is still granted and released.
+        use_every_node(&locker, &servers, &format!("down-{round}")).await;
+        let states = locker.node_states();
+        assert_eq!(states[0].status, NodeStatus::Down, "{states:?}");
+        assert!(
+            matches!(states[0].last_error, Some(NodeError::Connection(_))),
+            "{states:?}"
+        );
+        assert_eq!(states[1].status, NodeStatus::Up);
+        assert_eq!(states[2].status, NodeStatus::Up);
+    }
+    let went_down = locker.node_states()[0].since;
+
+    servers[0].restart();
+    for round in 0..3 {
+        use_every_node(&locker, &servers, &format!("back-{round}")).await;
+        assert_eq!(statuses(&locker), [NodeStatus::Up; 3]);
+    }
+    let back = &locker.node_states()[0];
+    assert!(back.since > went_down);
+    // The error that took it down stays readable.
+    assert!(matches!(back.last_error, Some(NodeError::Connection(_))));
+
+    // Once per change, at warn and info, naming the node; nothing about the others.
+    assert_eq!(logs.count(mark, &["WARN", "node down", &names[0]]), 1);
+    assert_eq!(logs.count(mark, &["INFO", "node back up", &names[0]]), 1);
+    for name in &names[1..] {
+        assert_eq!(logs.count(mark, &["node down", name]), 0);
+        assert_eq!(logs.count(mark, &["node back up", name]), 0);
+    }
 }

@@ -19,6 +19,7 @@
 #[cfg(feature = "redis")]
 mod cluster_node;
 pub mod fencing;
+mod health;
 mod lease;
 mod memory;
 mod node;
@@ -57,6 +58,7 @@ use wait::{next_release, QueueRef, Queues};
 
 #[cfg(feature = "redis")]
 pub use cluster_node::ClusterNode;
+pub use health::{NodeState, NodeStatus};
 pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
 pub use memory::MemoryNode;
 pub use node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
@@ -213,6 +215,16 @@ impl Redlock {
     /// Counters of what this locker did so far.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()
+    }
+
+    /// Each node as this locker last saw it, in the order the nodes were given: up or
+    /// down, since when, and its latest error. Every call to a node updates it (the
+    /// calls a round no longer waits for too, as they finish), so a node that went down
+    /// reads [`NodeStatus::Down`] after the next operation that reached for it, even
+    /// while a quorum still grants every lease. Each change is also logged once: at
+    /// `warn` when a node goes down, at `info` when it is back.
+    pub fn node_states(&self) -> Vec<NodeState> {
+        self.shared.nodes.states()
     }
 
     /// One attempt, no waiting: a lease, or [`LockError::Held`] when someone holds the

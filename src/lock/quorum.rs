@@ -6,6 +6,7 @@
 //! only on the fastest majority (redis-rs does not even send a request whose future
 //! was dropped before the connection picked it up).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,12 +14,15 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeFailure};
+use crate::lock::health::{Health, NodeState};
 use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner};
 use crate::lock::resource::LockKeys;
 
 /// The nodes of a locker and the majority they need.
 pub(crate) struct Nodes {
     list: Box<[Arc<dyn Node>]>,
+    /// Per node, fed by every call made through [`Nodes::watched`].
+    health: Box<[Arc<Health>]>,
     quorum: usize,
     timeout: Duration,
 }
@@ -60,8 +64,13 @@ impl OwnerTally {
 impl Nodes {
     pub(crate) fn new(list: Vec<Arc<dyn Node>>, timeout: Duration) -> Self {
         let quorum = list.len() / 2 + 1;
+        let health = list
+            .iter()
+            .map(|node| Arc::new(Health::new(node.name().into(), timeout)))
+            .collect();
         Nodes {
             list: list.into_boxed_slice(),
+            health,
             quorum,
             timeout,
         }
@@ -85,6 +94,28 @@ impl Nodes {
 
     pub(crate) fn name(&self, index: usize) -> Arc<str> {
         self.list[index].name().into()
+    }
+
+    /// What the locker last saw of each node.
+    pub(crate) fn states(&self) -> Vec<NodeState> {
+        self.health.iter().map(|h| h.state()).collect()
+    }
+
+    /// `call` to node `index`, bounded by `timeout`, its answer recorded in the node's
+    /// health. Owns what it needs, so it can finish in the background.
+    fn watched<T: Send + 'static>(
+        &self,
+        index: usize,
+        timeout: Duration,
+        call: NodeFuture<T>,
+    ) -> impl Future<Output = Result<T, NodeError>> + Send + 'static {
+        let health = self.health[index].clone();
+        async move {
+            let started = std::time::Instant::now();
+            let answer = bounded(timeout, call).await;
+            health.observe(started, &answer);
+            answer
+        }
     }
 
     /// One acquire round on every node. Returns once a majority granted the lock, or
@@ -211,7 +242,7 @@ impl Nodes {
         };
         let calls: FuturesUnordered<_> = targets
             .into_iter()
-            .map(|index| bounded(timeout, self.list[index].release(&quiet, owner)))
+            .map(|index| self.watched(index, timeout, self.list[index].release(&quiet, owner)))
             .collect();
         if !calls.is_empty() {
             tokio::spawn(calls.for_each(|_| async {}));
@@ -254,14 +285,14 @@ impl Nodes {
         if targets.len() == 1 {
             // The single-node lock: nothing to fan out, nothing to leave behind.
             if let Some(only) = targets.next() {
-                let answer = bounded(timeout, call(&*self.list[only])).await;
+                let answer = self.watched(only, timeout, call(&*self.list[only])).await;
                 decided(only, answer, 0);
             }
             return;
         }
         let mut pending: FuturesUnordered<_> = targets
             .map(|index| {
-                let answer = bounded(timeout, call(&*self.list[index]));
+                let answer = self.watched(index, timeout, call(&*self.list[index]));
                 async move { (index, answer.await) }
             })
             .collect();

@@ -1,0 +1,192 @@
+//! What the locker last saw of each node: whether it answers, since when, and its last
+//! error. A node going down while a quorum still holds costs no request anything, so
+//! nothing else would show it: each change is logged once, and
+//! [`Redlock::node_states`](crate::Redlock::node_states) reads the current picture.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::NodeError;
+
+/// Whether a node answers, as the locker last saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NodeStatus {
+    /// No call has reached or failed to reach it yet (nodes connect on first use).
+    Unknown,
+    /// It answered its latest call (possibly with a server error, see
+    /// [`NodeState::last_error`]).
+    Up,
+    /// Its latest call did not reach it: the connection failed or was refused, or no
+    /// answer came within the per-node timeout.
+    Down,
+}
+
+impl fmt::Display for NodeStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NodeStatus::Unknown => "unknown",
+            NodeStatus::Up => "up",
+            NodeStatus::Down => "down",
+        })
+    }
+}
+
+/// One node as the locker last saw it (see [`Redlock::node_states`](crate::Redlock::node_states)).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct NodeState {
+    /// The node's name ([`Node::name`](crate::Node::name): no credentials).
+    pub name: Arc<str>,
+    /// Whether it answers.
+    pub status: NodeStatus,
+    /// When `status` took its current value (for [`NodeStatus::Unknown`], when the
+    /// locker was built).
+    pub since: Instant,
+    /// The latest error of a call to it, if any, even while it is up again.
+    pub last_error: Option<NodeError>,
+}
+
+/// The state of one node, fed with the answer of every call the locker makes to it.
+pub(crate) struct Health {
+    name: Arc<str>,
+    /// The per-node timeout: only a call cut at this budget says the node is slow.
+    node_timeout: Duration,
+    entry: Mutex<Entry>,
+}
+
+struct Entry {
+    status: NodeStatus,
+    since: Instant,
+    /// When the call that set `status` started. Calls overlap, and an answer of a call
+    /// started earlier is older news (a command sent just before the node died may fail
+    /// after a later one already succeeded on the new connection), so it does not
+    /// change the status back.
+    decided_by: Instant,
+    last_error: Option<NodeError>,
+}
+
+/// What an answer says about the node.
+enum Seen {
+    Up,
+    Down,
+    /// Nothing: the call was cut by a budget shorter than the node's, or the node
+    /// lacks the operation.
+    Nothing,
+}
+
+impl Health {
+    pub(crate) fn new(name: Arc<str>, node_timeout: Duration) -> Self {
+        let now = Instant::now();
+        Health {
+            name,
+            node_timeout,
+            entry: Mutex::new(Entry {
+                status: NodeStatus::Unknown,
+                since: now,
+                decided_by: now,
+                last_error: None,
+            }),
+        }
+    }
+
+    /// Records the answer of a call that started at `started`, and logs a change.
+    pub(crate) fn observe<T>(&self, started: Instant, answer: &Result<T, NodeError>) {
+        let seen = match answer {
+            Ok(_) => Seen::Up,
+            Err(NodeError::Connection(_)) => Seen::Down,
+            Err(NodeError::Timeout(budget)) if *budget >= self.node_timeout => Seen::Down,
+            Err(NodeError::Timeout(_) | NodeError::Unsupported(_)) => Seen::Nothing,
+            // It answered, with an error: reachable, and the error is kept.
+            Err(_) => Seen::Up,
+        };
+        let status = match seen {
+            Seen::Up => NodeStatus::Up,
+            Seen::Down => NodeStatus::Down,
+            Seen::Nothing => return,
+        };
+        let error = answer.as_ref().err();
+        let previous = {
+            let mut entry = self.entry.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(error) = error {
+                entry.last_error = Some(error.clone());
+            }
+            if started < entry.decided_by {
+                return;
+            }
+            entry.decided_by = started;
+            if entry.status == status {
+                return;
+            }
+            let previous = (entry.status, entry.since);
+            entry.status = status;
+            entry.since = Instant::now();
+            previous
+        };
+        // Logged outside the lock, once per change.
+        match (previous, error) {
+            (_, Some(error)) if status == NodeStatus::Down => {
+                tracing::warn!(node = %self.name, %error, "node down");
+            }
+            ((NodeStatus::Down, since), _) => {
+                tracing::info!(node = %self.name, down_for = ?since.elapsed(), "node back up");
+            }
+            _ => tracing::debug!(node = %self.name, "node up"),
+        }
+    }
+
+    pub(crate) fn state(&self) -> NodeState {
+        let entry = self.entry.lock().unwrap_or_else(|p| p.into_inner());
+        NodeState {
+            name: self.name.clone(),
+            status: entry.status,
+            since: entry.since,
+            last_error: entry.last_error.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health() -> Health {
+        Health::new("n".into(), Duration::from_millis(50))
+    }
+
+    fn refused() -> Result<(), NodeError> {
+        Err(NodeError::Connection("refused".into()))
+    }
+
+    #[test]
+    fn changes_follow_the_latest_call() {
+        let h = health();
+        assert_eq!(h.state().status, NodeStatus::Unknown);
+        let early = Instant::now();
+        let late = early + Duration::from_millis(1);
+        h.observe(late, &refused());
+        assert_eq!(h.state().status, NodeStatus::Down);
+        // An answer to an older call does not undo what a newer one showed.
+        h.observe(early, &Ok(()));
+        assert_eq!(h.state().status, NodeStatus::Down);
+        h.observe(late + Duration::from_millis(1), &Ok(()));
+        let state = h.state();
+        assert_eq!(state.status, NodeStatus::Up);
+        assert!(matches!(state.last_error, Some(NodeError::Connection(_))));
+    }
+
+    #[test]
+    fn only_the_node_budget_makes_a_timeout_count() {
+        let h = health();
+        let cut_short: Result<(), _> = Err(NodeError::Timeout(Duration::from_millis(3)));
+        h.observe(Instant::now(), &cut_short);
+        assert_eq!(h.state().status, NodeStatus::Unknown);
+        let slow: Result<(), _> = Err(NodeError::Timeout(Duration::from_millis(50)));
+        h.observe(Instant::now(), &slow);
+        assert_eq!(h.state().status, NodeStatus::Down);
+        let oom: Result<(), _> = Err(NodeError::Server("OOM".into()));
+        h.observe(Instant::now(), &oom);
+        assert_eq!(h.state().status, NodeStatus::Up);
+    }
+}
