@@ -19,8 +19,13 @@
 //! while the handler reads the other.
 //!
 //! The layer then checks the key: not empty, at most
-//! [`max_key_len`](super::LockLayer::max_key_len) bytes, visible ASCII only
-//! (`0x21..=0x7E`).
+//! [`max_key_len`](super::LockLayer::max_key_len) bytes of UTF-8, no control
+//! characters. Anything else is a valid key, including spaces and non-ASCII letters
+//! (a percent-decoded path id such as `/accounts/%C3%A9` gives `é`).
+//!
+//! A key the server cannot find because it is configured wrongly — a
+//! `path_param` name that the matched route does not have — is not the client's
+//! fault: it is answered with 500 `key-misconfigured` and logged as an error.
 
 use std::fmt;
 use std::future::{ready, Future, Ready};
@@ -157,6 +162,15 @@ impl KeyRejection {
         }
     }
 
+    /// The server is configured to look for a key where the request cannot have one
+    /// (a path parameter the matched route does not have): 500 `key-misconfigured`.
+    pub fn misconfigured(detail: impl Into<String>) -> Self {
+        KeyRejection {
+            kind: ProblemKind::KeyMisconfigured,
+            detail: detail.into(),
+        }
+    }
+
     /// The body exceeds `limit` bytes: 413 `body-too-large`.
     pub fn body_too_large(limit: usize) -> Self {
         KeyRejection {
@@ -216,8 +230,13 @@ impl From<KeyRejection> for Problem {
     }
 }
 
-/// Checks a key against the layer's rules: not empty, at most `max_len` bytes, visible
-/// ASCII only.
+/// Checks a key against the layer's rules: not empty, at most `max_len` bytes, no
+/// control characters.
+///
+/// Any other UTF-8 is accepted (a percent-decoded path id such as `é`, a space in a
+/// quoted `Idempotency-Key`): Redis keys are binary-safe, and [`Resource`] escapes the
+/// parts it joins, so no key can reach into another part. Control characters are
+/// refused because they have no business in an identifier and would corrupt logs.
 pub(crate) fn validate(key: &str, max_len: usize) -> Result<(), String> {
     if key.is_empty() {
         return Err("the lock key is empty".to_owned());
@@ -228,9 +247,9 @@ pub(crate) fn validate(key: &str, max_len: usize) -> Result<(), String> {
             key.len()
         ));
     }
-    if let Some(position) = key.bytes().position(|b| !(0x21..=0x7E).contains(&b)) {
+    if let Some((position, _)) = key.char_indices().find(|(_, c)| c.is_control()) {
         return Err(format!(
-            "the lock key has a character outside visible ASCII at byte {position}"
+            "the lock key has a control character at byte {position}"
         ));
     }
     Ok(())
@@ -243,10 +262,31 @@ pub(crate) fn validate(key: &str, max_len: usize) -> Result<(), String> {
 #[derive(Debug, Clone)]
 pub struct Header {
     name: HeaderName,
+    sf_string: bool,
 }
 
 /// The key is the value of the header `name` (e.g. `Idempotency-Key`). A header sent
-/// twice is rejected (`key-invalid`).
+/// twice, or a value that is not UTF-8, is rejected (`key-invalid`).
+///
+/// For `Idempotency-Key` the value is read as the IETF draft defines it, an
+/// [RFC 8941](https://www.rfc-editor.org/rfc/rfc8941#name-strings) *String*:
+/// `"8e03978e-40d5"` gives the key `8e03978e-40d5` (the quotes are syntax, `\"` and
+/// `\\` are escapes), and a bare value as Stripe's clients send it (`8e03978e-40d5`)
+/// is taken as it is; a value that opens a quote but is not a valid String is
+/// rejected (`key-invalid`). [`Header::sf_string`] turns this reading on or off for any
+/// header.
+///
+/// ```
+/// use tower_redlock::http::{header, KeyFromParts};
+///
+/// let request = http::Request::post("/payments")
+///     .header("Idempotency-Key", r#""8e03978e-40d5""#)
+///     .body(())
+///     .unwrap();
+/// let (mut parts, ()) = request.into_parts();
+/// let key = header("Idempotency-Key").key(&mut parts).unwrap();
+/// assert_eq!(key.as_deref(), Some("8e03978e-40d5"));
+/// ```
 ///
 /// # Panics
 ///
@@ -257,16 +297,56 @@ where
     N::Error: fmt::Display,
 {
     match name.try_into() {
-        Ok(name) => Header { name },
+        Ok(name) => {
+            let sf_string = name == IDEMPOTENCY_KEY;
+            Header { name, sf_string }
+        }
         Err(e) => panic!("invalid header name for a lock key: {e}"),
     }
 }
+
+/// The header of the IETF draft *The Idempotency-Key HTTP Header Field*.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 impl Header {
     /// The header's name.
     pub fn name(&self) -> &HeaderName {
         &self.name
     }
+
+    /// Reads the value as an RFC 8941 String when it starts with a double quote, else
+    /// as it is (default: on for `Idempotency-Key`, off for other headers).
+    #[must_use]
+    pub fn sf_string(mut self, on: bool) -> Self {
+        self.sf_string = on;
+        self
+    }
+}
+
+/// The content of the RFC 8941 String `value` (which starts with `"`), or why it is
+/// not one.
+fn parse_sf_string(value: &str) -> Result<String, &'static str> {
+    let mut chars = value.chars();
+    if chars.next() != Some('"') {
+        return Err("a String starts with a double quote");
+    }
+    let mut out = String::with_capacity(value.len());
+    loop {
+        match chars.next() {
+            None => return Err("the closing double quote is missing"),
+            Some('"') => break,
+            Some('\\') => match chars.next() {
+                Some(c @ ('"' | '\\')) => out.push(c),
+                _ => return Err("only \\\" and \\\\ may be escaped"),
+            },
+            Some(c @ ' '..='~') => out.push(c),
+            Some(_) => return Err("a String holds visible ASCII and spaces only"),
+        }
+    }
+    if chars.next().is_some() {
+        return Err("characters follow the closing double quote");
+    }
+    Ok(out)
 }
 
 impl KeyFromParts for Header {
@@ -274,8 +354,22 @@ impl KeyFromParts for Header {
         let mut values = parts.headers.get_all(&self.name).iter();
         match (values.next(), values.next()) {
             (None, _) => Ok(None),
-            // Non-UTF-8 bytes become U+FFFD, which the layer's check refuses.
-            (Some(value), None) => Ok(Some(String::from_utf8_lossy(value.as_bytes()).into_owned())),
+            (Some(value), None) => {
+                // Refused rather than replaced with U+FFFD: two different byte strings
+                // must never name one lock.
+                let text = std::str::from_utf8(value.as_bytes()).map_err(|_| {
+                    KeyRejection::invalid(format!("the `{}` header is not UTF-8", self.name))
+                })?;
+                if self.sf_string && text.starts_with('"') {
+                    return parse_sf_string(text).map(Some).map_err(|why| {
+                        KeyRejection::invalid(format!(
+                            "the `{}` header is not a valid structured-field String (RFC 8941): {why}",
+                            self.name
+                        ))
+                    });
+                }
+                Ok(Some(text.to_owned()))
+            }
             (Some(_), Some(_)) => Err(KeyRejection::invalid(format!(
                 "the `{}` header appears more than once",
                 self.name
@@ -297,8 +391,8 @@ pub struct QueryParam {
     name: Arc<str>,
 }
 
-/// The key is the query parameter `name`, percent-decoded (`+` is a space, which the
-/// layer then refuses). A parameter given twice is rejected (`key-invalid`).
+/// The key is the query parameter `name`, percent-decoded (`+` is a space). A
+/// parameter given twice is rejected (`key-invalid`).
 pub fn query_param(name: impl Into<Arc<str>>) -> QueryParam {
     QueryParam { name: name.into() }
 }
@@ -373,7 +467,8 @@ pub struct PathParam {
 }
 
 /// The key is the path parameter `name` of the matched axum route, percent-decoded
-/// (e.g. `id` in `/orders/{id}`).
+/// (e.g. `id` in `/orders/{id}`). A matched route without a parameter of that name
+/// is a server mistake: 500 `key-misconfigured`, logged as an error.
 ///
 /// Path parameters exist only after routing: apply the layer with
 /// [`Router::route_layer`](axum::Router::route_layer), [`Router::layer`](axum::Router::layer)
@@ -394,10 +489,28 @@ impl KeyFromParts for PathParam {
         // axum's extractor reads the parameters routing left in the extensions; its
         // future is ready at once.
         match RawPathParams::from_request_parts(parts, &()).now_or_never() {
-            Some(Ok(params)) => Ok(params
-                .iter()
-                .find(|(name, _)| *name == &*self.name)
-                .map(|(_, value)| value.to_owned())),
+            Some(Ok(params)) => {
+                let found = params
+                    .iter()
+                    .find(|(name, _)| *name == &*self.name)
+                    .map(|(_, value)| value.to_owned());
+                // A matched route without the parameter is the server's mistake (a
+                // typo, or the layer on the wrong route), never the client's: 500, not
+                // 400. Without a matched route (the router's fallback under
+                // `Router::layer`) there is simply no key.
+                match (found, parts.extensions.get::<axum::extract::MatchedPath>()) {
+                    (None, Some(route)) => {
+                        let detail = format!(
+                            "the route `{}` has no path parameter `{}` to take the lock key from",
+                            route.as_str(),
+                            self.name
+                        );
+                        tracing::error!("lock key misconfigured: {detail}");
+                        Err(KeyRejection::misconfigured(detail))
+                    }
+                    (found, _) => Ok(found),
+                }
+            }
             Some(Err(RawPathParamsRejection::InvalidUtf8InPathParam(_))) => Err(
                 KeyRejection::invalid(format!("the `{}` path parameter is not UTF-8", self.name)),
             ),
@@ -670,9 +783,14 @@ mod tests {
         assert!(validate("", 255).is_err());
         assert!(validate(&"a".repeat(255), 255).is_ok());
         assert!(validate(&"a".repeat(256), 255).is_err());
-        for bad in ["a b", "a\tb", "é", "a\u{7f}", "\u{fffd}"] {
+        for good in ["a b", "é", "\u{fffd}", "日本", "\"quoted\""] {
+            assert!(validate(good, 255).is_ok(), "{good:?}");
+        }
+        for bad in ["a\tb", "a\nb", "\0", "a\u{7f}", "a\u{85}"] {
             assert!(validate(bad, 255).is_err(), "{bad:?}");
         }
+        // The limit counts bytes, not characters.
+        assert!(validate(&"é".repeat(128), 255).is_err());
     }
 
     #[test]
@@ -693,12 +811,60 @@ mod tests {
             ))
             .unwrap_err();
         assert_eq!(twice.kind(), ProblemKind::KeyInvalid);
-        // obs-text survives extraction as U+FFFD and fails validation.
+        // Bytes that are not UTF-8 are refused, never folded into U+FFFD (two values
+        // would then name one lock); UTF-8 is a key like any other.
         let odd = key
             .key(&mut parts("/", &[("idempotency-key", b"a\xffb")]))
-            .unwrap()
-            .unwrap();
-        assert!(validate(&odd, 255).is_err());
+            .unwrap_err();
+        assert_eq!(odd.kind(), ProblemKind::KeyInvalid);
+        assert_eq!(
+            key.key(&mut parts("/", &[("idempotency-key", "é".as_bytes())]))
+                .unwrap()
+                .as_deref(),
+            Some("é")
+        );
+    }
+
+    #[test]
+    fn idempotency_keys_are_structured_field_strings() {
+        let key = header("Idempotency-Key");
+        let get = |value: &str| key.key(&mut parts("/", &[("idempotency-key", value.as_bytes())]));
+        assert_eq!(
+            get(r#""8e03978e-40d5""#).unwrap().as_deref(),
+            Some("8e03978e-40d5")
+        );
+        assert_eq!(
+            get("8e03978e-40d5").unwrap().as_deref(),
+            Some("8e03978e-40d5")
+        );
+        assert_eq!(
+            get(r#""a \"b\" \\c""#).unwrap().as_deref(),
+            Some(r#"a "b" \c"#)
+        );
+        assert_eq!(get(r#""""#).unwrap().as_deref(), Some(""));
+        for bad in [r#"""#, r#""abc"#, r#""a"b"#, r#""a\b""#, r#""a\""#, "\"é\""] {
+            assert_eq!(
+                get(bad).unwrap_err().kind(),
+                ProblemKind::KeyInvalid,
+                "{bad}"
+            );
+        }
+        // Other headers are taken as they are, unless asked.
+        let other = |h: Header| {
+            h.key(&mut parts("/", &[("x-key", br#""k""#)]))
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(other(header("x-key")), r#""k""#);
+        assert_eq!(other(header("x-key").sf_string(true)), "k");
+        assert_eq!(
+            header("Idempotency-Key")
+                .sf_string(false)
+                .key(&mut parts("/", &[("idempotency-key", br#""k""#)]))
+                .unwrap()
+                .as_deref(),
+            Some(r#""k""#)
+        );
     }
 
     #[test]

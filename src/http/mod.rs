@@ -50,7 +50,8 @@
 //! |---|---|
 //! | no key, [`MissingKey::Reject`] (default) | 400 `key-missing` |
 //! | no key, [`MissingKey::Bypass`] | the handler runs without a lock ([`Unlocked::MissingKey`]) |
-//! | key empty, too long ([`LockLayer::max_key_len`]), not visible ASCII, ambiguous | 400 `key-invalid` |
+//! | key empty, too long ([`LockLayer::max_key_len`]), not UTF-8, with a control character, ambiguous | 400 `key-invalid` |
+//! | a `path_param` name the matched route does not have (a server mistake, logged as an error) | 500 `key-misconfigured` |
 //! | body over the limit of a body key | 413 `body-too-large`, no lock taken |
 //! | body key: body not JSON | 400 `body-not-json` |
 //! | lock held, [`Contention::Reject`] (default) | 409 `lock-held`, `Retry-After` = holder's ttl, rounded up |

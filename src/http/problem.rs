@@ -34,9 +34,15 @@
 //!
 //! ### key-invalid
 //! 400: the key is empty, longer than the limit
-//! ([`LockLayer::max_key_len`](super::LockLayer::max_key_len)), contains a byte outside
-//! visible ASCII (`0x21..=0x7E`), or is ambiguous (a header or query parameter given
-//! twice, a JSON field that is neither a string nor a number).
+//! ([`LockLayer::max_key_len`](super::LockLayer::max_key_len)), contains a control
+//! character, is not UTF-8, is ambiguous (a header or query parameter given twice, a
+//! JSON field that is neither a string nor a number), or is an `Idempotency-Key` that
+//! opens a quote but is not a valid RFC 8941 String.
+//!
+//! ### key-misconfigured
+//! 500: the server looks for the key where the request cannot have one — a
+//! `path_param` name that the matched route does not have. A configuration error of
+//! the server, logged as an error; the handler did not run.
 //!
 //! ### body-too-large
 //! 413: the body is larger than the limit of a body key
@@ -129,6 +135,8 @@ pub enum ProblemKind {
     KeyInvalid,
     /// 413 `body-too-large`.
     BodyTooLarge,
+    /// 500 `key-misconfigured`.
+    KeyMisconfigured,
     /// 400 `body-not-json`.
     BodyNotJson,
     /// 400 `body-unreadable`.
@@ -157,9 +165,10 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in documentation order.
-    pub const ALL: [ProblemKind; 15] = [
+    pub const ALL: [ProblemKind; 16] = [
         ProblemKind::KeyMissing,
         ProblemKind::KeyInvalid,
+        ProblemKind::KeyMisconfigured,
         ProblemKind::BodyTooLarge,
         ProblemKind::BodyNotJson,
         ProblemKind::BodyUnreadable,
@@ -180,6 +189,7 @@ impl ProblemKind {
         match self {
             ProblemKind::KeyMissing => "key-missing",
             ProblemKind::KeyInvalid => "key-invalid",
+            ProblemKind::KeyMisconfigured => "key-misconfigured",
             ProblemKind::BodyTooLarge => "body-too-large",
             ProblemKind::BodyNotJson => "body-not-json",
             ProblemKind::BodyUnreadable => "body-unreadable",
@@ -212,9 +222,9 @@ impl ProblemKind {
             ProblemKind::LockUnavailable | ProblemKind::LockQueueFull | ProblemKind::LockLost => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ProblemKind::LockLayerMissing | ProblemKind::ResponseFailed => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            ProblemKind::LockLayerMissing
+            | ProblemKind::KeyMisconfigured
+            | ProblemKind::ResponseFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -223,6 +233,7 @@ impl ProblemKind {
         match self {
             ProblemKind::KeyMissing => "Lock key missing",
             ProblemKind::KeyInvalid => "Lock key invalid",
+            ProblemKind::KeyMisconfigured => "Lock key misconfigured",
             ProblemKind::BodyTooLarge => "Body too large",
             ProblemKind::BodyNotJson => "Body is not JSON",
             ProblemKind::BodyUnreadable => "Body unreadable",
