@@ -11,7 +11,8 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `PORT` | 3000 | listens on `127.0.0.1:$PORT` |
-//! | `REDIS_URLS` | unset | comma-separated Redis URLs: Redlock over them (majority), and the ledger in the first one. Unset: the in-process `MemoryNode` and an in-process ledger |
+//! | `REDIS_URLS` | unset | comma-separated Redis URLs: Redlock over them (majority). Unset: the in-process `MemoryNode` and an in-process ledger |
+//! | `LEDGER_URL` | the first of `REDIS_URLS` | the Redis server of the ledger (a plain `redis://` URL). Give it a server of its own to let any one lock node fail: with the default, the first node must stay up for the ledger |
 //! | `LOCK_TTL_MS` | 10000 | lease time to live (the watchdog renews it while a handler runs) |
 //! | `WAIT_TIMEOUT_MS` | 5000 | how long `ship` waits for the order's lock |
 //! | `RUST_LOG` | `info` | log filter |
@@ -35,9 +36,12 @@
 //! teaches fencing: a write is accepted only with a fencing token larger than the last
 //! one accepted for the order, so a handler whose lease ran out while it worked (a long
 //! GC pause, a stopped VM) cannot overwrite the work of the next holder: it gets
-//! 409 `stale-fencing-token`. With `REDIS_URLS` the ledger lives in the first Redis
-//! node (a Lua script per step), so every instance started with the same `REDIS_URLS`
-//! shares it; without, it lives in this process.
+//! 409 `stale-fencing-token`. With `REDIS_URLS` the ledger lives in Redis, at
+//! `LEDGER_URL` or else in the first lock node (a Lua script per step), so every
+//! instance started with the same settings shares it; without, it lives in this
+//! process. The ledger stands for your database: it is not replicated, so the server
+//! it lives on must be up for the routes that use it (the lock itself needs only a
+//! majority of `REDIS_URLS`).
 //!
 //! `tests/orders.rs` includes this file as a module and drives [`app`] directly, so the
 //! test and the demo run the same code.
@@ -48,15 +52,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tower_redlock::axum::LayerLease;
-use tower_redlock::http::{self as lock_http, path_param, Contention, LockLayer, OnLost, Scope};
+use tower_redlock::http::{
+    self as lock_http, path_param, Contention, LockLayer, OnLost, RequestKey, Scope,
+};
 use tower_redlock::{FencingToken, LockOptions, MemoryNode, Redlock};
 use tracing_subscriber::EnvFilter;
 
@@ -72,6 +78,8 @@ pub struct Config {
     pub port: u16,
     /// `REDIS_URLS`, split at commas; empty for the in-process default.
     pub redis_urls: Vec<String>,
+    /// `LEDGER_URL`; `None` for the first of `redis_urls`.
+    pub ledger_url: Option<String>,
     /// `LOCK_TTL_MS`.
     pub lock_ttl: Duration,
     /// `WAIT_TIMEOUT_MS`.
@@ -83,6 +91,7 @@ impl Default for Config {
         Config {
             port: 3000,
             redis_urls: Vec::new(),
+            ledger_url: None,
             lock_ttl: Duration::from_millis(10_000),
             wait_timeout: Duration::from_millis(5_000),
         }
@@ -90,7 +99,7 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Reads `PORT`, `REDIS_URLS`, `LOCK_TTL_MS` and `WAIT_TIMEOUT_MS`.
+    /// Reads `PORT`, `REDIS_URLS`, `LEDGER_URL`, `LOCK_TTL_MS` and `WAIT_TIMEOUT_MS`.
     #[allow(dead_code)] // used by `main`; tests/orders.rs, which includes this file, does not
     pub fn from_env() -> Result<Config, String> {
         fn number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -112,6 +121,10 @@ impl Config {
                 .filter(|url| !url.is_empty())
                 .map(str::to_owned)
                 .collect(),
+            ledger_url: std::env::var("LEDGER_URL")
+                .ok()
+                .map(|url| url.trim().to_owned())
+                .filter(|url| !url.is_empty()),
             lock_ttl: Duration::from_millis(number("LOCK_TTL_MS", 10_000)?),
             wait_timeout: Duration::from_millis(number("WAIT_TIMEOUT_MS", 5_000)?),
         })
@@ -154,12 +167,22 @@ pub fn build(config: &Config) -> Result<Router, BoxError> {
         }
         Some(first) => {
             let locker = Redlock::connect(&config.redis_urls, options)?;
+            let ledger_url = match &config.ledger_url {
+                Some(url) => url,
+                None => {
+                    tracing::info!(
+                        "LEDGER_URL is not set: the ledger lives in the first node of \
+                         REDIS_URLS, which must then stay up"
+                    );
+                    first
+                }
+            };
             tracing::info!(
                 nodes = locker.node_count(),
                 quorum = locker.quorum(),
-                "locking over Redis; the ledger lives in the first node of REDIS_URLS"
+                "locking over Redis"
             );
-            (locker, Ledger::redis(first)?)
+            (locker, Ledger::redis(ledger_url)?)
         }
     };
     Ok(app(locker, ledger, config))
@@ -189,8 +212,8 @@ pub fn app(locker: Redlock, ledger: Ledger, config: &Config) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/orders/{id}", get(order_status))
-        .route("/orders/{id}/pay", post(pay).layer(pay_lock))
-        .route("/orders/{id}/ship", post(ship).layer(ship_lock))
+        .route("/orders/{id}/pay", post(pay).route_layer(pay_lock))
+        .route("/orders/{id}/ship", post(ship).route_layer(ship_lock))
         .route("/payments", payments_route(&locker))
         .with_state(AppState { ledger })
 }
@@ -286,7 +309,7 @@ async fn work_on_order(
 /// request with the same key runs, and 422 `idempotency-key-reused` for the same key
 /// with another request (method, path, query or body).
 fn payments_route(locker: &Redlock) -> MethodRouter<AppState> {
-    post(create_payment).layer(
+    post(create_payment).route_layer(
         LockLayer::new(locker.clone(), lock_http::header("Idempotency-Key"))
             .replay(lock_http::Replay::new()),
     )
@@ -294,16 +317,14 @@ fn payments_route(locker: &Redlock) -> MethodRouter<AppState> {
 
 async fn create_payment(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(key): Extension<RequestKey>,
     Query(params): Query<WorkParams>,
     lease: LayerLease,
 ) -> Result<Json<Value>, ApiProblem> {
     let work = work_of(&params)?;
-    // The layer only lets requests with exactly one, visible-ASCII key through.
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default();
+    // The key the layer locked (`"8e03978e"` in the structured form gives `8e03978e`):
+    // reading the header again could name another payment than the one locked.
+    let key = key.as_str();
     let token = lease.fencing_token();
     // The ledger entry of this payment is named after its key (`GET /orders/payment:<key>`
     // shows it): a token orders writes of one lock only, so it gets its own entry.
@@ -456,7 +477,7 @@ impl Ledger {
     /// first use, and reconnects by itself.
     pub fn redis(url: &str) -> Result<Ledger, BoxError> {
         let client = redis::Client::open(url).map_err(|e| {
-            format!("the ledger needs a plain redis:// URL first in REDIS_URLS: {e}")
+            format!("the ledger needs a plain redis:// URL (LEDGER_URL, or first in REDIS_URLS): {e}")
         })?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))

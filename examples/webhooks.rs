@@ -42,11 +42,11 @@ use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tower_redlock::axum::LayerLease;
-use tower_redlock::http::{webhook, LockLayer};
+use tower_redlock::http::{webhook, LockLayer, RequestKey};
 use tower_redlock::{LockOptions, Redlock};
 use tracing_subscriber::EnvFilter;
 
@@ -87,15 +87,16 @@ impl Work {
     }
 }
 
-fn app(locker: Redlock) -> Router {
+/// The receivers' router; `tests/webhooks.rs` includes this file and drives it.
+pub fn app(locker: Redlock) -> Router {
     Router::new()
         .route(
             "/webhooks/github",
-            post(github).layer(LockLayer::new(locker.clone(), webhook::github())),
+            post(github).route_layer(LockLayer::new(locker.clone(), webhook::github())),
         )
         .route(
             "/webhooks/stripe",
-            post(stripe).layer(LockLayer::new(locker, webhook::stripe())),
+            post(stripe).route_layer(LockLayer::new(locker, webhook::stripe())),
         )
         .with_state(AppState::default())
 }
@@ -105,18 +106,13 @@ async fn github(
     State(state): State<AppState>,
     Query(work): Query<Work>,
     lease: LayerLease,
+    Extension(key): Extension<RequestKey>,
     headers: HeaderMap,
     body: Bytes,
 ) -> (StatusCode, Json<Value>) {
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|value| value.to_str().ok())
-            .unwrap_or_default()
-            .to_owned()
-    };
-    // The layer only lets requests with a usable delivery id through.
-    let delivery = header("x-github-delivery");
+    // The delivery id is the key the layer locked: reading the header again could
+    // give another one.
+    let delivery = key.as_str().to_owned();
     // Verify `X-Hub-Signature-256` over `body` with the webhook secret here.
     if state.github.contains(&delivery) {
         tracing::info!(%delivery, "github: redelivery of a processed delivery, skipped");
@@ -128,7 +124,10 @@ async fn github(
     tokio::time::sleep(work.duration()).await; // the actual processing
     state.github.insert(delivery.clone());
     let token = lease.fencing_token();
-    let event = header("x-github-event");
+    let event = headers
+        .get("x-github-event")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
     tracing::info!(%delivery, %event, bytes = body.len(), %token, "github: processed");
     (
         StatusCode::OK,
@@ -145,6 +144,7 @@ async fn stripe(
     State(state): State<AppState>,
     Query(work): Query<Work>,
     lease: LayerLease,
+    Extension(key): Extension<RequestKey>,
     body: Bytes,
 ) -> (StatusCode, Json<Value>) {
     // The layer read the event id from the body and passed the identical bytes on, so
@@ -158,7 +158,10 @@ async fn stripe(
             )
         }
     };
-    let id = event["id"].as_str().unwrap_or_default().to_owned();
+    // The event id is the key the layer locked (a number in `/id` becomes its decimal
+    // text): parsing it again as a string would miss numeric ids, and then every such
+    // event would look like one and the same.
+    let id = key.as_str().to_owned();
     if state.stripe.contains(&id) {
         tracing::info!(%id, "stripe: redelivery of a processed event, skipped");
         return (
@@ -180,6 +183,7 @@ async fn stripe(
     )
 }
 
+#[allow(dead_code)] // the binary's entry point; tests/webhooks.rs includes this file
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     tracing_subscriber::fmt()

@@ -983,3 +983,151 @@ async fn one_key_on_two_paths_of_one_route_is_two_requests() {
     assert_replay_of(&seven, &send(&app, order(7)).await);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+// ------------------------------------------------------------------------------------
+// which requests and responses replay is for (issue 19, items 3 and 4)
+
+/// A handler counting its runs, answering 404 for id 0 ("no such order") and 200
+/// otherwise, on `/orders/{id}` for POST, PUT and PATCH.
+fn counting_orders(runs: &Arc<AtomicUsize>) -> axum::routing::MethodRouter {
+    let handler = {
+        let runs = runs.clone();
+        move |axum::extract::Path(id): axum::extract::Path<u32>| {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if id == 0 {
+                    (StatusCode::NOT_FOUND, format!("no order 0 (run {run})"))
+                } else {
+                    (StatusCode::OK, format!("order {id}, run {run}"))
+                }
+            }
+        }
+    };
+    post(handler.clone()).put(handler.clone()).patch(handler)
+}
+
+fn keyed(method: &str, uri: &str, key: &str) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("idempotency-key", key)
+        .body(Body::empty())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn only_post_and_patch_are_replayed_by_default() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/orders/{id}", counting_orders(&runs))
+        .route_layer(layer(Redlock::in_memory(), Replay::new()));
+    for method in ["POST", "PATCH"] {
+        let key = format!("k-{method}");
+        let first = send(&app, keyed(method, "/orders/1", &key)).await;
+        let again = send(&app, keyed(method, "/orders/1", &key)).await;
+        assert_replay_of(&first, &again);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // PUT is idempotent by definition: locked, but run every time, never replayed.
+    for _ in 0..2 {
+        let put = send(&app, keyed("PUT", "/orders/1", "k-put")).await;
+        assert_eq!(put.status, StatusCode::OK);
+        assert!(!put.replayed());
+        assert!(put.header("fencing-token").is_some(), "still locked");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+
+    // `Replay::methods` changes the set.
+    let app = Router::new()
+        .route("/orders/{id}", counting_orders(&runs))
+        .route_layer(layer(
+            Redlock::in_memory(),
+            Replay::new().methods([http::Method::PUT]),
+        ));
+    let first = send(&app, keyed("PUT", "/orders/1", "k")).await;
+    assert_replay_of(&first, &send(&app, keyed("PUT", "/orders/1", "k")).await);
+    let post_ = send(&app, keyed("POST", "/orders/1", "k2")).await;
+    assert!(!send(&app, keyed("POST", "/orders/1", "k2")).await.replayed());
+    assert!(!post_.replayed());
+}
+
+#[tokio::test]
+async fn responses_of_the_router_are_never_recorded() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    // `Router::layer` and `MethodRouter::layer` wrap the router's own answers too; PUT,
+    // PATCH and POST are replayed here, so only the rule keeps 404 and 405 out.
+    let replay = || Replay::new().methods([http::Method::POST, http::Method::PUT]);
+    let handler = {
+        let runs = runs.clone();
+        move || {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { "paid" }
+        }
+    };
+    // 405 of the method router (PUT on a POST-only route), under `MethodRouter::layer`.
+    let method_router = Router::new().route(
+        "/orders/{id}",
+        post(handler.clone()).layer(layer(Redlock::in_memory(), replay())),
+    );
+    for _ in 0..2 {
+        let answer = send(&method_router, keyed("PUT", "/orders/1", "k-405")).await;
+        assert_eq!(answer.status, StatusCode::METHOD_NOT_ALLOWED);
+        assert!(!answer.replayed(), "a 405 of the router was recorded");
+    }
+    // 404 of the router's fallback (no route matched), under `Router::layer`.
+    let router = Router::new()
+        .route("/orders/{id}", post(handler))
+        .layer(layer(Redlock::in_memory(), replay()));
+    for _ in 0..2 {
+        let answer = send(&router, keyed("POST", "/nowhere", "k-404")).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND);
+        assert!(!answer.replayed(), "a 404 of the router was recorded");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // A handler's own 404 on a matched route is an outcome like any other.
+    let app = Router::new()
+        .route("/orders/{id}", counting_orders(&runs))
+        .route_layer(layer(Redlock::in_memory(), Replay::new()));
+    let first = send(&app, keyed("POST", "/orders/0", "k-own-404")).await;
+    assert_eq!(first.status, StatusCode::NOT_FOUND);
+    assert_replay_of(&first, &send(&app, keyed("POST", "/orders/0", "k-own-404")).await);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn the_orders_example_locks_and_records_only_the_routed_method() {
+    let app = orders::build(&orders::Config::default()).unwrap();
+    // HEAD, GET and OPTIONS on `/payments`: the router's 405, no key needed, no lock,
+    // nothing recorded.
+    for method in ["HEAD", "GET", "OPTIONS"] {
+        for key in [None, Some("k-1")] {
+            let mut request = Request::builder().method(method).uri("/payments");
+            if let Some(key) = key {
+                request = request.header("idempotency-key", key);
+            }
+            let answer = send(&app, request.body(Body::empty()).unwrap()).await;
+            assert_eq!(answer.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
+            assert!(!answer.replayed(), "{method}");
+            assert_eq!(answer.header("fencing-token"), None, "{method} took the lock");
+        }
+    }
+    // GET on a POST route of an order: 405 at once, without the order's lock.
+    let answer = send(&app, keyed("GET", "/orders/50/ship", "k")).await;
+    assert_eq!(answer.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(answer.header("fencing-token"), None);
+}
+
+#[tokio::test]
+async fn a_quoted_idempotency_key_is_the_same_key_as_the_bare_one() {
+    let payments = Payments::default();
+    let app = payments.app(layer(Redlock::in_memory(), Replay::new()));
+    // The draft's structured-field String, then the bare token Stripe's clients send.
+    let first = send(&app, pay(r#""8e03978e-40d5""#, "{}")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_replay_of(&first, &send(&app, pay("8e03978e-40d5", "{}")).await);
+    assert_eq!(payments.runs(), 1);
+    send(&app, pay(r#""8e03978e"40d5""#, "{}"))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, "key-invalid");
+}

@@ -8,7 +8,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::HeaderValue;
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Body;
 use pin_project::pin_project;
 use tokio::time::Instant;
@@ -17,10 +17,10 @@ use tracing::Span;
 
 use super::body::LeaseBody;
 use super::key::{validate, KeyExtractor};
-use super::layer::{Contention, MissingKey, OnLost, Settings, Unavailable};
+use super::layer::{matched_path, Contention, MissingKey, OnLost, Settings, Unavailable};
 use super::problem::{self, lock_error_problem as problem_of, Problem, ProblemKind, RETRY_SOON};
 use super::replay::{ReplayRequest, ReplaySettings, StoredResponse, IDEMPOTENT_REPLAYED};
-use super::service::{LeaseLost, Unlocked};
+use super::service::{LeaseLost, RequestKey, Unlocked};
 use crate::error::LockError;
 use crate::lock::record::{self, Claim, Record};
 use crate::lock::{Lease, LeaseHandle, LostCause, Resource};
@@ -94,8 +94,8 @@ where
         lease: Option<Lease>,
         handle: Option<LeaseHandle>,
         lost: Option<LostFuture>,
-        /// Replay: the request's fingerprint.
-        replay: Option<Bytes>,
+        /// Replay: what recording the response needs.
+        replay: Option<Pending>,
     },
     /// Replay: reading the response body, under the lease, to record it.
     Buffer {
@@ -123,6 +123,13 @@ where
         handle: Option<LeaseHandle>,
     },
     Done,
+}
+
+/// Replay, while the handler runs: what deciding on and writing the record needs.
+struct Pending {
+    fingerprint: Bytes,
+    /// The request matched a route (axum's `MatchedPath`): a 404 is the handler's.
+    routed: bool,
 }
 
 /// What [`State::Settle`] answers once the marker is gone.
@@ -205,6 +212,9 @@ where
                         let problem = Problem::new(ProblemKind::KeyInvalid, detail);
                         return Poll::Ready(Ok(refuse(settings, span, problem)));
                     }
+                    request
+                        .extensions_mut()
+                        .insert(RequestKey(Arc::from(key.as_str())));
                     let mut resource = settings.scope.resource(&request, &key);
                     let replay = settings
                         .replay
@@ -417,10 +427,10 @@ where
                     let lease = lease.take();
                     let handle = handle.take();
                     match (replay.take(), settings.replay.as_deref(), lease, handle) {
-                        (Some(fingerprint), Some(policy), Some(lease), Some(handle))
+                        (Some(pending), Some(policy), Some(lease), Some(handle))
                             if handle.is_held() =>
                         {
-                            record_or_settle(policy, response, lease, handle, fingerprint)
+                            record_or_settle(policy, response, lease, handle, pending)
                         }
                         (_, _, lease, handle) => {
                             // Without replay, or lost: an attempt whose outcome is unknown
@@ -649,6 +659,10 @@ where
     let handle = lease.handle();
     span.record("token", handle.fencing_token().get());
     tracing::debug!(token = %handle.fencing_token(), "running the handler under the lease");
+    let replay = replay.map(|fingerprint| Pending {
+        fingerprint,
+        routed: matched_path(&request).is_some(),
+    });
     request.extensions_mut().insert(handle.clone());
     let lost = (settings.on_lost == OnLost::Abort).then(|| {
         let handle = handle.clone();
@@ -664,14 +678,14 @@ where
 }
 
 /// Replay, after the handler answered under a live lease: read the body to record it,
-/// or (a status not worth keeping, a body known to be too large) remove the pending
-/// marker and answer as usual.
+/// or (a status not worth keeping, a response routing produced, a body known to be too
+/// large) remove the pending marker and answer as usual.
 fn record_or_settle<S, KF, B, RB>(
     policy: &ReplaySettings,
     response: Response<RB>,
     lease: Lease,
     handle: LeaseHandle,
-    fingerprint: Bytes,
+    pending: Pending,
 ) -> State<S, KF, B, RB>
 where
     S: Service<Request<B>>,
@@ -679,8 +693,16 @@ where
 {
     let status = response.status();
     let too_large = response.body().size_hint().lower() > policy.max_body as u64;
-    if !(policy.store_if)(status) || too_large {
-        if too_large {
+    // The router answers 405 for a method the route lacks (under `MethodRouter::layer`
+    // or `Router::layer`), and 404 from its fallback, where no route matched: neither
+    // is the outcome of the request, and replaying them for 24 h would only hide the
+    // route. A handler's own 404 on a matched route is kept.
+    let by_routing = status == StatusCode::METHOD_NOT_ALLOWED
+        || (status == StatusCode::NOT_FOUND && !pending.routed);
+    if by_routing || !(policy.store_if)(status) || too_large {
+        if by_routing {
+            tracing::debug!(%status, "the router's answer, not the handler's: not recorded for replay");
+        } else if too_large {
             tracing::warn!(
                 limit = policy.max_body,
                 "response body larger than the replay limit: sent, not recorded"
@@ -702,7 +724,7 @@ where
         buffer: BytesMut::new(),
         lease: Some(lease),
         handle: Some(handle),
-        fingerprint,
+        fingerprint: pending.fingerprint,
     }
 }
 

@@ -111,7 +111,7 @@ impl Scope {
 }
 
 #[cfg(feature = "axum")]
-fn matched_path<B>(request: &Request<B>) -> Option<&str> {
+pub(crate) fn matched_path<B>(request: &Request<B>) -> Option<&str> {
     request
         .extensions()
         .get::<axum::extract::MatchedPath>()
@@ -119,7 +119,7 @@ fn matched_path<B>(request: &Request<B>) -> Option<&str> {
 }
 
 #[cfg(not(feature = "axum"))]
-fn matched_path<B>(_request: &Request<B>) -> Option<&str> {
+pub(crate) fn matched_path<B>(_request: &Request<B>) -> Option<&str> {
     None
 }
 

@@ -61,7 +61,7 @@
 //! | no quorum, [`Unavailable::FailOpen`] | the handler runs without a lock ([`Unlocked::StoreUnavailable`]), warning logged |
 //! | lease lost mid-handler, [`OnLost::Abort`] (default) | handler future dropped, 503 `lock-lost` |
 //! | lease lost mid-handler, [`OnLost::Continue`] | the handler's response with a [`LeaseLost`] extension, warning logged |
-//! | acquired | the handler runs with the [`LeaseHandle`](crate::LeaseHandle) in the request extensions; `Fencing-Token: <n>` on the response ([`LockLayer::fencing_header`]) |
+//! | acquired | the handler runs with the [`LeaseHandle`](crate::LeaseHandle) and the [`RequestKey`] in the request extensions; `Fencing-Token: <n>` on the response ([`LockLayer::fencing_header`]) |
 //!
 //! Refusals are [RFC 9457](https://www.rfc-editor.org/rfc/rfc9457) problems
 //! (`application/problem+json`, `Cache-Control: no-store`); see [`problem`] for the
@@ -125,4 +125,4 @@ pub use layer::{
 };
 pub use problem::{DefaultRenderer, Problem, ProblemKind, ProblemRenderer};
 pub use replay::{Fingerprint, Replay, Replaying, UnknownOutcome, IDEMPOTENT_REPLAYED};
-pub use service::{LeaseLost, LockService, Unlocked};
+pub use service::{LeaseLost, LockService, RequestKey, Unlocked};

@@ -15,6 +15,19 @@
 //! | the first was interrupted: lease lost mid-handler, response future dropped, record write refused | 409 `outcome-unknown` with `Retry-After`, for [`UnknownOutcome`]'s time (default: the lock's ttl), then the next request runs the handler again |
 //! | the record's retention passed (default 24 h) | the key is new again: the handler runs |
 //! | the response body fails while being recorded | 500 `response-failed`; nothing recorded |
+//! | a method other than those of [`Replay::methods`] (default `POST` and `PATCH`) | locked as without replay; nothing looked up or recorded |
+//! | a response the router produced: 405 Method Not Allowed, or 404 without a matched route (the fallback) | sent, not recorded |
+//!
+//! # Which responses are the router's
+//!
+//! Apply the layer so that it wraps only the routed method: `post(handler).route_layer(…)`
+//! or `Router::route_layer`. Then the router answers a wrong method (405) or an unknown
+//! path (404) before the layer, and nothing is locked or recorded. With
+//! `MethodRouter::layer` or `Router::layer` the layer also wraps the router's answers;
+//! it then never records a 405 (a handler has no reason to record one either: the same
+//! method gets the same answer) nor a 404 of a request that matched no route (axum's
+//! `MatchedPath` is absent: the router's fallback). A handler's own 404 on a matched
+//! route ("no such order") is recorded like any other 4xx.
 //!
 //! # Why it is part of [`LockLayer`](super::LockLayer)
 //!
@@ -85,7 +98,7 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
 use http::request::Parts;
-use http::{HeaderMap, Request, StatusCode};
+use http::{HeaderMap, Method, Request, StatusCode};
 use http_body::Body;
 use sha2::{Digest, Sha256};
 
@@ -148,6 +161,7 @@ pub struct Replay {
     fingerprint: Fingerprint,
     unknown: Option<UnknownOutcome>,
     tenant: Option<(TenantFn, String)>,
+    methods: Vec<Method>,
 }
 
 impl Default for Replay {
@@ -170,7 +184,26 @@ impl Replay {
             fingerprint: Fingerprint::default(),
             unknown: None,
             tenant: None,
+            methods: vec![Method::POST, Method::PATCH],
         }
+    }
+
+    /// The methods whose requests are recorded and replayed (default `POST` and
+    /// `PATCH`, the methods the IETF draft is about: `GET`, `HEAD`, `PUT`, `DELETE` and
+    /// `OPTIONS` are idempotent by definition). A request with another method is
+    /// locked like any other, and neither looked up nor recorded.
+    ///
+    /// ```
+    /// use http::Method;
+    /// use tower_redlock::http::Replay;
+    ///
+    /// let replay = Replay::new().methods([Method::POST, Method::PATCH, Method::DELETE]);
+    /// # let _ = replay;
+    /// ```
+    #[must_use]
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
     }
 
     /// How long a record is kept (default 24 h); after that the key is new again.
@@ -267,6 +300,7 @@ impl fmt::Debug for Replay {
             .field("fingerprint", &self.fingerprint)
             .field("unknown", &self.unknown)
             .field("tenant", &self.tenant.as_ref().map(|(_, d)| d))
+            .field("methods", &self.methods)
             .finish_non_exhaustive()
     }
 }
@@ -477,6 +511,7 @@ pub(crate) struct ReplaySettings {
     max_request_body: usize,
     fingerprint: Fingerprint,
     tenant: Option<(TenantFn, String)>,
+    methods: Vec<Method>,
 }
 
 impl ReplaySettings {
@@ -497,6 +532,7 @@ impl ReplaySettings {
             max_request_body: replay.max_request_body,
             fingerprint: replay.fingerprint,
             tenant: replay.tenant,
+            methods: replay.methods,
         }
     }
 
@@ -591,8 +627,9 @@ where
         let settings = self.settings.clone();
         Box::pin(async move {
             let (request, key) = key.await?;
-            if key.is_none() {
-                return Ok((request, None));
+            // No key, or a method replay is not for: the layer just locks.
+            if key.is_none() || !settings.methods.contains(request.method()) {
+                return Ok((request, key));
             }
             let (mut parts, body) = request.into_parts();
             let tenant = match &settings.tenant {
