@@ -419,3 +419,38 @@ async fn unknown_orders_and_bad_work_ms() {
     // Refused before entering the ledger.
     assert_eq!(status_of(&app, "3").await["max_in_flight"], 0);
 }
+
+// ------------------------------------------------------------------------------------
+// the README's promise: any one lock node may fail (issue 19, item 7)
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_with_its_own_ledger_server_any_one_lock_node_may_fail() {
+    let mut servers = RedisServer::start_many(3);
+    let ledger = RedisServer::start();
+    let app = orders::build(&Config {
+        ledger_url: Some(ledger.url()),
+        ..config(&servers)
+    })
+    .unwrap();
+    // The first node, where the ledger used to live, is the one that fails.
+    servers[0].kill();
+    let paid = send(&app, "POST", "/orders/7/pay?work_ms=0", None).await;
+    assert_eq!(paid.status, StatusCode::OK, "{}", paid.json);
+    assert_eq!(paid.json["payment"], 1);
+    let status = status_of(&app, "7").await;
+    assert_eq!(status["payments"], 1, "{status}");
+    // The ledger is in its own server.
+    assert!(ledger.exists("orders-example:ledger:7"));
+}
+
+#[tokio::test]
+async fn the_payment_names_the_key_the_layer_locked() {
+    let app = orders::build(&Config::default()).unwrap();
+    // The structured form of the IETF draft: the quotes are not part of the key.
+    let created = send(&app, "POST", "/payments?work_ms=0", Some(r#""8e03978e""#)).await;
+    assert_eq!(created.status, StatusCode::OK, "{}", created.json);
+    assert_eq!(created.json["idempotency_key"], "8e03978e");
+    let bare = send(&app, "POST", "/payments?work_ms=0", Some("8e03978e")).await;
+    assert_eq!(bare.json, created.json, "the same payment, replayed");
+    assert_eq!(bare.headers["idempotent-replayed"], "true");
+}
