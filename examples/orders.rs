@@ -477,7 +477,9 @@ impl Ledger {
     /// first use, and reconnects by itself.
     pub fn redis(url: &str) -> Result<Ledger, BoxError> {
         let client = redis::Client::open(url).map_err(|e| {
-            format!("the ledger needs a plain redis:// URL (LEDGER_URL, or first in REDIS_URLS): {e}")
+            format!(
+                "the ledger needs a plain redis:// URL (LEDGER_URL, or first in REDIS_URLS): {e}"
+            )
         })?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))

@@ -9,7 +9,8 @@
 //!
 //! - [`Locked<K>`] takes the lease itself, as the handler's argument. The key comes
 //!   from the request through the same [`KeyFromParts`] extractors the layer uses,
-//!   named by a marker type that implements [`LockKey`]; the locker comes from the
+//!   named by a marker type that implements [`LockKey`] (settings in the code) or
+//!   [`LockSpec`] (settings from the state); the locker comes from the
 //!   router's state (`Redlock: FromRef<S>`). The lease is the handler's to use: it is
 //!   released when the handler's future ends (or earlier, with
 //!   [`Lease::release`](crate::Lease::release)), and the handler itself decides what
@@ -68,13 +69,16 @@ use std::ops::Deref;
 
 use ::axum::body::Body;
 use ::axum::extract::{FromRef, FromRequestParts, MatchedPath, OptionalFromRequestParts};
-use ::axum::response::{IntoResponse, Response};
+use ::axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
+use http::header::HeaderValue;
 use http::request::Parts;
 use http::{Request, StatusCode};
 
+use crate::error::LockError;
 use crate::http::key::{validate, KeyFromParts, KeyRejection};
 use crate::http::problem::{self, lock_error_problem, DefaultRenderer, Problem, ProblemKind};
-use crate::http::{Contention, Scope, Unlocked, DEFAULT_MAX_KEY_LEN};
+use crate::http::{Contention, Scope, Unlocked, DEFAULT_MAX_KEY_LEN, FENCING_TOKEN};
+use crate::lock::fencing::FencingToken;
 use crate::lock::{Lease, LeaseHandle, Redlock, Resource};
 
 /// Names the lock a [`Locked`] extractor takes: where the key comes from, which
@@ -139,11 +143,113 @@ pub trait LockKey: Send + Sync + 'static {
     }
 }
 
+/// The lock a [`Locked`] extractor takes, configured from the router's state `S` at
+/// run time: the general form of [`LockKey`], whose settings are fixed in the code.
+///
+/// Every [`LockKey`] is a `LockSpec<S>` for any state. Implement `LockSpec` instead when
+/// the scope, the wait timeout or the key limit come from configuration read at start
+/// (environment, a file): they are read from the state on every request.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::extract::FromRef;
+/// use tower_redlock::axum::{LockSpec, Locked};
+/// use tower_redlock::http::{path_param, Contention, PathParam, Scope};
+/// use tower_redlock::Redlock;
+///
+/// #[derive(Clone)]
+/// struct AppState {
+///     locker: Redlock,
+///     transfer_wait: Duration, // read from the environment at start
+/// }
+///
+/// impl FromRef<AppState> for Redlock {
+///     fn from_ref(state: &AppState) -> Redlock {
+///         state.locker.clone()
+///     }
+/// }
+///
+/// struct AccountId;
+///
+/// impl LockSpec<AppState> for AccountId {
+///     type Extractor = PathParam;
+///
+///     fn extractor(_state: &AppState) -> PathParam {
+///         path_param("id")
+///     }
+///
+///     fn scope(_state: &AppState) -> Scope {
+///         Scope::shared("account")
+///     }
+///
+///     fn contention(state: &AppState) -> Contention {
+///         Contention::Wait { timeout: state.transfer_wait }
+///     }
+/// }
+///
+/// async fn transfer(lock: Locked<AccountId>) -> String {
+///     format!("under token {}", lock.fencing_token())
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let _: axum::Router = axum::Router::new()
+/// #     .route("/accounts/{id}/transfer", axum::routing::post(transfer))
+/// #     .with_state(AppState { locker: Redlock::in_memory(), transfer_wait: Duration::from_secs(1) });
+/// # }
+/// ```
+pub trait LockSpec<S>: Send + Sync + 'static {
+    /// The type of [`extractor`](LockSpec::extractor) (see [`LockKey::Extractor`]).
+    type Extractor: KeyFromParts;
+
+    /// Finds the key in the request head. Called once per request.
+    fn extractor(state: &S) -> Self::Extractor;
+
+    /// Which requests share a lock (default [`Scope::Route`]).
+    fn scope(_state: &S) -> Scope {
+        Scope::Route
+    }
+
+    /// Whether to refuse or to wait when the lock is held (default
+    /// [`Contention::Reject`]).
+    fn contention(_state: &S) -> Contention {
+        Contention::Reject
+    }
+
+    /// The longest key accepted, in bytes (default [`DEFAULT_MAX_KEY_LEN`]).
+    fn max_key_len(_state: &S) -> usize {
+        DEFAULT_MAX_KEY_LEN
+    }
+}
+
+impl<K: LockKey, S> LockSpec<S> for K {
+    type Extractor = K::Extractor;
+
+    fn extractor(_state: &S) -> K::Extractor {
+        K::extractor()
+    }
+
+    fn scope(_state: &S) -> Scope {
+        K::scope()
+    }
+
+    fn contention(_state: &S) -> Contention {
+        K::contention()
+    }
+
+    fn max_key_len(_state: &S) -> usize {
+        K::max_key_len()
+    }
+}
+
 /// An extractor that holds a lease on the lock named by `K` while the handler runs.
 ///
 /// The locker comes from the router's state (`Redlock: FromRef<S>`: the state is a
 /// [`Redlock`], or a struct with a `#[derive(FromRef)]` or a hand-written
-/// [`FromRef`] impl). The key is read from the request head by
+/// [`FromRef`] impl). The derive is behind axum's `macros` feature, which axum does not
+/// enable by default: add `axum = { version = "0.8", features = ["macros"] }` to use it,
+/// or write the impl by hand (see [`LockSpec`]'s example); without it the compiler
+/// reports that `FromRef` is not a derive macro and that `Redlock: FromRef<AppState>`
+/// does not hold. The key is read from the request head by
 /// [`K::extractor`](LockKey::extractor) and checked like the layer checks it; the
 /// resource is [`K::scope`](LockKey::scope)'s, and the lease is acquired as
 /// [`K::contention`](LockKey::contention) says.
@@ -156,6 +262,14 @@ pub trait LockKey: Send + Sync + 'static {
 /// race the critical section against [`lost`](LeaseHandle::lost), as below, and pass
 /// the fencing token to the storage.
 ///
+/// Nor does it add a `Fencing-Token` header by itself: the handler's response is built
+/// after the extractor ran. Return the token with the response — [`FencingToken`]
+/// implements [`IntoResponseParts`] — as `(lock.fencing_token(), body)`, and the
+/// response carries `Fencing-Token: <n>` like the layer's.
+///
+/// The key's settings are `K`'s: a [`LockKey`] fixes them in the code, a [`LockSpec`]
+/// reads them from the state on every request.
+///
 /// Refusals, all as [`LockRejection`] with the layer's problem bodies: 400
 /// `key-missing` / `key-invalid`, 409 `lock-held` / `lock-wait-timeout`, 503
 /// `lock-unavailable` / `lock-queue-full`.
@@ -165,8 +279,9 @@ pub trait LockKey: Send + Sync + 'static {
 /// use serde_json::{json, Value};
 /// use tower_redlock::axum::{LockKey, Locked};
 /// use tower_redlock::http::{header, Header};
-/// use tower_redlock::Redlock;
+/// use tower_redlock::{FencingToken, Redlock};
 ///
+/// // `derive(FromRef)` needs axum's `macros` feature.
 /// #[derive(Clone, FromRef)]
 /// struct AppState {
 ///     locker: Redlock,
@@ -186,13 +301,14 @@ pub trait LockKey: Send + Sync + 'static {
 /// async fn charge(
 ///     State(_state): State<AppState>,
 ///     lock: Locked<IdempotencyKey>,
-/// ) -> Result<Json<Value>, StatusCode> {
+/// ) -> Result<(FencingToken, Json<Value>), StatusCode> {
 ///     let token = lock.fencing_token();
 ///     tokio::select! {
 ///         // The lock is gone: stop before writing anything else.
 ///         _ = lock.lost() => Err(StatusCode::SERVICE_UNAVAILABLE),
 ///         charged = async { /* write, passing `token` to the storage */ 1234 } => {
-///             Ok(Json(json!({ "charged": charged, "fencing_token": token.to_string() })))
+///             // `token` first: the response gets a `Fencing-Token` header too.
+///             Ok((token, Json(json!({ "charged": charged, "fencing_token": token.to_string() }))))
 ///         }
 ///     }
 /// }
@@ -269,14 +385,14 @@ impl<K> fmt::Debug for Locked<K> {
 
 impl<S, K> FromRequestParts<S> for Locked<K>
 where
-    K: LockKey,
+    K: LockSpec<S>,
     Redlock: FromRef<S>,
     S: Send + Sync,
 {
     type Rejection = LockRejection;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let extractor = K::extractor();
+        let extractor = K::extractor(state);
         let key = match extractor.key(parts) {
             Ok(Some(key)) => key,
             Ok(None) => {
@@ -285,12 +401,12 @@ where
             }
             Err(rejection) => return Err(refuse(rejection.into())),
         };
-        if let Err(detail) = validate(&key, K::max_key_len()) {
+        if let Err(detail) = validate(&key, K::max_key_len(state)) {
             return Err(refuse(Problem::new(ProblemKind::KeyInvalid, detail)));
         }
-        let resource = resource_of(&K::scope(), parts, &key);
+        let resource = resource_of(&K::scope(state), parts, &key);
         let locker = Redlock::from_ref(state);
-        let acquired = match K::contention() {
+        let acquired = match K::contention(state) {
             Contention::Reject => locker.try_acquire(resource.clone()).await,
             Contention::Wait { timeout } => locker.acquire(resource.clone(), timeout).await,
         };
@@ -542,5 +658,48 @@ impl IntoResponse for LockRejection {
         problem::render(&DefaultRenderer, &self.problem)
             .map(Body::from)
             .into_response()
+    }
+}
+
+impl IntoResponse for Problem {
+    /// The problem as the layer sends it: [`DefaultRenderer`]'s
+    /// `application/problem+json`, `Retry-After` when known, `Cache-Control: no-store`.
+    fn into_response(self) -> Response {
+        problem::render(&DefaultRenderer, &self)
+            .map(Body::from)
+            .into_response()
+    }
+}
+
+impl IntoResponse for LockError {
+    /// The response the layer sends for this error (see
+    /// [`problem_response`](crate::http::problem::problem_response)), so a handler that
+    /// locks by hand can use `?`:
+    ///
+    /// ```
+    /// use tower_redlock::{LockError, Redlock, Resource};
+    ///
+    /// async fn ship(locker: Redlock, order: String) -> Result<String, LockError> {
+    ///     let lease = locker.try_acquire(Resource::new("order").join(&order)).await?;
+    ///     Ok(format!("shipped under token {}", lease.fencing_token()))
+    /// }
+    /// ```
+    fn into_response(self) -> Response {
+        Problem::from(&self).into_response()
+    }
+}
+
+impl IntoResponseParts for FencingToken {
+    type Error = Infallible;
+
+    /// Adds `Fencing-Token: <n>` (the layer's [`FENCING_TOKEN`] header) to the
+    /// response; nothing for token 0 (a locker without fencing), as the layer does.
+    fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Infallible> {
+        if self.get() > 0 {
+            parts
+                .headers_mut()
+                .insert(FENCING_TOKEN, HeaderValue::from(self.get()));
+        }
+        Ok(parts)
     }
 }

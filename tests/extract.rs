@@ -582,3 +582,156 @@ async fn layer_lease_of_a_request_the_layer_let_through_unlocked() {
     let locked = send(&app, post_with_key("/optional", "k")).await;
     assert_eq!(locked.text(), locked.headers["fencing-token"]);
 }
+
+// ------------------------------------------------------------------------------------
+// issue 19, items 9 to 11: the crate's errors as responses, the token header, run-time
+// settings
+
+#[tokio::test]
+async fn lock_errors_answer_like_the_layer() {
+    let locker = Redlock::in_memory();
+    let runs = Runs::default();
+    // A handler that locks by hand and answers errors with `?`.
+    async fn by_hand(
+        State(locker): State<Redlock>,
+        axum::extract::Path(id): axum::extract::Path<String>,
+    ) -> Result<String, tower_redlock::LockError> {
+        let lease = locker.try_acquire(Resource::new("order").join(&id)).await?;
+        Ok(lease.fencing_token().to_string())
+    }
+    let manual: Router = Router::new()
+        .route("/manual/{id}", post(by_hand))
+        .with_state(locker.clone());
+    let layered = app(&locker, &runs);
+
+    let held = locker
+        .try_acquire(Resource::new("order").join("7"))
+        .await
+        .unwrap();
+    let by_hand = send(&manual, post_to("/manual/7")).await;
+    let by_layer = send(&layered, post_to("/layered/7")).await;
+    let hand_json = by_hand.assert_problem(ProblemKind::LockHeld);
+    let layer_json = by_layer.assert_problem(ProblemKind::LockHeld);
+    assert_eq!(
+        without_retry_after(hand_json),
+        without_retry_after(layer_json)
+    );
+    assert!(by_hand.headers.contains_key(RETRY_AFTER));
+
+    // The same response without axum's trait.
+    let error = locker
+        .try_acquire(Resource::new("order").join("7"))
+        .await
+        .unwrap_err();
+    let response = tower_redlock::http::problem::problem_response(&error);
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert_eq!(response.headers()[CACHE_CONTROL], "no-store");
+    held.release().await;
+}
+
+#[tokio::test]
+async fn locked_handlers_can_send_the_fencing_token_header() {
+    async fn with_header(lock: Locked<OrderId>) -> (tower_redlock::FencingToken, String) {
+        (lock.fencing_token(), "sent".to_owned())
+    }
+    let locker = Redlock::in_memory();
+    let app: Router = Router::new()
+        .route("/orders/{id}/send", post(with_header))
+        .with_state(locker.clone());
+    let answer = send(&app, post_to("/orders/7/send")).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let token: u64 = answer.headers["fencing-token"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(token > 0);
+
+    // Without fencing there is no token, and no header, as with the layer.
+    let unfenced = Redlock::new(
+        [tower_redlock::MemoryNode::new()],
+        LockOptions::default().fencing(false),
+    )
+    .unwrap();
+    let app: Router = Router::new()
+        .route("/orders/{id}/send", post(with_header))
+        .with_state(unfenced);
+    let answer = send(&app, post_to("/orders/7/send")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(!answer.headers.contains_key("fencing-token"));
+}
+
+/// Settings read at start, from the environment say, kept in the state.
+#[derive(Clone)]
+struct Configured {
+    locker: Redlock,
+    scope: &'static str,
+    wait: Duration,
+}
+
+impl FromRef<Configured> for Redlock {
+    fn from_ref(state: &Configured) -> Redlock {
+        state.locker.clone()
+    }
+}
+
+/// A lock whose scope and wait come from the state.
+struct ConfiguredOrder;
+
+impl tower_redlock::axum::LockSpec<Configured> for ConfiguredOrder {
+    type Extractor = PathParam;
+
+    fn extractor(_state: &Configured) -> PathParam {
+        path_param("id")
+    }
+
+    fn scope(state: &Configured) -> Scope {
+        Scope::shared(state.scope)
+    }
+
+    fn contention(state: &Configured) -> Contention {
+        Contention::Wait {
+            timeout: state.wait,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locked_takes_its_scope_and_wait_from_the_state() {
+    async fn handler(lock: Locked<ConfiguredOrder>) -> String {
+        lock.resource().to_string()
+    }
+    let locker = Redlock::in_memory();
+    let app = |scope: &'static str, wait: Duration| -> Router {
+        Router::new()
+            .route("/orders/{id}", post(handler))
+            .with_state(Configured {
+                locker: locker.clone(),
+                scope,
+                wait,
+            })
+    };
+    // The scope: the state names the resource.
+    let answer = send(&app("billing", RESPONSE_LIMIT), post_to("/orders/7")).await;
+    assert_eq!(answer.text(), Resource::new("billing").join("7").as_str());
+
+    // The wait: with the lock held, a zero wait times out, a long one gets the lock
+    // once it is released.
+    // (The first request's lease is released in the background: wait for it.)
+    let held = locker
+        .acquire(Resource::new("billing").join("7"), RESPONSE_LIMIT)
+        .await
+        .unwrap();
+    send(&app("billing", Duration::ZERO), post_to("/orders/7"))
+        .await
+        .assert_problem(ProblemKind::LockWaitTimeout);
+    let waits = locker.metrics().waits;
+    let patient = app("billing", RESPONSE_LIMIT);
+    let waiting = tokio::spawn(async move { send(&patient, post_to("/orders/7")).await });
+    eventually("the request waits for the lock", PROMPTLY, || {
+        locker.metrics().waits > waits
+    })
+    .await;
+    held.release().await;
+    assert_eq!(waiting.await.unwrap().status, StatusCode::OK);
+}

@@ -341,7 +341,10 @@ async fn a_path_parameter_the_route_lacks_is_a_server_error() {
         ));
     let answer = send(&app, post_order("7")).await;
     let json = answer.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, "key-misconfigured");
-    assert!(json["detail"].as_str().unwrap().contains("order_id"), "{json}");
+    assert!(
+        json["detail"].as_str().unwrap().contains("order_id"),
+        "{json}"
+    );
     assert_eq!(runs.get(), 0);
 }
 

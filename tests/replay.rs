@@ -1047,7 +1047,9 @@ async fn only_post_and_patch_are_replayed_by_default() {
     let first = send(&app, keyed("PUT", "/orders/1", "k")).await;
     assert_replay_of(&first, &send(&app, keyed("PUT", "/orders/1", "k")).await);
     let post_ = send(&app, keyed("POST", "/orders/1", "k2")).await;
-    assert!(!send(&app, keyed("POST", "/orders/1", "k2")).await.replayed());
+    assert!(!send(&app, keyed("POST", "/orders/1", "k2"))
+        .await
+        .replayed());
     assert!(!post_.replayed());
 }
 
@@ -1091,7 +1093,10 @@ async fn responses_of_the_router_are_never_recorded() {
         .route_layer(layer(Redlock::in_memory(), Replay::new()));
     let first = send(&app, keyed("POST", "/orders/0", "k-own-404")).await;
     assert_eq!(first.status, StatusCode::NOT_FOUND);
-    assert_replay_of(&first, &send(&app, keyed("POST", "/orders/0", "k-own-404")).await);
+    assert_replay_of(
+        &first,
+        &send(&app, keyed("POST", "/orders/0", "k-own-404")).await,
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -1109,7 +1114,11 @@ async fn the_orders_example_locks_and_records_only_the_routed_method() {
             let answer = send(&app, request.body(Body::empty()).unwrap()).await;
             assert_eq!(answer.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
             assert!(!answer.replayed(), "{method}");
-            assert_eq!(answer.header("fencing-token"), None, "{method} took the lock");
+            assert_eq!(
+                answer.header("fencing-token"),
+                None,
+                "{method} took the lock"
+            );
         }
     }
     // GET on a POST route of an order: 405 at once, without the order's lock.

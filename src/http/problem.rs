@@ -444,6 +444,41 @@ pub(crate) fn render(renderer: &dyn ProblemRenderer, problem: &Problem) -> Respo
     response
 }
 
+/// The response the layer would send for `error`: the same RFC 9457 problem, status,
+/// `Retry-After` and `Cache-Control: no-store`, rendered by [`DefaultRenderer`]. For
+/// code that locks by hand ([`Redlock::acquire`](crate::Redlock::acquire)) and wants
+/// to answer as the layer does; with the `axum` feature, `LockError` and [`Problem`]
+/// also implement axum's `IntoResponse`.
+///
+/// ```
+/// use http::StatusCode;
+/// use tower_redlock::http::problem::problem_response;
+/// use tower_redlock::{Redlock, Resource};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let locker = Redlock::in_memory();
+/// let _held = locker.try_acquire(Resource::new("order").join("7")).await.unwrap();
+/// let error = locker.try_acquire(Resource::new("order").join("7")).await.unwrap_err();
+/// let response = problem_response(&error);
+/// assert_eq!(response.status(), StatusCode::CONFLICT);
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert!(response.headers().contains_key("retry-after"));
+/// # }
+/// ```
+pub fn problem_response(error: &LockError) -> Response<Bytes> {
+    render(&DefaultRenderer, &Problem::from(error))
+}
+
+impl From<&LockError> for Problem {
+    /// The problem the layer answers `error` with (`lock-held`, `lock-wait-timeout`,
+    /// `lock-unavailable`, `lock-queue-full` or `lock-lost`), naming the error's
+    /// resource. Node addresses and other details go to the log, not to the client.
+    fn from(error: &LockError) -> Self {
+        lock_error_problem(error, error.resource().clone())
+    }
+}
+
 /// The problem a failed acquisition of `resource` is answered with, by the layer and by
 /// the axum extractors alike.
 pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Problem {
