@@ -66,7 +66,9 @@ impl LockKey for AccountId {
     }
 }
 
-/// The extractors find the locker through `FromRef`.
+/// The extractors find the locker through `FromRef`. The derive needs axum's `macros`
+/// feature (`axum = { version = "0.8", features = ["macros"] }`); without it, write
+/// `impl FromRef<AppState> for Redlock` by hand.
 #[derive(Clone, FromRef)]
 struct AppState {
     locker: Redlock,

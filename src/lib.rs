@@ -60,14 +60,36 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`lock`] | the lock engine: [`Redlock`] over N nodes, [`Lease`], [`LockOptions`], the [`Node`] trait, [`MemoryNode`], the Redis nodes. Knows nothing of HTTP. |
+//! | [`lock`] | the lock engine: [`Redlock`] over N nodes, [`Lease`], [`LockOptions`], [`MemoryNode`], the Redis nodes. Knows nothing of HTTP. |
 //! | [`fencing`] | [`FencingToken`]: how tokens are made across a quorum, why they increase, and the assumptions |
 //! | [`http`] | [`LockLayer`] and [`LockService`]: the tower middleware and its policies |
 //! | [`http::key`] | where a request's key comes from: [`KeyFromParts`], [`KeyExtractor`], the built-ins and the webhook presets |
-//! | [`http::problem`] | the RFC 9457 problem responses and [`ProblemRenderer`] |
+//! | [`http::problem`] | the RFC 9457 problem responses, [`ProblemRenderer`], and [`problem_response`](http::problem::problem_response) for errors of code that locks by hand |
+//! | [`http::replay`] | idempotent replay ([`Replay`]): the first response for a key recorded and replayed |
 //! | [`axum`](mod@crate::axum) | [`Locked`](crate::axum::Locked), which takes a lease inside a handler, and [`LayerLease`](crate::axum::LayerLease), which reads the layer's |
+//! | [`node`] | what implementing a [`Node`] (a lock store of your own) takes; applications never need it |
 //!
-//! The most used items are re-exported at the crate root.
+//! # At the crate root
+//!
+//! The items most applications use are re-exported here, by what they are for:
+//!
+//! | for | items |
+//! |---|---|
+//! | locking | [`Redlock`] (the locker over N nodes), [`LockOptions`] (ttl, timeouts, waiting, fencing), [`Resource`] (the name of a lock), [`RetryPolicy`] and [`Backoff`] (how a waiting acquire retries) |
+//! | a held lock | [`Lease`] (owned: released on drop), [`LeaseHandle`] (a cheap view of it: token, validity, lost signal), [`FencingToken`] (the number the storage checks), [`LostCause`] (why a lease ended), [`ReleaseOutcome`] (what an explicit release found) |
+//! | nodes | [`MemoryNode`] (in process), [`RedisNode`], [`ClusterNode`] and [`SentinelNode`] (feature `redis`), [`node_from_url`] (one from a URL), the [`Node`] trait |
+//! | the HTTP layer | [`LockLayer`] and [`LockService`] (the middleware), [`LeaseBody`] (the response body holding the lease) |
+//! | its policies | [`Contention`] (refuse or wait), [`MissingKey`], [`OnLost`], [`Unavailable`], [`Scope`] (which requests share a lock), [`Replay`] (idempotent replay) |
+//! | keys | [`KeyFromParts`] (a key from the request head; closures are one), [`KeyExtractor`] (from the whole request, body included), [`KeyRejection`] (a malformed key) |
+//! | refusals | [`Problem`], [`ProblemKind`] (one per problem type), [`ProblemRenderer`] (the format); [`LeaseLost`] marks a response whose lease was lost |
+//! | errors | [`LockError`] (contention, no quorum, lost), [`NodeError`] and [`NodeFailure`] (one node's failure), [`ConfigError`] (options that cannot work) |
+//! | observing | [`MetricsSnapshot`] ([`Redlock::metrics`]) |
+//!
+//! Four names for a lease, from the inside out: a [`Lease`] is the lock you hold (the
+//! engine's); a [`LeaseHandle`] is a clone-able view of it, which the layer puts in the
+//! request; [`LayerLease`](crate::axum::LayerLease) is the axum extractor for that
+//! handle; [`Locked`](crate::axum::Locked) is the axum extractor that takes a [`Lease`]
+//! itself. See CHANGELOG.md for the names reviewed and why they stay.
 //!
 //! # Safety in one paragraph
 //!
@@ -99,3 +121,29 @@ pub use lock::{
     Backoff, Lease, LeaseHandle, LockOptions, LostCause, MemoryNode, MetricsSnapshot, Node,
     NodeState, NodeStatus, Redlock, ReleaseOutcome, Resource, RetryPolicy,
 };
+
+/// What implementing a [`Node`] takes: the trait, the requests the engine sends and the
+/// replies it expects. Applications never need this module; a lock store of your own
+/// (another database, a test double with injected failures) does.
+///
+/// The same items are also at their old paths in [`lock`], which keep working.
+///
+/// | item | what it is |
+/// |---|---|
+/// | [`Node`] | one lock store casting one vote: acquire, extend, release, raise the fence, subscribe to releases; optionally outcome records |
+/// | [`NodeFuture`](node::NodeFuture) | the boxed future every operation returns |
+/// | [`AcquireRequest`](node::AcquireRequest) / [`AcquireReply`](node::AcquireReply) | one acquire: keys, owner, ttl, fence settings; granted with the node's fence counter, or held with the holder's ttl |
+/// | [`LockKeys`](node::LockKeys) | a resource's Redis keys (lock, fence counter, record, wake-up channel) |
+/// | [`Owner`](node::Owner) | the random value that identifies one acquisition |
+/// | [`ReleaseSignal`](node::ReleaseSignal) | what a subscription hands waiters: wakes them when the resource is released |
+/// | [`Record`](node::Record), [`ClaimRequest`](node::ClaimRequest) / [`ClaimReply`](node::ClaimReply), [`StoreRequest`](node::StoreRequest) / [`StoreReply`](node::StoreReply) | outcome records of idempotent replay (see [`lock::record`]) |
+/// | [`NodeError`] | how one node's operation failed |
+/// | [`MemoryNode`] | the in-process implementation, a reference for the semantics |
+pub mod node {
+    pub use crate::error::NodeError;
+    pub use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
+    pub use crate::lock::{
+        AcquireReply, AcquireRequest, LockKeys, MemoryNode, Node, NodeFuture, Owner,
+        ReleaseSignal,
+    };
+}

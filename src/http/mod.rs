@@ -7,10 +7,15 @@
 //! [`Router::layer`], [`MethodRouter::layer`]) and any tower stack
 //! (`ServiceBuilder`).
 //!
-//! Prefer `route_layer`: `Router::layer` also wraps the router's fallback, so a request
-//! for an unknown path without a key gets 400 rather than 404. Around a whole router
-//! (`ServiceBuilder`), routing has not happened yet: `path_param` finds nothing and
-//! [`Scope::Route`] uses the URI path instead of the route.
+//! Prefer `route_layer` — [`Router::route_layer`], or [`MethodRouter::route_layer`] for
+//! one route: `post(pay).route_layer(layer)`. It wraps only the handlers of the routed
+//! methods, so the router answers a wrong method (405) or an unknown path (404) itself,
+//! without a key and without taking a lock. `layer` wraps the router's answers too:
+//! with [`MethodRouter::layer`] a `GET` on a `POST` route needs a key, takes (or waits
+//! for) the lock and then gets 405; with [`Router::layer`] a request for an unknown path
+//! without a key gets 400 rather than 404. Around a whole router (`ServiceBuilder`),
+//! routing has not happened yet: `path_param` finds nothing and [`Scope::Route`] uses
+//! the URI path instead of the route.
 //!
 //! ```
 //! use axum::{body::Body, routing::post, Extension, Router};
@@ -102,6 +107,7 @@
 //! [`Router::route_layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.route_layer
 //! [`Router::layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.layer
 //! [`MethodRouter::layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.layer
+//! [`MethodRouter::route_layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.route_layer
 
 mod body;
 mod future;
