@@ -143,7 +143,6 @@ pub mod node {
     pub use crate::error::NodeError;
     pub use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
     pub use crate::lock::{
-        AcquireReply, AcquireRequest, LockKeys, MemoryNode, Node, NodeFuture, Owner,
-        ReleaseSignal,
+        AcquireReply, AcquireRequest, LockKeys, MemoryNode, Node, NodeFuture, Owner, ReleaseSignal,
     };
 }
