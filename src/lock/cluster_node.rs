@@ -14,8 +14,10 @@ use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError};
 use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 use crate::lock::redis_call::ReplicaWait;
 use crate::lock::redis_call::{self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall};
+use crate::lock::redis_record;
 use crate::lock::resource::LockKeys;
 use crate::lock::url;
 
@@ -298,6 +300,56 @@ impl Node for ClusterNode {
         let channel = keys.channel.clone();
         let subscriber = self.subscriber();
         Box::pin(async move { subscriber?.subscribe(channel).await })
+    }
+
+    // Outcome records (idempotent replay): the commands are those of the standalone
+    // node (`redis_record`). The record key carries the lock key's hash tag, so each
+    // script's keys share one slot and the cluster client routes the call, `WAIT`
+    // included, to the shard that owns the lock.
+    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
+        let keys = keys.clone();
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            redis_record::read(&mut conn, &keys)
+                .await
+                .map_err(node_error)
+        })
+    }
+
+    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
+        let call = redis_record::ClaimCall::new(request);
+        let inner = self.inner.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            redis_record::claim(&mut conn, &call, wait)
+                .await
+                .map_err(node_error)
+        })
+    }
+
+    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
+        let call = redis_record::StoreCall::new(request);
+        let inner = self.inner.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            redis_record::store(&mut conn, &call, wait)
+                .await
+                .map_err(node_error)
+        })
+    }
+
+    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
+        let call = redis_record::DiscardCall::new(keys, token);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            redis_record::discard(&mut conn, &call)
+                .await
+                .map_err(node_error)
+        })
     }
 }
 

@@ -507,6 +507,10 @@ impl Node for MemoryNode {
             }
             if let Some(entry) = store.live(&key, now) {
                 if let Ok(MemRecord::Done(existing)) = MemRecord::parse(&entry.value) {
+                    // The same record again is a re-sent store (as over Redis).
+                    if existing == record {
+                        return Ok(StoreReply::Stored);
+                    }
                     if existing.token() >= record.token() {
                         return Ok(StoreReply::Superseded);
                     }

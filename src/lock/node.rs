@@ -48,8 +48,9 @@ pub trait Node: Send + Sync + 'static {
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal>;
 
     // ---- Outcome records (idempotent replay; see `crate::lock::record`) ----------
-    // Default implementations fail with `NodeError::Unsupported`, so node kinds
-    // without records keep compiling; a locker over them answers `Unavailable`.
+    // Every node kind of the crate implements them (standalone, Cluster, Sentinel,
+    // memory). The defaults fail with `NodeError::Unsupported`, so a user's own node
+    // kind without records keeps compiling; a locker over it answers `Unavailable`.
 
     /// The completed record under the resource's record key, if any (a pending marker
     /// reads as none). Reads only; needs no lock.
@@ -68,9 +69,10 @@ pub trait Node: Send + Sync + 'static {
         Box::pin(std::future::ready(Err(record::unsupported())))
     }
 
-    /// Atomically: unless the lock key holds `request.owner`, writes nothing; when a
-    /// completed record with an equal or larger token exists, writes nothing; else
-    /// replaces the record key with the completed record, ttl `retention`.
+    /// Atomically: unless the lock key holds `request.owner`, writes nothing; when the
+    /// very same record exists (a re-sent store), answers [`StoreReply::Stored`]; when
+    /// another completed record with an equal or larger token exists, writes nothing;
+    /// else replaces the record key with the completed record, ttl `retention`.
     fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
         let _ = request;
         Box::pin(std::future::ready(Err(record::unsupported())))

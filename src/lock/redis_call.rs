@@ -222,7 +222,7 @@ impl Call {
 
 /// Sends `pipe` (plus `WAIT` when `wait` is set) and returns one result per command
 /// not ignored (`replies` of them), the `WAIT` reply last.
-async fn query<C: ConnectionLike + Send>(
+pub(crate) async fn query<C: ConnectionLike + Send>(
     conn: &mut C,
     mut pipe: redis::Pipeline,
     replies: usize,
@@ -245,7 +245,7 @@ async fn query<C: ConnectionLike + Send>(
 }
 
 /// Checks the `WAIT` reply (when `wait` is set) against the replicas required.
-fn check_acks(
+pub(crate) fn check_acks(
     reply: Option<RedisResult<Value>>,
     wait: Option<ReplicaWait>,
 ) -> Result<(), CallError> {

@@ -244,27 +244,43 @@ impl Node for RedisNode {
     fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
         let keys = keys.clone();
         let mut conn = self.inner.conn.clone();
-        Box::pin(async move { redis_record::read(&mut conn, &keys).await })
+        Box::pin(async move {
+            redis_record::read(&mut conn, &keys)
+                .await
+                .map_err(CallError::into_node_error)
+        })
     }
 
     fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
         let call = redis_record::ClaimCall::new(request);
         let mut conn = self.inner.conn.clone();
         let wait = self.wait;
-        Box::pin(async move { redis_record::claim(&mut conn, &call, wait).await })
+        Box::pin(async move {
+            redis_record::claim(&mut conn, &call, wait)
+                .await
+                .map_err(CallError::into_node_error)
+        })
     }
 
     fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
         let call = redis_record::StoreCall::new(request);
         let mut conn = self.inner.conn.clone();
         let wait = self.wait;
-        Box::pin(async move { redis_record::store(&mut conn, &call, wait).await })
+        Box::pin(async move {
+            redis_record::store(&mut conn, &call, wait)
+                .await
+                .map_err(CallError::into_node_error)
+        })
     }
 
     fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
         let call = redis_record::DiscardCall::new(keys, token);
         let mut conn = self.inner.conn.clone();
-        Box::pin(async move { redis_record::discard(&mut conn, &call).await })
+        Box::pin(async move {
+            redis_record::discard(&mut conn, &call)
+                .await
+                .map_err(CallError::into_node_error)
+        })
     }
 }
 

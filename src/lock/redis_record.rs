@@ -1,19 +1,21 @@
 //! The outcome-record commands of Redis-backed nodes (see `record.rs`): three Lua
 //! scripts (sent with `EVAL`, see below) and one `HMGET`, over any redis-rs connection,
-//! so the standalone, cluster and sentinel nodes can share them. The record key is a hash (`state`, `token`, `fp`,
-//! `data`, `orphan`) in the lock key's hash slot; values are raw bytes.
+//! so the standalone, cluster and sentinel nodes run one implementation of the
+//! protocol. The record key is a hash (`state`, `token`, `fp`, `data`, `orphan`) in the
+//! lock key's hash slot; values are raw bytes. Errors are [`CallError`]s, so a sentinel
+//! node can tell the ones that call for looking its master up again.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use redis::aio::ConnectionLike;
-use redis::{Cmd, RedisResult, Value};
+use redis::{Cmd, Value};
 
 use crate::error::NodeError;
 use crate::lock::fencing::FencingToken;
 use crate::lock::options::millis_ceil;
 use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
-use crate::lock::redis_call::{int, node_error, ReplicaWait};
+use crate::lock::redis_call::{self, int, CallError, ReplicaWait};
 use crate::lock::resource::LockKeys;
 
 // The scripts are always sent with `EVAL`, never `EVALSHA`: after a `NOSCRIPT` answer
@@ -44,76 +46,28 @@ impl Eval {
         cmd
     }
 
-    /// `EVAL`; with `wait`, `WAIT` is pipelined right behind the script, and a reply for
-    /// which `wrote` holds counts only once enough replicas acknowledged it.
+    /// `EVAL`; with `wait`, `WAIT` is pipelined right behind the script on the same
+    /// connection (so it covers the script's writes), and a reply for which `wrote`
+    /// holds counts only once enough replicas acknowledged it.
     async fn run<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
         wrote: fn(&Value) -> bool,
-    ) -> Result<Value, NodeError> {
-        self.once(conn, wait, wrote)
-            .await
-            .map_err(Failure::into_node_error)
-    }
-
-    async fn once<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        wait: Option<ReplicaWait>,
-        wrote: fn(&Value) -> bool,
-    ) -> Result<Value, Failure> {
+    ) -> Result<Value, CallError> {
         let mut pipe = redis::pipe();
         pipe.add_command(self.command());
-        if let Some(wait) = wait {
-            pipe.cmd("WAIT")
-                .arg(wait.replicas)
-                .arg(millis_ceil(wait.timeout));
-        }
-        pipe.ignore_errors();
-        let replies: Vec<RedisResult<Value>> =
-            pipe.query_async(conn).await.map_err(Failure::Redis)?;
-        let mut replies = replies.into_iter();
-        let value = replies
-            .next()
-            .ok_or_else(|| Failure::Node(NodeError::Protocol("no reply to a script".into())))?
-            .map_err(Failure::Redis)?;
-        if let (Some(wait), true) = (wait, wrote(&value)) {
-            let acked = replies
-                .next()
-                .ok_or_else(|| Failure::Node(NodeError::Protocol("no reply to WAIT".into())))?
-                .map_err(Failure::Redis)?;
-            let acked = int(&acked).unwrap_or(-1);
-            if acked < i64::try_from(wait.replicas).unwrap_or(i64::MAX) {
-                return Err(Failure::Node(NodeError::Server(
-                    format!(
-                        "the record write was acknowledged by {acked} replica(s), {} required",
-                        wait.replicas
-                    )
-                    .into(),
-                )));
-            }
+        let mut replies = redis_call::query(conn, pipe, 1, wait).await?;
+        let value = replies.remove(0)?;
+        if wrote(&value) {
+            redis_call::check_acks(replies.pop(), wait)?;
         }
         Ok(value)
     }
 }
 
-enum Failure {
-    Redis(redis::RedisError),
-    Node(NodeError),
-}
-
-impl Failure {
-    fn into_node_error(self) -> NodeError {
-        match self {
-            Failure::Redis(e) => node_error(e),
-            Failure::Node(e) => e,
-        }
-    }
-}
-
-fn protocol(what: &str, value: &Value) -> NodeError {
-    NodeError::Protocol(format!("{what} returned {value:?}").into())
+fn protocol(what: &str, value: &Value) -> CallError {
+    CallError::Reply(NodeError::Protocol(format!("{what} returned {value:?}").into()))
 }
 
 fn bytes_of(value: &Value) -> Option<Bytes> {
@@ -136,12 +90,12 @@ fn record_of(
     token: &Value,
     fingerprint: &Value,
     data: &Value,
-) -> Result<Record, NodeError> {
+) -> Result<Record, CallError> {
     match (token_of(token), bytes_of(fingerprint), bytes_of(data)) {
         (Some(token), Some(fingerprint), Some(data)) => Ok(Record::new(token, fingerprint, data)),
-        _ => Err(NodeError::Protocol(
+        _ => Err(CallError::Reply(NodeError::Protocol(
             format!("{what}: malformed record (token {token:?})").into(),
-        )),
+        ))),
     }
 }
 
@@ -149,13 +103,12 @@ fn record_of(
 pub(crate) async fn read<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &LockKeys,
-) -> Result<Option<Record>, NodeError> {
+) -> Result<Option<Record>, CallError> {
     let value: Value = redis::cmd("HMGET")
         .arg(keys.record())
         .arg(&["state", "token", "fp", "data"])
         .query_async(conn)
-        .await
-        .map_err(node_error)?;
+        .await?;
     let Value::Array(fields) = &value else {
         return Err(protocol("HMGET", &value));
     };
@@ -200,7 +153,7 @@ pub(crate) async fn claim<C: ConnectionLike + Send>(
     conn: &mut C,
     call: &ClaimCall,
     wait: Option<ReplicaWait>,
-) -> Result<ClaimReply, NodeError> {
+) -> Result<ClaimReply, CallError> {
     let value = call
         .0
         .run(
@@ -255,7 +208,7 @@ pub(crate) async fn store<C: ConnectionLike + Send>(
     conn: &mut C,
     call: &StoreCall,
     wait: Option<ReplicaWait>,
-) -> Result<StoreReply, NodeError> {
+) -> Result<StoreReply, CallError> {
     let value = call.0.run(conn, wait, |v| int(v) == Some(1)).await?;
     match int(&value) {
         Some(1) => Ok(StoreReply::Stored),
@@ -283,7 +236,7 @@ impl DiscardCall {
 pub(crate) async fn discard<C: ConnectionLike + Send>(
     conn: &mut C,
     call: &DiscardCall,
-) -> Result<bool, NodeError> {
+) -> Result<bool, CallError> {
     let value = call.0.run(conn, None, |_| false).await?;
     match int(&value) {
         Some(1) => Ok(true),

@@ -16,11 +16,13 @@ use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError};
 use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 use crate::lock::redis_call::{
     self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
 };
 use crate::lock::redis_conn::Resending;
 use crate::lock::redis_node::RedisNode;
+use crate::lock::redis_record;
 use crate::lock::resource::LockKeys;
 use crate::lock::url;
 
@@ -516,6 +518,60 @@ impl Node for SentinelNode {
             };
             channel.attach(&master).await?;
             Ok(ReleaseSignal::new(channel.tx.subscribe(), channel))
+        })
+    }
+
+    // Outcome records (idempotent replay): the commands are those of the standalone
+    // node (`redis_record`), on the current master, followed across failovers like
+    // the lock commands. Claims and stores honour `wait_for_replicas`: a record counts
+    // only once the replicas a failover may promote have it.
+    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
+        let keys = keys.clone();
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let keys = &keys;
+            inner
+                .with_master(|mut conn| async move { redis_record::read(&mut conn, keys).await })
+                .await
+        })
+    }
+
+    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
+        let call = redis_record::ClaimCall::new(request);
+        let inner = self.inner.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move {
+                    redis_record::claim(&mut conn, call, wait).await
+                })
+                .await
+        })
+    }
+
+    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
+        let call = redis_record::StoreCall::new(request);
+        let inner = self.inner.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move {
+                    redis_record::store(&mut conn, call, wait).await
+                })
+                .await
+        })
+    }
+
+    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
+        let call = redis_record::DiscardCall::new(keys, token);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move { redis_record::discard(&mut conn, call).await })
+                .await
         })
     }
 }
