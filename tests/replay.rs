@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use support::{eventually, RedisServer};
+use support::{eventually, eventually_async, RedisServer};
 use tokio::sync::{watch, Notify};
 use tower::ServiceExt;
 use tower_redlock::http::{
@@ -1139,4 +1139,233 @@ async fn a_quoted_idempotency_key_is_the_same_key_as_the_bare_one() {
     send(&app, pay(r#""8e03978e"40d5""#, "{}"))
         .await
         .assert_problem(StatusCode::BAD_REQUEST, "key-invalid");
+}
+
+// ------------------------------------------------------------------------------------
+// every node kind: Redis Cluster, Sentinel, and a locker mixing them (issue 15)
+
+/// Per-node timeout for lockers whose nodes wait for a replica (`WAIT`): it bounds
+/// calls only when a test fails or a replica is paused on purpose.
+fn replicated_options() -> LockOptions {
+    LockOptions::default().node_timeout(Duration::from_secs(3))
+}
+
+/// `url` with its writes counted only once one replica acknowledged them; the wait's
+/// bound is reached only while a test pauses the replica.
+fn waiting_for_a_replica(url: &str) -> String {
+    format!("{url}?wait_replicas=1&wait_timeout_ms=1000")
+}
+
+/// The replay rules every node kind keeps, checked through the HTTP layer over
+/// `locker`: the first request runs and is recorded, a retry gets its response byte for
+/// byte, another body gets 422, and concurrent duplicates run once. Returns the app,
+/// its handler and the first answer for key `k`, for checks after a failover.
+async fn replays_on(locker: &Redlock, what: &str) -> (Router, Payments, Answer) {
+    let payments = Payments::gated();
+    let app = payments.app(layer(
+        locker.clone(),
+        Replay::new().allow_header("x-extra"),
+    ));
+    payments.open_gate();
+    let first = send(&app, pay("k", r#"{"amount":100}"#)).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{what}: {:?}", first.body);
+    assert_eq!(first.all("x-extra"), ["one", "two"]);
+    for _ in 0..2 {
+        let again = send(&app, pay("k", r#"{"amount":100}"#)).await;
+        assert_replay_of(&first, &again);
+        assert_eq!(again.all("x-extra"), ["one", "two"], "{what}");
+    }
+    send(&app, pay("k", r#"{"amount":999}"#))
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused");
+    assert_eq!(payments.runs(), 1, "{what}: one payment in the ledger");
+
+    // Concurrent duplicates of a new key: one runs, every other gets its response.
+    let duplicates = Payments::gated();
+    let dup_app = duplicates.app(layer(locker.clone(), Replay::new()));
+    let waits = locker.metrics().waits;
+    let running = tokio::spawn({
+        let app = dup_app.clone();
+        async move { send(&app, pay("dup", "{}")).await }
+    });
+    duplicates.entered.notified().await;
+    let others: Vec<_> = (0..4)
+        .map(|_| {
+            let app = dup_app.clone();
+            tokio::spawn(async move { send(&app, pay("dup", "{}")).await })
+        })
+        .collect();
+    eventually("the duplicates to wait for the lock", PROMPTLY, || {
+        locker.metrics().waits >= waits + 4
+    })
+    .await;
+    duplicates.open_gate();
+    let ran = running.await.unwrap();
+    assert_eq!(ran.status, StatusCode::CREATED, "{what}: {:?}", ran.body);
+    for other in others {
+        assert_replay_of(&ran, &other.await.unwrap());
+    }
+    assert_eq!(duplicates.runs(), 1, "{what}: concurrent duplicates run once");
+    (app, payments, first)
+}
+
+/// Blocking set-up work (starting servers) off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+/// `HGET record state` on one server (`READONLY` first: a cluster replica redirects
+/// reads to its master otherwise; other servers accept it as a no-op or refuse it).
+fn state_on(server: &RedisServer, key: &str) -> Option<String> {
+    let mut conn = server.connect(PROMPTLY).expect("connecting");
+    let _ = conn.call_str(&["READONLY"]);
+    match conn.call_str(&["HGET", key, "state"]).expect("HGET") {
+        support::RespValue::Error(e) => panic!("HGET {key}: {e}"),
+        value => value.to_string_lossy(),
+    }
+}
+
+/// A record write acknowledged by too few replicas does not count: with the replica
+/// paused between claim and store, the store fails and says why; once the replica is
+/// back, the same store counts (the record already on the master is this very one).
+async fn record_writes_wait_for(locker: &Redlock, replica: &mut RedisServer, what: &str) {
+    let lease = locker.try_acquire("job").await.unwrap();
+    let claimed = lease
+        .claim_record(b"f", Duration::from_secs(60), None)
+        .await
+        .unwrap();
+    assert_eq!(claimed, Claim::Claimed, "{what}");
+    let data = Bytes::from_static(b"\x00outcome");
+    replica.pause();
+    let refused = lease
+        .store_record(b"f", data.clone(), Duration::from_secs(60))
+        .await;
+    replica.resume();
+    let err = refused.expect_err("a store no replica acknowledged must not count");
+    assert!(matches!(err, LockError::Unavailable { .. }), "{what}: {err}");
+    assert!(err.to_string().contains("replica(s)"), "{what}: {err}");
+    lease
+        .store_record(b"f", data.clone(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    lease.release().await;
+    let record = locker.read_record("job").await.unwrap().expect("stored");
+    assert_eq!(record.data(), &data, "{what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_on_a_cluster_follows_the_slot_and_survives_a_failover() {
+    let mut cluster = blocking(|| support::cluster::RedisCluster::start(3, 1)).await;
+    let locker = Redlock::connect(
+        [waiting_for_a_replica(&cluster.url())],
+        replicated_options(),
+    )
+    .unwrap();
+    let (app, payments, first) = replays_on(&locker, "cluster").await;
+
+    // The record is in the lock key's slot, on the shard's master, and (`WAIT`) on its
+    // replica before the response is sent.
+    let resource = payments_resource("k");
+    let key = record_key(&resource);
+    let lock = format!("redlock:{{{}}}", resource.as_str());
+    assert_eq!(cluster.slot(&key), cluster.slot(&lock));
+    let any = cluster.nodes[0].port();
+    let master = cluster.master_of_slot(cluster.slot(&key), any);
+    let replica = cluster.replicas_of(master)[0];
+    assert_eq!(state_on(cluster.node(master), &key).as_deref(), Some("done"));
+    assert_eq!(state_on(cluster.node(replica), &key).as_deref(), Some("done"));
+
+    let job_master = cluster.master_of_slot(cluster.slot("redlock:{job}"), any);
+    let job_replica = cluster.replicas_of(job_master)[0];
+    let server = cluster
+        .nodes
+        .iter_mut()
+        .find(|n| n.port() == job_replica)
+        .unwrap();
+    record_writes_wait_for(&locker, server, "cluster").await;
+
+    // The shard's replica takes over: the cluster client follows the slot (MOVED) and
+    // the record is there.
+    tokio::task::block_in_place(|| cluster.failover(replica));
+    assert_eq!(cluster.master_of_slot(cluster.slot(&key), any), replica);
+    assert_replay_of(&first, &send(&app, pay("k", r#"{"amount":100}"#)).await);
+    send(&app, pay("k", r#"{"amount":999}"#))
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused");
+    assert_eq!(payments.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_on_sentinel_is_found_on_the_new_master_after_a_failover() {
+    let mut group = blocking(support::cluster::SentinelGroup::start).await;
+    let old = group.master_port();
+    let locker =
+        Redlock::connect([waiting_for_a_replica(&group.url())], replicated_options()).unwrap();
+    let (app, payments, first) = replays_on(&locker, "sentinel").await;
+    let key = record_key(&payments_resource("k"));
+    let replica_port = group.servers.iter().map(RedisServer::port).find(|&p| p != old);
+    let replica_port = replica_port.unwrap();
+    // `WAIT`: the replica had the record before the response was sent.
+    assert_eq!(
+        state_on(group.server(replica_port), &key).as_deref(),
+        Some("done")
+    );
+    let replica = group
+        .servers
+        .iter_mut()
+        .find(|s| s.port() == replica_port)
+        .unwrap();
+    record_writes_wait_for(&locker, replica, "sentinel").await;
+
+    let new = tokio::task::block_in_place(|| group.failover());
+    assert_eq!(new, replica_port);
+    // With the old master gone, only the new one can answer: the node follows it.
+    group.servers.iter_mut().find(|s| s.port() == old).unwrap().kill();
+    eventually_async("the replay from the new master", RESPONSE_LIMIT, || {
+        let app = &app;
+        let first = &first;
+        async move {
+            let again = send(app, pay("k", r#"{"amount":100}"#)).await;
+            if again.status == StatusCode::SERVICE_UNAVAILABLE {
+                return false; // still looking the master up
+            }
+            assert_replay_of(first, &again);
+            true
+        }
+    })
+    .await;
+    assert_eq!(state_on(group.server(new), &key).as_deref(), Some("done"));
+    assert_eq!(payments.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_over_a_standalone_a_cluster_and_a_sentinel_node() {
+    let (standalone, cluster, group) = blocking(|| {
+        (
+            RedisServer::start(),
+            support::cluster::RedisCluster::start(3, 0),
+            support::cluster::SentinelGroup::start(),
+        )
+    })
+    .await;
+    let locker = Redlock::connect(
+        [standalone.url(), cluster.url(), group.url()],
+        replicated_options(),
+    )
+    .unwrap();
+    assert_eq!(locker.quorum(), 2);
+    let _ = replays_on(&locker, "mixed").await;
+    // Written to every node, whatever its kind.
+    let key = record_key(&payments_resource("k"));
+    let shard = cluster.master_of_slot(cluster.slot(&key), cluster.nodes[0].port());
+    eventually("recorded on every node", PROMPTLY, || {
+        [
+            &standalone,
+            cluster.node(shard),
+            group.server(group.master_port()),
+        ]
+        .iter()
+        .all(|server| state_on(server, &key).as_deref() == Some("done"))
+    })
+    .await;
 }
