@@ -70,7 +70,7 @@ pub use resource::{LockKeys, Resource};
 #[cfg(feature = "redis")]
 pub use sentinel_node::SentinelNode;
 #[cfg(feature = "redis")]
-pub use url::node_from_url;
+pub use url::{node_from_url, split_node_urls};
 
 /// A Redlock over one or more independent nodes.
 ///

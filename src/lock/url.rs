@@ -108,6 +108,54 @@ pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
     }
 }
 
+/// Splits a list of node URLs, as one environment variable holds them, into one string
+/// per node for [`node_from_url`].
+///
+/// URLs are separated by whitespace or commas, but a comma separates two URLs only when
+/// the text after it starts a new URL (a scheme followed by `://`): the seeds of a
+/// `redis+cluster://` or `redis+sentinel://` URL, which are comma-separated, stay in
+/// their URL. Text before the first URL is kept as an entry of its own, so that
+/// [`node_from_url`] rejects it with a clear error.
+///
+/// ```
+/// use tower_redlock::lock::split_node_urls;
+///
+/// assert_eq!(
+///     split_node_urls("redis://a:1/0,redis+cluster://b:1,b:2/ redis+sentinel://c:1, c:2/m"),
+///     [
+///         "redis://a:1/0",
+///         "redis+cluster://b:1,b:2/",
+///         "redis+sentinel://c:1,c:2/m",
+///     ],
+/// );
+/// ```
+pub fn split_node_urls(list: &str) -> Vec<String> {
+    let mut urls: Vec<String> = Vec::new();
+    for token in list
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|t| !t.is_empty())
+    {
+        match urls.last_mut() {
+            Some(url) if !starts_with_scheme(token) => {
+                url.push(',');
+                url.push_str(token);
+            }
+            _ => urls.push(token.to_owned()),
+        }
+    }
+    urls
+}
+
+/// `scheme://…`, with a scheme as RFC 3986 spells it (`redis+cluster` included).
+fn starts_with_scheme(token: &str) -> bool {
+    token.split_once("://").is_some_and(|(scheme, _)| {
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
+}
+
 fn sentinel(url: &Url<'_>, wait: Option<(usize, Duration)>) -> Result<Arc<dyn Node>, ConfigError> {
     let tls = url.scheme == "rediss+sentinel";
     let mut segments = url.path.trim_matches('/').split('/');
@@ -376,6 +424,35 @@ pub(crate) fn seeds<T: IntoConnectionInfo>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_url_lists_split_where_a_new_url_starts() {
+        let split = |s: &str| split_node_urls(s);
+        assert!(split("").is_empty());
+        assert!(split(" , \n").is_empty());
+        assert_eq!(
+            split("redis://a:1,redis://b:2 , redis://c:3"),
+            ["redis://a:1", "redis://b:2", "redis://c:3"]
+        );
+        assert_eq!(
+            split("redis+cluster://:pw@127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003/"),
+            ["redis+cluster://:pw@127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003/"]
+        );
+        assert_eq!(
+            split("\tredis://a:1\nrediss+sentinel://s:1,s:2/m/1?wait_replicas=1 redis+cluster://k:1"),
+            [
+                "redis://a:1",
+                "rediss+sentinel://s:1,s:2/m/1?wait_replicas=1",
+                "redis+cluster://k:1",
+            ]
+        );
+        // Not a URL: kept apart, so that `node_from_url` says what is wrong.
+        assert_eq!(split("a:1,redis://b:2"), ["a:1", "redis://b:2"]);
+        assert_eq!(split("://x,1redis://y"), ["://x,1redis://y"]);
+        for url in split("redis://a:1/0,redis+cluster://b:1,b:2/,redis+sentinel://c:1,c:2/m") {
+            assert!(Url::parse(&url).is_ok(), "{url}");
+        }
+    }
 
     #[test]
     fn splits_and_rebuilds() {
