@@ -4,6 +4,8 @@
 //! cargo run --example orders                      # one process, no Redis needed
 //! REDIS_URLS=redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003 \
 //!     cargo run --example orders                  # Redlock over three Redis nodes
+//! REDIS_URLS=redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 \
+//!     cargo run --example orders                  # one Redis Cluster (one vote)
 //! ```
 //!
 //! Environment:
@@ -11,8 +13,8 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `PORT` | 3000 | listens on `127.0.0.1:$PORT` |
-//! | `REDIS_URLS` | unset | comma-separated Redis URLs: Redlock over them (majority). Unset: the in-process `MemoryNode` and an in-process ledger |
-//! | `LEDGER_URL` | the first of `REDIS_URLS` | the Redis server of the ledger (a plain `redis://` URL). Give it a server of its own to let any one lock node fail: with the default, the first node must stay up for the ledger |
+//! | `REDIS_URLS` | unset | node URLs separated by commas or whitespace (`redis://`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/master`; see `tower_redlock::lock::split_node_urls`): Redlock over them (majority). Unset: the in-process `MemoryNode` and an in-process ledger |
+//! | `LEDGER_URL` | the first of `REDIS_URLS` | the Redis of the ledger: a server, a Cluster or a Sentinel master, as in `REDIS_URLS`. Give it one of its own to let any one lock node fail: with the default, the first node must stay up for the ledger |
 //! | `LOCK_TTL_MS` | 10000 | lease time to live (the watchdog renews it while a handler runs) |
 //! | `WAIT_TIMEOUT_MS` | 5000 | how long `ship` waits for the order's lock |
 //! | `RUST_LOG` | `info` | log filter |
@@ -56,13 +58,21 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::IntoConnectionInfo;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::sync::OnceCell;
 use tower_redlock::axum::LayerLease;
 use tower_redlock::http::{
     self as lock_http, path_param, Contention, LockLayer, OnLost, RequestKey, Scope,
 };
+use tower_redlock::lock::split_node_urls;
 use tower_redlock::{FencingToken, LockOptions, MemoryNode, Redlock};
 use tracing_subscriber::EnvFilter;
 
@@ -76,7 +86,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct Config {
     /// `PORT`.
     pub port: u16,
-    /// `REDIS_URLS`, split at commas; empty for the in-process default.
+    /// `REDIS_URLS`, one entry per node; empty for the in-process default.
     pub redis_urls: Vec<String>,
     /// `LEDGER_URL`; `None` for the first of `redis_urls`.
     pub ledger_url: Option<String>,
@@ -114,13 +124,7 @@ impl Config {
         let defaults = Config::default();
         Ok(Config {
             port: number("PORT", defaults.port)?,
-            redis_urls: std::env::var("REDIS_URLS")
-                .unwrap_or_default()
-                .split(',')
-                .map(str::trim)
-                .filter(|url| !url.is_empty())
-                .map(str::to_owned)
-                .collect(),
+            redis_urls: split_node_urls(&std::env::var("REDIS_URLS").unwrap_or_default()),
             ledger_url: std::env::var("LEDGER_URL")
                 .ok()
                 .map(|url| url.trim().to_owned())
@@ -421,7 +425,7 @@ pub struct Ledger {
 enum Store {
     Memory(Arc<Mutex<HashMap<String, OrderRecord>>>),
     Redis {
-        connection: ConnectionManager,
+        connection: LedgerConnection,
         scripts: Arc<Scripts>,
     },
 }
@@ -473,18 +477,13 @@ impl Ledger {
         }
     }
 
-    /// A ledger in the Redis server at `url` (a plain `redis://` URL). Connects on
-    /// first use, and reconnects by itself.
+    /// A ledger in the Redis at `url`: a server (`redis://`), a Cluster
+    /// (`redis+cluster://`) or a Sentinel group's master (`redis+sentinel://`), as a
+    /// lock node URL names them. Connects on first use.
     pub fn redis(url: &str) -> Result<Ledger, BoxError> {
-        let client = redis::Client::open(url).map_err(|e| {
-            format!(
-                "the ledger needs a plain redis:// URL (LEDGER_URL, or first in REDIS_URLS): {e}"
-            )
+        let connection = LedgerConnection::open(url).map_err(|e| {
+            format!("the ledger's Redis URL {url:?} (LEDGER_URL, or first in REDIS_URLS): {e}")
         })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(2)));
-        let connection = ConnectionManager::new_lazy_with_config(client, config)?;
         Ok(Ledger {
             store: Store::Redis {
                 connection,
@@ -517,7 +516,7 @@ impl Ledger {
                 let _: i64 = scripts
                     .enter
                     .key(Self::key(order))
-                    .invoke_async(&mut connection.clone())
+                    .invoke_async(&mut connection.get().await?)
                     .await?;
             }
         }
@@ -542,7 +541,7 @@ impl Ledger {
                         "max_in_flight",
                         "last_token",
                     ])
-                    .query_async(&mut connection.clone())
+                    .query_async(&mut connection.get().await?)
                     .await?;
                 let number = |i: usize| -> Result<Option<i64>, LedgerError> {
                     match fields.get(i).cloned().flatten() {
@@ -565,6 +564,143 @@ impl Ledger {
                         .and_then(|text| text.parse().ok()),
                 })
             }
+        }
+    }
+}
+
+/// How the ledger reaches its Redis. One key per order, so a Cluster runs each script
+/// on the order's shard.
+#[derive(Clone)]
+enum LedgerConnection {
+    /// A server: one connection that reconnects by itself.
+    Server(ConnectionManager),
+    /// A Cluster: one connection, made on first use, that follows redirections.
+    Cluster(ClusterClient, Arc<OnceCell<ClusterConnection>>),
+    /// A Sentinel group: the current master is asked for on every step, so the ledger
+    /// follows a failover (a demo can afford the extra round trips).
+    Sentinel(Arc<tokio::sync::Mutex<SentinelClient>>),
+}
+
+/// One connection of a [`LedgerConnection`], for one step.
+enum LedgerConn {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+    Master(MultiplexedConnection),
+}
+
+impl LedgerConnection {
+    fn open(url: &str) -> redis::RedisResult<LedgerConnection> {
+        let invalid = |what: &str| {
+            redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "invalid URL",
+                what.to_owned(),
+            ))
+        };
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| invalid("no scheme"))?;
+        let base = if scheme.starts_with("rediss") {
+            "rediss"
+        } else {
+            "redis"
+        };
+        // `[userinfo@]host1,host2[/path][?query]`: one URL per host for redis-rs.
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(end);
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+            None => (String::new(), authority),
+        };
+        let hosts = hosts.split(',').filter(|h| !h.is_empty());
+        match scheme {
+            "redis+cluster" | "rediss+cluster" => {
+                let seeds: Vec<String> = hosts
+                    .map(|host| format!("{base}://{userinfo}{host}"))
+                    .collect();
+                Ok(LedgerConnection::Cluster(
+                    ClusterClient::new(seeds)?,
+                    Arc::default(),
+                ))
+            }
+            "redis+sentinel" | "rediss+sentinel" => {
+                // `/master[/db]`; the credentials are the master's, as for a lock node.
+                let path = path.split('?').next().unwrap_or_default();
+                let mut segments = path.trim_matches('/').split('/');
+                let master = segments.next().filter(|m| !m.is_empty());
+                let master = master.ok_or_else(|| invalid("a sentinel URL names its master"))?;
+                let db = segments.next().unwrap_or("0");
+                let master_info =
+                    format!("redis://{userinfo}localhost/{db}").into_connection_info()?;
+                let sentinels: Vec<String> = hosts.map(|host| format!("{base}://{host}")).collect();
+                let client = SentinelClient::build(
+                    sentinels,
+                    master.to_owned(),
+                    Some(
+                        SentinelNodeConnectionInfo::default()
+                            .set_redis_connection_info(master_info.redis_settings().clone()),
+                    ),
+                    SentinelServerType::Master,
+                )?;
+                Ok(LedgerConnection::Sentinel(Arc::new(
+                    tokio::sync::Mutex::new(client),
+                )))
+            }
+            _ => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(2)))
+                    .set_response_timeout(Some(Duration::from_secs(2)));
+                let client = redis::Client::open(url)?;
+                Ok(LedgerConnection::Server(
+                    ConnectionManager::new_lazy_with_config(client, config)?,
+                ))
+            }
+        }
+    }
+
+    async fn get(&self) -> redis::RedisResult<LedgerConn> {
+        Ok(match self {
+            LedgerConnection::Server(conn) => LedgerConn::Server(conn.clone()),
+            LedgerConnection::Cluster(client, conn) => LedgerConn::Cluster(
+                conn.get_or_try_init(|| client.get_async_connection())
+                    .await?
+                    .clone(),
+            ),
+            LedgerConnection::Sentinel(client) => {
+                LedgerConn::Master(client.lock().await.get_async_connection().await?)
+            }
+        })
+    }
+}
+
+impl ConnectionLike for LedgerConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            LedgerConn::Server(c) => c.req_packed_command(cmd),
+            LedgerConn::Cluster(c) => c.req_packed_command(cmd),
+            LedgerConn::Master(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            LedgerConn::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            LedgerConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            LedgerConn::Master(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            LedgerConn::Server(c) => c.get_db(),
+            LedgerConn::Cluster(c) => c.get_db(),
+            LedgerConn::Master(c) => c.get_db(),
         }
     }
 }
@@ -614,7 +750,7 @@ impl Visit {
                     .key(Ledger::key(&self.order))
                     .arg(entry.field())
                     .arg(token.get())
-                    .invoke_async(&mut connection.clone())
+                    .invoke_async(&mut connection.get().await?)
                     .await?;
                 let number = value.parse().map_err(|_| {
                     LedgerError::Unavailable(format!("unexpected ledger reply {value:?}"))
@@ -647,11 +783,15 @@ impl Drop for Visit {
                 scripts,
             } => {
                 // Drop cannot wait: leave in the background.
-                let (mut connection, scripts) = (connection.clone(), scripts.clone());
+                let (connection, scripts) = (connection.clone(), scripts.clone());
                 let key = Ledger::key(&self.order);
                 tokio::spawn(async move {
-                    let left: Result<i64, _> =
-                        scripts.leave.key(key).invoke_async(&mut connection).await;
+                    let left: Result<i64, _> = match connection.get().await {
+                        Ok(mut connection) => {
+                            scripts.leave.key(key).invoke_async(&mut connection).await
+                        }
+                        Err(error) => Err(error),
+                    };
                     if let Err(error) = left {
                         tracing::warn!(%error, "ledger: leaving the in-flight count failed");
                     }

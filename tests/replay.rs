@@ -1162,13 +1162,15 @@ fn waiting_for_a_replica(url: &str) -> String {
 /// its handler and the first answer for key `k`, for checks after a failover.
 async fn replays_on(locker: &Redlock, what: &str) -> (Router, Payments, Answer) {
     let payments = Payments::gated();
-    let app = payments.app(layer(
-        locker.clone(),
-        Replay::new().allow_header("x-extra"),
-    ));
+    let app = payments.app(layer(locker.clone(), Replay::new().allow_header("x-extra")));
     payments.open_gate();
     let first = send(&app, pay("k", r#"{"amount":100}"#)).await;
-    assert_eq!(first.status, StatusCode::CREATED, "{what}: {:?}", first.body);
+    assert_eq!(
+        first.status,
+        StatusCode::CREATED,
+        "{what}: {:?}",
+        first.body
+    );
     assert_eq!(first.all("x-extra"), ["one", "two"]);
     for _ in 0..2 {
         let again = send(&app, pay("k", r#"{"amount":100}"#)).await;
@@ -1205,8 +1207,41 @@ async fn replays_on(locker: &Redlock, what: &str) -> (Router, Payments, Answer) 
     for other in others {
         assert_replay_of(&ran, &other.await.unwrap());
     }
-    assert_eq!(duplicates.runs(), 1, "{what}: concurrent duplicates run once");
+    assert_eq!(
+        duplicates.runs(),
+        1,
+        "{what}: concurrent duplicates run once"
+    );
     (app, payments, first)
+}
+
+/// The demo (`cargo run --example orders`) started with `REDIS_URLS=<urls>`: payments
+/// replay, and the ledger lives in the first node, whatever its kind.
+async fn the_demo_replays_on(urls: &str) {
+    let redis_urls = tower_redlock::lock::split_node_urls(urls);
+    let app = orders::build(&orders::Config {
+        redis_urls,
+        ..orders::Config::default()
+    })
+    .unwrap();
+    let payment = || {
+        Request::post("/payments?work_ms=0")
+            .header("idempotency-key", "demo-1")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = send(&app, payment()).await;
+    assert_eq!(first.status, StatusCode::OK, "{urls}: {:?}", first.body);
+    assert_replay_of(&first, &send(&app, payment()).await);
+    let ledger = send(
+        &app,
+        Request::get("/orders/payment:demo-1")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    let ledger: serde_json::Value = serde_json::from_slice(&ledger.body).unwrap();
+    assert_eq!(ledger["payments"], 1, "{urls}: {ledger}");
 }
 
 /// Blocking set-up work (starting servers) off the async workers.
@@ -1242,7 +1277,10 @@ async fn record_writes_wait_for(locker: &Redlock, replica: &mut RedisServer, wha
         .await;
     replica.resume();
     let err = refused.expect_err("a store no replica acknowledged must not count");
-    assert!(matches!(err, LockError::Unavailable { .. }), "{what}: {err}");
+    assert!(
+        matches!(err, LockError::Unavailable { .. }),
+        "{what}: {err}"
+    );
     assert!(err.to_string().contains("replica(s)"), "{what}: {err}");
     lease
         .store_record(b"f", data.clone(), Duration::from_secs(60))
@@ -1262,6 +1300,7 @@ async fn replay_on_a_cluster_follows_the_slot_and_survives_a_failover() {
     )
     .unwrap();
     let (app, payments, first) = replays_on(&locker, "cluster").await;
+    the_demo_replays_on(&waiting_for_a_replica(&cluster.url())).await;
 
     // The record is in the lock key's slot, on the shard's master, and (`WAIT`) on its
     // replica before the response is sent.
@@ -1272,8 +1311,14 @@ async fn replay_on_a_cluster_follows_the_slot_and_survives_a_failover() {
     let any = cluster.nodes[0].port();
     let master = cluster.master_of_slot(cluster.slot(&key), any);
     let replica = cluster.replicas_of(master)[0];
-    assert_eq!(state_on(cluster.node(master), &key).as_deref(), Some("done"));
-    assert_eq!(state_on(cluster.node(replica), &key).as_deref(), Some("done"));
+    assert_eq!(
+        state_on(cluster.node(master), &key).as_deref(),
+        Some("done")
+    );
+    assert_eq!(
+        state_on(cluster.node(replica), &key).as_deref(),
+        Some("done")
+    );
 
     let job_master = cluster.master_of_slot(cluster.slot("redlock:{job}"), any);
     let job_replica = cluster.replicas_of(job_master)[0];
@@ -1302,8 +1347,13 @@ async fn replay_on_sentinel_is_found_on_the_new_master_after_a_failover() {
     let locker =
         Redlock::connect([waiting_for_a_replica(&group.url())], replicated_options()).unwrap();
     let (app, payments, first) = replays_on(&locker, "sentinel").await;
+    the_demo_replays_on(&group.url()).await;
     let key = record_key(&payments_resource("k"));
-    let replica_port = group.servers.iter().map(RedisServer::port).find(|&p| p != old);
+    let replica_port = group
+        .servers
+        .iter()
+        .map(RedisServer::port)
+        .find(|&p| p != old);
     let replica_port = replica_port.unwrap();
     // `WAIT`: the replica had the record before the response was sent.
     assert_eq!(
@@ -1320,7 +1370,12 @@ async fn replay_on_sentinel_is_found_on_the_new_master_after_a_failover() {
     let new = tokio::task::block_in_place(|| group.failover());
     assert_eq!(new, replica_port);
     // With the old master gone, only the new one can answer: the node follows it.
-    group.servers.iter_mut().find(|s| s.port() == old).unwrap().kill();
+    group
+        .servers
+        .iter_mut()
+        .find(|s| s.port() == old)
+        .unwrap()
+        .kill();
     eventually_async("the replay from the new master", RESPONSE_LIMIT, || {
         let app = &app;
         let first = &first;
@@ -1355,6 +1410,14 @@ async fn replay_over_a_standalone_a_cluster_and_a_sentinel_node() {
     .unwrap();
     assert_eq!(locker.quorum(), 2);
     let _ = replays_on(&locker, "mixed").await;
+    // `REDIS_URLS` as a user writes it: seeds inside a URL, commas and spaces between.
+    the_demo_replays_on(&format!(
+        "{}, {} {}",
+        cluster.url(),
+        group.url(),
+        standalone.url()
+    ))
+    .await;
     // Written to every node, whatever its kind.
     let key = record_key(&payments_resource("k"));
     let shard = cluster.master_of_slot(cluster.slot(&key), cluster.nodes[0].port());

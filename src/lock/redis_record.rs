@@ -67,7 +67,9 @@ impl Eval {
 }
 
 fn protocol(what: &str, value: &Value) -> CallError {
-    CallError::Reply(NodeError::Protocol(format!("{what} returned {value:?}").into()))
+    CallError::Reply(NodeError::Protocol(
+        format!("{what} returned {value:?}").into(),
+    ))
 }
 
 fn bytes_of(value: &Value) -> Option<Bytes> {

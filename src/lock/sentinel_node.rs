@@ -543,9 +543,9 @@ impl Node for SentinelNode {
         Box::pin(async move {
             let call = &call;
             inner
-                .with_master(|mut conn| async move {
-                    redis_record::claim(&mut conn, call, wait).await
-                })
+                .with_master(
+                    |mut conn| async move { redis_record::claim(&mut conn, call, wait).await },
+                )
                 .await
         })
     }
@@ -557,9 +557,9 @@ impl Node for SentinelNode {
         Box::pin(async move {
             let call = &call;
             inner
-                .with_master(|mut conn| async move {
-                    redis_record::store(&mut conn, call, wait).await
-                })
+                .with_master(
+                    |mut conn| async move { redis_record::store(&mut conn, call, wait).await },
+                )
                 .await
         })
     }

@@ -439,7 +439,9 @@ mod tests {
             ["redis+cluster://:pw@127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003/"]
         );
         assert_eq!(
-            split("\tredis://a:1\nrediss+sentinel://s:1,s:2/m/1?wait_replicas=1 redis+cluster://k:1"),
+            split(
+                "\tredis://a:1\nrediss+sentinel://s:1,s:2/m/1?wait_replicas=1 redis+cluster://k:1"
+            ),
             [
                 "redis://a:1",
                 "rediss+sentinel://s:1,s:2/m/1?wait_replicas=1",
