@@ -575,7 +575,7 @@ enum LedgerConnection {
     /// A server: one connection that reconnects by itself.
     Server(ConnectionManager),
     /// A Cluster: one connection, made on first use, that follows redirections.
-    Cluster(ClusterClient, Arc<OnceCell<ClusterConnection>>),
+    Cluster(Arc<(ClusterClient, OnceCell<ClusterConnection>)>),
     /// A Sentinel group: the current master is asked for on every step, so the ledger
     /// follows a failover (a demo can afford the extra round trips).
     Sentinel(Arc<tokio::sync::Mutex<SentinelClient>>),
@@ -616,10 +616,10 @@ impl LedgerConnection {
                 let seeds: Vec<String> = hosts
                     .map(|host| format!("{base}://{userinfo}{host}"))
                     .collect();
-                Ok(LedgerConnection::Cluster(
+                Ok(LedgerConnection::Cluster(Arc::new((
                     ClusterClient::new(seeds)?,
-                    Arc::default(),
-                ))
+                    OnceCell::new(),
+                ))))
             }
             "redis+sentinel" | "rediss+sentinel" => {
                 // `/master[/db]`; the credentials are the master's, as for a lock node.
@@ -633,7 +633,7 @@ impl LedgerConnection {
                 let sentinels: Vec<String> = hosts.map(|host| format!("{base}://{host}")).collect();
                 let client = SentinelClient::build(
                     sentinels,
-                    master.to_owned(),
+                    String::from(master),
                     Some(
                         SentinelNodeConnectionInfo::default()
                             .set_redis_connection_info(master_info.redis_settings().clone()),
@@ -659,11 +659,14 @@ impl LedgerConnection {
     async fn get(&self) -> redis::RedisResult<LedgerConn> {
         Ok(match self {
             LedgerConnection::Server(conn) => LedgerConn::Server(conn.clone()),
-            LedgerConnection::Cluster(client, conn) => LedgerConn::Cluster(
-                conn.get_or_try_init(|| client.get_async_connection())
-                    .await?
-                    .clone(),
-            ),
+            LedgerConnection::Cluster(cluster) => {
+                let (client, conn) = &**cluster;
+                LedgerConn::Cluster(
+                    conn.get_or_try_init(|| client.get_async_connection())
+                        .await?
+                        .clone(),
+                )
+            }
             LedgerConnection::Sentinel(client) => {
                 LedgerConn::Master(client.lock().await.get_async_connection().await?)
             }

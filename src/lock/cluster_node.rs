@@ -62,6 +62,11 @@ const RECONNECT_INTERVAL: Duration = Duration::from_millis(100);
 ///   there), and fencing tokens checked by the protected storage turn a lost lock into
 ///   a rejected write instead of a corruption whenever the counter survived.
 ///
+/// Outcome records (idempotent replay) share the lock key's slot and its trade-off: with
+/// `wait_for_replicas` a record counts only once the shard's replicas have it and
+/// survives a failover to one of them; what a failover to a replica without it loses is
+/// described on [`SentinelNode`](crate::SentinelNode).
+///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -76,6 +76,15 @@ const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 ///   cover).
 /// * Check fencing tokens in the protected storage.
 ///
+/// Outcome records (idempotent replay, [`crate::lock::record`]) follow the master like
+/// the locks, and carry the same trade-off: with `wait_for_replicas` a claim or a store
+/// counts only once the replicas have it, so a failover to one of them keeps the record
+/// and the retry is replayed from the new master. When the promoted replica had not
+/// received the store, it holds the claim's pending marker (the key answers "outcome
+/// unknown" until the marker expires, then the work runs again); when it had not
+/// received the claim either, the work runs again at once. A stale replica never
+/// answers with another request's outcome.
+///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
