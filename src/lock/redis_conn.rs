@@ -35,8 +35,9 @@
 //!   token's marker): a second run finds nothing left and answers "not deleted"; the
 //!   effect is the same, only the answer understates it.
 //! * **record claim**: a second run finds our own pending marker and answers "claimed"
-//!   again. **record store**: a second run finds the record it stored (same token) and
-//!   answers "superseded": the record is stored, and the answer fails closed.
+//!   again. **record store**: a second run finds the very record it stored (same
+//!   token, fingerprint and data) and answers "stored" again; any other record with
+//!   an equal or larger token still answers "superseded".
 //! * reads (`GET`, `PTTL`, `HMGET`) have no effect.
 //!
 //! Anything that is not a broken connection (a server error, a timeout, failed
