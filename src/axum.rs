@@ -426,6 +426,7 @@ where
 
 fn refuse(problem: Problem) -> LockRejection {
     tracing::debug!(%problem, "request refused by the Locked extractor");
+    crate::lock::metrics::refusal(problem.kind().code());
     LockRejection { problem }
 }
 

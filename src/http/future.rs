@@ -23,7 +23,7 @@ use super::replay::{ReplayRequest, ReplaySettings, StoredResponse, IDEMPOTENT_RE
 use super::service::{LeaseLost, RequestKey, Unlocked};
 use crate::error::LockError;
 use crate::lock::record::{self, Claim, Record};
-use crate::lock::{Lease, LeaseHandle, LostCause, Resource};
+use crate::lock::{metrics, Lease, LeaseHandle, LostCause, Resource};
 
 type AcquireFuture = Pin<Box<dyn Future<Output = Result<Lease, LockError>> + Send>>;
 type LostFuture = Pin<Box<dyn Future<Output = LostCause> + Send>>;
@@ -410,6 +410,7 @@ where
                             // Drop the handler future (and the lost lease) before answering.
                             this.state.set(State::Done);
                             span.record("outcome", ProblemKind::LockLost.code());
+                            metrics::refusal(ProblemKind::LockLost.code());
                             tracing::warn!(%cause, "lease lost while the handler ran: handler stopped");
                             let mut problem = Problem::new(
                                 ProblemKind::LockLost,
@@ -572,6 +573,7 @@ where
                             response.extensions_mut().insert(LeaseLost(*cause));
                         }
                     }
+                    metrics::replay(if stored.is_ok() { "recorded" } else { "not-recorded" });
                     if response.extensions().get::<LeaseLost>().is_none() {
                         span.record(
                             "outcome",
@@ -742,6 +744,7 @@ fn answer_record<ResBody>(
         .as_ref()
         .is_some_and(|policy| policy.matches(fingerprint, record.fingerprint()));
     if !matches {
+        metrics::replay("key-reused");
         let problem = Problem::new(
             ProblemKind::IdempotencyKeyReused,
             "this idempotency key was already used for a different request; use a new key for a new request",
@@ -759,6 +762,7 @@ fn answer_record<ResBody>(
         return refuse(settings, span, problem);
     };
     span.record("outcome", "replayed");
+    metrics::replay("replayed");
     tracing::debug!(token = %record.token(), status = %stored.status, "recorded response replayed");
     let mut response = Response::new(LeaseBody::full(stored.body));
     *response.status_mut() = stored.status;
@@ -872,6 +876,7 @@ fn refuse<ResBody>(
     problem: Problem,
 ) -> Response<LeaseBody<ResBody>> {
     span.record("outcome", problem.kind().code());
+    metrics::refusal(problem.kind().code());
     tracing::debug!(%problem, "request refused");
     render(settings, &problem)
 }

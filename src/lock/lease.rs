@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::error::LockError;
 use crate::lock::fencing::FencingToken;
+use crate::lock::metrics;
 use crate::lock::node::Owner;
 use crate::lock::resource::{LockKeys, Resource};
 use crate::lock::wait::QueueRef;
@@ -88,6 +89,7 @@ impl LeaseInner {
                 s.lost = Some(cause);
                 // Counted before `lost()` wakes up, so the metrics never lag the signal.
                 self.locker.metrics.lost.inc();
+                metrics::lost(cause);
                 true
             } else {
                 false
@@ -114,6 +116,7 @@ impl LeaseInner {
             .await;
         let quorum = locker.nodes.quorum();
         if tally.no >= quorum {
+            metrics::renewal("key_lost");
             return Err(ExtendFailure::KeyLost);
         }
         let valid_until = start + ttl - locker.options.drift();
@@ -128,12 +131,15 @@ impl LeaseInner {
             });
             if applied {
                 locker.metrics.renewals.inc();
+                metrics::renewal("renewed");
                 tracing::trace!(resource = %self.resource, votes = tally.yes, elapsed = ?start.elapsed(), "lease extended");
                 return Ok(valid_until);
             }
+            metrics::renewal("key_lost");
             return Err(ExtendFailure::KeyLost);
         }
         locker.metrics.renewal_failures.inc();
+        metrics::renewal("no_quorum");
         tracing::debug!(resource = %self.resource, votes = tally.yes, failures = tally.failures.len(), "extend round failed");
         Err(ExtendFailure::NoQuorum)
     }
@@ -277,6 +283,7 @@ async fn release(inner: &LeaseInner) -> ReleaseOutcome {
         }
     };
     locker.metrics.released.inc();
+    metrics::hold(inner.acquired_at.elapsed());
     tracing::debug!(resource = %inner.resource, token = %inner.token, ?outcome, held_for = ?inner.acquired_at.elapsed(), "lease released");
     outcome
 }

@@ -22,6 +22,7 @@ pub mod fencing;
 mod health;
 mod lease;
 mod memory;
+pub mod metrics;
 mod node;
 mod options;
 mod quorum;
@@ -230,7 +231,13 @@ impl Redlock {
     /// One attempt, no waiting: a lease, or [`LockError::Held`] when someone holds the
     /// resource (also when a caller of this process holds it or queues for it).
     pub async fn try_acquire(&self, resource: impl Into<Resource>) -> Result<Lease, LockError> {
-        let resource = resource.into();
+        let started = Instant::now();
+        let result = self.try_once(resource.into()).await;
+        metrics::acquisition(&result, started.elapsed());
+        result
+    }
+
+    async fn try_once(&self, resource: Resource) -> Result<Lease, LockError> {
         let queue = self.shared.queues.get(&resource);
         let Ok(permit) = queue.permit.clone().try_acquire_owned() else {
             self.shared.metrics.contended.inc();
@@ -270,8 +277,18 @@ impl Redlock {
         resource: impl Into<Resource>,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        let resource = resource.into();
         let started = Instant::now();
+        let result = self.queue_and_acquire(resource.into(), started, deadline).await;
+        metrics::acquisition(&result, started.elapsed());
+        result
+    }
+
+    async fn queue_and_acquire(
+        &self,
+        resource: Resource,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
         let shared = &self.shared;
         let queue = shared.queues.get(&resource);
         // Counts this caller against `max_waiters` until it returns: the head of the

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeFailure};
 use crate::lock::health::{Health, NodeState};
+use crate::lock::metrics::observe;
 use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner};
 use crate::lock::resource::LockKeys;
 
@@ -110,9 +111,10 @@ impl Nodes {
         call: NodeFuture<T>,
     ) -> impl Future<Output = Result<T, NodeError>> + Send + 'static {
         let health = self.health[index].clone();
+        let call = observe(&self.list[index], bounded(timeout, call));
         async move {
             let started = std::time::Instant::now();
-            let answer = bounded(timeout, call).await;
+            let answer = call.await;
             health.observe(started, &answer);
             answer
         }

@@ -19,6 +19,7 @@ use tokio::sync::{OnceCell, Semaphore};
 use tokio::time::Instant;
 
 use crate::lock::lease::LeaseInner;
+use crate::lock::metrics;
 use crate::lock::node::ReleaseSignal;
 use crate::lock::quorum::Nodes;
 use crate::lock::resource::{LockKeys, Resource};
@@ -110,6 +111,7 @@ pub(crate) struct Waiting<'a>(&'a AtomicUsize);
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+        metrics::waiters(-1.0);
     }
 }
 
@@ -127,7 +129,10 @@ impl LocalQueue {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Some(Waiting(&self.waiting)),
+                Ok(_) => {
+                    metrics::waiters(1.0);
+                    return Some(Waiting(&self.waiting));
+                }
                 Err(actual) => current = actual,
             }
         }

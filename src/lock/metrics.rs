@@ -1,0 +1,201 @@
+//! What the crate records through the [`metrics`](https://docs.rs/metrics/0.24) facade,
+//! with the `metrics` feature. The application installs the recorder (a Prometheus
+//! exporter, StatsD, …); without one, or without the feature, nothing is recorded and
+//! the calls below compile to nothing.
+//!
+//! Names and units follow the Prometheus conventions (`_total` counters, `_seconds`
+//! histograms). Labels are bounded: never a resource, a key or a URL with credentials,
+//! only the values listed here (and node names, which are the addresses a locker was
+//! built with, without passwords). The constants hold the names, for dashboards and
+//! for tests.
+//!
+//! | metric | type | labels | what it counts | when to alert |
+//! |---|---|---|---|---|
+//! | `tower_redlock_acquisitions_total` | counter | `outcome`: `acquired`, `held`, `timeout`, `unavailable`, `validity_expired`, `queue_full` | calls of [`try_acquire`](crate::Redlock::try_acquire) and [`acquire`](crate::Redlock::acquire) (so every locked request), by how they ended | a rising share of `unavailable` or `validity_expired` (the store, or the network to it, is failing); `held`/`timeout` is contention, alert only on a change from the usual rate |
+//! | `tower_redlock_acquire_duration_seconds` | histogram | `outcome` (as above) | time from the call to its answer, **including time spent waiting** for another holder | p99 of `acquired` far above one round trip: requests queue behind each other |
+//! | `tower_redlock_hold_duration_seconds` | histogram | — | time from acquisition to release, per lease (released, dropped or lost) | holds near the `max_hold` or ttl: handlers run longer than the lease was sized for |
+//! | `tower_redlock_leases_lost_total` | counter | `cause`: `renewal_failed`, `key_lost`, `max_hold_reached`, `expired` | leases lost while held | any increase: a handler ran (or may still run) without the lock; the fencing token is then the only guard |
+//! | `tower_redlock_renewals_total` | counter | `outcome`: `renewed`, `no_quorum`, `key_lost` | extend rounds (the watchdog's and [`Lease::extend`](crate::Lease::extend)'s) | `no_quorum` or `key_lost` rising: leases are about to be lost |
+//! | `tower_redlock_node_errors_total` | counter | `node` (the node's name), `error`: `timeout`, `connection`, `server`, `protocol`, `unsupported` | node calls that failed, per node | one node's rate rising: it is down or slow (the quorum still answers); several: outage ahead |
+//! | `tower_redlock_waiters` | gauge | — | callers of this process inside [`acquire`](crate::Redlock::acquire) (queued, or contending at the nodes), over every locker | a level that keeps growing: requests pile up behind held resources |
+//! | `tower_redlock_http_refusals_total` | counter | `problem`: the [problem code](crate::http::problem) (`lock-held`, `lock-wait-timeout`, `lock-unavailable`, `lock-queue-full`, `lock-lost`, `key-missing`, `key-invalid`, …) | requests the [`LockLayer`](crate::LockLayer) answered with a problem instead of the handler's response | `lock-unavailable` or `lock-lost` above zero; `key-missing`/`key-invalid` rising: a client sends bad requests |
+//! | `tower_redlock_http_replays_total` | counter | `outcome`: `replayed`, `key-reused`, `recorded`, `not-recorded` | [idempotent replay](crate::http::replay): responses replayed, keys reused for another request, responses recorded or not | `not-recorded` rising: the store failed after the handler ran, retries will run the handler again |
+//!
+//! The per-locker counters of [`Redlock::metrics`](crate::Redlock::metrics) are
+//! always kept, with or without this feature.
+
+#[cfg(feature = "metrics")]
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{LockError, NodeError};
+use crate::lock::{LostCause, Node};
+
+/// Counter: acquire calls by `outcome`.
+pub const ACQUISITIONS: &str = "tower_redlock_acquisitions_total";
+/// Histogram, seconds: acquire calls' duration including waiting, by `outcome`.
+pub const ACQUIRE_DURATION: &str = "tower_redlock_acquire_duration_seconds";
+/// Histogram, seconds: how long leases were held.
+pub const HOLD_DURATION: &str = "tower_redlock_hold_duration_seconds";
+/// Counter: leases lost, by `cause`.
+pub const LEASES_LOST: &str = "tower_redlock_leases_lost_total";
+/// Counter: extend rounds, by `outcome`.
+pub const RENEWALS: &str = "tower_redlock_renewals_total";
+/// Counter: failed node calls, by `node` and `error`.
+pub const NODE_ERRORS: &str = "tower_redlock_node_errors_total";
+/// Gauge: callers of this process inside `acquire`.
+pub const WAITERS: &str = "tower_redlock_waiters";
+/// Counter: requests the layer refused, by `problem` code.
+pub const HTTP_REFUSALS: &str = "tower_redlock_http_refusals_total";
+/// Counter: idempotent replay outcomes, by `outcome`.
+pub const HTTP_REPLAYS: &str = "tower_redlock_http_replays_total";
+
+/// Registers the descriptions and units with the installed recorder, so exporters
+/// print `# HELP` lines. Optional: recording works without it. Call it once after
+/// installing the recorder.
+pub fn describe() {
+    #[cfg(feature = "metrics")]
+    {
+        use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+        describe_counter!(ACQUISITIONS, "Lock acquire calls, by outcome.");
+        describe_histogram!(
+            ACQUIRE_DURATION,
+            Unit::Seconds,
+            "Time to acquire a lock, including waiting, by outcome."
+        );
+        describe_histogram!(HOLD_DURATION, Unit::Seconds, "Time leases were held.");
+        describe_counter!(LEASES_LOST, "Leases lost while held, by cause.");
+        describe_counter!(RENEWALS, "Lease extend rounds, by outcome.");
+        describe_counter!(NODE_ERRORS, "Failed lock node calls, by node and error.");
+        describe_gauge!(WAITERS, "Callers of this process waiting to acquire a lock.");
+        describe_counter!(HTTP_REFUSALS, "Requests refused by the lock layer, by problem code.");
+        describe_counter!(HTTP_REPLAYS, "Idempotent replay outcomes.");
+    }
+}
+
+/// The `outcome` label of an acquire call's result.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) fn acquire_outcome<T>(result: &Result<T, LockError>) -> &'static str {
+    match result {
+        Ok(_) => "acquired",
+        Err(LockError::Held { .. }) => "held",
+        Err(LockError::WaitTimeout { .. }) => "timeout",
+        Err(LockError::Unavailable { .. }) => "unavailable",
+        Err(LockError::ValidityExpired { .. }) => "validity_expired",
+        Err(LockError::QueueFull { .. }) => "queue_full",
+        Err(_) => "error",
+    }
+}
+
+/// Records one acquire call that took `elapsed`.
+#[inline]
+pub(crate) fn acquisition<T>(result: &Result<T, LockError>, elapsed: Duration) {
+    let _ = (result, elapsed);
+    #[cfg(feature = "metrics")]
+    {
+        let outcome = acquire_outcome(result);
+        ::metrics::counter!(ACQUISITIONS, "outcome" => outcome).increment(1);
+        ::metrics::histogram!(ACQUIRE_DURATION, "outcome" => outcome).record(elapsed);
+    }
+}
+
+/// Records the end of a lease held for `held`.
+#[inline]
+pub(crate) fn hold(held: Duration) {
+    let _ = held;
+    #[cfg(feature = "metrics")]
+    ::metrics::histogram!(HOLD_DURATION).record(held);
+}
+
+/// The `cause` label of a lost lease.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) fn lost_cause(cause: LostCause) -> &'static str {
+    match cause {
+        LostCause::RenewalFailed => "renewal_failed",
+        LostCause::KeyLost => "key_lost",
+        LostCause::MaxHoldReached => "max_hold_reached",
+        LostCause::Expired => "expired",
+    }
+}
+
+/// Records a lease lost for `cause`.
+#[inline]
+pub(crate) fn lost(cause: LostCause) {
+    let _ = cause;
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(LEASES_LOST, "cause" => lost_cause(cause)).increment(1);
+}
+
+/// Records one extend round: `renewed`, `no_quorum` or `key_lost`.
+#[inline]
+pub(crate) fn renewal(outcome: &'static str) {
+    let _ = outcome;
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(RENEWALS, "outcome" => outcome).increment(1);
+}
+
+/// The `error` label of a node error.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) fn node_error_kind(error: &NodeError) -> &'static str {
+    match error {
+        NodeError::Timeout(_) => "timeout",
+        NodeError::Connection(_) => "connection",
+        NodeError::Server(_) => "server",
+        NodeError::Protocol(_) => "protocol",
+        NodeError::Unsupported(_) => "unsupported",
+    }
+}
+
+/// `call` to `node`, counting its error when it fails, also when it finishes in the
+/// background after the round was decided (a slow node's timeouts come last).
+#[cfg(feature = "metrics")]
+pub(crate) fn observe<T>(
+    node: &Arc<dyn Node>,
+    call: impl Future<Output = Result<T, NodeError>>,
+) -> impl Future<Output = Result<T, NodeError>> {
+    let node = node.clone();
+    async move {
+        let answer = call.await;
+        if let Err(error) = &answer {
+            ::metrics::counter!(
+                NODE_ERRORS,
+                "node" => node.name().to_owned(),
+                "error" => node_error_kind(error)
+            )
+            .increment(1);
+        }
+        answer
+    }
+}
+
+/// `call`, as it is: without the feature there is nothing to count.
+#[cfg(not(feature = "metrics"))]
+#[inline]
+pub(crate) fn observe<F>(_node: &Arc<dyn Node>, call: F) -> F {
+    call
+}
+
+/// Moves the waiters gauge by `delta` (one caller entering or leaving `acquire`).
+#[inline]
+pub(crate) fn waiters(delta: f64) {
+    let _ = delta;
+    #[cfg(feature = "metrics")]
+    ::metrics::gauge!(WAITERS).increment(delta);
+}
+
+/// Records a request refused with the problem `code`.
+#[inline]
+pub(crate) fn refusal(code: &'static str) {
+    let _ = code;
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(HTTP_REFUSALS, "problem" => code).increment(1);
+}
+
+/// Records an idempotent replay outcome.
+#[inline]
+pub(crate) fn replay(outcome: &'static str) {
+    let _ = outcome;
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(HTTP_REPLAYS, "outcome" => outcome).increment(1);
+}
