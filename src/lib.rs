@@ -53,6 +53,8 @@
 //! | `redis` | yes | the Redis nodes ([`RedisNode`], [`ClusterNode`], [`SentinelNode`]), [`Redlock::connect`] and [`node_from_url`] |
 //! | `axum` | yes | [`path_param`](http::path_param) keys, axum's matched route in [`Scope::Route`], and the extractors of [`axum`](mod@crate::axum) |
 //! | `tls` | no | `rediss://` URLs, through redis-rs's rustls support |
+//! | `metrics` | no | records the [`metrics`] listed there through the `metrics` facade, for the exporter the application installs |
+//! | `test-util` | no | [`test_util`]: a lock store for tests that drives handlers into every path (held, unavailable, lost, slow) without Redis or sleeps |
 //!
 //! Without `redis`, only [`MemoryNode`] (one process) is available.
 //!
@@ -68,6 +70,8 @@
 //! | [`http::replay`] | idempotent replay ([`Replay`]): the first response for a key recorded and replayed |
 //! | [`axum`](mod@crate::axum) | [`Locked`](crate::axum::Locked), which takes a lease inside a handler, and [`LayerLease`](crate::axum::LayerLease), which reads the layer's |
 //! | [`node`] | what implementing a [`Node`] (a lock store of your own) takes; applications never need it |
+//! | [`metrics`] | the metric names, what each counts and when to alert |
+//! | `test_util` | with `test-util`: [`TestStore`](crate::test_util::TestStore), the test kit for users' handlers |
 //!
 //! # At the crate root
 //!
@@ -83,13 +87,37 @@
 //! | keys | [`KeyFromParts`] (a key from the request head; closures are one), [`KeyExtractor`] (from the whole request, body included), [`KeyRejection`] (a malformed key) |
 //! | refusals | [`Problem`], [`ProblemKind`] (one per problem type), [`ProblemRenderer`] (the format); [`LeaseLost`] marks a response whose lease was lost |
 //! | errors | [`LockError`] (contention, no quorum, lost), [`NodeError`] and [`NodeFailure`] (one node's failure), [`ConfigError`] (options that cannot work) |
-//! | observing | [`MetricsSnapshot`] ([`Redlock::metrics`]) |
+//! | observing | [`MetricsSnapshot`] ([`Redlock::metrics`]); the [`metrics`] names (feature `metrics`) |
 //!
 //! Four names for a lease, from the inside out: a [`Lease`] is the lock you hold (the
 //! engine's); a [`LeaseHandle`] is a clone-able view of it, which the layer puts in the
 //! request; [`LayerLease`](crate::axum::LayerLease) is the axum extractor for that
 //! handle; [`Locked`](crate::axum::Locked) is the axum extractor that takes a [`Lease`]
 //! itself. See CHANGELOG.md for the names reviewed and why they stay.
+//!
+//! # Observability
+//!
+//! With the `metrics` feature the engine and the layer record counters, histograms and
+//! a gauge through the `metrics` facade: acquisitions by outcome, time to acquire
+//! (waiting included), hold time, leases lost, renewals, node errors, waiters, HTTP
+//! refusals and replays. The [`metrics`] module lists them, with what each counts and
+//! when to alert. [`Redlock::metrics`] keeps per-locker counters without any feature.
+//!
+//! Spans and events go through `tracing`. These span and field names are stable (a
+//! change is a breaking change); messages are not:
+//!
+//! | span | level | fields | covers | events inside |
+//! |---|---|---|---|---|
+//! | `redlock` | DEBUG | `resource`, `outcome`, `wait_ms`, `token` | one request through the [`LockLayer`]: `outcome` is `acquired`, `lost`, `bypassed`, `fail-open`, `replayed`, `recorded`, `not-recorded` or the [problem code](crate::http::problem) of a refusal | the spans below, `request refused`, `lease lost while the handler ran` |
+//! | `redlock.wait` | DEBUG | `resource` | one [`acquire`](Redlock::acquire) call: queueing in this process, then rounds until acquired or the deadline | `redlock.acquire` spans |
+//! | `redlock.acquire` | DEBUG | `resource` | one Redlock round on every node (and the fence write-back) | `lease acquired` (`votes`, `token`, `elapsed`), `resource held` (`held`, `won`, `elapsed`), `no quorum` (WARN: `answered`, `quorum`, `failures`), `majority won too slowly` (WARN: `validity`, `elapsed`) |
+//! | `redlock.extend` | DEBUG | `resource`, `token` | one extend round (the watchdog's or [`Lease::extend`]) | `lease extended` (TRACE: `votes`, `elapsed`), `extend round failed` (`votes`, `failures`) |
+//! | `redlock.release` | DEBUG | `resource`, `token` | one release round | `lease released` (`outcome`, `held_for`) |
+//!
+//! `lease lost` (WARN: `resource`, `token`, `cause`) is emitted where the loss is
+//! noticed, usually in the watchdog's `redlock.extend` span. `resource` is the encoded
+//! [`Resource`]: it may contain request keys, so filter these spans out of logs that
+//! must not hold them.
 //!
 //! # Safety in one paragraph
 //!
@@ -115,6 +143,9 @@ pub use crate::http::{
 };
 pub use error::{ConfigError, LockError, NodeError, NodeFailure};
 pub use lock::fencing::{self, FencingToken};
+pub use lock::metrics;
+#[cfg(feature = "test-util")]
+pub use lock::test_util;
 #[cfg(feature = "redis")]
 pub use lock::{node_from_url, ClusterNode, RedisNode, SentinelNode};
 pub use lock::{

@@ -102,6 +102,7 @@ impl LeaseInner {
     }
 
     /// Extends the lease on a majority; see [`Lease::extend`].
+    #[tracing::instrument(name = "redlock.extend", level = "debug", skip_all, fields(resource = %self.resource, token = %self.token))]
     pub(crate) async fn extend(&self, deadline: Instant) -> Result<Instant, ExtendFailure> {
         let locker = &self.locker;
         let ttl = locker.options.ttl;
@@ -267,6 +268,7 @@ impl Lease {
     }
 }
 
+#[tracing::instrument(name = "redlock.release", level = "debug", skip_all, fields(resource = %inner.resource, token = %inner.token))]
 async fn release(inner: &LeaseInner) -> ReleaseOutcome {
     inner.status.send_modify(|s| s.released = true);
     let locker = &inner.locker;

@@ -36,6 +36,8 @@ mod redis_node;
 #[cfg(feature = "redis")]
 mod redis_record;
 mod resource;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 #[cfg(feature = "redis")]
 mod sentinel_node;
 #[cfg(feature = "redis")]
@@ -283,6 +285,7 @@ impl Redlock {
         result
     }
 
+    #[tracing::instrument(name = "redlock.wait", level = "debug", skip_all, fields(resource = %resource))]
     async fn queue_and_acquire(
         &self,
         resource: Resource,
@@ -399,6 +402,7 @@ impl Redlock {
     }
 
     /// One Redlock round (plus the fence write-back when needed).
+    #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %resource))]
     async fn attempt_keeping_permit(
         &self,
         resource: &Resource,

@@ -200,3 +200,24 @@ pub(crate) async fn next_release(signals: &mut [ReleaseSignal]) {
     }
     select_all(signals.iter_mut().map(|s| Box::pin(s.changed()))).await;
 }
+
+#[cfg(feature = "test-util")]
+impl Queues {
+    /// The leases of this process that hold a resource now (for the test kit).
+    pub(crate) fn holders(&self) -> Vec<Arc<LeaseInner>> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.values()
+            .filter_map(|(queue, _)| {
+                queue
+                    .holder
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .upgrade()
+            })
+            .filter(|lease| {
+                let status = lease.status();
+                status.lost.is_none() && !status.released
+            })
+            .collect()
+    }
+}
