@@ -103,6 +103,18 @@ fn slow_app(layer: LockLayer<PathParam>) -> Slow {
     }
 }
 
+/// Lets the spawned tasks run (on the test's current-thread runtime) until `done`;
+/// fails instead of hanging when they never get there.
+async fn settle(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if done() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("never happened: {what}");
+}
+
 fn job(id: &str) -> Request<Body> {
     Request::post(format!("/jobs/{id}"))
         .body(Body::empty())
@@ -158,9 +170,7 @@ async fn hold_gets_409_with_retry_after_and_release_wakes_a_waiter() {
         .unwrap();
     let started = tokio::time::Instant::now();
     let waiting = tokio::spawn(wait.oneshot(job("7")));
-    while store.locker().local_resources() == 0 {
-        tokio::task::yield_now().await;
-    }
+    settle("the request waits", || store.locker().local_resources() > 0).await;
     store.release(job_resource("7")).await.unwrap();
     assert_eq!(waiting.await.unwrap().unwrap().status(), StatusCode::OK);
     assert!(started.elapsed() < Duration::from_secs(1800));

@@ -87,6 +87,18 @@ impl Seen {
     }
 }
 
+/// Lets the spawned tasks run (on the test's current-thread runtime) until `done`;
+/// fails instead of hanging when they never get there.
+async fn settle(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if done() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("never happened: {what}");
+}
+
 fn no_watchdog() -> LockOptions {
     LockOptions::default().watchdog(false)
 }
@@ -124,9 +136,7 @@ async fn acquisitions_by_outcome_with_their_durations() {
         let locker = one_waiter.clone();
         async move { locker.acquire("order:1", Duration::from_secs(60)).await }
     });
-    while seen.get(WAITERS, &[]).gauge < 1.0 {
-        tokio::task::yield_now().await;
-    }
+    settle("one waiter", || seen.get(WAITERS, &[]).gauge >= 1.0).await;
     assert!(matches!(
         one_waiter.acquire("order:1", Duration::from_secs(1)).await,
         Err(LockError::QueueFull { .. })
@@ -172,9 +182,7 @@ async fn waiters_gauge_counts_callers_inside_acquire() {
             tokio::spawn(async move { locker.acquire("r", Duration::from_secs(60)).await })
         })
         .collect();
-    while seen.get(WAITERS, &[]).gauge < 3.0 {
-        tokio::task::yield_now().await;
-    }
+    settle("three waiters", || seen.get(WAITERS, &[]).gauge >= 3.0).await;
     drop(lease);
     for waiter in waiters {
         drop(waiter.await.unwrap().unwrap());
