@@ -24,6 +24,7 @@
 //! | route | lock | answer |
 //! |---|---|---|
 //! | `GET /healthz` | none | 200 |
+//! | `GET /metrics` | none | the lock's metrics in the Prometheus text format, with `--features metrics`: `tower_redlock_acquisitions_total{outcome="held"}` grows with every 409 |
 //! | `POST /orders/{id}/pay[?work_ms=N]` | `order:{id}`, refuse when held (409) | `{"order", "payment", "fencing_token"}` |
 //! | `POST /orders/{id}/ship[?work_ms=N]` | `order:{id}`, wait up to `WAIT_TIMEOUT_MS` | `{"order", "shipment", "fencing_token"}` |
 //! | `POST /payments[?work_ms=N]` | the `Idempotency-Key` header (required), refuse when held, replay the first answer | `{"idempotency_key", "payment", "fencing_token"}` |
@@ -144,7 +145,15 @@ pub async fn main() -> Result<(), BoxError> {
         )
         .init();
     let config = Config::from_env()?;
-    let app = build(&config)?;
+    // `GET /metrics`: the lock's metrics (feature `metrics`) in the Prometheus text format.
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    tower_redlock::metrics::describe();
+    if !cfg!(feature = "metrics") {
+        tracing::info!(
+            "GET /metrics is empty: run with `--features metrics` to record the lock's metrics"
+        );
+    }
+    let app = build(&config)?.route("/metrics", get(move || async move { prometheus.render() }));
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app)

@@ -10,7 +10,9 @@ use axum::{body::Body, routing::post, Extension, Router};
 use http::{Request, StatusCode};
 use tokio::sync::oneshot;
 use tower::ServiceExt;
-use tower_redlock::http::{path_param, Contention, LockLayer, OnLost, PathParam, Unavailable, Unlocked};
+use tower_redlock::http::{
+    path_param, Contention, LockLayer, OnLost, PathParam, Unavailable, Unlocked,
+};
 use tower_redlock::test_util::{TestStore, TestStoreError};
 use tower_redlock::{LeaseLost, LockOptions, LostCause, Resource};
 
@@ -33,7 +35,10 @@ async fn paying_an_order_under_contention_outage_and_loss() {
     let order = Resource::new("POST").join("/orders/{id}/pay").join("42");
 
     // Another instance holds the order: 409, retry when its hold ends.
-    store.hold(order.clone(), std::time::Duration::from_secs(10)).await.unwrap();
+    store
+        .hold(order.clone(), std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
     let response = app.clone().oneshot(pay()).await.unwrap();
     assert_eq!(response.status(), StatusCode::CONFLICT);
     assert_eq!(response.headers()["retry-after"], "10");
@@ -152,17 +157,20 @@ async fn hold_gets_409_with_retry_after_and_release_wakes_a_waiter() {
     assert_eq!(response.headers()["retry-after"], "3");
     assert_eq!(problem_code(response).await, "lock-held");
     // Other keys are free.
-    assert_eq!(reject.oneshot(job("8")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        reject.oneshot(job("8")).await.unwrap().status(),
+        StatusCode::OK
+    );
 
     // Waiting: the request runs once the other owner releases (a wake-up, long
     // before the hold's ttl or the wait's timeout).
     let wait = Router::new()
         .route("/jobs/{id}", post(|| async { "done" }))
-        .route_layer(
-            LockLayer::new(store.locker(), path_param("id")).contention(Contention::Wait {
+        .route_layer(LockLayer::new(store.locker(), path_param("id")).contention(
+            Contention::Wait {
                 timeout: Duration::from_secs(3600),
-            }),
-        );
+            },
+        ));
     store.release(job_resource("7")).await.unwrap();
     store
         .hold(job_resource("7"), Duration::from_secs(1800))
@@ -209,11 +217,16 @@ async fn store_down_gets_503_or_runs_unlocked_with_fail_open() {
     assert_eq!(problem_code(response).await, "lock-unavailable");
     let response = open.oneshot(job("1")).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+    let body = axum::body::to_bytes(response.into_body(), 1024)
+        .await
+        .unwrap();
     assert_eq!(&body[..], b"Some(StoreUnavailable)");
 
     store.set_available(true);
-    assert_eq!(closed.oneshot(job("1")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        closed.oneshot(job("1")).await.unwrap().status(),
+        StatusCode::OK
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -225,14 +238,20 @@ async fn a_quorum_survives_one_node_down_and_not_two() {
     // A new key each time: a lease is released in the background once its response
     // is dropped, so the same key at once could still find it held.
     store.node(0).unwrap().set_available(false);
-    assert_eq!(app.clone().oneshot(job("1")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        app.clone().oneshot(job("1")).await.unwrap().status(),
+        StatusCode::OK
+    );
     store.node(2).unwrap().set_available(false);
     assert_eq!(
         app.clone().oneshot(job("2")).await.unwrap().status(),
         StatusCode::SERVICE_UNAVAILABLE
     );
     store.node(0).unwrap().set_available(true);
-    assert_eq!(app.oneshot(job("3")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        app.oneshot(job("3")).await.unwrap().status(),
+        StatusCode::OK
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -246,13 +265,19 @@ async fn latency_past_the_node_timeout_on_a_majority_gets_503() {
     // Slow but within the timeout: the paused clock moves by the delay.
     store.set_delay(Duration::from_millis(30));
     let started = tokio::time::Instant::now();
-    assert_eq!(app.clone().oneshot(job("1")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        app.clone().oneshot(job("1")).await.unwrap().status(),
+        StatusCode::OK
+    );
     assert!(started.elapsed() >= Duration::from_millis(30));
 
     // One node too slow: the other two decide.
     store.set_delay(Duration::ZERO);
     store.node(1).unwrap().set_delay(Duration::from_secs(1));
-    assert_eq!(app.clone().oneshot(job("2")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        app.clone().oneshot(job("2")).await.unwrap().status(),
+        StatusCode::OK
+    );
 
     // Two too slow: no quorum in time.
     store.node(2).unwrap().set_delay(Duration::from_secs(1));
@@ -282,9 +307,8 @@ async fn lose_with_abort_stops_the_handler_and_gets_503() {
 #[tokio::test(start_paused = true)]
 async fn lose_with_continue_passes_the_response_marked_lost() {
     let store = TestStore::new();
-    let mut slow = slow_app(
-        LockLayer::new(store.locker(), path_param("id")).on_lost(OnLost::Continue),
-    );
+    let mut slow =
+        slow_app(LockLayer::new(store.locker(), path_param("id")).on_lost(OnLost::Continue));
     let running = tokio::spawn(slow.app.clone().oneshot(job("9")));
     (&mut slow.entered).await.unwrap();
     store.lose(job_resource("9")).unwrap();
@@ -300,11 +324,7 @@ async fn lose_with_continue_passes_the_response_marked_lost() {
 #[tokio::test(start_paused = true)]
 async fn lose_works_with_the_watchdog_running() {
     let store = TestStore::new();
-    let lease = store
-        .locker()
-        .try_acquire("w")
-        .await
-        .unwrap();
+    let lease = store.locker().try_acquire("w").await.unwrap();
     store.lose("w").unwrap();
     assert_eq!(lease.lost_cause(), Some(LostCause::KeyLost));
     assert_eq!(lease.lost().await, LostCause::KeyLost);

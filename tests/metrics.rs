@@ -291,13 +291,13 @@ async fn http_refusals_by_problem_code() {
 
     let missing = app.clone().oneshot(post_with_key("")).await.unwrap();
     assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(
-        seen.count(HTTP_REFUSALS, &[("problem", "key-missing")]),
-        1
-    );
+    assert_eq!(seen.count(HTTP_REFUSALS, &[("problem", "key-missing")]), 1);
 
     let order = Resource::new("POST").join("/pay").join("k1");
-    store.hold(order.clone(), Duration::from_secs(5)).await.unwrap();
+    store
+        .hold(order.clone(), Duration::from_secs(5))
+        .await
+        .unwrap();
     let held = app.clone().oneshot(post_with_key("k1")).await.unwrap();
     assert_eq!(held.status(), StatusCode::CONFLICT);
     assert_eq!(seen.count(HTTP_REFUSALS, &[("problem", "lock-held")]), 1);
@@ -325,7 +325,10 @@ async fn http_refusals_by_problem_code() {
     assert_eq!(lost.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(seen.count(HTTP_REFUSALS, &[("problem", "lock-lost")]), 1);
 
-    assert_eq!(app.oneshot(post_with_key("k3")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        app.oneshot(post_with_key("k3")).await.unwrap().status(),
+        StatusCode::OK
+    );
     for labels in seen.label_sets(HTTP_REFUSALS) {
         assert_eq!(labels[0].0, "problem");
     }
@@ -339,9 +342,8 @@ async fn replay_outcomes() {
     let store = TestStore::new();
     let app = Router::new().route(
         "/pay",
-        post(|body: String| async move { format!("paid {body}") }).layer(
-            LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new()),
-        ),
+        post(|body: String| async move { format!("paid {body}") })
+            .layer(LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new())),
     );
     let pay = |body: &'static str| {
         Request::post("/pay")
@@ -350,7 +352,10 @@ async fn replay_outcomes() {
             .unwrap()
     };
 
-    assert_eq!(app.clone().oneshot(pay("10")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        app.clone().oneshot(pay("10")).await.unwrap().status(),
+        StatusCode::OK
+    );
     assert_eq!(seen.count(HTTP_REPLAYS, &[("outcome", "recorded")]), 1);
     let again = app.clone().oneshot(pay("10")).await.unwrap();
     assert_eq!(again.headers()["idempotent-replayed"], "true");

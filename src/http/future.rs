@@ -573,7 +573,11 @@ where
                             response.extensions_mut().insert(LeaseLost(*cause));
                         }
                     }
-                    metrics::replay(if stored.is_ok() { "recorded" } else { "not-recorded" });
+                    metrics::replay(if stored.is_ok() {
+                        "recorded"
+                    } else {
+                        "not-recorded"
+                    });
                     if response.extensions().get::<LeaseLost>().is_none() {
                         span.record(
                             "outcome",

@@ -68,8 +68,14 @@ pub fn describe() {
         describe_counter!(LEASES_LOST, "Leases lost while held, by cause.");
         describe_counter!(RENEWALS, "Lease extend rounds, by outcome.");
         describe_counter!(NODE_ERRORS, "Failed lock node calls, by node and error.");
-        describe_gauge!(WAITERS, "Callers of this process waiting to acquire a lock.");
-        describe_counter!(HTTP_REFUSALS, "Requests refused by the lock layer, by problem code.");
+        describe_gauge!(
+            WAITERS,
+            "Callers of this process waiting to acquire a lock."
+        );
+        describe_counter!(
+            HTTP_REFUSALS,
+            "Requests refused by the lock layer, by problem code."
+        );
         describe_counter!(HTTP_REPLAYS, "Idempotent replay outcomes.");
     }
 }

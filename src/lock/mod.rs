@@ -36,10 +36,10 @@ mod redis_node;
 #[cfg(feature = "redis")]
 mod redis_record;
 mod resource;
-#[cfg(feature = "test-util")]
-pub mod test_util;
 #[cfg(feature = "redis")]
 mod sentinel_node;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 #[cfg(feature = "redis")]
 mod url;
 mod wait;
@@ -280,7 +280,9 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<Lease, LockError> {
         let started = Instant::now();
-        let result = self.queue_and_acquire(resource.into(), started, deadline).await;
+        let result = self
+            .queue_and_acquire(resource.into(), started, deadline)
+            .await;
         metrics::acquisition(&result, started.elapsed());
         result
     }

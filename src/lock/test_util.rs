@@ -98,7 +98,10 @@ pub enum TestStoreError {
         nodes: usize,
     },
     /// No lease of the store's locker holds the resource.
-    #[error("no lease of this store's locker holds `{resource}`; held now: {}", List(held))]
+    #[error(
+        "no lease of this store's locker holds `{resource}`; held now: {}",
+        List(held)
+    )]
     NotHeld {
         /// The resource asked for.
         resource: Resource,
@@ -112,7 +115,10 @@ pub enum TestStoreError {
         resource: Resource,
     },
     /// [`TestStore::release`] of a resource that [`TestStore::hold`] does not hold.
-    #[error("`{resource}` has no hold of this store to release (holds: {})", List(holds))]
+    #[error(
+        "`{resource}` has no hold of this store to release (holds: {})",
+        List(holds)
+    )]
     NoHold {
         /// The resource asked for.
         resource: Resource,
