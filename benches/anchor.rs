@@ -104,7 +104,7 @@ async fn run(args: &Args) -> String {
         .ttl(Duration::from_secs(30))
         .watchdog(std::env::var("NO_WATCHDOG").is_err())
         .fencing(std::env::var("NO_FENCING").is_err());
-    let locker = Redlock::connect(urls, options).expect("locker");
+    let locker = Redlock::connect(urls, options).await.expect("locker");
     let prefix = format!("bench:tower-redlock:{}", std::process::id());
     let mut fields: Vec<(&str, String)> = Vec::new();
     let subject = if args.fenced_baseline {

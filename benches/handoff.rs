@@ -126,7 +126,7 @@ async fn scenario(
         .ttl(Duration::from_secs(30))
         .node_timeout(Duration::from_millis(500));
     let lockers: Vec<Redlock> = (0..lockers)
-        .map(|_| Redlock::connect(servers.iter().map(|s| s.url()), options.clone()).unwrap())
+        .map(|_| Redlock::from_urls(servers.iter().map(|s| s.url()), options.clone()).unwrap())
         .collect();
     for locker in &lockers {
         // Connections up and scripts loaded before anything is measured.
@@ -234,6 +234,7 @@ async fn two_rounds(servers: &[RedisServer]) -> (Duration, Duration, Duration) {
         servers.iter().map(|s| s.url()),
         LockOptions::default().ttl(Duration::from_secs(30)),
     )
+    .await
     .unwrap();
     let mut acquires = Vec::with_capacity(1000);
     let mut releases = Vec::with_capacity(1000);

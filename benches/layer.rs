@@ -185,7 +185,9 @@ async fn measure(
     for servers in clusters {
         let nodes = servers.len();
         let layer = layer_target(
-            Redlock::connect(servers.iter().map(|s| s.url()), options()).expect("locker"),
+            Redlock::connect(servers.iter().map(|s| s.url()), options())
+                .await
+                .expect("locker"),
         );
         let raw = Target {
             router: raw_router(servers).await,

@@ -195,7 +195,7 @@ fn locker(backend: Backend, node: &MemoryNode, servers: &[RedisServer], watchdog
         .watchdog(watchdog);
     match backend {
         Backend::Memory => Redlock::new([node.clone()], options),
-        Backend::Redis(_) => Redlock::connect(servers.iter().map(|s| s.url()), options),
+        Backend::Redis(_) => Redlock::from_urls(servers.iter().map(|s| s.url()), options),
     }
     .expect("locker")
 }

@@ -147,7 +147,9 @@ async fn hold(servers: &[RedisServer], rep: usize, config: &Config) -> Row {
     if let Some(ms) = config.node_timeout_ms {
         options = options.node_timeout(Duration::from_millis(ms));
     }
-    let locker = Redlock::connect(servers.iter().map(|s| s.url()), options).expect("locker");
+    let locker = Redlock::connect(servers.iter().map(|s| s.url()), options)
+        .await
+        .expect("locker");
     locker
         .try_acquire(format!("scale:{rep}:warm"))
         .await

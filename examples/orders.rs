@@ -179,7 +179,7 @@ pub fn build(config: &Config) -> Result<Router, BoxError> {
             )
         }
         Some(first) => {
-            let locker = Redlock::connect(&config.redis_urls, options)?;
+            let locker = Redlock::from_urls(&config.redis_urls, options)?;
             let ledger_url = match &config.ledger_url {
                 Some(url) => url,
                 None => {

@@ -206,7 +206,7 @@ async fn main() -> Result<(), BoxError> {
         tracing::info!("REDIS_URLS is not set: locking with the in-process MemoryNode");
         Redlock::in_memory()
     } else {
-        Redlock::connect(&urls, LockOptions::default())?
+        Redlock::connect(&urls, LockOptions::default()).await?
     };
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);

@@ -29,7 +29,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! // In production: Redlock::connect(["redis://10.0.0.1", "redis://10.0.0.2",
-//! // "redis://10.0.0.3"], LockOptions::default())?
+//! // "redis://10.0.0.3"], LockOptions::default()).await?
 //! let locker = Redlock::in_memory();
 //! let app: Router = Router::new()
 //!     .route("/orders/{id}/pay", post(pay))

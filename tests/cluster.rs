@@ -38,7 +38,7 @@ fn options() -> LockOptions {
 /// A second, independent locker ("another process") that only wakes up on release
 /// notifications.
 fn waiter(url: &str) -> Redlock {
-    Redlock::connect([url], options().retry_policy(|_, _| NEVER)).unwrap()
+    Redlock::from_urls([url], options().retry_policy(|_, _| NEVER)).unwrap()
 }
 
 fn lock_key(resource: &str) -> String {
@@ -122,7 +122,7 @@ async fn cluster_is_one_vote_across_slots_with_acl_and_sharded_wake_ups() {
         "+@all",
     ]);
     let url = cluster.url_with_credentials(Some("locker:lockerpw"));
-    let a = Redlock::connect([&url], options()).unwrap();
+    let a = Redlock::connect([&url], options()).await.unwrap();
     let b = waiter(&url);
     assert_eq!(a.node_count(), 1);
     assert_eq!(a.quorum(), 1);
@@ -207,7 +207,7 @@ async fn cluster_is_one_vote_across_slots_with_acl_and_sharded_wake_ups() {
 
     // Wrong credentials: a clear error, never a panic.
     let wrong = cluster.url_with_credentials(Some("locker:wrong"));
-    let locker = Redlock::connect([&wrong], options()).unwrap();
+    let locker = Redlock::connect([&wrong], options()).await.unwrap();
     let err = locker.try_acquire("order-1").await.unwrap_err();
     let LockError::Unavailable { failures, .. } = &err else {
         panic!("expected Unavailable, got {err}");
@@ -224,7 +224,7 @@ async fn cluster_is_one_vote_across_slots_with_acl_and_sharded_wake_ups() {
 async fn cluster_failover_keeps_the_lease_or_loses_it_never_two_holders() {
     let cluster = Arc::new(blocking(|| RedisCluster::start(3, 1)).await);
     let url = cluster.url();
-    let a = Redlock::connect([&url], options()).unwrap();
+    let a = Redlock::connect([&url], options()).await.unwrap();
     let b = waiter(&url);
     let storage = FencedStorage::default();
     let resource = "failover";
@@ -316,7 +316,7 @@ async fn sentinel_locker_follows_the_new_master_after_a_failover() {
     let sentinels = [format!("redis://{}", group.sentinel.addr())];
     // With credentials for the master: through the URL form, and through the builder.
     let url = group.url();
-    let locker = Redlock::connect([&url], options()).unwrap();
+    let locker = Redlock::connect([&url], options()).await.unwrap();
     let node = SentinelNode::with_master_info(
         sentinels.clone(),
         "m",
@@ -421,8 +421,9 @@ async fn sentinel_failover_during_a_held_lease_never_two_holders() {
         [format!("{url}?wait_replicas=1&wait_timeout_ms=100")],
         options(),
     )
+    .await
     .unwrap();
-    let b = Redlock::connect([&url], options()).unwrap();
+    let b = Redlock::connect([&url], options()).await.unwrap();
     let storage = FencedStorage::default();
     let resource = "held";
     let key = lock_key(resource);
@@ -515,7 +516,7 @@ async fn requirepass_acl_users_and_wrong_passwords() {
         format!("redis://default:s3cret@{addr}/0"),
         format!("redis://locker:lockerpw@{addr}/0"),
     ] {
-        let locker = Redlock::connect([&url], options()).unwrap();
+        let locker = Redlock::connect([&url], options()).await.unwrap();
         let lease = locker.try_acquire(resource).await.unwrap();
         assert_eq!(
             server.get(&lock_key(resource)).as_deref(),
@@ -535,6 +536,7 @@ async fn requirepass_acl_users_and_wrong_passwords() {
         [format!("redis://locker:lockerpw@{addr}/0")],
         options().key_prefix("other:"),
     )
+    .await
     .unwrap();
     let err = limited.try_acquire(resource).await.unwrap_err();
     assert!(err.to_string().to_lowercase().contains("noperm"), "{err}");
@@ -544,7 +546,7 @@ async fn requirepass_acl_users_and_wrong_passwords() {
         (format!("redis://:wrong@{addr}/0"), "auth"),
         (format!("redis://{addr}/0"), "auth"),
     ] {
-        let locker = Redlock::connect([&url], options()).unwrap();
+        let locker = Redlock::connect([&url], options()).await.unwrap();
         let err = locker.try_acquire(resource).await.unwrap_err();
         let LockError::Unavailable { failures, .. } = &err else {
             panic!("{url}: expected Unavailable, got {err}");
@@ -588,7 +590,7 @@ async fn wait_for_replicas_counts_only_acknowledged_grants() {
     })
     .await;
     let url = format!("{}?wait_replicas=1&wait_timeout_ms=50", master.url());
-    let locker = Redlock::connect([&url], options()).unwrap();
+    let locker = Redlock::connect([&url], options()).await.unwrap();
     let resource = "replicated";
     let key = lock_key(resource);
 
@@ -614,7 +616,7 @@ async fn wait_for_replicas_counts_only_acknowledged_grants() {
     })
     .await;
     // A node without the option is not affected.
-    let plain = Redlock::connect([master.url()], options()).unwrap();
+    let plain = Redlock::connect([master.url()], options()).await.unwrap();
     plain.try_acquire(resource).await.unwrap().release().await;
 
     replica.resume();
@@ -655,6 +657,7 @@ async fn urls_name_every_node_kind_without_secrets() {
         ],
         LockOptions::default(),
     )
+    .await
     .unwrap();
     assert_eq!(locker.quorum(), 2);
 }
@@ -774,7 +777,7 @@ async fn tls_with_a_private_ca() {
     lease.release().await;
 
     // The URL alone trusts only the public roots: the private CA is refused, clearly.
-    let locker = Redlock::connect([&url], options()).unwrap();
+    let locker = Redlock::connect([&url], options()).await.unwrap();
     let err = locker.try_acquire("tls").await.unwrap_err();
     assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
     assert!(

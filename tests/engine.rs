@@ -38,7 +38,7 @@ fn patient() -> LockOptions {
 
 /// A locker over the servers: a separate "process" with its own connections.
 fn locker(servers: &[RedisServer], options: LockOptions) -> Redlock {
-    Redlock::connect(servers.iter().map(RedisServer::url), options).unwrap()
+    Redlock::from_urls(servers.iter().map(RedisServer::url), options).unwrap()
 }
 
 fn lock_key(resource: &str) -> String {
@@ -92,11 +92,12 @@ async fn until_node_votes(locker: &Redlock, server: &RedisServer) {
         let Ok(lease) = locker.try_acquire(resource).await else {
             return false;
         };
-        let owner = lease.owner().to_owned();
+        // This lease's value on whichever node `server` is: all share the random part.
+        let owner = lease.owner()[..38].to_owned();
         // The node's answer may still be in flight when the majority decided.
         let landed = tokio::time::timeout(Duration::from_secs(1), async {
             loop {
-                if server.get(&probe).as_deref() == Some(owner.as_str()) {
+                if server.get(&probe).is_some_and(|v| v.starts_with(&owner)) {
                     return;
                 }
                 tokio::time::sleep(support::POLL_INTERVAL).await;
@@ -214,7 +215,8 @@ async fn one_dead_node_of_three_is_tolerated() {
     eventually("the key on every node", LIMIT, || {
         servers
             .iter()
-            .all(|s| s.get(&key).as_deref() == Some(lease.owner()))
+            .enumerate()
+            .all(|(i, s)| s.get(&key).as_deref() == Some(lease.owner_on(i).as_str()))
     })
     .await;
     for s in &servers {
@@ -235,8 +237,8 @@ async fn one_dead_node_of_three_is_tolerated() {
 
     // And a new lease works on the two survivors.
     let lease = locker.try_acquire("tolerant").await.unwrap();
-    for s in &servers[1..] {
-        assert_eq!(s.get(&key).as_deref(), Some(lease.owner()));
+    for (i, s) in servers.iter().enumerate().skip(1) {
+        assert_eq!(s.get(&key).as_deref(), Some(lease.owner_on(i).as_str()));
         assert_eq!(s.cmd(&["PEXPIRE", &key, "3000"]), RespValue::Integer(1));
     }
     lease.extend().await.unwrap();
@@ -306,8 +308,11 @@ async fn a_paused_node_does_not_block_the_lock() {
 
     servers[0].pause();
     let lease = locker.try_acquire("paused").await.unwrap();
-    for s in &servers[1..] {
-        assert_eq!(s.get(&lock_key("paused")).as_deref(), Some(lease.owner()));
+    for (i, s) in servers.iter().enumerate().skip(1) {
+        assert_eq!(
+            s.get(&lock_key("paused")).as_deref(),
+            Some(lease.owner_on(i).as_str())
+        );
     }
     lease.extend().await.unwrap();
     assert_eq!(lease.release().await, ReleaseOutcome::Released);
@@ -368,7 +373,8 @@ async fn an_expired_lease_cannot_release_or_extend_the_next_holders_lock() {
     eventually("the new holder's key on every node", LIMIT, || {
         servers
             .iter()
-            .all(|s| s.get(&key).as_deref() == Some(holder.owner()))
+            .enumerate()
+            .all(|(i, s)| s.get(&key).as_deref() == Some(holder.owner_on(i).as_str()))
     })
     .await;
 
@@ -377,8 +383,8 @@ async fn an_expired_lease_cannot_release_or_extend_the_next_holders_lock() {
     assert!(!stale.is_held());
     assert_eq!(stale.release().await, ReleaseOutcome::NotHeld);
 
-    for s in &servers {
-        assert_eq!(s.get(&key).as_deref(), Some(holder.owner()));
+    for (i, s) in servers.iter().enumerate() {
+        assert_eq!(s.get(&key).as_deref(), Some(holder.owner_on(i).as_str()));
         // Still the new holder's 10 s ttl, not the stale lease's 1 s.
         assert!(s.pttl(&key) > 1000, "ttl changed on port {}", s.port());
     }
@@ -414,7 +420,8 @@ async fn a_lease_whose_keys_were_taken_over_cannot_touch_them() {
     eventually("the new holder's key on every node", LIMIT, || {
         servers
             .iter()
-            .all(|s| s.get(&key).as_deref() == Some(holder.owner()))
+            .enumerate()
+            .all(|(i, s)| s.get(&key).as_deref() == Some(holder.owner_on(i).as_str()))
     })
     .await;
     assert!(stale.is_held(), "locally the stale lease still looks valid");
@@ -434,8 +441,8 @@ async fn a_lease_whose_keys_were_taken_over_cannot_touch_them() {
     assert_eq!(stale.lost_cause(), Some(tower_redlock::LostCause::KeyLost));
     assert_eq!(stale.release().await, ReleaseOutcome::NotHeld);
 
-    for s in &servers {
-        assert_eq!(s.get(&key).as_deref(), Some(holder.owner()));
+    for (i, s) in servers.iter().enumerate() {
+        assert_eq!(s.get(&key).as_deref(), Some(holder.owner_on(i).as_str()));
         assert!(s.pttl(&key) <= 2000, "the stale lease extended the new key");
     }
     assert_eq!(holder.release().await, ReleaseOutcome::Released);
@@ -563,7 +570,8 @@ async fn scripts_are_reloaded_after_script_flush() {
     eventually("the key on every node", LIMIT, || {
         servers
             .iter()
-            .all(|s| s.get(&key).as_deref() == Some(lease.owner()))
+            .enumerate()
+            .all(|(i, s)| s.get(&key).as_deref() == Some(lease.owner_on(i).as_str()))
     })
     .await;
     for s in &servers {
@@ -609,7 +617,8 @@ async fn the_same_locker_works_after_every_node_restarts() {
     eventually("the key on every restarted node", LIMIT, || {
         servers
             .iter()
-            .all(|s| s.get(&key).as_deref() == Some(lease.owner()))
+            .enumerate()
+            .all(|(i, s)| s.get(&key).as_deref() == Some(lease.owner_on(i).as_str()))
     })
     .await;
     lease.extend().await.unwrap();
@@ -666,10 +675,12 @@ async fn bad_options_are_rejected_with_a_reason() {
         .to_string();
     assert!(message.contains("at least one node"), "{message}");
     let message = Redlock::connect(Vec::<String>::new(), LockOptions::default())
+        .await
         .unwrap_err()
         .to_string();
     assert!(message.contains("at least one node"), "{message}");
     let message = Redlock::connect(["not a url"], LockOptions::default())
+        .await
         .unwrap_err()
         .to_string();
     assert!(message.contains("URL"), "{message}");
@@ -710,9 +721,9 @@ async fn resources_whose_parts_concatenate_alike_lock_independently() {
         let (key_a, key_b) = (lock_key(a.as_str()), lock_key(b.as_str()));
         assert_ne!(key_a, key_b);
         eventually("both keys on every node", LIMIT, || {
-            servers.iter().all(|s| {
-                s.get(&key_a).as_deref() == Some(first.owner())
-                    && s.get(&key_b).as_deref() == Some(second.owner())
+            servers.iter().enumerate().all(|(i, s)| {
+                s.get(&key_a).as_deref() == Some(first.owner_on(i).as_str())
+                    && s.get(&key_b).as_deref() == Some(second.owner_on(i).as_str())
             })
         })
         .await;

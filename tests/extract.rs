@@ -252,8 +252,9 @@ fn without_retry_after(mut json: serde_json::Value) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locked_holds_the_lease_while_the_handler_runs_and_releases_it_after() {
     let servers = RedisServer::start_many(3);
-    let locker =
-        Redlock::connect(servers.iter().map(RedisServer::url), LockOptions::default()).unwrap();
+    let locker = Redlock::connect(servers.iter().map(RedisServer::url), LockOptions::default())
+        .await
+        .unwrap();
     let (entered_tx, mut entered) = mpsc::unbounded_channel::<u64>();
     let gate = Arc::new(Notify::new());
     let handler_gate = gate.clone();
@@ -447,8 +448,9 @@ async fn locked_waits_for_the_lock_when_asked_to() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locked_gets_503_when_the_store_is_down() {
     let mut servers = RedisServer::start_many(3);
-    let locker =
-        Redlock::connect(servers.iter().map(RedisServer::url), LockOptions::default()).unwrap();
+    let locker = Redlock::connect(servers.iter().map(RedisServer::url), LockOptions::default())
+        .await
+        .unwrap();
     let runs = Runs::default();
     let app = app(&locker, &runs);
     servers[0].kill();
@@ -540,8 +542,9 @@ async fn layer_lease_without_a_layer_is_a_500_problem() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layer_lease_sees_the_token_of_the_fencing_header() {
     let servers = RedisServer::start_many(3);
-    let locker =
-        Redlock::connect(servers.iter().map(RedisServer::url), LockOptions::default()).unwrap();
+    let locker = Redlock::connect(servers.iter().map(RedisServer::url), LockOptions::default())
+        .await
+        .unwrap();
     let app = Router::new()
         .route("/pay", post(layer_token))
         .route_layer(LockLayer::new(locker, header("Idempotency-Key")));

@@ -103,7 +103,7 @@ fn proxy_urls(proxies: &[Proxy]) -> Vec<String> {
 /// `count` independent lockers (each with its own connections), like app instances.
 fn lockers(count: usize, urls: &[String], options: &LockOptions) -> Vec<Redlock> {
     (0..count)
-        .map(|_| Redlock::connect(urls, options.clone()).expect("locker"))
+        .map(|_| Redlock::from_urls(urls, options.clone()).expect("locker"))
         .collect()
 }
 
@@ -174,7 +174,9 @@ async fn paused_holder_locker(urls: &[String], options: &LockOptions) -> Redlock
         }
         Redlock::from_nodes(nodes, options.clone()).expect("broken locker")
     } else {
-        Redlock::connect(urls, options.clone()).expect("locker")
+        Redlock::connect(urls, options.clone())
+            .await
+            .expect("locker")
     }
 }
 
@@ -813,13 +815,10 @@ async fn s05_latency_jitter_and_partition() {
         let key = key_of(&resource);
         let owner = lease.owner().to_owned();
         let start = Instant::now();
-        while !servers
-            .iter()
-            .all(|s| s.get(&key).as_deref() == Some(owner.as_str()))
-        {
+        while !servers.iter().all(|s| held_by(s.get(&key), &owner)) {
             let holders: Vec<bool> = servers
                 .iter()
-                .map(|s| s.get(&key).as_deref() == Some(owner.as_str()))
+                .map(|s| held_by(s.get(&key), &owner))
                 .collect();
             assert!(
                 start.elapsed() < Duration::from_secs(2),
@@ -968,7 +967,7 @@ async fn kleppmann_round(
     let intact = blocking(|| {
         servers
             .iter()
-            .filter(|s| s.get(&key).as_deref() == Some(b_owner.as_str()))
+            .filter(|s| held_by(s.get(&key), &b_owner))
             .count()
     });
     if intact >= 2 {
@@ -1010,8 +1009,8 @@ async fn s06_paused_holder_is_fenced() {
     let ttl = ms(300);
     let options = LockOptions::default().ttl(ttl);
     let direct = urls(&servers);
-    let b_locker = Redlock::connect(&direct, options.clone()).expect("B");
-    let c_locker = Redlock::connect(&direct, options.clone()).expect("C");
+    let b_locker = Redlock::connect(&direct, options.clone()).await.expect("B");
+    let c_locker = Redlock::connect(&direct, options.clone()).await.expect("C");
     let history = History::new("s06_paused_holder_is_fenced");
     let stats = KleppmannStats::default();
 
@@ -1774,7 +1773,7 @@ mod web {
         let key = lock_key(resource);
         servers
             .iter()
-            .filter(|s| s.get(&key).as_deref() == Some(owner))
+            .filter(|s| super::held_by(s.get(&key), owner))
             .count()
     }
 }
@@ -2006,7 +2005,7 @@ async fn s08_aborted_holder_releases_promptly() {
         // The observer looks at the right key: the holder's key is there before the abort.
         let holding = servers
             .iter()
-            .filter(|s| s.get(&key).as_deref() == Some(owner.as_str()))
+            .filter(|s| held_by(s.get(&key), &owner))
             .count();
         assert!(
             holding >= 2,
@@ -2022,7 +2021,7 @@ async fn s08_aborted_holder_releases_promptly() {
         loop {
             let left: Vec<u16> = servers
                 .iter()
-                .filter(|s| s.get(&key).as_deref() == Some(owner.as_str()))
+                .filter(|s| held_by(s.get(&key), &owner))
                 .map(RedisServer::port)
                 .collect();
             if left.is_empty() {
@@ -2277,7 +2276,9 @@ async fn s09_server_errors() {
     // INCR fails with WRONGTYPE. The attempt fails with the server's error and the keys
     // that did land are released.
     let servers = RedisServer::start_many(3);
-    let locker = Redlock::connect(urls(&servers), options.clone()).expect("locker");
+    let locker = Redlock::connect(urls(&servers), options.clone())
+        .await
+        .expect("locker");
     for s in &servers {
         lpush(s, &fence_of("wrongfence"));
     }
@@ -2388,7 +2389,9 @@ async fn s09_server_errors() {
                 .start()
         })
         .collect();
-    let locker = Redlock::connect(urls(&full), options.clone()).expect("locker");
+    let locker = Redlock::connect(urls(&full), options.clone())
+        .await
+        .expect("locker");
     // Warm up (connections, scripts) while there is room.
     acquire_patiently(&locker, "oom", bound(10))
         .await
@@ -2605,4 +2608,11 @@ async fn tool_proxy_latency_blackhole_reset_and_cut() {
         std::net::TcpStream::connect(addr).is_err()
     })
     .await;
+}
+
+/// Whether a lock key's value belongs to the lease whose owner value is `owner`: each
+/// node stores its own value (the lease's random part, then the node's index).
+fn held_by(value: Option<String>, owner: &str) -> bool {
+    value
+        .is_some_and(|v| v.len() == owner.len() && v[..owner.len() - 2] == owner[..owner.len() - 2])
 }

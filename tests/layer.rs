@@ -38,7 +38,7 @@ const RESPONSE_LIMIT: Duration = Duration::from_secs(60);
 // helpers
 
 fn redis_locker(servers: &[RedisServer], options: LockOptions) -> Redlock {
-    Redlock::connect(servers.iter().map(RedisServer::url), options).unwrap()
+    Redlock::from_urls(servers.iter().map(RedisServer::url), options).unwrap()
 }
 
 /// The Redis key of a resource's lock under the default prefix.

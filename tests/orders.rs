@@ -299,7 +299,9 @@ async fn redis_pay_and_ship_of_one_order_share_the_lock() {
 async fn redis_stale_fencing_token_is_refused_with_409() {
     let servers = RedisServer::start_many(3);
     let config = config(&servers);
-    let locker = Redlock::connect(&config.redis_urls, LockOptions::default()).unwrap();
+    let locker = Redlock::connect(&config.redis_urls, LockOptions::default())
+        .await
+        .unwrap();
     let ledger = Ledger::redis(&config.redis_urls[0]).unwrap();
     let app = orders::app(locker.clone(), ledger.clone(), &config);
 

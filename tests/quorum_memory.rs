@@ -93,8 +93,14 @@ async fn one_unavailable_node_of_three_is_tolerated() {
     let locker = locker(&nodes, options());
     nodes[1].set_available(false);
     let lease = locker.try_acquire("r").await.unwrap();
-    assert_eq!(nodes[0].get(&lock_key("r")).as_deref(), Some(lease.owner()));
-    assert_eq!(nodes[2].get(&lock_key("r")).as_deref(), Some(lease.owner()));
+    assert_eq!(
+        nodes[0].get(&lock_key("r")).as_deref(),
+        Some(lease.owner_on(0).as_str())
+    );
+    assert_eq!(
+        nodes[2].get(&lock_key("r")).as_deref(),
+        Some(lease.owner_on(2).as_str())
+    );
     assert!(nodes[1].is_empty());
     lease.extend().await.unwrap();
     assert_eq!(lease.release().await, ReleaseOutcome::Released);
@@ -141,11 +147,17 @@ async fn a_slow_node_is_not_waited_for_and_its_late_key_is_released() {
     nodes[2].set_delay(NODE_TIMEOUT * 6);
     let lease = locker.try_acquire("r").await.unwrap();
     let key = lock_key("r");
-    assert_eq!(nodes[0].get(&key).as_deref(), Some(lease.owner()));
-    assert_eq!(nodes[1].get(&key).as_deref(), Some(lease.owner()));
+    assert_eq!(
+        nodes[0].get(&key).as_deref(),
+        Some(lease.owner_on(0).as_str())
+    );
+    assert_eq!(
+        nodes[1].get(&key).as_deref(),
+        Some(lease.owner_on(1).as_str())
+    );
     // The slow node's SET lands after the delay, long after the majority decided.
     eventually("the slow node's SET lands", || {
-        nodes[2].get(&key).as_deref() == Some(lease.owner())
+        nodes[2].get(&key).as_deref() == Some(lease.owner_on(2).as_str())
     })
     .await;
     assert_eq!(lease.release().await, ReleaseOutcome::Released);

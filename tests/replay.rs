@@ -72,7 +72,7 @@ impl Backend {
         match self {
             Backend::Memory(node) => Redlock::new([node.clone()], options).unwrap(),
             Backend::Redis(servers) => {
-                Redlock::connect(servers.iter().map(RedisServer::url), options).unwrap()
+                Redlock::from_urls(servers.iter().map(RedisServer::url), options).unwrap()
             }
         }
     }

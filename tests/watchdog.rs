@@ -24,7 +24,7 @@ use tower_redlock::{
 const LIMIT: Duration = Duration::from_secs(15);
 
 fn locker(servers: &[RedisServer], options: LockOptions) -> Redlock {
-    Redlock::connect(servers.iter().map(|s| s.url()), options).unwrap()
+    Redlock::from_urls(servers.iter().map(|s| s.url()), options).unwrap()
 }
 
 /// Short leases, so the watchdog works many times within a test.
@@ -113,8 +113,11 @@ async fn watchdog_keeps_a_lease_held_for_five_ttls() {
     assert!(probes > 5);
     assert!(lease.is_held());
     assert_eq!(lease.lost_cause(), None);
-    for s in &servers {
-        assert_eq!(s.get(&lock_key("wd:long")).as_deref(), Some(lease.owner()));
+    for (i, s) in servers.iter().enumerate() {
+        assert_eq!(
+            s.get(&lock_key("wd:long")).as_deref(),
+            Some(lease.owner_on(i).as_str())
+        );
     }
     // Each renewal adds at most one ttl: surviving five needs at least four.
     assert!(holder.metrics().renewals >= 4, "{:?}", holder.metrics());
@@ -166,7 +169,8 @@ async fn pausing_a_majority_loses_the_lease_for_good() {
     let key = lock_key("wd:pause");
     let holding = servers
         .iter()
-        .filter(|s| s.get(&key).as_deref() == Some(taken.owner()))
+        .enumerate()
+        .filter(|(i, s)| s.get(&key).as_deref() == Some(taken.owner_on(*i).as_str()))
         .count();
     assert!(holding >= 2, "{holding} nodes hold the new lease");
 }
@@ -787,6 +791,7 @@ async fn ten_thousand_leases_renew_over_one_connection() {
             .ttl(ttl)
             .node_timeout(Duration::from_millis(500)),
     )
+    .await
     .unwrap();
     let leases: Vec<Lease> = stream::iter(0..LEASES)
         .map(|i| {

@@ -8,11 +8,13 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, watch, Mutex as AsyncMutex};
 use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError};
+use crate::lock::identity;
 use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
 use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 use crate::lock::redis_call::ReplicaWait;
@@ -85,6 +87,7 @@ pub struct ClusterNode {
 
 struct Inner {
     name: Arc<str>,
+    address: String,
     seeds: Vec<ConnectionInfo>,
     configure: Arc<Configure>,
     client: ClusterClient,
@@ -125,6 +128,7 @@ impl ClusterNode {
             .map_err(|_| ConfigError::new("ClusterNode must be created inside a Tokio runtime"))?;
         let (seeds, name) = url::seeds(seeds, "cluster", "Redis Cluster seed")?;
         let name: Arc<str> = name.into();
+        let address = identity::seeds_address("cluster", &seeds);
         let configure: Arc<Configure> = Arc::new(configure);
         let client = configure(defaults(ClusterClientBuilder::new(seeds.clone())))
             .build()
@@ -133,6 +137,7 @@ impl ClusterNode {
         Ok(ClusterNode {
             inner: Arc::new(Inner {
                 name,
+                address,
                 seeds,
                 configure,
                 client,
@@ -354,6 +359,40 @@ impl Node for ClusterNode {
             redis_record::discard(&mut conn, &call)
                 .await
                 .map_err(node_error)
+        })
+    }
+
+    fn address(&self) -> Option<&str> {
+        Some(&self.inner.address)
+    }
+
+    /// The `run_id` of every master of the cluster.
+    fn server_ids(&self) -> NodeFuture<Vec<String>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            let mut cmd = redis::cmd("INFO");
+            cmd.arg("server");
+            let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+            let answers = conn
+                .route_command(cmd, routing)
+                .await
+                .map_err(redis_call::node_error)?;
+            let Value::Map(answers) = answers else {
+                return Err(NodeError::Protocol(
+                    format!("INFO on every master returned {answers:?}").into(),
+                ));
+            };
+            Ok(answers
+                .iter()
+                .filter_map(|(_, info)| match info {
+                    Value::BulkString(text) => {
+                        identity::parse_run_id(&String::from_utf8_lossy(text))
+                    }
+                    Value::VerbatimString { text, .. } => identity::parse_run_id(text),
+                    _ => None,
+                })
+                .collect())
         })
     }
 }

@@ -260,11 +260,24 @@ impl Lease {
 
     /// Releases the resource: compare-and-delete on every node, then hands the resource
     /// to the next waiter of this process. Returns once every node answered or timed out.
+    ///
+    /// Cancel-safe: the release runs in a task of its own, so dropping this future (a
+    /// `tokio::select!` against a shutdown signal, a timeout) still releases, in the
+    /// background, as dropping the lease does; only the outcome is lost.
     pub async fn release(mut self) -> ReleaseOutcome {
         let held = self.held.take();
-        let outcome = release(&self.handle.inner).await;
-        drop(held);
-        outcome
+        let inner = self.handle.inner.clone();
+        let runtime = inner.locker.runtime.clone();
+        let task = runtime.spawn(async move {
+            let outcome = release(&inner).await;
+            drop(held);
+            outcome
+        });
+        task.await.unwrap_or_else(|_| ReleaseOutcome::Unconfirmed {
+            // The runtime is shutting down: nothing was confirmed; the keys expire.
+            released: 0,
+            failed: self.handle.inner.locker.nodes.len(),
+        })
     }
 }
 
@@ -345,9 +358,15 @@ impl LeaseHandle {
         self.inner.token
     }
 
-    /// The owner value stored in the lock keys.
+    /// The lease's owner value, as stored in the lock key of the locker's first node;
+    /// node `i` stores [`owner_on(i)`](LeaseHandle::owner_on) (see [`Owner::for_node`]).
     pub fn owner(&self) -> &str {
         self.inner.owner.as_str()
+    }
+
+    /// The owner value stored in the lock key of the locker's node `node`.
+    pub fn owner_on(&self, node: usize) -> Owner {
+        self.inner.owner.for_node(node)
     }
 
     /// Validity left on the monotonic clock: zero once lost, released or expired.

@@ -2,7 +2,8 @@
 //!
 //! # Acquire
 //!
-//! 1. Draw a fresh owner value (20 random bytes) and note the monotonic start time.
+//! 1. Draw a fresh owner value (152 random bits, plus the node's index on each node:
+//!    see [`Owner::for_node`]) and note the monotonic start time.
 //! 2. Send the acquire script to **all nodes at once**, each call bounded by the
 //!    per-node timeout; stop listening as soon as the outcome is decided.
 //! 3. `validity = ttl − elapsed − (ttl × drift_factor + 2 ms)`.
@@ -20,11 +21,14 @@
 mod cluster_node;
 pub mod fencing;
 mod health;
+mod identity;
 mod lease;
 mod memory;
 pub mod metrics;
 mod node;
 mod options;
+#[cfg(feature = "redis")]
+mod pubsub;
 mod quorum;
 pub mod record;
 #[cfg(feature = "redis")]
@@ -66,6 +70,9 @@ pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
 pub use memory::MemoryNode;
 pub use node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
 pub use options::{Backoff, LockOptions, RetryPolicy};
+#[cfg(feature = "redis")]
+#[doc(hidden)]
+pub use pubsub::upkeep_tasks;
 pub use record::{Claim, ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 #[cfg(feature = "redis")]
 pub use redis_node::RedisNode;
@@ -136,6 +143,12 @@ impl Redlock {
     }
 
     /// A locker over nodes of any kind.
+    ///
+    /// Refuses two nodes with the same address (see [`Node::address`]): one server must
+    /// cast one vote. It does not connect, so it cannot tell one server reached under two
+    /// names; [`connect`](Redlock::connect) can. Either way, a server listed twice never
+    /// votes twice: every node gets its own owner value ([`Owner::for_node`]), so the
+    /// second `SET NX` on that server finds the first one's key and counts as held.
     pub fn from_nodes(
         nodes: Vec<Arc<dyn Node>>,
         options: LockOptions,
@@ -144,6 +157,14 @@ impl Redlock {
         if nodes.is_empty() {
             return Err(ConfigError::new("a locker needs at least one node"));
         }
+        if nodes.len() > Owner::MAX_NODES {
+            return Err(ConfigError::new(format!(
+                "a locker takes at most {} nodes, got {}",
+                Owner::MAX_NODES,
+                nodes.len()
+            )));
+        }
+        identity::check_addresses(&nodes)?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ConfigError::new("a locker must be created inside a Tokio runtime"))?;
         Ok(Redlock {
@@ -171,10 +192,12 @@ impl Redlock {
         }
     }
 
-    /// A locker over one node per URL: a standalone server, a Redis Cluster or a
-    /// Sentinel-managed master, each one vote (see [`node_from_url`] for the forms).
+    /// A locker over one node per URL, without connecting: like
+    /// [`connect`](Redlock::connect) minus its check of the servers' identities, for
+    /// code that cannot await (one server under two names is then not refused, and
+    /// still never votes twice). Refuses the same address twice.
     #[cfg(feature = "redis")]
-    pub fn connect<U: AsRef<str>>(
+    pub fn from_urls<U: AsRef<str>>(
         urls: impl IntoIterator<Item = U>,
         options: LockOptions,
     ) -> Result<Self, ConfigError> {
@@ -183,6 +206,33 @@ impl Redlock {
             .map(|url| node_from_url(url.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         Self::from_nodes(nodes, options)
+    }
+
+    /// A locker over one node per URL: a standalone server, a Redis Cluster or a
+    /// Sentinel-managed master, each one vote (see [`node_from_url`] for the forms).
+    ///
+    /// One server must cast one vote. The same address twice (also written
+    /// differently: host case, default port, trailing slash, database) is refused
+    /// before connecting; then every node is asked once for its servers' identities
+    /// (Redis's `run_id`, see [`Node::server_ids`]), each within
+    /// `max(node_timeout, 2 s)`, and two nodes reaching the same server (such as
+    /// `redis://localhost:6379` and `redis://127.0.0.1:6379`, or a cluster and one of
+    /// its masters) are refused with a [`ConfigError`] naming both. A node that does not
+    /// answer in time is not checked, so the locker still starts with a minority down;
+    /// and whatever this check misses, now or after later failovers, a server listed
+    /// twice still never votes twice (see [`from_nodes`](Redlock::from_nodes)).
+    #[cfg(feature = "redis")]
+    pub async fn connect<U: AsRef<str>>(
+        urls: impl IntoIterator<Item = U>,
+        options: LockOptions,
+    ) -> Result<Self, ConfigError> {
+        let timeout = options.node_timeout.max(Duration::from_secs(2));
+        let locker = Self::from_urls(urls, options)?;
+        if locker.shared.nodes.len() > 1 {
+            let nodes: Vec<Arc<dyn Node>> = locker.shared.nodes.each().cloned().collect();
+            identity::check_servers(&nodes, timeout).await?;
+        }
+        Ok(locker)
     }
 
     /// This locker with another bound on the callers of this process that may wait for

@@ -47,6 +47,29 @@ pub trait Node: Send + Sync + 'static {
     /// [`ReleaseSignal`] is dropped.
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal>;
 
+    /// Where this node's servers are, in a canonical form (lower-case host, explicit
+    /// port, no credentials, no database; seeds sorted), so that a locker refuses a
+    /// node listed twice when it is built: two nodes with the same address are one
+    /// server, which must not vote twice. `None` (the default) when the node has no
+    /// address to compare, as a [`MemoryNode`](crate::MemoryNode).
+    fn address(&self) -> Option<&str> {
+        None
+    }
+
+    /// The identities of the servers that vote through this node: Redis's `run_id`
+    /// (`INFO server`) of a standalone server or of a Sentinel-managed master, the
+    /// `run_id`s of every master of a cluster. [`Redlock::connect`](crate::Redlock::connect)
+    /// asks every node once and refuses two nodes that share a server, which catches
+    /// one server reached under two names (`localhost` and `127.0.0.1`). Empty (the
+    /// default) when the node cannot tell.
+    ///
+    /// Only a convenience: whatever a check at start-up misses (a node down then, a
+    /// failover or DNS change later), per-node owner values (see [`Owner::for_node`])
+    /// still keep one server from casting two votes.
+    fn server_ids(&self) -> NodeFuture<Vec<String>> {
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
     // ---- Outcome records (idempotent replay; see `crate::lock::record`) ----------
     // Every node kind of the crate implements them (standalone, Cluster, Sentinel,
     // memory). The defaults fail with `NodeError::Unsupported`, so a user's own node
@@ -124,21 +147,44 @@ pub enum AcquireReply {
     },
 }
 
-/// The random value that marks one acquisition as the owner of a key: 20 random bytes,
-/// hex-encoded. A new value is drawn for every acquisition, so ownership belongs to the
+/// The random value that marks one acquisition as the owner of a key: hex-encoded, 40
+/// characters. A new value is drawn for every acquisition, so ownership belongs to the
 /// lease, never to a task, thread or process.
+///
+/// Every node gets its own value, [`for_node`](Owner::for_node)`(i)`: the lease's 152
+/// random bits followed by the node's index. That is what makes one server count once
+/// even when it is listed twice (under two names, or reached twice after a failover or
+/// a DNS change): the second `SET NX` there finds another node's value, not its own,
+/// and reads as held rather than as a resent grant. Node implementations receive the
+/// value for themselves and need not know about it.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Owner([u8; 40]);
 
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
 impl Owner {
+    /// Most nodes a locker may have: the node index takes the last two hex digits.
+    pub(crate) const MAX_NODES: usize = 256;
+
     pub(crate) fn random() -> Self {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let bytes: [u8; 20] = rand::random();
-        let mut out = [0u8; 40];
+        // 19 random bytes; the 20th is the node index, 0 here (see `for_node`).
+        let bytes: [u8; 19] = rand::random();
+        let mut out = [b'0'; 40];
         for (i, b) in bytes.iter().enumerate() {
             out[2 * i] = HEX[usize::from(b >> 4)];
             out[2 * i + 1] = HEX[usize::from(b & 0x0f)];
         }
+        Owner(out)
+    }
+
+    /// The value this acquisition stores on node `index` of its locker (0 is the
+    /// lease's own value, [`LeaseHandle::owner`](crate::LeaseHandle::owner)). Indices
+    /// wrap at 256, which a locker never reaches: it refuses more nodes.
+    pub fn for_node(&self, index: usize) -> Owner {
+        let mut out = self.0;
+        let index = (index % Self::MAX_NODES) as u8;
+        out[38] = HEX[usize::from(index >> 4)];
+        out[39] = HEX[usize::from(index & 0x0f)];
         Owner(out)
     }
 

@@ -133,7 +133,14 @@ impl Nodes {
         self.fan_out(
             0..self.list.len(),
             self.timeout,
-            |node| node.acquire(request),
+            |index, node| {
+                // Each node gets its own owner value (see `Owner::for_node`).
+                let owner = request.owner.for_node(index);
+                node.acquire(&AcquireRequest {
+                    owner: &owner,
+                    ..*request
+                })
+            },
             |index, answer, pending| {
                 match answer {
                     Ok(AcquireReply::Acquired { fence }) => tally.won.push((index, fence)),
@@ -178,7 +185,7 @@ impl Nodes {
         self.fan_out(
             targets,
             timeout,
-            |node| node.raise_fence(keys, token, fence_ttl),
+            |_, node| node.raise_fence(keys, token, fence_ttl),
             |index, answer, pending| {
                 match answer {
                     Ok(()) => confirmed += 1,
@@ -203,8 +210,10 @@ impl Nodes {
         ttl: Duration,
         timeout: Duration,
     ) -> OwnerTally {
-        self.owner_round(timeout, |node| node.extend(keys, owner, ttl))
-            .await
+        self.owner_round(timeout, |index, node| {
+            node.extend(keys, &owner.for_node(index), ttl)
+        })
+        .await
     }
 
     /// One release round. Unlike the other rounds it waits for every node (each within
@@ -219,7 +228,7 @@ impl Nodes {
         self.fan_out(
             0..self.list.len(),
             self.timeout,
-            |node| node.release(keys, owner),
+            |index, node| node.release(keys, &owner.for_node(index)),
             |index, answer, _| {
                 tally.add(answer, || self.name(index));
                 false
@@ -244,7 +253,13 @@ impl Nodes {
         };
         let calls: FuturesUnordered<_> = targets
             .into_iter()
-            .map(|index| self.watched(index, timeout, self.list[index].release(&quiet, owner)))
+            .map(|index| {
+                self.watched(
+                    index,
+                    timeout,
+                    self.list[index].release(&quiet, &owner.for_node(index)),
+                )
+            })
             .collect();
         if !calls.is_empty() {
             tokio::spawn(calls.for_each(|_| async {}));
@@ -254,7 +269,7 @@ impl Nodes {
     async fn owner_round(
         &self,
         timeout: Duration,
-        call: impl FnMut(&dyn Node) -> NodeFuture<bool>,
+        call: impl FnMut(usize, &dyn Node) -> NodeFuture<bool>,
     ) -> OwnerTally {
         let mut tally = OwnerTally::default();
         let quorum = self.quorum;
@@ -280,21 +295,23 @@ impl Nodes {
         &self,
         targets: impl IntoIterator<Item = usize, IntoIter: ExactSizeIterator>,
         timeout: Duration,
-        mut call: impl FnMut(&dyn Node) -> NodeFuture<T>,
+        mut call: impl FnMut(usize, &dyn Node) -> NodeFuture<T>,
         mut decided: impl FnMut(usize, Result<T, NodeError>, usize) -> bool,
     ) {
         let mut targets = targets.into_iter();
         if targets.len() == 1 {
             // The single-node lock: nothing to fan out, nothing to leave behind.
             if let Some(only) = targets.next() {
-                let answer = self.watched(only, timeout, call(&*self.list[only])).await;
+                let answer = self
+                    .watched(only, timeout, call(only, &*self.list[only]))
+                    .await;
                 decided(only, answer, 0);
             }
             return;
         }
         let mut pending: FuturesUnordered<_> = targets
             .map(|index| {
-                let answer = self.watched(index, timeout, call(&*self.list[index]));
+                let answer = self.watched(index, timeout, call(index, &*self.list[index]));
                 async move { (index, answer.await) }
             })
             .collect();

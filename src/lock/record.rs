@@ -376,7 +376,7 @@ pub(crate) async fn read(
         .fan_out(
             0..nodes.len(),
             nodes.timeout(),
-            |node| node.read_record(keys),
+            |_, node| node.read_record(keys),
             |index, answer, pending| {
                 match answer {
                     Ok(found) => {
@@ -437,7 +437,13 @@ pub(crate) async fn claim(
         .fan_out(
             0..nodes.len(),
             timeout,
-            |node| node.claim_record(&request),
+            |index, node| {
+                let owner = inner.owner.for_node(index);
+                node.claim_record(&ClaimRequest {
+                    owner: &owner,
+                    ..request
+                })
+            },
             |index, answer, pending| {
                 match answer {
                     Ok(reply) => {
@@ -510,7 +516,13 @@ pub(crate) async fn store(
         .fan_out(
             0..nodes.len(),
             bounded_by_validity(inner),
-            |node| node.store_record(&request),
+            |index, node| {
+                let owner = inner.owner.for_node(index);
+                node.store_record(&StoreRequest {
+                    owner: &owner,
+                    ..request
+                })
+            },
             |index, answer, pending| {
                 match answer {
                     // Only what a node accepted while the lease was valid counts.
@@ -552,7 +564,7 @@ pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
         .fan_out(
             0..nodes.len(),
             nodes.timeout(),
-            |node| node.discard_record(&inner.keys, token),
+            |_, node| node.discard_record(&inner.keys, token),
             |index, answer, pending| {
                 match answer {
                     Ok(_) => answered += 1,

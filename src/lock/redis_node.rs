@@ -1,16 +1,16 @@
 //! [`RedisNode`]: one Redis server as a lock node, over redis-rs.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, IntoConnectionInfo, PushInfo, PushKind, RedisError, Value};
-use tokio::sync::{watch, Mutex as AsyncMutex};
+use redis::{Client, IntoConnectionInfo};
 
-use crate::error::{ConfigError, NodeError};
+use crate::error::ConfigError;
+use crate::lock::identity;
 use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::lock::pubsub::Hub;
 use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 use crate::lock::redis_call::{
     self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
@@ -29,7 +29,9 @@ use crate::lock::resource::LockKeys;
 /// does not fail; every command is safe to run twice (see the owner checks). Scripts run with `EVALSHA` and are
 /// loaded again when the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
 /// Release notifications arrive over a second, RESP3 connection, opened on first use
-/// and shared by every waiter of the process.
+/// and shared by every waiter of the process; a single task per node keeps its
+/// subscriptions, re-establishing them after the server restarts, however long it was
+/// down, with every command bounded in time so a frozen server piles nothing up.
 ///
 /// Create it inside a Tokio runtime. It connects lazily, so a locker starts even while
 /// a minority of its nodes is down.
@@ -56,9 +58,9 @@ pub struct RedisNode {
 
 struct Inner {
     name: Arc<str>,
-    client: Client,
+    address: String,
     conn: Resending,
-    subscriber: Mutex<Option<Arc<Subscriber>>>,
+    hub: Hub,
 }
 
 impl RedisNode {
@@ -86,16 +88,18 @@ impl RedisNode {
         let client = Client::open(info.set_tcp_settings(tcp))
             .map_err(|e| ConfigError::new(format!("bad Redis connection settings: {e}")))?;
         let info = client.get_connection_info();
-        let name: Arc<str> =
-            format!("redis://{}/{}", info.addr(), info.redis_settings().db()).into();
+        let address = identity::address(info.addr());
+        let name: Arc<str> = format!("redis://{address}/{}", info.redis_settings().db()).into();
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), connection_config())
+            .map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
+        let hub = Hub::new(name.clone(), &client)
             .map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
         Ok(RedisNode {
             inner: Arc::new(Inner {
                 name,
-                client,
+                address,
                 conn: Resending::new(conn),
-                subscriber: Mutex::new(None),
+                hub,
             }),
             wait: None,
         })
@@ -139,20 +143,6 @@ impl RedisNode {
         self
     }
 
-    fn subscriber(&self) -> Result<Arc<Subscriber>, NodeError> {
-        let mut slot = self
-            .inner
-            .subscriber
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(subscriber) = slot.as_ref() {
-            return Ok(subscriber.clone());
-        }
-        let subscriber = Subscriber::new(&self.inner.client)?;
-        *slot = Some(subscriber.clone());
-        Ok(subscriber)
-    }
-
     /// The command connection (for [`SentinelNode`](crate::SentinelNode)).
     pub(crate) fn connection(&self) -> Resending {
         self.inner.conn.clone()
@@ -169,10 +159,6 @@ fn connection_config() -> ConnectionManagerConfig {
         .set_connection_timeout(Some(Duration::from_secs(2)))
         .set_response_timeout(None)
         .set_pipeline_buffer_size(1024)
-}
-
-fn node_error(e: RedisError) -> NodeError {
-    redis_call::node_error(e)
 }
 
 impl Node for RedisNode {
@@ -225,19 +211,21 @@ impl Node for RedisNode {
         })
     }
 
+    // The subscriptions are kept by one upkeep task per node (see `pubsub`): they
+    // come back after the server restarts, and a frozen server piles nothing up.
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
         let channel = keys.channel.clone();
-        let subscriber = self.subscriber();
-        Box::pin(async move {
-            // In a task of its own, so a caller that gives up (the per-node timeout, a
-            // dropped waiter) cannot cut it between the server's SUBSCRIBE and the local
-            // `Channel`: the subscription would then live on the server with nothing to
-            // end it. Finished without a caller, the signal is dropped, and with it the
-            // subscription.
-            tokio::spawn(subscriber?.subscribe(channel))
-                .await
-                .map_err(|e| NodeError::Connection(format!("subscription task: {e}").into()))?
-        })
+        let hub = self.inner.hub.clone();
+        Box::pin(async move { hub.subscribe(channel).await })
+    }
+
+    fn address(&self) -> Option<&str> {
+        Some(&self.inner.address)
+    }
+
+    fn server_ids(&self) -> NodeFuture<Vec<String>> {
+        let mut conn = self.inner.conn.clone();
+        Box::pin(async move { identity::run_id(&mut conn).await })
     }
 
     // Outcome records (idempotent replay): the commands are in `redis_record`.
@@ -287,126 +275,5 @@ impl Node for RedisNode {
 impl fmt::Debug for RedisNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("RedisNode").field(&self.inner.name).finish()
-    }
-}
-
-/// The pub/sub side of a node: one RESP3 connection whose pushes are routed to the
-/// subscribed channels. Subscriptions are reference-counted per channel.
-struct Subscriber {
-    conn: ConnectionManager,
-    channels: Arc<Mutex<HashMap<String, Weak<Channel>>>>,
-    /// Serialises SUBSCRIBE and UNSUBSCRIBE so an UNSUBSCRIBE of a channel's last
-    /// subscriber can never overtake the SUBSCRIBE of its next one.
-    commands: AsyncMutex<()>,
-}
-
-struct Channel {
-    name: String,
-    tx: watch::Sender<u64>,
-    subscriber: Weak<Subscriber>,
-}
-
-impl Subscriber {
-    fn new(client: &Client) -> Result<Arc<Self>, NodeError> {
-        let info = client.get_connection_info().clone();
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(redis::ProtocolVersion::RESP3);
-        let client = Client::open(info.set_redis_settings(settings)).map_err(node_error)?;
-        let channels: Arc<Mutex<HashMap<String, Weak<Channel>>>> = Arc::default();
-        let routes = channels.clone();
-        let config = connection_config()
-            .set_push_sender(move |push: PushInfo| -> Result<(), ()> {
-                route_push(&routes, push);
-                Ok(())
-            })
-            .set_automatic_resubscription();
-        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(node_error)?;
-        Ok(Arc::new(Subscriber {
-            conn,
-            channels,
-            commands: AsyncMutex::new(()),
-        }))
-    }
-
-    async fn subscribe(self: Arc<Self>, name: String) -> Result<ReleaseSignal, NodeError> {
-        let _serial = self.commands.lock().await;
-        let existing = self
-            .channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&name)
-            .and_then(Weak::upgrade);
-        if let Some(channel) = existing {
-            return Ok(ReleaseSignal::new(channel.tx.subscribe(), channel));
-        }
-        // Register the channel before subscribing: should this future be dropped while
-        // SUBSCRIBE is under way, dropping `channel` unsubscribes again (see its Drop).
-        let (tx, rx) = watch::channel(0);
-        let channel = Arc::new(Channel {
-            name: name.clone(),
-            tx,
-            subscriber: Arc::downgrade(&self),
-        });
-        self.channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name.clone(), Arc::downgrade(&channel));
-        let mut conn = self.conn.clone();
-        conn.subscribe(&name).await.map_err(node_error)?;
-        Ok(ReleaseSignal::new(rx, channel))
-    }
-}
-
-impl Drop for Channel {
-    fn drop(&mut self) {
-        let Some(subscriber) = self.subscriber.upgrade() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let name = std::mem::take(&mut self.name);
-        runtime.spawn(async move {
-            let _serial = subscriber.commands.lock().await;
-            {
-                let mut channels = subscriber
-                    .channels
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                if channels.get(&name).is_some_and(|w| w.strong_count() > 0) {
-                    // A new subscriber took the channel over in the meantime.
-                    return;
-                }
-                channels.remove(&name);
-            }
-            let mut conn = subscriber.conn.clone();
-            let _ = conn.unsubscribe(&name).await;
-        });
-    }
-}
-
-fn route_push(channels: &Mutex<HashMap<String, Weak<Channel>>>, push: PushInfo) {
-    let channels = channels.lock().unwrap_or_else(|p| p.into_inner());
-    match push.kind {
-        PushKind::Message => {
-            let Some(Value::BulkString(name)) = push.data.first() else {
-                return;
-            };
-            let Ok(name) = std::str::from_utf8(name) else {
-                return;
-            };
-            if let Some(channel) = channels.get(name).and_then(Weak::upgrade) {
-                channel.tx.send_modify(|n| *n = n.wrapping_add(1));
-            }
-        }
-        PushKind::Disconnection => {
-            // Messages may have been lost while disconnected: wake every waiter to retry.
-            for channel in channels.values().filter_map(Weak::upgrade) {
-                channel.tx.send_modify(|n| *n = n.wrapping_add(1));
-            }
-        }
-        _ => {}
     }
 }

@@ -15,6 +15,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError};
+use crate::lock::identity;
 use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
 use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 use crate::lock::redis_call::{
@@ -105,6 +106,7 @@ pub struct SentinelNode {
 
 struct Inner {
     name: Arc<str>,
+    address: String,
     service: String,
     sentinel: AsyncMutex<Sentinel>,
     master_info: SentinelNodeConnectionInfo,
@@ -165,11 +167,16 @@ impl SentinelNode {
         }
         let (sentinels, name) = url::seeds(sentinels, "sentinel", "Sentinel")?;
         let name: Arc<str> = format!("{name}/{master_name}").into();
+        let address = format!(
+            "{}/{master_name}",
+            identity::seeds_address("sentinel", &sentinels)
+        );
         let sentinel =
             Sentinel::build(sentinels).map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
         let pending = futures_util::future::pending().boxed().shared();
         let inner = Arc::new(Inner {
             name,
+            address,
             service: master_name.to_owned(),
             sentinel: AsyncMutex::new(sentinel),
             master_info: master,
@@ -581,6 +588,20 @@ impl Node for SentinelNode {
             inner
                 .with_master(|mut conn| async move { redis_record::discard(&mut conn, call).await })
                 .await
+        })
+    }
+
+    fn address(&self) -> Option<&str> {
+        Some(&self.inner.address)
+    }
+
+    /// The current master's `run_id`.
+    fn server_ids(&self) -> NodeFuture<Vec<String>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let (generation, master) = inner.master().await;
+            let master = master.inspect_err(|_| inner.invalidate(generation))?;
+            master.node.server_ids().await
         })
     }
 }

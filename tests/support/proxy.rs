@@ -6,7 +6,7 @@
 //! ```ignore
 //! let redis = support::RedisServer::start();
 //! let proxy = support::proxy::Proxy::start(redis.addr());
-//! let locker = Redlock::connect([proxy.url()], options)?;
+//! let locker = Redlock::connect([proxy.url()], options).await?;
 //! proxy.set_latency(Latency::Jitter(Duration::from_millis(30)));
 //! proxy.blackhole();   // held: bytes stay queued in the kernel buffers
 //! proxy.heal();        // the queued bytes flow again, in order

@@ -1,0 +1,380 @@
+//! Release notifications from one Redis server: one RESP3 connection per node, kept by
+//! a single upkeep task.
+//!
+//! Waiters never talk to the server themselves. They register a channel (shared by
+//! every waiter of the resource, reference-counted) and wait until the upkeep task has
+//! it subscribed; dropping the last reference makes the task unsubscribe. The task
+//! compares what is wanted with what the connection is subscribed to and sends the
+//! difference, each command bounded by [`COMMAND_TIMEOUT`]. That design answers two
+//! failures:
+//!
+//! * **A node restarted** (or any dropped connection): the connection's subscriptions
+//!   are gone with it. The task reconnects, with a capped backoff, for as long as any
+//!   channel is wanted, and subscribes them all again — however long the node was
+//!   down — then wakes their waiters once, since a release may have been published
+//!   in between.
+//! * **A frozen node** (SIGSTOP, a full network buffer): a command that does not
+//!   answer in time makes the task drop the connection (which ends every subscription
+//!   on it, on the server's side too) and start over. Nothing piles up meanwhile:
+//!   there is one task per node whatever the number of waiters, and its state is the
+//!   set of channels still wanted, which shrinks as waiters give up.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind, Value};
+use tokio::sync::{watch, Notify};
+
+use crate::error::NodeError;
+use crate::lock::node::ReleaseSignal;
+use crate::lock::redis_call::node_error;
+
+/// Bound of one SUBSCRIBE, UNSUBSCRIBE or connection attempt of the upkeep task.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
+/// First and largest wait between two failed attempts to reach the server.
+const MIN_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// Live upkeep tasks of every node in the process (see [`upkeep_tasks`]).
+static UPKEEP_TASKS: AtomicUsize = AtomicUsize::new(0);
+
+/// Number of pub/sub upkeep tasks alive in this process: one per node that has had a
+/// waiter, whatever the number of waiters. For tests.
+#[doc(hidden)]
+pub fn upkeep_tasks() -> usize {
+    UPKEEP_TASKS.load(Ordering::Relaxed)
+}
+
+/// The pub/sub side of one node. Clones share it.
+#[derive(Clone)]
+pub(crate) struct Hub {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    name: Arc<str>,
+    client: Client,
+    channels: Mutex<HashMap<String, Weak<Channel>>>,
+    /// Wakes the upkeep task: a channel was added or dropped, or the connection broke.
+    work: Arc<Notify>,
+    /// Generation of the current connection; pushes of older ones are stale.
+    generation: AtomicU64,
+    /// The generation whose connection reported a disconnection, if any (0: none).
+    broken: AtomicU64,
+    started: Mutex<bool>,
+}
+
+struct Channel {
+    /// Bumped at every notification (and when notifications may have been missed).
+    tx: watch::Sender<u64>,
+    /// Whether the current connection is subscribed to the channel.
+    active: watch::Sender<bool>,
+    hub: Weak<Shared>,
+}
+
+impl Channel {
+    fn wake(&self) {
+        self.tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        if let Some(hub) = self.hub.upgrade() {
+            hub.work.notify_one();
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Lets the upkeep task see that the node is gone, and end.
+        self.work.notify_one();
+    }
+}
+
+impl Hub {
+    /// A hub for the server of `client`, connecting on first use.
+    pub(crate) fn new(name: Arc<str>, client: &Client) -> Result<Self, NodeError> {
+        let info = client.get_connection_info().clone();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let client = Client::open(info.set_redis_settings(settings)).map_err(node_error)?;
+        Ok(Hub {
+            shared: Arc::new(Shared {
+                name,
+                client,
+                channels: Mutex::default(),
+                work: Arc::new(Notify::new()),
+                generation: AtomicU64::new(0),
+                broken: AtomicU64::new(0),
+                started: Mutex::new(false),
+            }),
+        })
+    }
+
+    /// Subscribes to `name`: resolves once the server confirmed the subscription (or
+    /// at once when it already was). The caller bounds the wait; giving up leaves
+    /// nothing behind but the channel's unsubscription, done by the upkeep task.
+    pub(crate) async fn subscribe(&self, name: String) -> Result<ReleaseSignal, NodeError> {
+        let shared = &self.shared;
+        let channel = {
+            let mut channels = shared.channels.lock().unwrap_or_else(|p| p.into_inner());
+            match channels.get(&name).and_then(Weak::upgrade) {
+                Some(channel) => channel,
+                None => {
+                    let channel = Arc::new(Channel {
+                        tx: watch::channel(0).0,
+                        active: watch::channel(false).0,
+                        hub: Arc::downgrade(shared),
+                    });
+                    channels.insert(name, Arc::downgrade(&channel));
+                    channel
+                }
+            }
+        };
+        self.start();
+        shared.work.notify_one();
+        let mut active = channel.active.subscribe();
+        // The sender lives in `channel`, which we hold: this cannot fail.
+        let _ = active.wait_for(|&on| on).await;
+        Ok(ReleaseSignal::new(channel.tx.subscribe(), channel))
+    }
+
+    fn start(&self) {
+        let mut started = self
+            .shared
+            .started
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if !*started {
+            *started = true;
+            UPKEEP_TASKS.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(upkeep(
+                Arc::downgrade(&self.shared),
+                self.shared.work.clone(),
+            ));
+        }
+    }
+}
+
+/// Counts one upkeep task for as long as it lives.
+struct Alive;
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        UPKEEP_TASKS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What the upkeep task holds between rounds.
+struct Link {
+    generation: u64,
+    conn: MultiplexedConnection,
+    subscribed: HashSet<String>,
+}
+
+/// Keeps the connection subscribed to exactly the channels that have waiters.
+async fn upkeep(hub: Weak<Shared>, work: Arc<Notify>) {
+    let _alive = Alive;
+    let mut link: Option<Link> = None;
+    // Channels that were subscribed on a connection that was lost: woken once they are
+    // subscribed again, as a release may have been published in between.
+    let mut resumed: HashSet<String> = HashSet::new();
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        // Registered before looking at the state, so a change made meanwhile is seen.
+        let notified = work.notified();
+        let Some(shared) = hub.upgrade() else {
+            return;
+        };
+        if let Some(current) = &link {
+            if shared.broken.load(Ordering::Acquire) == current.generation {
+                resumed.extend(current.subscribed.iter().cloned());
+                link = None;
+            }
+        }
+        let wanted = shared.wanted();
+        resumed.retain(|name| wanted.contains_key(name));
+        let subscribed = link.as_ref().map(|l| &l.subscribed);
+        let to_subscribe: Vec<String> = wanted
+            .keys()
+            .filter(|name| subscribed.is_none_or(|s| !s.contains(*name)))
+            .cloned()
+            .collect();
+        let to_unsubscribe: Vec<String> = subscribed
+            .map(|s| {
+                s.iter()
+                    .filter(|name| !wanted.contains_key(*name))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(subscribed) = subscribed {
+            // A channel dropped and registered again before this round is still
+            // subscribed: its new waiters need no command.
+            for (name, channel) in &wanted {
+                if subscribed.contains(name) && !*channel.active.borrow() {
+                    channel.active.send_replace(true);
+                }
+            }
+        }
+        if to_subscribe.is_empty() && to_unsubscribe.is_empty() {
+            drop((shared, wanted));
+            notified.await;
+            continue;
+        }
+        match shared
+            .apply(&mut link, &to_subscribe, &to_unsubscribe)
+            .await
+        {
+            Ok(()) => {
+                backoff = MIN_BACKOFF;
+                for name in &to_subscribe {
+                    if let Some(channel) = wanted.get(name) {
+                        channel.active.send_replace(true);
+                        if resumed.remove(name) {
+                            channel.wake();
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(node = %shared.name, error = %e, "pub/sub upkeep failed; reconnecting");
+                if let Some(lost) = link.take() {
+                    resumed.extend(lost.subscribed);
+                }
+                for channel in wanted.values() {
+                    channel.active.send_replace(false);
+                }
+                drop((shared, wanted));
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// The channels that still have waiters; forgets the others.
+    fn wanted(&self) -> HashMap<String, Arc<Channel>> {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        channels.retain(|_, channel| channel.strong_count() > 0);
+        channels
+            .iter()
+            .filter_map(|(name, channel)| Some((name.clone(), channel.upgrade()?)))
+            .collect()
+    }
+
+    /// Connects if needed, then unsubscribes and subscribes, each within the bound.
+    async fn apply(
+        self: &Arc<Self>,
+        link: &mut Option<Link>,
+        subscribe: &[String],
+        unsubscribe: &[String],
+    ) -> Result<(), NodeError> {
+        if link.is_none() {
+            if subscribe.is_empty() {
+                // Nothing wanted, and no connection: nothing is subscribed anywhere.
+                return Ok(());
+            }
+            *link = Some(self.connect().await?);
+        }
+        let Some(current) = link.as_mut() else {
+            return Ok(());
+        };
+        if !unsubscribe.is_empty() {
+            bounded(current.conn.unsubscribe(unsubscribe)).await?;
+            for name in unsubscribe {
+                current.subscribed.remove(name);
+            }
+        }
+        if !subscribe.is_empty() {
+            bounded(current.conn.subscribe(subscribe)).await?;
+            current.subscribed.extend(subscribe.iter().cloned());
+        }
+        Ok(())
+    }
+
+    async fn connect(self: &Arc<Self>) -> Result<Link, NodeError> {
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let routes = Arc::downgrade(self);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(COMMAND_TIMEOUT))
+            .set_response_timeout(Some(COMMAND_TIMEOUT))
+            .set_push_sender(move |push: PushInfo| -> Result<(), ()> {
+                if let Some(shared) = routes.upgrade() {
+                    shared.route(generation, push);
+                }
+                Ok(())
+            });
+        let conn = bounded(
+            self.client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await?;
+        Ok(Link {
+            generation,
+            conn,
+            subscribed: HashSet::new(),
+        })
+    }
+
+    fn route(&self, generation: u64, push: PushInfo) {
+        match push.kind {
+            PushKind::Message => {
+                let Some(Value::BulkString(name)) = push.data.first() else {
+                    return;
+                };
+                let Ok(name) = std::str::from_utf8(name) else {
+                    return;
+                };
+                let channel = self
+                    .channels
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(name)
+                    .and_then(Weak::upgrade);
+                if let Some(channel) = channel {
+                    channel.wake();
+                }
+            }
+            PushKind::Disconnection => {
+                if generation != self.generation.load(Ordering::Acquire) {
+                    // A connection the task already let go of.
+                    return;
+                }
+                // Messages may have been lost: wake every waiter to retry, and have the
+                // task subscribe them again on a new connection.
+                let channels: Vec<Arc<Channel>> = self
+                    .channels
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .values()
+                    .filter_map(Weak::upgrade)
+                    .collect();
+                for channel in channels {
+                    channel.active.send_replace(false);
+                    channel.wake();
+                }
+                self.broken.store(generation, Ordering::Release);
+                self.work.notify_one();
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn bounded<T>(
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, NodeError> {
+    match tokio::time::timeout(COMMAND_TIMEOUT, call).await {
+        Ok(answer) => answer.map_err(node_error),
+        Err(_) => Err(NodeError::Timeout(COMMAND_TIMEOUT)),
+    }
+}
