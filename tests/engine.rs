@@ -861,3 +861,167 @@ async fn without_fencing_an_acquisition_is_one_set_per_node() {
     let again = other.try_acquire("unfenced").await.unwrap();
     assert_eq!(again.fencing_token().get(), 0);
 }
+
+// ---- One server, one vote (issue 13, item 2) ----------------------------------------
+
+#[tokio::test]
+async fn the_same_address_twice_is_refused_at_construction() {
+    let server = RedisServer::start();
+    let other = RedisServer::start();
+    let port = server.port();
+    let first = format!("redis://127.0.0.1:{port}");
+    // The same server, written differently: scheme and host case, trailing slash,
+    // database index (two databases of one server are still one server).
+    for second in [
+        first.clone(),
+        format!("REDIS://127.0.0.1:{port}/"),
+        format!("redis://127.0.0.1:{port}/0"),
+        format!("redis://127.0.0.1:{port}/3"),
+    ] {
+        let urls = [first.clone(), other.url(), second.clone()];
+        let message = Redlock::from_urls(&urls, options()).unwrap_err().to_string();
+        assert!(
+            message.contains("same server") && message.contains(&format!("127.0.0.1:{port}")),
+            "{second}: {message}"
+        );
+        // `connect` refuses it before connecting.
+        let message = Redlock::connect(&urls, options())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("same server"), "{second}: {message}");
+    }
+    // The default port is explicit in the comparison (nothing connects here).
+    let message = Redlock::from_urls(
+        ["redis://localhost", "redis://LocalHost:6379/"],
+        options(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(message.contains("localhost:6379"), "{message}");
+    // Cluster seeds and sentinel sets: the same set in another order is the same node.
+    let (a, b) = (server.port(), other.port());
+    let message = Redlock::from_urls(
+        [
+            format!("redis+cluster://127.0.0.1:{a},127.0.0.1:{b}"),
+            format!("redis+cluster://127.0.0.1:{b},127.0.0.1:{a}/"),
+        ],
+        options(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(message.contains("same server"), "{message}");
+    let message = Redlock::from_urls(
+        [
+            format!("redis+sentinel://127.0.0.1:{a},127.0.0.1:{b}/locks"),
+            format!("redis+sentinel://127.0.0.1:{b},127.0.0.1:{a}/locks"),
+        ],
+        options(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(message.contains("same server"), "{message}");
+    // Another master behind the same sentinels is another node.
+    Redlock::from_urls(
+        [
+            format!("redis+sentinel://127.0.0.1:{a},127.0.0.1:{b}/locks"),
+            format!("redis+sentinel://127.0.0.1:{a},127.0.0.1:{b}/other"),
+        ],
+        options(),
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn connect_refuses_one_server_under_two_names() {
+    let servers = RedisServer::start_many(2);
+    let port = servers[0].port();
+    let urls = [
+        format!("redis://localhost:{port}"),
+        servers[1].url(),
+        format!("redis://127.0.0.1:{port}"),
+    ];
+    let message = Redlock::connect(&urls, patient())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("same server")
+            && message.contains(&format!("localhost:{port}"))
+            && message.contains(&format!("127.0.0.1:{port}")),
+        "{message}"
+    );
+    // Distinct servers pass, also with one of them down.
+    let mut down = RedisServer::start();
+    down.kill();
+    Redlock::connect([servers[0].url(), servers[1].url(), down.url()], patient())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn one_server_under_two_names_never_votes_twice() {
+    // Two names for one server and a dead third node: one server is up, which is not
+    // a majority of three, so no lease may be granted. `from_urls` does not connect,
+    // so it cannot see that the two names are one server: the votes must tell.
+    let server = RedisServer::start();
+    let mut dead = RedisServer::start();
+    dead.kill();
+    let port = server.port();
+    let locker = Redlock::from_urls(
+        [
+            format!("redis://localhost:{port}"),
+            format!("redis://127.0.0.1:{port}"),
+            dead.url(),
+        ],
+        patient(),
+    )
+    .unwrap();
+    for attempt in 0..3 {
+        let resource = format!("twice-{attempt}");
+        match locker.try_acquire(resource.as_str()).await {
+            Ok(lease) => panic!("one server granted a lease twice: {lease:?}"),
+            Err(LockError::Held { .. } | LockError::Unavailable { .. }) => {}
+            Err(other) => panic!("unexpected error: {other:?}"),
+        }
+        // Nothing is left behind: the attempt released what it set.
+        eventually("the attempt cleaned up", LIMIT, || {
+            !server.exists(&lock_key(&resource))
+        })
+        .await;
+    }
+}
+
+// ---- A cancelled release still releases (issue 13, item 3) ---------------------------
+
+#[tokio::test]
+async fn a_cancelled_release_still_releases() {
+    let servers = RedisServer::start_many(3);
+    // A ttl far beyond the polls below: only a release can remove the keys in time.
+    let locker = locker(&servers, patient().ttl(Duration::from_secs(60)));
+    warm_up(&locker, &servers).await;
+    let lease = locker.try_acquire("cancelled").await.unwrap();
+    let key = lock_key("cancelled");
+    eventually("the key on every node", LIMIT, || {
+        servers
+            .iter()
+            .enumerate()
+            .all(|(i, s)| s.get(&key).as_deref() == Some(lease.owner_on(i).as_str()))
+    })
+    .await;
+    // The release is polled once (it is the first branch), then dropped when the
+    // shutdown branch, ready at once, wins: as in a server's graceful shutdown.
+    let shutdown = std::future::ready(());
+    tokio::select! {
+        biased;
+        outcome = lease.release() => panic!("released within one poll: {outcome:?}"),
+        () = shutdown => {}
+    }
+    eventually("the cancelled release deleted every key", LIMIT, || {
+        servers.iter().all(|s| !s.exists(&key))
+    })
+    .await;
+    // And the local queue let go: the resource can be taken again at once.
+    let again = locker.try_acquire("cancelled").await.unwrap();
+    assert_eq!(again.release().await, ReleaseOutcome::Released);
+}

@@ -827,3 +827,123 @@ async fn ten_thousand_leases_renew_over_one_connection() {
     })
     .await;
 }
+
+// ---- Pub/sub across node restarts and freezes (issue 13, items 4 and 5) -------------
+
+/// A fallback retry far beyond every bound of these tests: a waiter that finishes in
+/// time was woken by a release notification.
+fn wake_up_only() -> LockOptions {
+    LockOptions::default()
+        .node_timeout(Duration::from_millis(100))
+        .retry_policy(|_: u32, _: Option<Duration>| Duration::from_secs(3600))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_through_a_node_that_was_down_for_long() {
+    let mut servers = RedisServer::start_many(3);
+    let resource = "restarted";
+    let key = lock_key(resource);
+    // Another process holds the resource on A and B (C restarts empty anyway).
+    for s in &servers[..2] {
+        assert_eq!(
+            s.cmd(&["SET", &key, "another-process", "PX", "600000"]),
+            RespValue::Simple("OK".into())
+        );
+    }
+    let locker = locker(&servers, wake_up_only());
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move { locker.acquire(resource, Duration::from_secs(3600)).await })
+    };
+    eventually("the waiter subscribed on every node", LIMIT, || {
+        servers.iter().all(|s| subscribers(s, &channel(resource)) == 1)
+    })
+    .await;
+
+    // C is down for longer than any reconnection attempt of a connection manager,
+    // which is the point of the test (not a synchronisation).
+    servers[2].kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    servers[2].restart();
+    eventually("the subscription is back on the restarted node", LIMIT, || {
+        subscribers(&servers[2], &channel(resource)) == 1
+    })
+    .await;
+
+    // The holder lets go on A without a word (as if its key expired there) and
+    // releases on C, publishing only there: only the subscription on C can wake the
+    // waiter before its hour-long fallback.
+    assert_eq!(servers[0].cmd(&["DEL", &key]), RespValue::Integer(1));
+    servers[2].cmd(&["PUBLISH", &channel(resource), ""]);
+    let lease = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("the waiter was not woken through the restarted node")
+        .unwrap()
+        .unwrap();
+    assert!(locker.metrics().wakeups >= 1);
+    lease.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_giving_up_on_a_frozen_node_pile_nothing_up() {
+    let mut servers = RedisServer::start_many(3);
+    let options = LockOptions::default()
+        .node_timeout(Duration::from_millis(100))
+        .max_waiters(1000);
+    let locker = locker(&servers, options);
+    // Held by another process on every node, for every resource.
+    let resources: Vec<String> = (0..100).map(|i| format!("frozen-{i}")).collect();
+    for s in &servers {
+        for resource in &resources {
+            s.cmd(&["SET", &lock_key(resource), "another-process", "PX", "600000"]);
+        }
+    }
+    // One wait first, so every connection of the locker is open.
+    let err = locker
+        .acquire("frozen-0", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::WaitTimeout { .. }), "{err:?}");
+    let runtime = tokio::runtime::Handle::current().metrics();
+    let baseline = runtime.num_alive_tasks();
+
+    servers[2].pause();
+    let mut waiters = JoinSet::new();
+    for resource in &resources {
+        let locker = locker.clone();
+        let resource = resource.clone();
+        waiters.spawn(async move {
+            locker
+                .acquire(resource.as_str(), Duration::from_millis(300))
+                .await
+        });
+    }
+    while let Some(outcome) = waiters.join_next().await {
+        let err = outcome.unwrap().unwrap_err();
+        assert!(matches!(err, LockError::WaitTimeout { .. }), "{err:?}");
+    }
+    assert_eq!(locker.local_resources(), 0);
+    // While the node is still frozen, what the waiters left behind is bounded: one
+    // pub/sub upkeep task and connection per node, not one task per waiter.
+    eventually("the tasks the waiters left behind end", LIMIT, || {
+        runtime.num_alive_tasks() <= baseline + 6
+    })
+    .await;
+
+    servers[2].resume();
+    eventually("every subscription ended", LIMIT, || {
+        servers.iter().all(|s| {
+            matches!(s.cmd(&["PUBSUB", "CHANNELS", "*"]), RespValue::Array(ref a) if a.is_empty())
+        })
+    })
+    .await;
+    eventually("everything drained", LIMIT, || {
+        runtime.num_alive_tasks() <= baseline + 6
+    })
+    .await;
+    // And the node serves waiters again.
+    for s in &servers {
+        s.cmd(&["DEL", &lock_key("frozen-1")]);
+    }
+    locker.try_acquire("frozen-1").await.unwrap().release().await;
+}

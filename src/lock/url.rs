@@ -257,6 +257,20 @@ struct Url<'a> {
     fragment: Option<&'a str>,
 }
 
+/// The schemes [`node_from_url`] knows.
+const SCHEMES: [&str; 10] = [
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "unix",
+    "redis+unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+];
+
 /// Parameters this crate reads; everything else goes on to redis-rs.
 const OWN_PARAMS: [&str; 4] = [
     "wait_replicas",
@@ -270,6 +284,12 @@ impl<'a> Url<'a> {
         let (scheme, rest) = s
             .split_once("://")
             .ok_or_else(|| ConfigError::new("a node URL starts with a scheme such as redis://"))?;
+        // Schemes are case-insensitive (RFC 3986): `REDIS://` is `redis://`.
+        let scheme = SCHEMES
+            .iter()
+            .find(|known| known.eq_ignore_ascii_case(scheme))
+            .copied()
+            .unwrap_or(scheme);
         let (rest, fragment) = match rest.split_once('#') {
             Some((rest, fragment)) => (rest, Some(fragment)),
             None => (rest, None),
