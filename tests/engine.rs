@@ -879,7 +879,9 @@ async fn the_same_address_twice_is_refused_at_construction() {
         format!("redis://127.0.0.1:{port}/3"),
     ] {
         let urls = [first.clone(), other.url(), second.clone()];
-        let message = Redlock::from_urls(&urls, options()).unwrap_err().to_string();
+        let message = Redlock::from_urls(&urls, options())
+            .unwrap_err()
+            .to_string();
         assert!(
             message.contains("same server") && message.contains(&format!("127.0.0.1:{port}")),
             "{second}: {message}"
@@ -892,12 +894,9 @@ async fn the_same_address_twice_is_refused_at_construction() {
         assert!(message.contains("same server"), "{second}: {message}");
     }
     // The default port is explicit in the comparison (nothing connects here).
-    let message = Redlock::from_urls(
-        ["redis://localhost", "redis://LocalHost:6379/"],
-        options(),
-    )
-    .unwrap_err()
-    .to_string();
+    let message = Redlock::from_urls(["redis://localhost", "redis://LocalHost:6379/"], options())
+        .unwrap_err()
+        .to_string();
     assert!(message.contains("localhost:6379"), "{message}");
     // Cluster seeds and sentinel sets: the same set in another order is the same node.
     let (a, b) = (server.port(), other.port());

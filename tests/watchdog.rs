@@ -856,7 +856,9 @@ async fn a_waiter_is_woken_through_a_node_that_was_down_for_long() {
         tokio::spawn(async move { locker.acquire(resource, Duration::from_secs(3600)).await })
     };
     eventually("the waiter subscribed on every node", LIMIT, || {
-        servers.iter().all(|s| subscribers(s, &channel(resource)) == 1)
+        servers
+            .iter()
+            .all(|s| subscribers(s, &channel(resource)) == 1)
     })
     .await;
 
@@ -865,9 +867,11 @@ async fn a_waiter_is_woken_through_a_node_that_was_down_for_long() {
     servers[2].kill();
     tokio::time::sleep(Duration::from_secs(3)).await;
     servers[2].restart();
-    eventually("the subscription is back on the restarted node", LIMIT, || {
-        subscribers(&servers[2], &channel(resource)) == 1
-    })
+    eventually(
+        "the subscription is back on the restarted node",
+        LIMIT,
+        || subscribers(&servers[2], &channel(resource)) == 1,
+    )
     .await;
 
     // The holder lets go on A without a word (as if its key expired there) and
@@ -895,7 +899,13 @@ async fn waiters_giving_up_on_a_frozen_node_pile_nothing_up() {
     let resources: Vec<String> = (0..100).map(|i| format!("frozen-{i}")).collect();
     for s in &servers {
         for resource in &resources {
-            s.cmd(&["SET", &lock_key(resource), "another-process", "PX", "600000"]);
+            s.cmd(&[
+                "SET",
+                &lock_key(resource),
+                "another-process",
+                "PX",
+                "600000",
+            ]);
         }
     }
     // One wait first, so every connection of the locker is open.
@@ -945,5 +955,10 @@ async fn waiters_giving_up_on_a_frozen_node_pile_nothing_up() {
     for s in &servers {
         s.cmd(&["DEL", &lock_key("frozen-1")]);
     }
-    locker.try_acquire("frozen-1").await.unwrap().release().await;
+    locker
+        .try_acquire("frozen-1")
+        .await
+        .unwrap()
+        .release()
+        .await;
 }

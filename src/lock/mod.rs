@@ -70,9 +70,6 @@ pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
 pub use memory::MemoryNode;
 pub use node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
 pub use options::{Backoff, LockOptions, RetryPolicy};
-#[cfg(feature = "redis")]
-#[doc(hidden)]
-pub use pubsub::upkeep_tasks;
 pub use record::{Claim, ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 #[cfg(feature = "redis")]
 pub use redis_node::RedisNode;

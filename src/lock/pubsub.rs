@@ -20,7 +20,7 @@
 //!   set of channels still wanted, which shrinks as waiters give up.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -37,16 +37,6 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 /// First and largest wait between two failed attempts to reach the server.
 const MIN_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
-
-/// Live upkeep tasks of every node in the process (see [`upkeep_tasks`]).
-static UPKEEP_TASKS: AtomicUsize = AtomicUsize::new(0);
-
-/// Number of pub/sub upkeep tasks alive in this process: one per node that has had a
-/// waiter, whatever the number of waiters. For tests.
-#[doc(hidden)]
-pub fn upkeep_tasks() -> usize {
-    UPKEEP_TASKS.load(Ordering::Relaxed)
-}
 
 /// The pub/sub side of one node. Clones share it.
 #[derive(Clone)]
@@ -154,21 +144,11 @@ impl Hub {
             .unwrap_or_else(|p| p.into_inner());
         if !*started {
             *started = true;
-            UPKEEP_TASKS.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(upkeep(
                 Arc::downgrade(&self.shared),
                 self.shared.work.clone(),
             ));
         }
-    }
-}
-
-/// Counts one upkeep task for as long as it lives.
-struct Alive;
-
-impl Drop for Alive {
-    fn drop(&mut self) {
-        UPKEEP_TASKS.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -181,7 +161,6 @@ struct Link {
 
 /// Keeps the connection subscribed to exactly the channels that have waiters.
 async fn upkeep(hub: Weak<Shared>, work: Arc<Notify>) {
-    let _alive = Alive;
     let mut link: Option<Link> = None;
     // Channels that were subscribed on a connection that was lost: woken once they are
     // subscribed again, as a release may have been published in between.
