@@ -23,7 +23,7 @@ const PATIENT_TIMEOUT: Duration = Duration::from_secs(2);
 const IDLE_WHILE_DOWN: Duration = Duration::from_millis(500);
 
 fn locker(servers: &[RedisServer]) -> Redlock {
-    Redlock::connect(
+    Redlock::from_urls(
         servers.iter().map(RedisServer::url),
         LockOptions::default().node_timeout(PATIENT_TIMEOUT),
     )
