@@ -65,10 +65,11 @@ async fn first_acquire_after_restart(nodes: usize, restarted: usize) {
     // connections were re-established and the command sent again.
     // The nodes that granted it hold the key (their answers arrived).
     let key = lock_key("first");
-    let owner = lease.owner().to_owned();
+    // Node `i` stores the lease's value for node `i`.
     let holders = servers
         .iter()
-        .filter(|s| s.get(&key).as_deref() == Some(owner.as_str()))
+        .enumerate()
+        .filter(|(i, s)| s.get(&key).as_deref() == Some(lease.owner_on(*i).as_str()))
         .count();
     assert!(holders >= locker.quorum(), "{holders} nodes hold the key");
     assert_eq!(lease.release().await, ReleaseOutcome::Released);
@@ -116,10 +117,11 @@ async fn first_acquire_after_nodes_come_back(nodes: usize, killed: usize) {
         .await
         .expect("the first acquisition after the nodes came back");
     let key = lock_key("first");
-    let owner = lease.owner().to_owned();
+    // Node `i` stores the lease's value for node `i`.
     let holders = servers
         .iter()
-        .filter(|s| s.get(&key).as_deref() == Some(owner.as_str()))
+        .enumerate()
+        .filter(|(i, s)| s.get(&key).as_deref() == Some(lease.owner_on(*i).as_str()))
         .count();
     assert!(holders >= locker.quorum(), "{holders} nodes hold the key");
     assert_eq!(lease.release().await, ReleaseOutcome::Released);

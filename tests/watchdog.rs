@@ -874,6 +874,29 @@ async fn a_waiter_is_woken_through_a_node_that_was_down_for_long() {
     )
     .await;
 
+    // The locker's command connection to C works again too (this test is about the
+    // subscription; a command connection that is still reconnecting would only turn
+    // the woken waiter's vote there into a failure).
+    let start = std::time::Instant::now();
+    for probe in 0.. {
+        let probe = format!("probe-{probe}");
+        if let Ok(lease) = locker.try_acquire(probe.as_str()).await {
+            // Landed within a second, or try again with another probe.
+            let on_c = tokio::time::timeout(Duration::from_secs(1), async {
+                while !servers[2].exists(&lock_key(&probe)) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .is_ok();
+            lease.release().await;
+            if on_c {
+                break;
+            }
+        }
+        assert!(start.elapsed() < LIMIT, "the locker never voted on C again");
+    }
+
     // The holder lets go on A without a word (as if its key expired there) and
     // releases on C, publishing only there: only the subscription on C can wake the
     // waiter before its hour-long fallback.
