@@ -1298,6 +1298,7 @@ async fn replay_on_a_cluster_follows_the_slot_and_survives_a_failover() {
         [waiting_for_a_replica(&cluster.url())],
         replicated_options(),
     )
+    .await
     .unwrap();
     let (app, payments, first) = replays_on(&locker, "cluster").await;
     the_demo_replays_on(&waiting_for_a_replica(&cluster.url())).await;
@@ -1344,8 +1345,9 @@ async fn replay_on_a_cluster_follows_the_slot_and_survives_a_failover() {
 async fn replay_on_sentinel_is_found_on_the_new_master_after_a_failover() {
     let mut group = blocking(support::cluster::SentinelGroup::start).await;
     let old = group.master_port();
-    let locker =
-        Redlock::connect([waiting_for_a_replica(&group.url())], replicated_options()).unwrap();
+    let locker = Redlock::connect([waiting_for_a_replica(&group.url())], replicated_options())
+        .await
+        .unwrap();
     let (app, payments, first) = replays_on(&locker, "sentinel").await;
     the_demo_replays_on(&group.url()).await;
     let key = record_key(&payments_resource("k"));
@@ -1407,6 +1409,7 @@ async fn replay_over_a_standalone_a_cluster_and_a_sentinel_node() {
         [standalone.url(), cluster.url(), group.url()],
         replicated_options(),
     )
+    .await
     .unwrap();
     assert_eq!(locker.quorum(), 2);
     let _ = replays_on(&locker, "mixed").await;
