@@ -5,10 +5,14 @@
 //! scenarios are exact and instant. Polls are bounded in virtual time too, well below
 //! the keys' ttl, so a key that vanishes was deleted, not expired.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tower_redlock::lock::LockKeys;
-use tower_redlock::{LockError, LockOptions, MemoryNode, NodeError, Redlock, ReleaseOutcome};
+use tower_redlock::lock::{
+    AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner, ReleaseSignal,
+};
+use tower_redlock::{LockError, LockOptions, MemoryNode, Node, NodeError, Redlock, ReleaseOutcome};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Bound of every poll, in (virtual) time: a tenth of the default 10 s ttl.
@@ -223,10 +227,28 @@ async fn nodes_slower_than_the_timeout_are_failures() {
     no_key_left(&nodes, "r").await;
 }
 
-/// Makes every node's fence counter different, so that any majority needs the write-back.
+/// Today's clock floor (ms × 2¹⁰), as the locker computes it.
+fn clock_floor() -> u64 {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    u64::try_from(ms).unwrap() * 1024
+}
+
+/// Makes every node's fence counter different, so that any majority needs the
+/// write-back: the counters are set ahead of the clock floor (as after a burst of more
+/// than 1,024 acquisitions per ms), which would otherwise overtake them all alike.
 fn diverge_counters(nodes: &[MemoryNode], resource: &str) {
-    nodes[0].set(&format!("redlock:{{{resource}}}:fence"), "1");
-    nodes[1].set(&format!("redlock:{{{resource}}}:fence"), "2");
+    let ahead = clock_floor() + 1_000_000_000;
+    nodes[0].set(
+        &format!("redlock:{{{resource}}}:fence"),
+        &(ahead + 1).to_string(),
+    );
+    nodes[1].set(
+        &format!("redlock:{{{resource}}}:fence"),
+        &(ahead + 2).to_string(),
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -321,18 +343,95 @@ async fn write_back_carries_the_token_to_every_new_majority() {
     tokens.push(round([&a, &b], &c).await); // {A, B}; C has no counter
     tokens.push(round([&b, &c], &a).await); // C starts from the clock
     tokens.push(round([&a, &c], &b).await); // A is behind: raised
-                                            // A counter far behind and one far ahead.
+                                            // A counter far behind and one far ahead of the clock.
+    let ahead = tokens[2] + 1_000_000_000;
     a.set(&format!("redlock:{{{res}}}:fence"), "7");
-    b.set(
-        &format!("redlock:{{{res}}}:fence"),
-        &(tokens[2] + 1000).to_string(),
-    );
+    b.set(&format!("redlock:{{{res}}}:fence"), &ahead.to_string());
     tokens.push(round([&a, &b], &c).await);
-    assert_eq!(tokens[3], tokens[2] + 1001);
+    assert_eq!(tokens[3], ahead + 1);
     tokens.push(round([&a, &c], &b).await); // A was raised, C is behind
     tokens.push(round([&b, &c], &a).await);
     for t in &tokens {
         assert!(*t > last, "tokens do not increase: {tokens:?}");
         last = *t;
     }
+}
+
+/// A node that counts the fence write-backs it is asked for.
+#[derive(Clone)]
+struct CountingNode {
+    inner: MemoryNode,
+    raises: Arc<AtomicUsize>,
+}
+
+impl CountingNode {
+    fn new(inner: &MemoryNode) -> Self {
+        CountingNode {
+            inner: inner.clone(),
+            raises: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn raises(&self) -> usize {
+        self.raises.load(Ordering::SeqCst)
+    }
+}
+
+impl Node for CountingNode {
+    fn name(&self) -> &str {
+        "counting"
+    }
+
+    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+        self.inner.acquire(request)
+    }
+
+    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        self.inner.extend(keys, owner, ttl)
+    }
+
+    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+        self.inner.release(keys, owner)
+    }
+
+    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+        self.raises.fetch_add(1, Ordering::SeqCst);
+        self.inner.raise_fence(keys, token, fence_ttl)
+    }
+
+    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+        self.inner.subscribe(keys)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn equal_floors_keep_the_steady_state_one_round_trip() {
+    let memory = nodes();
+    let counting: Vec<CountingNode> = memory.iter().map(CountingNode::new).collect();
+    let locker = Redlock::new(counting.iter().cloned(), options()).unwrap();
+    let raises = || counting.iter().map(CountingNode::raises).sum::<usize>();
+    let res = "steady";
+    // Counters that differ but are all behind the clock (a restored node, a stale
+    // one, a missing one): every node answers the round's floor, so they converge
+    // without a write-back.
+    memory[0].set(&format!("redlock:{{{res}}}:fence"), "7");
+    memory[1].set(&format!("redlock:{{{res}}}:fence"), "8");
+    let mut last = 0;
+    for _ in 0..20 {
+        let lease = locker.try_acquire(res).await.unwrap();
+        let token = lease.fencing_token().get();
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+        for n in &memory {
+            assert_eq!(fence(n, res), Some(token), "every node answered the token");
+        }
+        assert_eq!(lease.release().await, ReleaseOutcome::Released);
+    }
+    assert_eq!(raises(), 0, "no write-back while the counters agree");
+
+    // The write-back is still there for counters that run ahead of the clock.
+    diverge_counters(&memory, res);
+    let lease = locker.try_acquire(res).await.unwrap();
+    assert!(lease.fencing_token().get() > last);
+    assert!(raises() > 0, "counters that differ are written back");
 }

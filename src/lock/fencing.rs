@@ -100,8 +100,8 @@ impl From<FencingToken> for u64 {
     }
 }
 
-/// Where a re-created counter starts: the clock in ms × 2¹⁰.
-pub(crate) fn counter_start(unix_ms: u64) -> u64 {
+/// The least token a round started at `unix_ms` may hand out: the clock in ms × 2¹⁰.
+pub(crate) fn floor(unix_ms: u64) -> u64 {
     unix_ms.saturating_mul(1024)
 }
 

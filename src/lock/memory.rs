@@ -10,7 +10,6 @@ use tokio::time::Instant;
 
 use crate::error::NodeError;
 use crate::lock::fencing::FencingToken;
-use crate::lock::fencing::{counter_start, unix_ms};
 use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
 use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 use crate::lock::resource::LockKeys;
@@ -292,6 +291,7 @@ impl Node for MemoryNode {
         let fence_key = request.keys.fence.clone();
         let owner = request.owner.as_str().to_owned();
         let (ttl, fence_ttl, fencing) = (request.ttl, request.fence_ttl, request.fencing);
+        let (floor, seed_only_when_missing) = (request.fence_floor, request.seed_only_when_missing);
         self.run(move |shared| {
             let now = Instant::now();
             let mut store = lock(&shared.store);
@@ -315,9 +315,14 @@ impl Node for MemoryNode {
                     let current: u64 = entry.value.parse().map_err(|_| {
                         NodeError::Server("ERR value is not an integer or out of range".into())
                     })?;
-                    current + 1
+                    let next = current.saturating_add(1);
+                    if seed_only_when_missing {
+                        next
+                    } else {
+                        next.max(floor)
+                    }
                 }
-                None => counter_start(unix_ms()),
+                None => floor,
             };
             store.entries.insert(
                 fence_key,

@@ -471,6 +471,9 @@ impl Redlock {
                 ttl: options.ttl,
                 fence_ttl: options.fence_ttl,
                 fencing: options.fencing,
+                // Once per round: equal floors keep the nodes' counters equal.
+                fence_floor: fencing::floor(fencing::unix_ms()),
+                seed_only_when_missing: options.seed_only_when_missing,
             })
             .await;
         in_flight.disarm();

@@ -25,9 +25,10 @@ pub trait Node: Send + Sync + 'static {
     /// A name for logs and errors, without secrets (for example the URL without password).
     fn name(&self) -> &str;
 
-    /// Sets the lock key to `owner` with `ttl` unless it exists. On success increments
-    /// the fence counter (re-creating it from the clock when missing, refreshing its ttl
-    /// to `fence_ttl`) and returns it; otherwise returns the key's remaining ttl.
+    /// Sets the lock key to `owner` with `ttl` unless it exists. On success sets the fence
+    /// counter to `max(counter + 1, fence_floor)` (just `fence_floor` when missing),
+    /// refreshes its ttl to `fence_ttl` and returns it; otherwise returns the key's
+    /// remaining ttl. See [`fencing`](crate::fencing) for why the floor.
     fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply>;
 
     /// Sets the lock key's ttl to `ttl` if it still holds `owner`. Never creates it.
@@ -130,6 +131,15 @@ pub struct AcquireRequest<'a> {
     /// [`LockOptions::fencing`](crate::LockOptions::fencing)) the node sets the lock key
     /// only and answers `Acquired { fence: 0 }`.
     pub fencing: bool,
+    /// The least fence value this acquisition may return: the acquiring client's clock
+    /// in ms × 2¹⁰, read once per round so that every node gets the same floor (see
+    /// [`fencing`](crate::fencing)).
+    pub fence_floor: u64,
+    /// Test hook: apply `fence_floor` only when the counter is missing (the unsafe rule
+    /// a counter restored behind breaks). Set by
+    /// `LockOptions::unsafe_fence_seed_only_when_missing`; never set it otherwise.
+    #[doc(hidden)]
+    pub seed_only_when_missing: bool,
 }
 
 /// One node's answer to [`Node::acquire`].

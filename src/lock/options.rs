@@ -40,6 +40,7 @@ pub struct LockOptions {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) max_waiters: usize,
     pub(crate) fencing: bool,
+    pub(crate) seed_only_when_missing: bool,
 }
 
 impl Default for LockOptions {
@@ -56,6 +57,7 @@ impl Default for LockOptions {
             max_hold: None,
             max_waiters: 1000,
             fencing: true,
+            seed_only_when_missing: false,
         }
     }
 }
@@ -138,6 +140,17 @@ impl LockOptions {
     /// the storage from a holder paused past its lease (see [`fencing`](crate::fencing)).
     pub fn fencing(mut self, enabled: bool) -> Self {
         self.fencing = enabled;
+        self
+    }
+
+    /// BROKEN on purpose, for the fault suite only: seed a node's fence counter from the
+    /// clock only when it is missing, trusting a counter that came back behind (after an
+    /// RDB restart, an AOF tail loss, a restored backup or a failover to a lagging
+    /// replica). Tokens then repeat; the fault suite's `BROKEN=1` runs check that its
+    /// history checker catches it.
+    #[doc(hidden)]
+    pub fn unsafe_fence_seed_only_when_missing(mut self) -> Self {
+        self.seed_only_when_missing = true;
         self
     }
 
@@ -225,6 +238,7 @@ impl fmt::Debug for LockOptions {
             .field("max_hold", &self.max_hold)
             .field("max_waiters", &self.max_waiters)
             .field("fencing", &self.fencing)
+            .field("seed_only_when_missing", &self.seed_only_when_missing)
             .finish_non_exhaustive()
     }
 }

@@ -10,7 +10,6 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
 use crate::error::NodeError;
-use crate::lock::fencing::{counter_start, unix_ms};
 use crate::lock::node::{AcquireReply, AcquireRequest, Owner};
 use crate::lock::options::millis_ceil;
 use crate::lock::resource::LockKeys;
@@ -30,6 +29,7 @@ impl Lua {
     }
 }
 
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/acquire.lua")));
 static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/extend.lua")));
 static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/release.lua")));
 static RAISE_FENCE: LazyLock<Lua> =
@@ -160,7 +160,7 @@ pub(crate) fn node_error(e: RedisError) -> NodeError {
 }
 
 /// One prepared script call.
-struct Call {
+pub(crate) struct Call {
     lua: &'static Lua,
     keys: Vec<String>,
     args: Vec<String>,
@@ -266,111 +266,142 @@ pub(crate) fn check_acks(
 }
 
 /// The owned arguments of one acquire call (the call outlives the request).
-pub(crate) struct Acquire {
-    lock: String,
-    fence: String,
-    owner: String,
-    ttl_ms: u64,
-    fence_ttl_ms: u64,
-    fencing: bool,
+pub(crate) enum Acquire {
+    /// [`LockOptions::fencing(false)`](crate::LockOptions::fencing): one `SET NX PX`.
+    Plain {
+        lock: String,
+        owner: String,
+        ttl_ms: u64,
+    },
+    /// The acquire script: the lock key and the floored fence counter, atomically.
+    Fenced(Call),
 }
 
 impl Acquire {
     pub(crate) fn new(request: &AcquireRequest<'_>) -> Self {
-        Acquire {
-            lock: request.keys.lock.clone(),
-            fence: request.keys.fence.clone(),
-            owner: request.owner.as_str().to_owned(),
-            ttl_ms: millis_ceil(request.ttl),
-            fence_ttl_ms: millis_ceil(request.fence_ttl),
-            fencing: request.fencing,
+        let owner = request.owner.as_str().to_owned();
+        let ttl_ms = millis_ceil(request.ttl);
+        if !request.fencing {
+            return Acquire::Plain {
+                lock: request.keys.lock.clone(),
+                owner,
+                ttl_ms,
+            };
         }
+        let mut args = vec![
+            owner,
+            ttl_ms.to_string(),
+            millis_ceil(request.fence_ttl).to_string(),
+            // A decimal string: Lua would format a number this large as a float.
+            request.fence_floor.to_string(),
+        ];
+        if request.seed_only_when_missing {
+            args.push("1".to_owned());
+        }
+        Acquire::Fenced(Call {
+            lua: &ACQUIRE,
+            keys: vec![request.keys.lock.clone(), request.keys.fence.clone()],
+            args,
+        })
     }
 
-    /// One round trip of plain commands rather than a script: a script call costs
-    /// Redis several times a SET, and acquisition is the hot path. The fence counter is
-    /// seeded from the clock only when missing, and INCR runs even when the lock is
-    /// held: extra increments only make later tokens larger (see `fencing`); `PTTL`
-    /// follows when held. With `wait`, a grant counts only once enough replicas
-    /// acknowledged the key and the counter.
+    /// With `wait`, a grant counts only once enough replicas acknowledged the key and
+    /// the counter.
     pub(crate) async fn run<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
     ) -> Result<AcquireReply, CallError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(&self.lock)
-            .arg(&self.owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(self.ttl_ms);
-        if self.fencing {
-            pipe.cmd("SET")
-                .arg(&self.fence)
-                .arg(counter_start(unix_ms()))
-                .arg("NX")
-                .arg("PX")
-                .arg(self.fence_ttl_ms)
-                .ignore()
-                .cmd("INCR")
-                .arg(&self.fence);
-        }
-        let expected = if self.fencing { 2 } else { 1 };
-        let mut replies = query(conn, pipe, expected, wait).await?.into_iter();
-        let Some(set) = replies.next() else {
-            return Err(CallError::Reply(NodeError::Protocol(
-                "no reply to SET".into(),
-            )));
-        };
-        let set = set?;
-        let fence = if self.fencing {
-            let Some(fence) = replies.next() else {
-                return Err(CallError::Reply(NodeError::Protocol(
-                    "no reply to INCR".into(),
-                )));
-            };
-            let fence = fence?;
-            int(&fence)
-                .and_then(|n| u64::try_from(n).ok())
-                .ok_or_else(|| {
-                    CallError::Reply(NodeError::Protocol(
-                        format!("INCR returned {fence:?}").into(),
-                    ))
-                })?
-        } else {
-            0
-        };
-        if matches!(set, Value::Nil) {
-            let (holder, pttl): (Option<String>, i64) = redis::pipe()
-                .cmd("GET")
-                .arg(&self.lock)
-                .cmd("PTTL")
-                .arg(&self.lock)
-                .query_async(conn)
-                .await?;
-            if holder.as_deref() != Some(self.owner.as_str()) {
-                // -1: the key has no ttl; -2: it vanished in between.
-                return Ok(AcquireReply::Held {
-                    pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-                });
-            }
-            // Our own key: an earlier send of this very call landed before its
-            // connection broke, and this is the resend (`redis_conn`, or redis-rs's
-            // cluster client). It is the same grant, not a second one: the owner value
-            // is this acquisition's alone, and the key held it ever since. The grant
-            // is ours, with this round's (larger) counter.
-            if let (Some(wait), false) = (wait, self.fencing) {
-                // This send wrote nothing (no INCR without fencing), so its `WAIT`
-                // says nothing about the earlier send's SET: fail closed.
-                return Err(CallError::Reply(NodeError::Server(
-                    format!("a resent grant cannot be confirmed by replicas ({wait})").into(),
-                )));
+        match self {
+            Acquire::Plain {
+                lock,
+                owner,
+                ttl_ms,
+            } => acquire_plain(conn, lock, owner, *ttl_ms, wait).await,
+            Acquire::Fenced(call) => {
+                let value = call.run(conn, wait, acquire_granted).await?;
+                parse_acquire(&value).map_err(CallError::Reply)
             }
         }
-        check_acks(replies.next(), wait)?;
-        Ok(AcquireReply::Acquired { fence })
     }
+}
+
+/// `true` when the acquire script's reply says it granted (and so wrote).
+fn acquire_granted(value: &Value) -> bool {
+    matches!(value, Value::Array(items) if items.first().and_then(int) == Some(1))
+}
+
+/// The acquire script's reply: `{1, token}` or `{0, pttl}`.
+fn parse_acquire(value: &Value) -> Result<AcquireReply, NodeError> {
+    let bad = || NodeError::Protocol(format!("acquire script returned {value:?}").into());
+    let Value::Array(items) = value else {
+        return Err(bad());
+    };
+    let [flag, n] = items.as_slice() else {
+        return Err(bad());
+    };
+    match (int(flag), int(n)) {
+        (Some(1), Some(token)) => Ok(AcquireReply::Acquired {
+            fence: u64::try_from(token).map_err(|_| bad())?,
+        }),
+        // -1: the key has no ttl; -2: it vanished in between (cannot happen in a script).
+        (Some(0), Some(pttl)) => Ok(AcquireReply::Held {
+            pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+        }),
+        _ => Err(bad()),
+    }
+}
+
+/// Without fencing: one `SET NX PX`, the least a Redlock can do; `GET` and `PTTL`
+/// follow only when the key exists.
+async fn acquire_plain<C: ConnectionLike + Send>(
+    conn: &mut C,
+    lock: &str,
+    owner: &str,
+    ttl_ms: u64,
+    wait: Option<ReplicaWait>,
+) -> Result<AcquireReply, CallError> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(lock)
+        .arg(owner)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms);
+    let mut replies = query(conn, pipe, 1, wait).await?.into_iter();
+    let Some(set) = replies.next() else {
+        return Err(CallError::Reply(NodeError::Protocol(
+            "no reply to SET".into(),
+        )));
+    };
+    if matches!(set?, Value::Nil) {
+        let (holder, pttl): (Option<String>, i64) = redis::pipe()
+            .cmd("GET")
+            .arg(lock)
+            .cmd("PTTL")
+            .arg(lock)
+            .query_async(conn)
+            .await?;
+        if holder.as_deref() != Some(owner) {
+            // -1: the key has no ttl; -2: it vanished in between.
+            return Ok(AcquireReply::Held {
+                pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+            });
+        }
+        // Our own key: an earlier send of this very call landed before its connection
+        // broke, and this is the resend (`redis_conn`, or redis-rs's cluster client).
+        // It is the same grant, not a second one: the owner value is this
+        // acquisition's alone, and the key held it ever since.
+        if let Some(wait) = wait {
+            // This send wrote nothing, so its `WAIT` says nothing about the earlier
+            // send's SET: fail closed.
+            return Err(CallError::Reply(NodeError::Server(
+                format!("a resent grant cannot be confirmed by replicas ({wait})").into(),
+            )));
+        }
+    }
+    check_acks(replies.next(), wait)?;
+    Ok(AcquireReply::Acquired { fence: 0 })
 }
 
 /// The extend script (compare-and-pexpire). With `wait`, an extension counts only once
