@@ -13,60 +13,106 @@
 //! Each node keeps a counter per resource next to the lock key
 //! (`{prefix}{<resource>}:fence`).
 //!
-//! 1. Every acquire attempt sends, in one round trip, `SET lock owner NX PX ttl`,
-//!    `SET fence <seed> NX PX fence_ttl` and `INCR fence`. The seed is the acquiring
-//!    client's clock in milliseconds × 2¹⁰, and only lands when the counter is missing
-//!    (first use, expired, node restarted empty). `INCR` also runs when the lock is held
-//!    by someone else: such increments are never handed out as tokens and only make
-//!    later tokens larger.
-//! 2. The token is the maximum of the counters returned by the acquiring majority.
-//! 3. Write-back: the counter of every acquiring node that returned less is raised to
+//! 1. The locker reads the acquiring client's clock **once per round** and sends every
+//!    node the same *floor*: `floor = clock_ms × 2¹⁰`.
+//! 2. Every node runs, atomically (one Lua script on Redis): `SET lock owner NX PX ttl`;
+//!    if it was set, the counter becomes `max(counter + 1, floor)` (just `floor` when
+//!    missing), its ttl is refreshed to `fence_ttl`, and the node answers that value.
+//!    A node that finds the key held touches no counter and answers the holder's ttl.
+//! 3. The token is the maximum of the values answered by the acquiring majority.
+//! 4. Write-back: the counter of every acquiring node that answered less is raised to
 //!    the token (`raise_fence`), and the lease counts only if a majority holds the token
-//!    within the validity. When all acquiring nodes returned the same value — the steady
-//!    state once counters have converged — there is nothing to raise and acquisition
-//!    stays one round trip.
+//!    within the validity. When all acquiring nodes answered the same value there is
+//!    nothing to raise and acquisition stays one round trip.
 //!
-//! Plain commands rather than one script: a script call costs Redis several times a
-//! `SET`, and on unique resources (idempotency keys) every acquisition meets a fresh
-//! counter, so the seeding path is the hot path.
+//! ## Whose clock, and why a floor
+//!
+//! A counter that is merely *missing* could be re-created from a clock, but a counter
+//! can also come back *present but behind*: a node restarted from an RDB snapshot (Redis
+//! takes them by default), an AOF `everysec` log that lost its last second, a restored
+//! backup, a replica promoted before it received the latest writes. Trusting such a
+//! counter hands out tokens that were already issued. The floor, hybrid-logical-clock
+//! style, makes a counter that is behind be overtaken instead of trusted.
+//!
+//! The floor comes from the **acquiring client's clock**, not from each server's `TIME`:
+//!
+//! - one value for all nodes of a round keeps their counters converged: in the steady
+//!   state (fewer than one acquisition per millisecond and resource, or counters already
+//!   equal) every node answers the same token, so no write-back round trip is needed;
+//!   floors from N server clocks would differ on every round and force one;
+//! - it does not depend on the clock of the very node whose state is stale (a restored
+//!   machine or a promoted replica is exactly the one whose clock is least trusted).
 //!
 //! # Why it works
 //!
-//! Let a lease with token `t` be granted with majority `M`. After the write-back, every
-//! node of a majority `M' ⊆ M` has counter ≥ `t`. A later holder's majority `M''`
-//! intersects `M'` in at least one node (two majorities of the same nodes always
-//! intersect). On that node the later acquire increments a counter that is already
-//! ≥ `t`, so it returns > `t`, and the later token, a maximum, is > `t`.
+//! *Counters.* Let a lease with token `t` be granted with majority `M`. After the
+//! write-back, every node of a majority `M' ⊆ M` has counter ≥ `t`. A later holder's
+//! majority `M''` intersects `M'` in at least one node (two majorities of the same nodes
+//! always intersect). If that node kept its counter, the later round there answers
+//! ≥ counter + 1 > `t`, and the later token, a maximum, is > `t`.
 //!
-//! A counter that disappears is re-created from a clock. Every counter value ever
-//! handed out is at most `seeded_ms × 2¹⁰ + increments since then`, so a counter
-//! re-created later at `now_ms × 2¹⁰` is larger as long as fewer than 1,024 increments
-//! per millisecond were made on average on that resource (a single lock cannot come
-//! near that: each acquisition is a network round trip and mutual exclusion) and the
-//! clocks involved are not set back by more than the time between the two seedings.
-//! Tokens stay below 2⁵³ until the year 2248, so they are exact in Lua's numbers and
-//! in JavaScript/JSON consumers.
+//! *Floor.* If that node lost its counter or came back with an older one, the later
+//! round there still answers ≥ its floor. Counters only move by `+1` per granted
+//! acquisition or by a jump to a floor, so with fewer than 2¹⁰ = 1,024 acquisitions per
+//! millisecond on a resource every token issued up to clock millisecond `m` is below
+//! `(m + 1) × 2¹⁰`, the floor of every round whose clock reads later than `m`. So the
+//! later token is > `t` as long as the later round's clock reads past the millisecond in
+//! which `t` was issued.
+//!
+//! Tokens stay below 2⁵³ until the year 2248, so they are exact in Lua's numbers and in
+//! JavaScript/JSON consumers. The script compares numbers below 2⁵³ only; it increments
+//! with `INCR` and stores the floor as the decimal string it was sent, so Lua never
+//! formats a large number.
 //!
 //! # Assumptions and failure modes
 //!
-//! - **Redlock's own assumptions**: clocks on the nodes advance at about the same rate
-//!   (bounded drift, covered by the drift allowance `ttl × drift_factor + 2 ms`), and a
-//!   node does not lose keys while they should live. A node restarted *empty* (no
-//!   persistence) before the ttl has passed can let a second holder in while the first
-//!   still holds a valid lease: run nodes with `appendonly yes` and `appendfsync always`,
-//!   or delay the restart by one ttl (Redlock's "delayed restart"). Fencing still orders
-//!   the two holders if the restarted node re-creates its counter from the clock, so a
-//!   storage that checks the token rejects the older holder.
-//! - **Application clocks must not lag.** A re-created counter starts from the clock of
-//!   the client that re-creates it. A client whose clock is behind the client that
-//!   seeded the lost counter by more than the time since that seeding could restart
-//!   below earlier tokens. Counters are lost only when a node restarts empty or when
-//!   [`LockOptions::fence_ttl`](crate::LockOptions::fence_ttl) passes, so keep the
-//!   application hosts' clocks in sync (NTP in slew mode) to well within a lock ttl.
+//! - **Application clocks within ε of each other.** The floor of a round is only as good
+//!   as the clock that computed it. With the application hosts' clocks within ε of each
+//!   other (NTP in slew mode: a few ms), the argument above holds for every token issued
+//!   more than ε (+ 1 ms) before the round.
+//! - **A token lost by a stale node was issued more than ε before that node answers
+//!   again.** A restart, a restore and a Sentinel failover (`down-after-milliseconds`)
+//!   take seconds, far more than ε; a node that could lose a write and answer again
+//!   within ε would break the argument.
+//! - **Fewer than 1,024 acquisitions per millisecond per resource**, on average since the
+//!   counter last jumped to a floor. A single lock cannot come near that: each
+//!   acquisition is a network round trip under mutual exclusion. Above it the counters run
+//!   ahead of the clock; that is safe, but a counter lost then may restart below them.
+//! - **A clock stepped back** by δ lowers its floors by δ × 2¹⁰. Counters that were kept
+//!   still give `counter + 1`, larger than every earlier token: only a round in which a
+//!   stale node is the sole intersection with an earlier majority, and whose tokens were
+//!   issued within δ + ε, can repeat a token. A clock stepped far *forward* is harmless to
+//!   the order but raises every later token (toward 2⁵³ if set centuries ahead).
+//! - **Redlock's own assumptions** still govern *exclusion* (one valid lease at a time):
+//!   clocks on the nodes advance at about the same rate (bounded drift, covered by the
+//!   drift allowance `ttl × drift_factor + 2 ms`), and a node does not lose a lock key
+//!   while it should live. The table below says which persistence modes keep that.
 //! - **The counter's own lifetime** ([`LockOptions::fence_ttl`](crate::LockOptions::fence_ttl),
-//!   one hour from its creation by default) only bounds memory: when it expires the
-//!   counter is re-created from the clock, which is still above every earlier token.
+//!   one hour from the last acquisition by default) only bounds memory: when it expires
+//!   the counter is re-created at the floor, still above every earlier token.
 //! - **The storage must check the token.** A token the storage ignores protects nothing.
+//!
+//! # What each persistence mode guarantees
+//!
+//! *Exclusion*: at most one valid lease per resource at a time. *Fencing*: every token
+//! is larger than every token handed out before it (under the assumptions above), so a
+//! storage that checks tokens rejects the older of two holders. `wait_replicas=N`
+//! ([`RedisNode::wait_for_replicas`](crate::RedisNode::wait_for_replicas), or
+//! `?wait_replicas=N` on a URL) counts a node's vote only once `N` replicas acknowledged
+//! the lock key and the counter. "May vote again" breaks exclusion when that node's vote
+//! was needed for the earlier holder's majority (always with one node; with three nodes,
+//! when the holder had exactly two votes).
+//!
+//! | node persistence | exclusion without `wait_replicas` | exclusion with `wait_replicas` | fencing (with or without) |
+//! |---|---|---|---|
+//! | none (`save ""`, `appendonly no`) | a node restarted within one ttl of a grant comes back empty and may vote again. Holds if a restarted node stays out for one ttl (delayed restart) | the same: replicas resync from the restarted master and lose the keys too | holds: the counter is re-created at the floor |
+//! | RDB snapshots (`save …`, Redis's default); also a restored backup | a restart loads the last snapshot and loses the grants since: the node may vote again. Holds with a delayed restart (one ttl) | the same | holds: the stale counter is overtaken by the floor |
+//! | AOF `everysec` | a process crash loses nothing; a machine crash loses up to ~2 s of grants: the node may vote again. Holds with a delayed restart after a machine crash | the same | holds |
+//! | AOF `always` | holds across crashes and restarts, as long as the disk honours fsync | the same | holds |
+//! | failover to a replica that lagged (Sentinel, Cluster) | grants not yet replicated are lost: the new master may grant again (one vote of N for independent nodes, the whole lock for a single Sentinel group or cluster) | narrowed, not closed: a grant counts only once `N` replicas have it; holds if every replica that can be promoted is among the `N` | holds: the promoted replica's counter is behind or missing, and the floor overtakes it |
+//!
+//! Fencing holding where exclusion may not is the point of the token: when two holders
+//! overlap, the storage accepts the newer one's writes and rejects the older one's.
 
 use std::fmt;
 

@@ -105,9 +105,10 @@ impl LockOptions {
         self
     }
 
-    /// Time to live of the fence counters, from their creation (default 1 hour). Each
-    /// resource ever locked keeps one small counter key per node this long; an expired
-    /// counter is re-created from the clock, still above every earlier token.
+    /// Time to live of the fence counters, from the last acquisition of their resource
+    /// (default 1 hour). Each resource locked keeps one small counter key per node this
+    /// long; an expired counter is re-created at the clock floor, still above every
+    /// earlier token (see [`fencing`](crate::fencing)).
     pub fn fence_ttl(mut self, ttl: Duration) -> Self {
         self.fence_ttl = ttl;
         self
