@@ -67,6 +67,18 @@ impl Tokens {
     }
 }
 
+/// Waits until no node holds `RES`'s lock key: a release returns once a majority
+/// confirmed, and a node whose release is still in flight when its state is saved or
+/// its process killed would come back with the key (held, harmlessly, until it
+/// expires — but then no acquisition could go through it).
+async fn settled(servers: &[&RedisServer]) {
+    let key = format!("redlock:{{{RES}}}");
+    support::eventually("every node released", RECONNECT_LIMIT, || {
+        servers.iter().all(|s| !s.exists(&key))
+    })
+    .await;
+}
+
 /// Waits until `locker`'s acquisitions land on `server` again after a restart (its
 /// connection reopens on first use). Probes use fresh resources, never `RES`.
 async fn until_node_votes(locker: &Redlock, server: &RedisServer) {
@@ -159,9 +171,11 @@ async fn three_nodes_one_fault_at_a_time() {
     let locker = locker(&servers);
     let mut tokens = Tokens::default();
     tokens.take(&locker, 2, "all three nodes up").await;
+    settled(&[&servers[0]]).await;
     let a_snapshot = servers[0].snapshot();
     tokens.take(&locker, 1, "after A's snapshot").await;
 
+    settled(&[&servers[2]]).await;
     servers[2].kill();
     tokens.take(&locker, 5, "majority {A, B}, C down").await;
     servers[2].restart();

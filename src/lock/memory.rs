@@ -295,6 +295,15 @@ impl Node for MemoryNode {
         self.run(move |shared| {
             let now = Instant::now();
             let mut store = lock(&shared.store);
+            // As the Redis script: the counter is checked before anything is written.
+            let current = match store.live(&fence_key, now) {
+                Some(entry) if fencing => Some(entry.value.parse::<u64>().map_err(|_| {
+                    NodeError::Server(
+                        format!("ERR fence counter {fence_key} is not an integer").into(),
+                    )
+                })?),
+                _ => None,
+            };
             if let Some(entry) = store.live(&lock_key, now) {
                 let pttl = entry.expires.map(|at| at.saturating_duration_since(now));
                 return Ok(AcquireReply::Held { pttl });
@@ -310,18 +319,9 @@ impl Node for MemoryNode {
                 store.wrote(now);
                 return Ok(AcquireReply::Acquired { fence: 0 });
             }
-            let fence = match store.live(&fence_key, now) {
-                Some(entry) => {
-                    let current: u64 = entry.value.parse().map_err(|_| {
-                        NodeError::Server("ERR value is not an integer or out of range".into())
-                    })?;
-                    let next = current.saturating_add(1);
-                    if seed_only_when_missing {
-                        next
-                    } else {
-                        next.max(floor)
-                    }
-                }
+            let fence = match current {
+                Some(current) if seed_only_when_missing => current.saturating_add(1),
+                Some(current) => current.saturating_add(1).max(floor),
                 None => floor,
             };
             store.entries.insert(

@@ -4,6 +4,14 @@
 -- ARGV[4] floor: client clock ms * 2^10 as a decimal string,
 -- ARGV[5] '1' to apply the floor only when the counter is missing (test hook).
 -- Returns {1, token} when granted, {0, pttl} when someone else holds the key.
+
+-- The counter is read and checked before anything is written: a counter of the wrong
+-- type fails every attempt with the server's error and leaves no lock key behind.
+local cur = redis.call('GET', KEYS[2])
+local n = cur and tonumber(cur)
+if cur and not n then
+  return redis.error_reply('ERR fence counter ' .. KEYS[2] .. ' is not an integer')
+end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- Our own key: an earlier send of this very call landed before its connection broke
   -- and this is the resend. Same grant, with this round's counter; the counter write
@@ -11,11 +19,6 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return {0, redis.call('PTTL', KEYS[1])}
   end
-end
-local cur = redis.call('GET', KEYS[2])
-local n = cur and tonumber(cur)
-if cur and not n then
-  return redis.error_reply('ERR fence counter ' .. KEYS[2] .. ' is not an integer')
 end
 local token
 -- Tokens stay below 2^53, so tonumber is exact; the +1 itself is done by INCR, and the
