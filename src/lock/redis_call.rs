@@ -16,20 +16,47 @@ use crate::lock::resource::LockKeys;
 
 /// One Lua script: its source (for `EVAL` after `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Lua {
-    code: &'static str,
+    code: String,
     script: Script,
+    /// Sent as `EVALSHA` first (`false`: always as `EVAL`, see [`ACQUIRE`]).
+    by_hash: bool,
 }
 
 impl Lua {
     fn new(code: &'static str) -> Self {
         Lua {
-            code,
+            code: code.to_owned(),
             script: Script::new(code),
+            by_hash: true,
+        }
+    }
+
+    /// A script always sent whole (`EVAL`), without its comment lines.
+    fn whole(code: &'static str) -> Self {
+        let code: String = code
+            .lines()
+            .filter(|line| {
+                let line = line.trim_start();
+                !line.is_empty() && !line.starts_with("--")
+            })
+            .flat_map(|line| [line, "\n"])
+            .collect();
+        Lua {
+            script: Script::new(&code),
+            code,
+            by_hash: false,
         }
     }
 }
 
-static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/acquire.lua")));
+/// The acquire script is always sent whole: with `EVALSHA`, a server that has not seen
+/// it yet (fresh, restarted, a promoted replica) answers `NOSCRIPT` and the `EVAL` goes
+/// out one round trip later — after a release the locker may already have sent on the
+/// same connection (the majority was decided without this node). The acquire would
+/// then land after its own release and leave the key until it expires. `EVAL` keeps
+/// every acquire ahead of what follows it; the server still caches the compiled script
+/// (by its SHA1), so the cost is the script's bytes, a few hundred per call.
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::whole(include_str!("scripts/acquire.lua")));
 static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/extend.lua")));
 static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/release.lua")));
 static RAISE_FENCE: LazyLock<Lua> =
@@ -174,14 +201,15 @@ impl Call {
             cmd
         } else {
             let mut cmd = redis::cmd("EVAL");
-            cmd.arg(self.lua.code);
+            cmd.arg(&self.lua.code);
             cmd
         };
         cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
         cmd
     }
 
-    /// Runs the script with `EVALSHA`, or with `EVAL` after `NOSCRIPT` (which also caches
+    /// Runs the script with `EVALSHA`, or with `EVAL` after `NOSCRIPT` (or at once for a
+    /// script sent whole) (which also caches
     /// it on the server that answered, and needs no `SCRIPT LOAD` on every node of a
     /// cluster). With `wait`, `WAIT` is pipelined right behind the script on the same
     /// connection, so it covers the script's writes; its answer is checked only when
@@ -192,6 +220,9 @@ impl Call {
         wait: Option<ReplicaWait>,
         wrote: fn(&Value) -> bool,
     ) -> Result<Value, CallError> {
+        if !self.lua.by_hash {
+            return self.once(conn, wait, wrote, false).await;
+        }
         match self.once(conn, wait, wrote, true).await {
             Err(CallError::Redis(e))
                 if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
@@ -507,6 +538,57 @@ pub(crate) fn parse_flag(value: Value) -> Result<bool, NodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn acquire_is_sent_whole_without_comments() {
+        assert!(!ACQUIRE.by_hash && EXTEND.by_hash);
+        assert!(ACQUIRE
+            .code
+            .lines()
+            .all(|l| !l.trim_start().starts_with("--")));
+        assert!(ACQUIRE.code.contains("redis.call('INCR', KEYS[2])"));
+        let keys = LockKeys::new("p:", &crate::lock::Resource::new("r"));
+        let owner = Owner::random();
+        let request = AcquireRequest {
+            keys: &keys,
+            owner: &owner,
+            ttl: Duration::from_millis(1500),
+            fence_ttl: Duration::from_secs(60),
+            fencing: true,
+            fence_floor: 1_838_556_217_040_896,
+            seed_only_when_missing: false,
+        };
+        let Acquire::Fenced(call) = Acquire::new(&request) else {
+            panic!("fencing on: the script");
+        };
+        // The floor goes out as the exact decimal string, never through a float.
+        assert_eq!(call.args[1..], ["1500", "60000", "1838556217040896"]);
+    }
+
+    #[test]
+    fn parses_acquire_replies() {
+        let granted = Value::Array(vec![
+            Value::Int(1),
+            Value::BulkString(b"1838556217040896".to_vec()),
+        ]);
+        assert!(acquire_granted(&granted));
+        assert_eq!(
+            parse_acquire(&granted).unwrap(),
+            AcquireReply::Acquired {
+                fence: 1_838_556_217_040_896
+            }
+        );
+        let held = Value::Array(vec![Value::Int(0), Value::Int(250)]);
+        assert!(!acquire_granted(&held));
+        assert_eq!(
+            parse_acquire(&held).unwrap(),
+            AcquireReply::Held {
+                pttl: Some(Duration::from_millis(250))
+            }
+        );
+        assert!(parse_acquire(&Value::Int(1)).is_err());
+        assert!(parse_acquire(&Value::Array(vec![Value::Int(1), Value::Int(-5)])).is_err());
+    }
 
     #[test]
     fn parses_flags() {
