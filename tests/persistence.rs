@@ -35,8 +35,10 @@ fn options() -> LockOptions {
     }
 }
 
-fn locker(servers: &[RedisServer]) -> Redlock {
-    Redlock::connect(servers.iter().map(RedisServer::url), options()).unwrap()
+async fn locker(servers: &[RedisServer]) -> Redlock {
+    Redlock::connect(servers.iter().map(RedisServer::url), options())
+        .await
+        .unwrap()
 }
 
 /// Every token handed out so far, in order.
@@ -107,7 +109,7 @@ async fn until_node_votes(locker: &Redlock, server: &RedisServer) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_node_restarted_from_its_rdb_snapshot() {
     let mut servers = vec![RedisServer::start()];
-    let locker = locker(&servers);
+    let locker = locker(&servers).await;
     let mut tokens = Tokens::default();
     tokens.take(&locker, 3, "first acquisitions").await;
     servers[0].save();
@@ -123,7 +125,7 @@ async fn one_node_restarted_from_its_rdb_snapshot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_node_whose_aof_everysec_lost_its_tail() {
     let mut servers = vec![RedisServer::builder().aof(AppendFsync::EverySec).start()];
-    let locker = locker(&servers);
+    let locker = locker(&servers).await;
     let mut tokens = Tokens::default();
     tokens.take(&locker, 3, "first acquisitions").await;
     // A SIGKILL alone loses nothing (the log is in the kernel); a machine crash loses
@@ -140,7 +142,7 @@ async fn one_node_whose_aof_everysec_lost_its_tail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_node_with_aof_always_restored_from_a_backup() {
     let mut servers = vec![RedisServer::builder().aof(AppendFsync::Always).start()];
-    let locker = locker(&servers);
+    let locker = locker(&servers).await;
     let mut tokens = Tokens::default();
     tokens.take(&locker, 3, "first acquisitions").await;
     let backup = servers[0].snapshot();
@@ -168,7 +170,7 @@ async fn three_nodes_one_fault_at_a_time() {
         RedisServer::start(),
         RedisServer::builder().aof(AppendFsync::Always).start(),
     ];
-    let locker = locker(&servers);
+    let locker = locker(&servers).await;
     let mut tokens = Tokens::default();
     tokens.take(&locker, 2, "all three nodes up").await;
     settled(&[&servers[0]]).await;

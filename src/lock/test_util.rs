@@ -249,6 +249,8 @@ impl TestStore {
             ttl,
             fence_ttl: options.fence_ttl,
             fencing: options.fencing,
+            fence_floor: crate::lock::fencing::floor(crate::lock::fencing::unix_ms()),
+            seed_only_when_missing: options.seed_only_when_missing,
         };
         let mut taken = Vec::new();
         let mut held = false;
