@@ -83,7 +83,8 @@ async fn settled(servers: &[&RedisServer]) {
 
 /// Waits until `locker`'s acquisitions land on `server` again after a restart (its
 /// connection reopens on first use). Probes use fresh resources, never `RES`.
-async fn until_node_votes(locker: &Redlock, server: &RedisServer) {
+async fn until_node_votes(locker: &Redlock, servers: &[RedisServer], node: usize) {
+    let server = &servers[node];
     static PROBES: AtomicUsize = AtomicUsize::new(0);
     eventually_async("the node takes part", RECONNECT_LIMIT, || async {
         let resource = format!("probe-{}", PROBES.fetch_add(1, Ordering::Relaxed));
@@ -91,7 +92,8 @@ async fn until_node_votes(locker: &Redlock, server: &RedisServer) {
         let Ok(lease) = locker.try_acquire(resource).await else {
             return false;
         };
-        let owner = lease.owner().to_owned();
+        // Each node holds its own owner value.
+        let owner = lease.owner_on(node).as_str().to_owned();
         // The node's answer may still be in flight when the majority decided.
         let landed = tokio::time::timeout(Duration::from_secs(1), async {
             while server.get(&key).as_deref() != Some(owner.as_str()) {
@@ -116,7 +118,7 @@ async fn one_node_restarted_from_its_rdb_snapshot() {
     tokens.take(&locker, 3, "after SAVE").await;
     // SIGKILL and start: the server loads the RDB file, three grants behind.
     servers[0].restart();
-    until_node_votes(&locker, &servers[0]).await;
+    until_node_votes(&locker, &servers, 0).await;
     tokens
         .take(&locker, 2, "after a restart from the snapshot")
         .await;
@@ -133,7 +135,7 @@ async fn one_node_whose_aof_everysec_lost_its_tail() {
     let synced = servers[0].snapshot();
     tokens.take(&locker, 3, "after the last fsync").await;
     servers[0].restart_from(&synced);
-    until_node_votes(&locker, &servers[0]).await;
+    until_node_votes(&locker, &servers, 0).await;
     tokens
         .take(&locker, 2, "after a crash that lost the AOF tail")
         .await;
@@ -149,11 +151,11 @@ async fn one_node_with_aof_always_restored_from_a_backup() {
     tokens.take(&locker, 3, "after the backup").await;
     // kill -9 loses nothing acknowledged with `appendfsync always`.
     servers[0].restart();
-    until_node_votes(&locker, &servers[0]).await;
+    until_node_votes(&locker, &servers, 0).await;
     tokens.take(&locker, 2, "after kill -9 and restart").await;
     // An operator restores the backup: the counter comes back five grants behind.
     servers[0].restart_from(&backup);
-    until_node_votes(&locker, &servers[0]).await;
+    until_node_votes(&locker, &servers, 0).await;
     tokens
         .take(&locker, 2, "after the backup was restored")
         .await;
@@ -181,10 +183,10 @@ async fn three_nodes_one_fault_at_a_time() {
     servers[2].kill();
     tokens.take(&locker, 5, "majority {A, B}, C down").await;
     servers[2].restart();
-    until_node_votes(&locker, &servers[2]).await;
+    until_node_votes(&locker, &servers, 2).await;
 
     servers[0].restart_from(&a_snapshot);
-    until_node_votes(&locker, &servers[0]).await;
+    until_node_votes(&locker, &servers, 0).await;
 
     servers[1].pause();
     tokens
