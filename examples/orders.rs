@@ -2,10 +2,13 @@
 //!
 //! ```sh
 //! cargo run --example orders                      # one process, no Redis needed
-//! REDIS_URLS=redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003 \
+//! LOCK_URLS=redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003 \
 //!     cargo run --example orders                  # Redlock over three Redis nodes
-//! REDIS_URLS=redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 \
+//! LOCK_URLS=redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 \
 //!     cargo run --example orders                  # one Redis Cluster (one vote)
+//! LOCK_URLS=etcd://127.0.0.1:2379,127.0.0.1:22379,127.0.0.1:32379/orders \
+//! LEDGER_URL=redis://127.0.0.1:7001 \
+//!     cargo run --example orders --features etcd  # one etcd cluster, revisions as tokens
 //! ```
 //!
 //! Environment:
@@ -13,8 +16,8 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `PORT` | 3000 | listens on `127.0.0.1:$PORT` |
-//! | `REDIS_URLS` | unset | node URLs separated by commas or whitespace (`redis://`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/master`; see `tower_redlock::lock::split_node_urls`): Redlock over them (majority). Unset: the in-process `MemoryNode` and an in-process ledger |
-//! | `LEDGER_URL` | the first of `REDIS_URLS` | the Redis of the ledger: a server, a Cluster or a Sentinel master, as in `REDIS_URLS`. Give it one of its own to let any one lock node fail: with the default, the first node must stay up for the ledger |
+//! | `LOCK_URLS` (or its old name `REDIS_URLS`) | unset | node URLs separated by commas or whitespace (`redis://`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/master`, `etcd://h1:p1,h2:p2/prefix` with `--features etcd`; see `tower_redlock::lock::split_node_urls`): Redlock over them (majority); an etcd node must be the only one. Unset: the in-process `MemoryNode` and an in-process ledger |
+//! | `LEDGER_URL` | the first of `LOCK_URLS` (required when that is etcd) | the Redis of the ledger: a server, a Cluster or a Sentinel master, as in `LOCK_URLS`. Give it one of its own to let any one lock node fail: with the default, the first node must stay up for the ledger |
 //! | `LOCK_TTL_MS` | 10000 | lease time to live (the watchdog renews it while a handler runs) |
 //! | `WAIT_TIMEOUT_MS` | 5000 | how long `ship` waits for the order's lock |
 //! | `RUST_LOG` | `info` | log filter |
@@ -39,12 +42,12 @@
 //! teaches fencing: a write is accepted only with a fencing token larger than the last
 //! one accepted for the order, so a handler whose lease ran out while it worked (a long
 //! GC pause, a stopped VM) cannot overwrite the work of the next holder: it gets
-//! 409 `stale-fencing-token`. With `REDIS_URLS` the ledger lives in Redis, at
+//! 409 `stale-fencing-token`. With `LOCK_URLS` the ledger lives in Redis, at
 //! `LEDGER_URL` or else in the first lock node (a Lua script per step), so every
 //! instance started with the same settings shares it; without, it lives in this
 //! process. The ledger stands for your database: it is not replicated, so the server
 //! it lives on must be up for the routes that use it (the lock itself needs only a
-//! majority of `REDIS_URLS`).
+//! majority of `LOCK_URLS`).
 //!
 //! `tests/orders.rs` includes this file as a module and drives [`app`] directly, so the
 //! test and the demo run the same code.
@@ -87,7 +90,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct Config {
     /// `PORT`.
     pub port: u16,
-    /// `REDIS_URLS`, one entry per node; empty for the in-process default.
+    /// `LOCK_URLS` (or `REDIS_URLS`), one entry per node; empty for the in-process default.
     pub redis_urls: Vec<String>,
     /// `LEDGER_URL`; `None` for the first of `redis_urls`.
     pub ledger_url: Option<String>,
@@ -110,7 +113,7 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Reads `PORT`, `REDIS_URLS`, `LEDGER_URL`, `LOCK_TTL_MS` and `WAIT_TIMEOUT_MS`.
+    /// Reads `PORT`, `LOCK_URLS` (or `REDIS_URLS`), `LEDGER_URL`, `LOCK_TTL_MS` and `WAIT_TIMEOUT_MS`.
     #[allow(dead_code)] // used by `main`; tests/orders.rs, which includes this file, does not
     pub fn from_env() -> Result<Config, String> {
         fn number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -125,7 +128,11 @@ impl Config {
         let defaults = Config::default();
         Ok(Config {
             port: number("PORT", defaults.port)?,
-            redis_urls: split_node_urls(&std::env::var("REDIS_URLS").unwrap_or_default()),
+            redis_urls: split_node_urls(
+                &std::env::var("LOCK_URLS")
+                    .or_else(|_| std::env::var("REDIS_URLS"))
+                    .unwrap_or_default(),
+            ),
             ledger_url: std::env::var("LEDGER_URL")
                 .ok()
                 .map(|url| url.trim().to_owned())
@@ -166,12 +173,18 @@ pub async fn main() -> Result<(), BoxError> {
 
 /// The locker and the ledger that `config` asks for, and the app over them.
 pub fn build(config: &Config) -> Result<Router, BoxError> {
-    let options = LockOptions::default().ttl(config.lock_ttl);
+    let mut options = LockOptions::default().ttl(config.lock_ttl);
+    let etcd = config.redis_urls.iter().any(|url| url.starts_with("etcd://"));
+    if etcd {
+        // Every etcd write is a raft commit (an fsync on a majority of members): give it
+        // more than the 50 ms default chosen for Redis.
+        options = options.node_timeout(Duration::from_millis(500));
+    }
     let (locker, ledger) = match config.redis_urls.first() {
         None => {
             tracing::info!(
-                "REDIS_URLS is not set: locking with the in-process MemoryNode, which only \
-                 this process sees (set REDIS_URLS to lock across instances)"
+                "LOCK_URLS is not set: locking with the in-process MemoryNode, which only \
+                 this process sees (set LOCK_URLS to lock across instances)"
             );
             (
                 Redlock::new([MemoryNode::new()], options)?,
@@ -182,10 +195,15 @@ pub fn build(config: &Config) -> Result<Router, BoxError> {
             let locker = Redlock::from_urls(&config.redis_urls, options)?;
             let ledger_url = match &config.ledger_url {
                 Some(url) => url,
+                None if etcd => {
+                    return Err("LEDGER_URL is needed with an etcd lock node: the ledger \
+                                lives in Redis"
+                        .into())
+                }
                 None => {
                     tracing::info!(
                         "LEDGER_URL is not set: the ledger lives in the first node of \
-                         REDIS_URLS, which must then stay up"
+                         LOCK_URLS, which must then stay up"
                     );
                     first
                 }
@@ -193,7 +211,8 @@ pub fn build(config: &Config) -> Result<Router, BoxError> {
             tracing::info!(
                 nodes = locker.node_count(),
                 quorum = locker.quorum(),
-                "locking over Redis"
+                "locking over {}",
+                if etcd { "etcd" } else { "Redis" }
             );
             (locker, Ledger::redis(ledger_url)?)
         }
@@ -424,7 +443,7 @@ impl From<redis::RedisError> for LedgerError {
 }
 
 /// Payments and shipments per order, shared by every instance with the same
-/// `REDIS_URLS` (or by this process only). Cheap to clone.
+/// `LOCK_URLS` (or by this process only). Cheap to clone.
 #[derive(Clone)]
 pub struct Ledger {
     store: Store,
@@ -491,7 +510,7 @@ impl Ledger {
     /// lock node URL names them. Connects on first use.
     pub fn redis(url: &str) -> Result<Ledger, BoxError> {
         let connection = LedgerConnection::open(url).map_err(|e| {
-            format!("the ledger's Redis URL {url:?} (LEDGER_URL, or first in REDIS_URLS): {e}")
+            format!("the ledger's Redis URL {url:?} (LEDGER_URL, or first in LOCK_URLS): {e}")
         })?;
         Ok(Ledger {
             store: Store::Redis {

@@ -146,6 +146,8 @@ pub use lock::fencing::{self, FencingToken};
 pub use lock::metrics;
 #[cfg(feature = "test-util")]
 pub use lock::test_util;
+#[cfg(feature = "etcd")]
+pub use lock::EtcdNode;
 #[cfg(feature = "redis")]
 pub use lock::{node_from_url, ClusterNode, RedisNode, SentinelNode};
 pub use lock::{

@@ -19,6 +19,8 @@
 
 #[cfg(feature = "redis")]
 mod cluster_node;
+#[cfg(feature = "etcd")]
+mod etcd_node;
 pub mod fencing;
 mod health;
 mod identity;
@@ -65,6 +67,8 @@ use wait::{next_release, QueueRef, Queues};
 
 #[cfg(feature = "redis")]
 pub use cluster_node::ClusterNode;
+#[cfg(feature = "etcd")]
+pub use etcd_node::EtcdNode;
 pub use health::{NodeState, NodeStatus};
 pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
 pub use memory::MemoryNode;
@@ -162,6 +166,9 @@ impl Redlock {
             )));
         }
         identity::check_addresses(&nodes)?;
+        for node in &nodes {
+            node.check_locker(&options, nodes.len())?;
+        }
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ConfigError::new("a locker must be created inside a Tokio runtime"))?;
         Ok(Redlock {

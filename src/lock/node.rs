@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::error::NodeError;
+use crate::error::{ConfigError, NodeError};
+use crate::lock::options::LockOptions;
 use crate::lock::record::{self, ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 use crate::lock::resource::LockKeys;
 
@@ -24,6 +25,14 @@ pub type NodeFuture<T> = Pin<Box<dyn Future<Output = Result<T, NodeError>> + Sen
 pub trait Node: Send + Sync + 'static {
     /// A name for logs and errors, without secrets (for example the URL without password).
     fn name(&self) -> &str;
+
+    /// Checks, when a locker is built, that this node can serve a locker with these
+    /// options and `nodes` nodes in all (for example a ttl the store cannot express).
+    /// The default accepts every locker.
+    fn check_locker(&self, options: &LockOptions, nodes: usize) -> Result<(), ConfigError> {
+        let _ = (options, nodes);
+        Ok(())
+    }
 
     /// Sets the lock key to `owner` with `ttl` unless it exists. On success sets the fence
     /// counter to `max(counter + 1, fence_floor)` (just `fence_floor` when missing),

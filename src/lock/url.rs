@@ -25,6 +25,7 @@ const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(20);
 /// | `rediss+cluster://…` | the same over TLS |
 /// | `redis+sentinel://[user:password@]host1:port1,host2:port2/master_name[/db]` | the master `master_name` of a Sentinel group, given by one or more sentinels ([`SentinelNode`]) |
 /// | `rediss+sentinel://…` | the same over TLS, to the sentinels and to the master |
+/// | `etcd://[user:password@]host1:port1,host2:port2[/prefix]` | an etcd cluster, given by one or more members, keys under `prefix/` (feature `etcd`, `EtcdNode`): must be the locker's only node |
 ///
 /// The port defaults to 6379 (26379 for sentinels) and the database to 0.
 /// Credentials are percent-encoded (`%40` for `@`) and authenticate to the data nodes
@@ -67,6 +68,9 @@ const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(20);
 /// Fails on a malformed URL, an unknown scheme, or outside a Tokio runtime. Never
 /// connects: nodes connect on first use.
 pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
+    if s.starts_with("etcd://") {
+        return etcd(s);
+    }
     let url = Url::parse(s)?;
     let wait = url.wait()?;
     match url.scheme {
@@ -103,9 +107,21 @@ pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
         "redis+sentinel" | "rediss+sentinel" => sentinel(&url, wait),
         other => Err(ConfigError::new(format!(
             "unknown URL scheme `{other}`: expected redis://, rediss://, redis+cluster://, \
-             rediss+cluster://, redis+sentinel:// or rediss+sentinel://"
+             rediss+cluster://, redis+sentinel://, rediss+sentinel:// or etcd://"
         ))),
     }
+}
+
+#[cfg(feature = "etcd")]
+fn etcd(url: &str) -> Result<Arc<dyn Node>, ConfigError> {
+    Ok(Arc::new(crate::lock::etcd_node::EtcdNode::from_url(url)?))
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd(_url: &str) -> Result<Arc<dyn Node>, ConfigError> {
+    Err(ConfigError::new(
+        "etcd:// URLs need the crate's `etcd` feature",
+    ))
 }
 
 /// Splits a list of node URLs, as one environment variable holds them, into one string
@@ -468,6 +484,10 @@ mod tests {
                 "redis+cluster://k:1",
             ]
         );
+        assert_eq!(
+            split("etcd://127.0.0.1:2379,127.0.0.1:22379,127.0.0.1:32379/locks"),
+            ["etcd://127.0.0.1:2379,127.0.0.1:22379,127.0.0.1:32379/locks"]
+        );
         // Not a URL: kept apart, so that `node_from_url` says what is wrong.
         assert_eq!(split("a:1,redis://b:2"), ["a:1", "redis://b:2"]);
         assert_eq!(split("://x,1redis://y"), ["://x,1redis://y"]);
@@ -516,6 +536,18 @@ mod tests {
         assert!(!has_port("[::1]"));
         assert_eq!(percent_decode("a%40b%3A").unwrap(), "a@b:");
         assert!(percent_decode("%4").is_err());
+    }
+
+    #[test]
+    fn etcd_urls_build_an_etcd_node_with_the_feature_only() {
+        let built = node_from_url("etcd://127.0.0.1:2379,127.0.0.1:22379/app");
+        if cfg!(feature = "etcd") {
+            let node = built.unwrap();
+            assert_eq!(node.name(), "etcd://127.0.0.1:2379,127.0.0.1:22379/app/");
+        } else {
+            let err = built.map(|_| ()).unwrap_err().to_string();
+            assert!(err.contains("`etcd` feature"), "{err}");
+        }
     }
 
     #[tokio::test]
