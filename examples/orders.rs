@@ -174,7 +174,10 @@ pub async fn main() -> Result<(), BoxError> {
 /// The locker and the ledger that `config` asks for, and the app over them.
 pub fn build(config: &Config) -> Result<Router, BoxError> {
     let mut options = LockOptions::default().ttl(config.lock_ttl);
-    let etcd = config.redis_urls.iter().any(|url| url.starts_with("etcd://"));
+    let etcd = config
+        .redis_urls
+        .iter()
+        .any(|url| url.starts_with("etcd://"));
     if etcd {
         // Every etcd write is a raft commit (an fsync on a majority of members): give it
         // more than the 50 ms default chosen for Redis.

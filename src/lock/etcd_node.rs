@@ -60,13 +60,14 @@
 //! the quorum argument needs every node of a majority to raise its counter, which a
 //! revision cannot. Such a locker is refused with a [`ConfigError`].
 
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    WatchFilterType, WatchOptions,
 };
 use tokio::sync::{watch, OnceCell};
 
@@ -112,7 +113,101 @@ struct Inner {
     endpoints: Vec<String>,
     prefix: Vec<u8>,
     user: Option<(String, String)>,
-    client: OnceCell<Client>,
+    /// One client per member, connected on first use.
+    clients: Vec<OnceCell<Client>>,
+    /// The member calls go to, until one fails (see [`pinned!`]).
+    current: AtomicUsize,
+}
+
+impl Inner {
+    fn build(
+        name: String,
+        endpoints: Vec<String>,
+        prefix: Vec<u8>,
+        user: Option<(String, String)>,
+    ) -> Self {
+        Inner {
+            name,
+            clients: endpoints.iter().map(|_| OnceCell::new()).collect(),
+            endpoints,
+            prefix,
+            user,
+            current: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// Runs one node operation on the pinned member, moving on to the next member when it
+/// cannot be reached (at most once round all members).
+///
+/// etcd-client balances over all endpoints but keeps sending to a member that is down
+/// (each call fails with a connection error), so the node pins one member, as etcd's
+/// own Go client does, and moves on when that member fails. A call that was dropped
+/// unanswered (the locker's timeout) moves on too: a paused or partitioned member must
+/// not hold every later call. Re-running an operation is safe: each one is written so
+/// that running it twice answers as running it once (an acquire that finds its own
+/// owner value in the key reports it acquired).
+macro_rules! pinned {
+    ($inner:expr, |$client:ident| $body:expr) => {{
+        let inner: &Inner = &$inner;
+        let mut last = None;
+        let mut answer = None;
+        for _ in 0..inner.endpoints.len() {
+            let (index, $client) = inner.pinned().await?;
+            let guard = MoveOnFailure::new(inner, index);
+            match $body.await {
+                Err(e @ NodeError::Connection(_)) => {
+                    drop(guard);
+                    last = Some(e);
+                }
+                other => {
+                    guard.disarm();
+                    answer = Some(other);
+                    break;
+                }
+            }
+        }
+        match answer {
+            Some(answer) => answer,
+            None => Err(last.unwrap_or_else(|| NodeError::Connection("no etcd endpoint".into()))),
+        }
+    }};
+}
+
+/// Moves the node's pinned member past `index` when dropped armed.
+struct MoveOnFailure<'a> {
+    inner: &'a Inner,
+    index: usize,
+    armed: bool,
+}
+
+impl<'a> MoveOnFailure<'a> {
+    fn new(inner: &'a Inner, index: usize) -> Self {
+        MoveOnFailure {
+            inner,
+            index,
+            armed: true,
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for MoveOnFailure<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let next = (self.index + 1) % self.inner.endpoints.len();
+            // Only if no other call moved it already.
+            let _ = self.inner.current.compare_exchange(
+                self.index,
+                next,
+                AtomicOrdering::Relaxed,
+                AtomicOrdering::Relaxed,
+            );
+        }
+    }
 }
 
 impl EtcdNode {
@@ -156,13 +251,12 @@ impl EtcdNode {
         }
         let prefix = prefix.into();
         Ok(EtcdNode {
-            inner: Arc::new(Inner {
-                name: format!("etcd://{}/{prefix}", hosts.join(",")),
-                endpoints: hosts.iter().map(|h| format!("http://{h}")).collect(),
-                prefix: prefix.into_bytes(),
-                user: None,
-                client: OnceCell::new(),
-            }),
+            inner: Arc::new(Inner::build(
+                format!("etcd://{}/{prefix}", hosts.join(",")),
+                hosts.iter().map(|h| format!("http://{h}")).collect(),
+                prefix.into_bytes(),
+                None,
+            )),
         })
     }
 
@@ -210,13 +304,12 @@ impl EtcdNode {
     pub fn with_user(self, user: impl Into<String>, password: impl Into<String>) -> Self {
         let inner = &self.inner;
         EtcdNode {
-            inner: Arc::new(Inner {
-                name: inner.name.clone(),
-                endpoints: inner.endpoints.clone(),
-                prefix: inner.prefix.clone(),
-                user: Some((user.into(), password.into())),
-                client: OnceCell::new(),
-            }),
+            inner: Arc::new(Inner::build(
+                inner.name.clone(),
+                inner.endpoints.clone(),
+                inner.prefix.clone(),
+                Some((user.into(), password.into())),
+            )),
         }
     }
 
@@ -253,8 +346,10 @@ impl EtcdNode {
 }
 
 impl Inner {
-    async fn client(&self) -> Result<Client, NodeError> {
-        self.client
+    /// The pinned member's index and its client.
+    async fn pinned(&self) -> Result<(usize, Client), NodeError> {
+        let index = self.current.load(AtomicOrdering::Relaxed) % self.endpoints.len();
+        let client = self.clients[index]
             .get_or_try_init(|| async {
                 let mut options = ConnectOptions::new()
                     .with_require_leader(true)
@@ -263,12 +358,13 @@ impl Inner {
                 if let Some((user, password)) = &self.user {
                     options = options.with_user(user.clone(), password.clone());
                 }
-                Client::connect(&self.endpoints, Some(options))
+                Client::connect([&self.endpoints[index]], Some(options))
                     .await
                     .map_err(node_error)
             })
-            .await
-            .cloned()
+            .await?
+            .clone();
+        Ok((index, client))
     }
 
     fn key(&self, key: &str) -> Vec<u8> {
@@ -278,8 +374,14 @@ impl Inner {
         out
     }
 
-    async fn acquire(&self, keys: LockKeys, owner: Owner, ttl: Duration, fencing: bool) -> Result<AcquireReply, NodeError> {
-        let mut client = self.client().await?;
+    async fn acquire(
+        &self,
+        mut client: Client,
+        keys: LockKeys,
+        owner: Owner,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<AcquireReply, NodeError> {
         let key = self.key(&keys.lock);
         let lease = client
             .lease_grant(whole_seconds(ttl), None)
@@ -313,8 +415,18 @@ impl Inner {
             });
         }
         revoke_in_background(&client, lease);
-        let holder_lease = first_kv(&reply).map(|(_, lease, _)| lease);
-        let pttl = match holder_lease {
+        let holder = first_kv(&reply);
+        if let Some((value, _, created)) = &holder {
+            if value.as_slice() == owner.as_str().as_bytes() {
+                // Our own key: an earlier run of this very acquire landed (its answer
+                // was lost with the connection). Acquired, with that run's revision.
+                let fence = u64::try_from(*created).unwrap_or(0);
+                return Ok(AcquireReply::Acquired {
+                    fence: if fencing { fence } else { 0 },
+                });
+            }
+        }
+        let pttl = match holder.map(|(_, lease, _)| lease) {
             Some(lease) if lease != 0 => Some(lease_ttl(&mut client, lease).await?),
             // The holder's key vanished between the compare and the get (it cannot, in
             // one transaction), or carries no lease: nothing to tell.
@@ -323,11 +435,19 @@ impl Inner {
         Ok(AcquireReply::Held { pttl })
     }
 
-    async fn extend(&self, keys: LockKeys, owner: Owner) -> Result<bool, NodeError> {
-        let mut client = self.client().await?;
+    async fn extend(
+        &self,
+        mut client: Client,
+        keys: LockKeys,
+        owner: Owner,
+    ) -> Result<bool, NodeError> {
         let key = self.key(&keys.lock);
         let txn = Txn::new()
-            .when([Compare::value(key.clone(), CompareOp::Equal, owner.as_str())])
+            .when([Compare::value(
+                key.clone(),
+                CompareOp::Equal,
+                owner.as_str(),
+            )])
             .and_then([TxnOp::get(key, None)]);
         let reply = client.txn(txn).await.map_err(node_error)?;
         let Some((_, lease, _)) = reply.succeeded().then(|| first_kv(&reply)).flatten() else {
@@ -342,11 +462,19 @@ impl Inner {
         }
     }
 
-    async fn release(&self, keys: LockKeys, owner: Owner) -> Result<bool, NodeError> {
-        let mut client = self.client().await?;
+    async fn release(
+        &self,
+        mut client: Client,
+        keys: LockKeys,
+        owner: Owner,
+    ) -> Result<bool, NodeError> {
         let key = self.key(&keys.lock);
         let txn = Txn::new()
-            .when([Compare::value(key.clone(), CompareOp::Equal, owner.as_str())])
+            .when([Compare::value(
+                key.clone(),
+                CompareOp::Equal,
+                owner.as_str(),
+            )])
             .and_then([TxnOp::get(key.clone(), None), TxnOp::delete(key, None)]);
         let reply = client.txn(txn).await.map_err(node_error)?;
         if !reply.succeeded() {
@@ -360,8 +488,11 @@ impl Inner {
         Ok(true)
     }
 
-    async fn subscribe(&self, keys: LockKeys) -> Result<ReleaseSignal, NodeError> {
-        let mut client = self.client().await?;
+    async fn subscribe(
+        &self,
+        mut client: Client,
+        keys: LockKeys,
+    ) -> Result<ReleaseSignal, NodeError> {
         let key = self.key(&keys.lock);
         let mut stream = client
             .watch(
@@ -373,11 +504,7 @@ impl Inner {
         // The subscription is active once etcd confirmed the watch.
         match stream.message().await.map_err(node_error)? {
             Some(reply) if reply.created() => {}
-            _ => {
-                return Err(NodeError::Protocol(
-                    "etcd did not confirm the watch".into(),
-                ))
-            }
+            _ => return Err(NodeError::Protocol("etcd did not confirm the watch".into())),
         }
         let (tx, rx) = watch::channel(0u64);
         let task = tokio::spawn(async move {
@@ -392,13 +519,19 @@ impl Inner {
                 }
             }
         });
-        Ok(ReleaseSignal::new(rx, Arc::new(AbortOnDrop(task.abort_handle()))))
+        Ok(ReleaseSignal::new(
+            rx,
+            Arc::new(AbortOnDrop(task.abort_handle())),
+        ))
     }
 
     // ---- Outcome records ----------------------------------------------------------
 
-    async fn read_record(&self, keys: LockKeys) -> Result<Option<Record>, NodeError> {
-        let mut client = self.client().await?;
+    async fn read_record(
+        &self,
+        mut client: Client,
+        keys: LockKeys,
+    ) -> Result<Option<Record>, NodeError> {
         let reply = client
             .get(self.key(&keys.record()), None)
             .await
@@ -411,6 +544,7 @@ impl Inner {
 
     async fn claim_record(
         &self,
+        mut client: Client,
         keys: LockKeys,
         owner: Owner,
         token: u64,
@@ -418,7 +552,6 @@ impl Inner {
         pending_ttl: Duration,
         orphan_ttl: Option<Duration>,
     ) -> Result<ClaimReply, NodeError> {
-        let mut client = self.client().await?;
         let lock = self.key(&keys.lock);
         let record_key = self.key(&keys.record());
         for _ in 0..RECORD_ATTEMPTS {
@@ -503,12 +636,12 @@ impl Inner {
 
     async fn store_record(
         &self,
+        mut client: Client,
         keys: LockKeys,
         owner: Owner,
         record: Record,
         retention: Duration,
     ) -> Result<StoreReply, NodeError> {
-        let mut client = self.client().await?;
         let lock = self.key(&keys.lock);
         let record_key = self.key(&keys.record());
         let token = record.token().get();
@@ -567,8 +700,12 @@ impl Inner {
         Err(busy())
     }
 
-    async fn discard_record(&self, keys: LockKeys, token: u64) -> Result<bool, NodeError> {
-        let mut client = self.client().await?;
+    async fn discard_record(
+        &self,
+        mut client: Client,
+        keys: LockKeys,
+        token: u64,
+    ) -> Result<bool, NodeError> {
         let record_key = self.key(&keys.record());
         for _ in 0..RECORD_ATTEMPTS {
             let Some((stored, lease, revision)) = read_stored(&mut client, &record_key).await?
@@ -706,9 +843,14 @@ fn node_error(error: etcd_client::Error) -> NodeError {
     match error {
         Error::TransportError(e) => NodeError::Connection(e.to_string().into()),
         Error::IoError(e) => NodeError::Connection(e.to_string().into()),
-        Error::GRpcStatus(status) => NodeError::Server(
-            format!("{:?}: {}", status.code(), status.message()).into(),
-        ),
+        // `Unavailable`: the member cannot be reached or has no leader (the client
+        // asks for one): another member may serve.
+        Error::GRpcStatus(status) if status.code() == tonic::Code::Unavailable => {
+            NodeError::Connection(status.message().into())
+        }
+        Error::GRpcStatus(status) => {
+            NodeError::Server(format!("{:?}: {}", status.code(), status.message()).into())
+        }
         other => NodeError::Server(other.to_string().into()),
     }
 }
@@ -743,8 +885,7 @@ impl Stored {
     const HEADER: usize = 1 + 1 + 8 + 4;
 
     fn encode(&self) -> Vec<u8> {
-        let mut out =
-            Vec::with_capacity(Self::HEADER + self.fingerprint.len() + self.data.len());
+        let mut out = Vec::with_capacity(Self::HEADER + self.fingerprint.len() + self.data.len());
         out.push(if self.done { b'd' } else { b'p' });
         out.push(u8::from(self.orphan));
         out.extend_from_slice(&self.token.to_be_bytes());
@@ -827,7 +968,15 @@ impl Node for EtcdNode {
         let inner = self.inner.clone();
         let (keys, owner) = (request.keys.clone(), request.owner.clone());
         let (ttl, fencing) = (request.ttl, request.fencing);
-        Box::pin(async move { inner.acquire(keys, owner, ttl, fencing).await })
+        Box::pin(async move {
+            pinned!(inner, |client| inner.acquire(
+                client,
+                keys.clone(),
+                owner.clone(),
+                ttl,
+                fencing
+            ))
+        })
     }
 
     fn extend(&self, keys: &LockKeys, owner: &Owner, _ttl: Duration) -> NodeFuture<bool> {
@@ -835,13 +984,25 @@ impl Node for EtcdNode {
         // restores exactly it.
         let inner = self.inner.clone();
         let (keys, owner) = (keys.clone(), owner.clone());
-        Box::pin(async move { inner.extend(keys, owner).await })
+        Box::pin(async move {
+            pinned!(inner, |client| inner.extend(
+                client,
+                keys.clone(),
+                owner.clone()
+            ))
+        })
     }
 
     fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
         let inner = self.inner.clone();
         let (keys, owner) = (keys.clone(), owner.clone());
-        Box::pin(async move { inner.release(keys, owner).await })
+        Box::pin(async move {
+            pinned!(inner, |client| inner.release(
+                client,
+                keys.clone(),
+                owner.clone()
+            ))
+        })
     }
 
     fn raise_fence(&self, _keys: &LockKeys, _token: u64, _fence_ttl: Duration) -> NodeFuture<()> {
@@ -853,13 +1014,13 @@ impl Node for EtcdNode {
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
         let inner = self.inner.clone();
         let keys = keys.clone();
-        Box::pin(async move { inner.subscribe(keys).await })
+        Box::pin(async move { pinned!(inner, |client| inner.subscribe(client, keys.clone())) })
     }
 
     fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
         let inner = self.inner.clone();
         let keys = keys.clone();
-        Box::pin(async move { inner.read_record(keys).await })
+        Box::pin(async move { pinned!(inner, |client| inner.read_record(client, keys.clone())) })
     }
 
     fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
@@ -870,9 +1031,15 @@ impl Node for EtcdNode {
         let fingerprint = Bytes::copy_from_slice(request.fingerprint);
         let (pending_ttl, orphan_ttl) = (request.pending_ttl, request.orphan_ttl);
         Box::pin(async move {
-            inner
-                .claim_record(keys, owner, token, fingerprint, pending_ttl, orphan_ttl)
-                .await
+            pinned!(inner, |client| inner.claim_record(
+                client,
+                keys.clone(),
+                owner.clone(),
+                token,
+                fingerprint.clone(),
+                pending_ttl,
+                orphan_ttl
+            ))
         })
     }
 
@@ -882,13 +1049,27 @@ impl Node for EtcdNode {
         let owner = request.owner.clone();
         let record = request.record.clone();
         let retention = request.retention;
-        Box::pin(async move { inner.store_record(keys, owner, record, retention).await })
+        Box::pin(async move {
+            pinned!(inner, |client| inner.store_record(
+                client,
+                keys.clone(),
+                owner.clone(),
+                record.clone(),
+                retention
+            ))
+        })
     }
 
     fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
         let inner = self.inner.clone();
         let keys = keys.clone();
-        Box::pin(async move { inner.discard_record(keys, token).await })
+        Box::pin(async move {
+            pinned!(inner, |client| inner.discard_record(
+                client,
+                keys.clone(),
+                token
+            ))
+        })
     }
 }
 
@@ -923,13 +1104,11 @@ mod tests {
 
     #[test]
     fn urls_and_ttls() {
-        let node = EtcdNode::from_url("etcd://u:p%40ss@127.0.0.1:2379,127.0.0.1:22379/app").unwrap();
+        let node =
+            EtcdNode::from_url("etcd://u:p%40ss@127.0.0.1:2379,127.0.0.1:22379/app").unwrap();
         assert_eq!(node.name(), "etcd://127.0.0.1:2379,127.0.0.1:22379/app/");
         assert_eq!(node.inner.prefix, b"app/");
-        assert_eq!(
-            node.inner.user,
-            Some(("u".to_owned(), "p@ss".to_owned()))
-        );
+        assert_eq!(node.inner.user, Some(("u".to_owned(), "p@ss".to_owned())));
         assert_eq!(EtcdNode::from_url("etcd://h:1").unwrap().inner.prefix, b"");
         for (url, says) in [
             ("etcd://", "endpoint"),
@@ -940,7 +1119,10 @@ mod tests {
             ("etcd://user@h:1", "user:password"),
             ("redis://h:1", "etcd://"),
         ] {
-            let err = EtcdNode::from_url(url).map(|_| ()).expect_err(url).to_string();
+            let err = EtcdNode::from_url(url)
+                .map(|_| ())
+                .expect_err(url)
+                .to_string();
             assert!(err.contains(says), "{url}: {err}");
         }
         assert_eq!(whole_seconds(Duration::from_millis(1)), 1);
@@ -949,8 +1131,16 @@ mod tests {
         let ok = LockOptions::default().ttl(Duration::from_secs(2));
         assert!(EtcdNode::check(&ok, 1).is_ok());
         for (options, nodes, says) in [
-            (LockOptions::default().ttl(Duration::from_millis(2500)), 1, "whole seconds"),
-            (LockOptions::default().ttl(Duration::from_secs(1)), 1, "minimum"),
+            (
+                LockOptions::default().ttl(Duration::from_millis(2500)),
+                1,
+                "whole seconds",
+            ),
+            (
+                LockOptions::default().ttl(Duration::from_secs(1)),
+                1,
+                "minimum",
+            ),
             (ok.clone(), 3, "only node"),
         ] {
             let err = EtcdNode::check(&options, nodes).unwrap_err().to_string();

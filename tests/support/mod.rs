@@ -35,6 +35,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod etcd;
 mod eventually;
 pub mod history;
 pub mod proxy;
