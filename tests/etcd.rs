@@ -250,11 +250,15 @@ async fn a_waiter_is_woken_by_the_watch_on_release() {
         let waiter = waiter.clone();
         async move { waiter.acquire("wake", Duration::from_secs(3600)).await }
     });
-    // `waits` counts the waiter once its watch is confirmed: from then on, any
-    // release wakes it.
+    // The waiter found the resource held, watched it (its watch is confirmed before
+    // it counts as waiting), and found it held once more: from now on only the
+    // watch (or the hour-long retry) brings it back.
     eventually_async("the waiter watches", PROMPTLY, || {
         let waiter = waiter.clone();
-        async move { waiter.metrics().waits >= 1 }
+        async move {
+            let metrics = waiter.metrics();
+            metrics.waits >= 1 && metrics.contended >= 2
+        }
     })
     .await;
     lease.release().await;
