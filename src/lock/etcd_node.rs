@@ -542,15 +542,14 @@ impl Inner {
         }
     }
 
+    /// `ttls`: the pending marker's, and the one given once to an earlier holder's marker.
     async fn claim_record(
         &self,
         mut client: Client,
         keys: LockKeys,
         owner: Owner,
-        token: u64,
-        fingerprint: Bytes,
-        pending_ttl: Duration,
-        orphan_ttl: Option<Duration>,
+        (token, fingerprint): (u64, Bytes),
+        (pending_ttl, orphan_ttl): (Duration, Option<Duration>),
     ) -> Result<ClaimReply, NodeError> {
         let lock = self.key(&keys.lock);
         let record_key = self.key(&keys.record());
@@ -1035,10 +1034,8 @@ impl Node for EtcdNode {
                 client,
                 keys.clone(),
                 owner.clone(),
-                token,
-                fingerprint.clone(),
-                pending_ttl,
-                orphan_ttl
+                (token, fingerprint.clone()),
+                (pending_ttl, orphan_ttl)
             ))
         })
     }
