@@ -52,7 +52,7 @@ fn short_ttl() -> LockOptions {
 }
 
 fn locker(cluster: &EtcdCluster, options: LockOptions) -> Redlock {
-    Redlock::connect([cluster.url("t")], options).unwrap()
+    Redlock::from_urls([cluster.url("t")], options).unwrap()
 }
 
 async fn etcd_client(cluster: &EtcdCluster) -> etcd_client::Client {
@@ -85,7 +85,7 @@ async fn ttls_etcd_cannot_express_and_mixed_lockers_are_refused() {
             "minimum",
         ),
     ] {
-        let err = Redlock::connect([url], options).unwrap_err().to_string();
+        let err = Redlock::from_urls([url], options).unwrap_err().to_string();
         assert!(err.contains(says), "{err}");
     }
     let mixed = Redlock::from_nodes(
@@ -99,7 +99,7 @@ async fn ttls_etcd_cannot_express_and_mixed_lockers_are_refused() {
     .unwrap_err()
     .to_string();
     assert!(mixed.contains("only node"), "{mixed}");
-    assert!(Redlock::connect([url], LockOptions::default()).is_ok());
+    assert!(Redlock::from_urls([url], LockOptions::default()).is_ok());
 }
 
 // ------------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ async fn held_and_unavailable_are_told_apart() {
 
     // Nothing listens there: every call fails, which is no contention.
     let dead = format!("etcd://127.0.0.1:{}/t", closed_port());
-    let nowhere = Redlock::connect([dead], options()).unwrap();
+    let nowhere = Redlock::from_urls([dead], options()).unwrap();
     match nowhere.try_acquire("held").await {
         Err(LockError::Unavailable { answered: 0, .. }) => {}
         other => panic!("expected Unavailable, got {other:?}"),
@@ -348,7 +348,7 @@ async fn a_majority_down_is_unavailable_and_leaves_nothing_held() {
     cluster.wait_healthy();
     // The failed attempt's write never committed: the resource is free at once, for a
     // fresh locker too (no local state helps).
-    let fresh = Redlock::connect([cluster.url("t")], options()).unwrap();
+    let fresh = Redlock::from_urls([cluster.url("t")], options()).unwrap();
     let lease = Some(acquire_through_failover(&fresh, "majority").await);
     lease.unwrap().release().await;
 }
@@ -488,7 +488,7 @@ async fn the_layer_answers_409_503_and_lock_lost_over_etcd() {
 
     // No store: 503 lock-unavailable, the handler never runs.
     let dead =
-        Redlock::connect([format!("etcd://127.0.0.1:{}/t", closed_port())], options()).unwrap();
+        Redlock::from_urls([format!("etcd://127.0.0.1:{}/t", closed_port())], options()).unwrap();
     let (status, headers, body) = send(&app_with(dead), order("503")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(problem_code(&body), "lock-unavailable");
