@@ -306,8 +306,7 @@ async fn survives_one_member_killed(leader: bool) {
     cluster.kill(victim);
     // A new leader may take an election timeout: until then calls fail (unavailable),
     // never answer held.
-    let lease = Some(acquire_through_failover(&locker, "one-down").await);
-    let lease = lease.unwrap();
+    let lease = acquire_through_failover(&locker, "one-down").await;
     assert!(lease.fencing_token() > before);
     if let Err(e) = lease.extend().await {
         panic!("extend with one member down: {e}");
@@ -349,8 +348,10 @@ async fn a_majority_down_is_unavailable_and_leaves_nothing_held() {
     // The failed attempt's write never committed: the resource is free at once, for a
     // fresh locker too (no local state helps).
     let fresh = Redlock::from_urls([cluster.url("t")], options()).unwrap();
-    let lease = Some(acquire_through_failover(&fresh, "majority").await);
-    lease.unwrap().release().await;
+    acquire_through_failover(&fresh, "majority")
+        .await
+        .release()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -398,8 +399,7 @@ async fn tokens_still_grow_after_etcd_restarts_from_its_data_directory() {
     let before = lease.fencing_token();
     lease.release().await;
     cluster.restart_all();
-    let lease = Some(acquire_through_failover(&locker, "restart").await);
-    let lease = lease.unwrap();
+    let lease = acquire_through_failover(&locker, "restart").await;
     assert!(
         lease.fencing_token() > before,
         "{} after {before}: the revision survives the restart",
