@@ -1,64 +1,4 @@
 //! [`EtcdNode`]: one etcd cluster as a lock node, with fencing tokens that need no clock.
-//!
-//! # Why etcd
-//!
-//! Redlock's safety rests on timing: bounded clock drift, no process pause longer than
-//! the validity, nodes that keep their keys for a whole ttl. Its fencing tokens are
-//! counters a majority agrees on, floored by a clock when a counter comes back behind
-//! (see [`fencing`](crate::lock::fencing)). etcd replaces all of that with consensus:
-//!
-//! - **The token is the lock key's create revision.** etcd's revision is one counter
-//!   for the whole cluster, advanced by raft for every write and persisted in the
-//!   write-ahead log before a write is acknowledged. A later holder creates the key at
-//!   a later revision, so tokens increase strictly — across leader changes, members
-//!   killed, the whole cluster restarted from its data directories — without a clock,
-//!   without a counter ttl and without a write-back.
-//! - **Expiry is the leader's business.** The lock key is attached to an etcd lease;
-//!   leases are timed by the leader alone and a new leader extends every lease by an
-//!   election timeout, so a key never expires early because clocks disagree.
-//! - **A majority of the cluster is a single vote here**: the quorum lives inside etcd,
-//!   so the locker needs exactly one node.
-//!
-//! What etcd cannot give either: a holder that is paused past its ttl still believes
-//! it holds the lock until it looks; only the fencing token, checked by the storage it
-//! writes to, stops its late write. That is the point of a token the store makes
-//! monotonic.
-//!
-//! # Mapping onto [`Node`]
-//!
-//! | operation | etcd |
-//! |---|---|
-//! | acquire | grant a lease (ttl in whole seconds), then one transaction: `if create_revision(key) == 0 then put(key, owner, lease) else get(key)`; on success the token is the transaction's revision; when held, the holder's lease's remaining ttl |
-//! | extend | `if value(key) == owner then get(key)`, then one keep-alive of the key's lease; never re-creates a key |
-//! | release | `if value(key) == owner then get(key), delete(key)`, then revoke the lease |
-//! | raise the fence | nothing to do: the revision is the token |
-//! | wake-up | a watch on the key's deletions (a release, or the lease's expiry) |
-//! | outcome records | a key per resource holding an encoded record, attached to a lease of its own (the record's ttl), written in transactions that compare the lock key's value with the owner and the record key's mod revision with what was read |
-//!
-//! A transaction whose comparison fails is an answer (held, not the owner); a call
-//! that fails or times out is a [`NodeError`]: held and unavailable stay apart as for
-//! Redis.
-//!
-//! # Ttl
-//!
-//! etcd leases count whole seconds and etcd raises a ttl below its minimum (one and a
-//! half election timeouts, 1.5 s with the default configuration) silently. A locker
-//! with an etcd node therefore refuses, when it is built, a lease ttl that is not a
-//! whole number of seconds or is shorter than [`EtcdNode::MIN_TTL`]. Record ttls are
-//! rounded up to whole seconds.
-//!
-//! # Node timeout
-//!
-//! Every write is a raft commit: an fsync on a majority of members. The locker's
-//! default [`node_timeout`](crate::LockOptions::node_timeout) of 50 ms, chosen for
-//! Redis, is short for that on ordinary disks; give etcd a few hundred milliseconds.
-//!
-//! # Mixing with Redis nodes
-//!
-//! A locker with an etcd node must have no other node: with other nodes the token
-//! would be the maximum of incomparable numbers (a revision and a Redis counter) and
-//! the quorum argument needs every node of a majority to raise its counter, which a
-//! revision cannot. Such a locker is refused with a [`ConfigError`].
 
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
@@ -82,8 +22,69 @@ use crate::lock::LockOptions;
 /// between its read and its transaction, before it gives up.
 const RECORD_ATTEMPTS: usize = 16;
 
-/// An etcd cluster as one lock node (feature `etcd`). See the
-/// [module documentation](self) for what it guarantees.
+/// An etcd cluster as one lock node (feature `etcd`): fencing tokens that need no clock.
+///
+/// # Why etcd
+///
+/// Redlock's safety rests on timing: bounded clock drift, no process pause longer than
+/// the validity, nodes that keep their keys for a whole ttl. Its fencing tokens are
+/// counters a majority agrees on, floored by a clock when a counter comes back behind
+/// (see [`fencing`](crate::lock::fencing)). etcd replaces all of that with consensus:
+///
+/// - **The token is the lock key's create revision.** etcd's revision is one counter
+///   for the whole cluster, advanced by raft for every write and persisted in the
+///   write-ahead log before a write is acknowledged. A later holder creates the key at
+///   a later revision, so tokens increase strictly — across leader changes, members
+///   killed, the whole cluster restarted from its data directories — without a clock,
+///   without a counter ttl and without a write-back.
+/// - **Expiry is the leader's business.** The lock key is attached to an etcd lease;
+///   leases are timed by the leader alone and a new leader extends every lease by an
+///   election timeout, so a key never expires early because clocks disagree.
+/// - **A majority of the cluster is a single vote here**: the quorum lives inside etcd,
+///   so the locker needs exactly one node.
+///
+/// What etcd cannot give either: a holder that is paused past its ttl still believes
+/// it holds the lock until it looks; only the fencing token, checked by the storage it
+/// writes to, stops its late write. That is the point of a token the store makes
+/// monotonic.
+///
+/// # Mapping onto [`Node`]
+///
+/// | operation | etcd |
+/// |---|---|
+/// | acquire | grant a lease (ttl in whole seconds), then one transaction: `if create_revision(key) == 0 then put(key, owner, lease) else get(key)`; on success the token is the transaction's revision; when held, the holder's lease's remaining ttl |
+/// | extend | `if value(key) == owner then get(key)`, then one keep-alive of the key's lease; never re-creates a key |
+/// | release | `if value(key) == owner then get(key), delete(key)`, then revoke the lease |
+/// | raise the fence | nothing to do: the revision is the token |
+/// | wake-up | a watch on the key's deletions (a release, or the lease's expiry) |
+/// | outcome records | a key per resource holding an encoded record, attached to a lease of its own (the record's ttl), written in transactions that compare the lock key's value with the owner and the record key's mod revision with what was read |
+///
+/// A transaction whose comparison fails is an answer (held, not the owner); a call
+/// that fails or times out is a [`NodeError`]: held and unavailable stay apart as for
+/// Redis.
+///
+/// # Ttl
+///
+/// etcd leases count whole seconds and etcd raises a ttl below its minimum (one and a
+/// half election timeouts, 1.5 s with the default configuration) silently. A locker
+/// with an etcd node therefore refuses, when it is built, a lease ttl that is not a
+/// whole number of seconds or is shorter than [`EtcdNode::MIN_TTL`]. Record ttls are
+/// rounded up to whole seconds.
+///
+/// # Node timeout
+///
+/// Every write is a raft commit: an fsync on a majority of members. The locker's
+/// default [`node_timeout`](crate::LockOptions::node_timeout) of 50 ms, chosen for
+/// Redis, is short for that on ordinary disks; give etcd a few hundred milliseconds.
+///
+/// # Mixing with Redis nodes
+///
+/// A locker with an etcd node must have no other node: with other nodes the token
+/// would be the maximum of incomparable numbers (a revision and a Redis counter) and
+/// the quorum argument needs every node of a majority to raise its counter, which a
+/// revision cannot. Such a locker is refused with a [`ConfigError`].
+///
+/// # Example
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -318,8 +319,8 @@ impl EtcdNode {
         &self.inner.name
     }
 
-    /// Checks that a locker's options and node count suit an etcd node; see the
-    /// [module documentation](self).
+    /// Checks that a locker's options and node count suit an etcd node (see the type's
+    /// documentation).
     pub(crate) fn check(options: &LockOptions, nodes: usize) -> Result<(), ConfigError> {
         if nodes > 1 {
             return Err(ConfigError::new(
