@@ -9,7 +9,6 @@
 //! The same work on both sides: a lease with the ttl, the lock, the unlock, the lease
 //! revoked. `cargo bench --bench etcd [-- --quick]`.
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 use std::time::{Duration, Instant};
