@@ -113,6 +113,11 @@
 //!
 //! Fencing holding where exclusion may not is the point of the token: when two holders
 //! overlap, the storage accepts the newer one's writes and rejects the older one's.
+//!
+//! An etcd node (feature `etcd`, `EtcdNode`) needs none of this: its token is the lock
+//! key's create revision, a cluster-wide counter kept by consensus that never comes back
+//! behind, so it ignores the floor and the write-back never runs (it is a locker's only
+//! node).
 
 use std::fmt;
 

@@ -114,8 +114,9 @@ impl EtcdCluster {
         if member.guard.is_none() {
             return;
         }
-        signal(member.pid, "KILL");
-        if let Some((mut child, stdin)) = member.guard.take() {
+        if let Some((mut child, mut stdin)) = member.guard.take() {
+            // "keep": the guard kills the member and leaves its directory for a restart.
+            let _ = stdin.write_all(b"keep\n");
             drop(stdin);
             let _ = child.wait();
         }
@@ -254,14 +255,17 @@ impl EtcdCluster {
             format!("--initial-cluster-token={}", self.token),
             "--initial-cluster-state=new".to_owned(),
         ];
-        // The guard: starts etcd, reports its pid, and kills it when stdin closes (the
-        // test process ended, or `kill` dropped the pipe).
-        let script = r#"log="$1"; shift; "$@" >>"$log" 2>&1 & p=$!; echo $p; cat >/dev/null; kill -9 $p 2>/dev/null; wait $p 2>/dev/null; exit 0"#;
+        // The guard: starts etcd, reports its pid, and kills it when a line arrives or
+        // stdin closes. Unless the line is "keep" (`kill`, for a restart) it also removes
+        // the member's directory: a cluster in a `static` is never dropped, and each
+        // member preallocates 64 MB of log.
+        let script = r#"log="$1"; dir="$2"; shift 2; "$@" >>"$log" 2>&1 & p=$!; echo $p; read -r cmd; kill -9 $p 2>/dev/null; wait $p 2>/dev/null; [ "$cmd" = keep ] || rm -rf "$dir"; exit 0"#;
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(script)
             .arg("etcd-guard")
             .arg(m.dir.join("etcd.log"))
+            .arg(&m.dir)
             .arg(&binary)
             .args(&args)
             .stdin(Stdio::piped())
@@ -283,8 +287,11 @@ impl EtcdCluster {
 
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
-        for i in 0..self.len() {
-            self.kill(i);
+        for m in self.members.lock().unwrap().iter_mut() {
+            if let Some((mut child, stdin)) = m.guard.take() {
+                drop(stdin);
+                let _ = child.wait();
+            }
         }
         for m in self.members.lock().unwrap().iter() {
             let _ = std::fs::remove_dir_all(&m.dir);
