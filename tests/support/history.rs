@@ -32,11 +32,16 @@
 //!    got a token that is not greater (the lock's fencing order is broken);
 //! 4. any failure recorded with [`History::fail`] (e.g. a critical section that ran
 //!    while no quorum was reachable).
+//!
+//! A scenario whose faults may legitimately break mutual exclusion (a node that comes
+//! back without lock keys it had granted, restarted before the ttl has passed) claims
+//! fencing only: [`History::without_exclusion`] turns check 1 into a figure
+//! (`overlaps_accepted`), while checks 2–4 still fail.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -111,6 +116,8 @@ struct Inner {
     contended: AtomicU64,
     skipped_writes: AtomicU64,
     other_errors: AtomicU64,
+    /// Check 1 fails the history (else it is only counted).
+    exclusion: AtomicBool,
 }
 
 #[derive(Default)]
@@ -138,8 +145,17 @@ impl History {
                 contended: AtomicU64::new(0),
                 skipped_writes: AtomicU64::new(0),
                 other_errors: AtomicU64::new(0),
+                exclusion: AtomicBool::new(true),
             }),
         }
+    }
+
+    /// Claims fencing only: overlapping sections whose writes were both accepted are
+    /// counted (`overlaps_accepted` in the summary) instead of failing the check. For
+    /// faults under which exclusion is not promised (see the module docs).
+    pub fn without_exclusion(self) -> History {
+        self.inner.exclusion.store(false, Ordering::Relaxed);
+        self
     }
 
     fn tick(&self) -> u64 {
@@ -271,6 +287,8 @@ impl History {
         let sections = self.sections();
         let storage = lock(&self.inner.storage);
         let mut violations: Vec<String> = lock(&self.inner.failures).clone();
+        let exclusion = self.inner.exclusion.load(Ordering::Relaxed);
+        let mut overlaps_accepted = 0u64;
 
         let mut by_resource: HashMap<&str, Vec<&Section>> = HashMap::new();
         for s in &sections {
@@ -289,7 +307,9 @@ impl History {
             let mut latest: Option<&Section> = None;
             for s in accepted {
                 if let Some(prev) = latest {
-                    if s.start < end_of(prev) {
+                    if s.start < end_of(prev) && !exclusion {
+                        overlaps_accepted += 1;
+                    } else if s.start < end_of(prev) {
                         violations.push(format!(
                             "overlapping critical sections, both writes accepted:\n    {prev}\n    {s}"
                         ));
@@ -348,7 +368,7 @@ impl History {
             );
         }
 
-        Summary {
+        let summary = Summary {
             scenario: self.inner.name.clone(),
             cycles: sections.iter().filter(|s| s.end.is_some()).count() as u64,
             lost_leases: self.inner.lost.load(Ordering::Relaxed),
@@ -361,6 +381,11 @@ impl History {
             violations: 0,
             elapsed: self.inner.origin.elapsed(),
             notes: Vec::new(),
+        };
+        if exclusion {
+            summary
+        } else {
+            summary.note("overlaps_accepted", overlaps_accepted)
         }
     }
 }
