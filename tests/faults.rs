@@ -13,7 +13,24 @@
 //! - `BROKEN=1` swaps the paused holder's nodes in `s06_paused_holder_is_fenced` for a
 //!   node that releases by plain `DEL` (no owner check), and gives the two routes of
 //!   `s07_http_duplicate_requests_under_faults` one lock each (`Scope::Route`) although
-//!   both change the same order: the checker must then fail.
+//!   both change the same order: the checker must then fail. In the persistence
+//!   scenarios (s10–s12) it restores today's fence rule
+//!   (`LockOptions::unsafe_fence_seed_only_when_missing`: a counter seeded from the
+//!   clock only when missing, so one that comes back behind is trusted): tokens then
+//!   repeat and the checker must fail.
+//!
+//! Scenarios 10–12 bring nodes back with *older* state under contention: three RDB
+//! nodes restored from stale snapshots one at a time (s10), one AOF `everysec` node that
+//! loses the tail of its log in a crash (s11), and a Sentinel failover to a replica that
+//! missed the latest writes (s12, needs `redis-server --sentinel`). Each asserts
+//! increasing tokens; s10 and s12 also assert exclusion (restarts delayed by a ttl,
+//! failover slower than the ttl), s11 does not (see [`History::without_exclusion`]).
+//!
+//! ```text
+//! cargo test --all-features --test faults -- --nocapture              # everything
+//! cargo test --all-features --test faults s1 -- --nocapture           # s10, s11, s12
+//! BROKEN=1 cargo test --all-features --test faults s10 -- --nocapture # must FAIL
+//! ```
 //!
 //! Scenarios 7 and 8c are at the HTTP level (feature `axum`): duplicate requests through
 //! two `LockLayer` routers while nodes fail, and clients that go away mid-request over
