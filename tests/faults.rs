@@ -552,8 +552,7 @@ where
 fn fence_rule(options: LockOptions) -> LockOptions {
     if broken() {
         eprintln!("BROKEN=1: fence counters seeded from the clock only when missing");
-        // TODO(fence): options.unsafe_fence_seed_only_when_missing()
-        options
+        options.unsafe_fence_seed_only_when_missing()
     } else {
         options
     }
