@@ -1,113 +1,15 @@
-//! Errors of the lock engine. The HTTP layer turns them into problem responses.
+//! The errors below the engine: one node's failure ([`NodeError`], [`NodeFailure`]) and
+//! options that cannot work ([`ConfigError`]). Imports nothing from the crate, so every
+//! level may use it. The engine's own error, [`LockError`](crate::LockError), lives in
+//! `lock/error.rs`.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::lock::{LostCause, Resource};
-
-/// Why a lock could not be acquired, extended or kept.
-///
-/// The variants separate the cases a caller must treat differently: contention
-/// ([`Held`](LockError::Held), [`WaitTimeout`](LockError::WaitTimeout): someone else
-/// has the lock, retry later) from an unusable store
-/// ([`Unavailable`](LockError::Unavailable): too few nodes answered).
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum LockError {
-    /// Another owner holds the resource on enough nodes that no majority can be won.
-    #[error("`{resource}` is held by another owner{}", RetryHint(*holder_ttl))]
-    Held {
-        /// The contended resource.
-        resource: Resource,
-        /// The holder's remaining time to live as reported by the nodes, when known.
-        holder_ttl: Option<Duration>,
-    },
-    /// A waiting [`acquire`](crate::Redlock::acquire) reached its deadline while the
-    /// resource was still held.
-    #[error("gave up waiting for `{resource}` after {waited:?}{}", RetryHint(*holder_ttl))]
-    WaitTimeout {
-        /// The contended resource.
-        resource: Resource,
-        /// How long the caller waited.
-        waited: Duration,
-        /// The holder's remaining time to live, when known.
-        holder_ttl: Option<Duration>,
-    },
-    /// Fewer than a majority of the nodes answered: the store cannot decide.
-    #[error(
-        "no quorum for `{resource}`: {answered} of {nodes} nodes answered, {quorum} needed ({})",
-        NodeFailures(failures)
-    )]
-    Unavailable {
-        /// The resource of the attempt.
-        resource: Resource,
-        /// Number of nodes of the locker.
-        nodes: usize,
-        /// Nodes that answered (granted or held).
-        answered: usize,
-        /// Answers needed.
-        quorum: usize,
-        /// The nodes that did not answer, and why.
-        failures: Vec<NodeFailure>,
-    },
-    /// A majority granted the lock, but so slowly that less than the minimum validity
-    /// was left. The keys are released again.
-    #[error("`{resource}` was won too slowly: {validity:?} of validity left, at least {min_validity:?} required")]
-    ValidityExpired {
-        /// The resource of the attempt.
-        resource: Resource,
-        /// Validity left when the majority was reached (zero when already past).
-        validity: Duration,
-        /// The configured floor ([`LockOptions::min_validity`](crate::LockOptions::min_validity)).
-        min_validity: Duration,
-    },
-    /// Too many requests of this process already wait for the resource.
-    #[error("{limit} waiters already queue for `{resource}` in this process")]
-    QueueFull {
-        /// The contended resource.
-        resource: Resource,
-        /// The configured bound ([`LockOptions::max_waiters`](crate::LockOptions::max_waiters)).
-        limit: usize,
-    },
-    /// The lease is lost (expired, taken over, or renewals failed) and cannot be extended.
-    #[error("the lease on `{resource}` is lost: {cause}")]
-    Lost {
-        /// The resource of the lease.
-        resource: Resource,
-        /// Why it was lost.
-        cause: LostCause,
-    },
-}
-
-impl LockError {
-    /// The resource the error is about.
-    pub fn resource(&self) -> &Resource {
-        match self {
-            LockError::Held { resource, .. }
-            | LockError::WaitTimeout { resource, .. }
-            | LockError::Unavailable { resource, .. }
-            | LockError::ValidityExpired { resource, .. }
-            | LockError::QueueFull { resource, .. }
-            | LockError::Lost { resource, .. } => resource,
-        }
-    }
-
-    /// The holder's remaining time to live, for contention errors that know it.
-    pub fn holder_ttl(&self) -> Option<Duration> {
-        match self {
-            LockError::Held { holder_ttl, .. } | LockError::WaitTimeout { holder_ttl, .. } => {
-                *holder_ttl
-            }
-            _ => None,
-        }
-    }
-
-    /// `true` for contention: the resource is held by someone else.
-    pub fn is_contention(&self) -> bool {
-        matches!(self, LockError::Held { .. } | LockError::WaitTimeout { .. })
-    }
-}
+// Transitional: src/http and src/axum.rs still import `crate::error::LockError`; this
+// upward re-export goes once they import `crate::lock::LockError`.
+pub(crate) use crate::lock::LockError;
 
 /// One node that did not answer, and why.
 #[derive(Debug, Clone)]
@@ -154,30 +56,5 @@ pub struct ConfigError(pub(crate) String);
 impl ConfigError {
     pub(crate) fn new(message: impl Into<String>) -> Self {
         ConfigError(message.into())
-    }
-}
-
-struct RetryHint(Option<Duration>);
-
-impl fmt::Display for RetryHint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(ttl) => write!(f, " (free in at most {} ms)", ttl.as_millis()),
-            None => Ok(()),
-        }
-    }
-}
-
-struct NodeFailures<'a>(&'a [NodeFailure]);
-
-impl fmt::Display for NodeFailures<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, failure) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            write!(f, "{failure}")?;
-        }
-        Ok(())
     }
 }

@@ -127,55 +127,42 @@
 //! ttl). A process paused longer than its lease (GC, swap, a stopped VM) can still
 //! write after another took over: that is what the fencing token is for. The details
 //! are in [`fencing`] and [`lock`].
-#![warn(missing_docs, rust_2018_idioms)]
+#![warn(
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub,
+    missing_debug_implementations
+)]
 #![deny(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 #[cfg(feature = "axum")]
 pub mod axum;
 mod error;
 pub mod http;
 pub mod lock;
+pub mod node;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
+// The HTTP layer: the middleware, its policies, keys and problems.
 pub use crate::http::{
     Contention, KeyExtractor, KeyFromParts, KeyRejection, LeaseBody, LeaseLost, LockLayer,
     LockService, MissingKey, OnLost, Problem, ProblemKind, ProblemRenderer, Replay, Scope,
     Unavailable,
 };
-pub use error::{ConfigError, LockError, NodeError, NodeFailure};
+// Errors, one per level: a node's, the configuration's, the engine's.
+pub use error::{ConfigError, NodeError, NodeFailure};
+// The engine: the locker, its options and leases, fencing and metrics.
 pub use lock::fencing::{self, FencingToken};
 pub use lock::metrics;
-#[cfg(feature = "test-util")]
-pub use lock::test_util;
-#[cfg(feature = "etcd")]
-pub use lock::EtcdNode;
-#[cfg(feature = "redis")]
-pub use lock::{node_from_url, ClusterNode, RedisNode, SentinelNode};
 pub use lock::{
-    Backoff, Lease, LeaseHandle, LockOptions, LostCause, MemoryNode, MetricsSnapshot, Node,
-    NodeState, NodeStatus, Redlock, ReleaseOutcome, Resource, RetryPolicy,
+    Backoff, Lease, LeaseHandle, LockError, LockOptions, LostCause, MetricsSnapshot, NodeState,
+    NodeStatus, Redlock, ReleaseOutcome, RetryPolicy,
 };
-
-/// What implementing a [`Node`] takes: the trait, the requests the engine sends and the
-/// replies it expects. Applications never need this module; a lock store of your own
-/// (another database, a test double with injected failures) does.
-///
-/// The same items are also at their old paths in [`lock`], which keep working.
-///
-/// | item | what it is |
-/// |---|---|
-/// | [`Node`] | one lock store casting one vote: acquire, extend, release, raise the fence, subscribe to releases; optionally outcome records |
-/// | [`NodeFuture`](node::NodeFuture) | the boxed future every operation returns |
-/// | [`AcquireRequest`](node::AcquireRequest) / [`AcquireReply`](node::AcquireReply) | one acquire: keys, owner, ttl, fence settings; granted with the node's fence counter, or held with the holder's ttl |
-/// | [`LockKeys`](node::LockKeys) | a resource's Redis keys (lock, fence counter, record, wake-up channel) |
-/// | [`Owner`](node::Owner) | the random value that identifies one acquisition |
-/// | [`ReleaseSignal`](node::ReleaseSignal) | what a subscription hands waiters: wakes them when the resource is released |
-/// | [`Record`](node::Record), [`ClaimRequest`](node::ClaimRequest) / [`ClaimReply`](node::ClaimReply), [`StoreRequest`](node::StoreRequest) / [`StoreReply`](node::StoreReply) | outcome records of idempotent replay (see [`lock::record`]) |
-/// | [`NodeError`] | how one node's operation failed |
-/// | [`MemoryNode`] | the in-process implementation, a reference for the semantics |
-pub mod node {
-    pub use crate::error::NodeError;
-    pub use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
-    pub use crate::lock::{
-        AcquireReply, AcquireRequest, LockKeys, MemoryNode, Node, NodeFuture, Owner, ReleaseSignal,
-    };
-}
+// The stores.
+#[cfg(feature = "etcd")]
+pub use node::EtcdNode;
+#[cfg(feature = "redis")]
+pub use node::{node_from_url, ClusterNode, RedisNode, SentinelNode};
+pub use node::{MemoryNode, Node, Resource};

@@ -884,3 +884,14 @@ fn refuse<ResBody>(
     tracing::debug!(%problem, "request refused");
     render(settings, &problem)
 }
+
+// The state machine holds the inner service's future, which need not be `Debug`.
+impl<S, K, B, RB> std::fmt::Debug for ResponseFuture<S, K, B, RB>
+where
+    S: Service<Request<B>>,
+    K: KeyExtractor<B>,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

@@ -7,13 +7,13 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
-use crate::error::LockError;
 use crate::lock::fencing::FencingToken;
 use crate::lock::metrics;
-use crate::lock::node::Owner;
-use crate::lock::resource::{LockKeys, Resource};
 use crate::lock::wait::QueueRef;
+use crate::lock::LockError;
 use crate::lock::Shared;
+use crate::node::Owner;
+use crate::node::{LockKeys, Resource};
 
 /// Why a lease was lost. Reported once, by [`LeaseHandle::lost`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

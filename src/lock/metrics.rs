@@ -29,7 +29,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::{LockError, NodeError};
+use crate::error::NodeError;
+use crate::lock::LockError;
 use crate::lock::{LostCause, Node};
 
 /// Counter: acquire calls by `outcome`.

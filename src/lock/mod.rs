@@ -17,37 +17,14 @@
 //! [`LockError::Unavailable`] (too few nodes answered, with each node's cause), or
 //! [`LockError::ValidityExpired`] (a majority granted it too slowly).
 
-#[cfg(feature = "redis")]
-mod cluster_node;
-#[cfg(feature = "etcd")]
-mod etcd_node;
+mod error;
 pub mod fencing;
 mod health;
-mod identity;
 mod lease;
-mod memory;
 pub mod metrics;
-mod node;
 mod options;
-#[cfg(feature = "redis")]
-mod pubsub;
-mod quorum;
 pub mod record;
-#[cfg(feature = "redis")]
-mod redis_call;
-#[cfg(feature = "redis")]
-mod redis_conn;
-#[cfg(feature = "redis")]
-mod redis_node;
-#[cfg(feature = "redis")]
-mod redis_record;
-mod resource;
-#[cfg(feature = "redis")]
-mod sentinel_node;
-#[cfg(feature = "test-util")]
-pub mod test_util;
-#[cfg(feature = "redis")]
-mod url;
+mod round;
 mod wait;
 mod watchdog;
 
@@ -59,29 +36,28 @@ use std::time::Duration;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
-use crate::error::{ConfigError, LockError};
+use crate::error::ConfigError;
+use crate::node::identity;
 use fencing::FencingToken;
 use lease::{LeaseInner, Status};
-use quorum::Nodes;
+use round::Nodes;
 use wait::{next_release, QueueRef, Queues};
 
-#[cfg(feature = "redis")]
-pub use cluster_node::ClusterNode;
-#[cfg(feature = "etcd")]
-pub use etcd_node::EtcdNode;
+pub use error::LockError;
 pub use health::{NodeState, NodeStatus};
 pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
-pub use memory::MemoryNode;
-pub use node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
 pub use options::{Backoff, LockOptions, RetryPolicy};
-pub use record::{Claim, ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
+pub use record::Claim;
+
+// The node items moved to `crate::node` (level 1); these paths keep working.
+#[cfg(feature = "etcd")]
+pub use crate::node::EtcdNode;
 #[cfg(feature = "redis")]
-pub use redis_node::RedisNode;
-pub use resource::{LockKeys, Resource};
-#[cfg(feature = "redis")]
-pub use sentinel_node::SentinelNode;
-#[cfg(feature = "redis")]
-pub use url::{node_from_url, split_node_urls};
+pub use crate::node::{node_from_url, split_node_urls, ClusterNode, RedisNode, SentinelNode};
+pub use crate::node::{
+    AcquireReply, AcquireRequest, ClaimReply, ClaimRequest, LockKeys, MemoryNode, Node, NodeFuture,
+    Owner, Record, ReleaseSignal, Resource, StoreReply, StoreRequest,
+};
 
 /// A Redlock over one or more independent nodes.
 ///
@@ -167,7 +143,7 @@ impl Redlock {
         }
         identity::check_addresses(&nodes)?;
         for node in &nodes {
-            node.check_locker(&options, nodes.len())?;
+            node.check_locker(options.get_ttl(), nodes.len())?;
         }
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ConfigError::new("a locker must be created inside a Tokio runtime"))?;
@@ -267,6 +243,12 @@ impl Redlock {
     /// every lease is released and no caller waits: nothing is left behind.
     pub fn local_resources(&self) -> usize {
         self.shared.queues.len()
+    }
+
+    /// The leases of this locker held in this process now (the test kit reads them).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn held_leases(&self) -> Vec<Arc<LeaseInner>> {
+        self.shared.queues.holders()
     }
 
     /// Counters of what this locker did so far.

@@ -248,18 +248,6 @@ pub(crate) fn drift(ttl: Duration, factor: f64) -> Duration {
     ttl.mul_f64(factor) + DRIFT_FLOOR
 }
 
-/// Whole milliseconds, rounded up, as Redis takes them.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn millis_ceil(d: Duration) -> u64 {
-    let ms = d.as_millis();
-    let ms = if !d.subsec_nanos().is_multiple_of(1_000_000) {
-        ms + 1
-    } else {
-        ms
-    };
-    u64::try_from(ms).unwrap_or(u64::MAX)
-}
-
 /// How long a waiting acquire sleeps before its next attempt when no release
 /// notification arrives (lost message, crashed holder).
 ///
@@ -347,11 +335,5 @@ mod tests {
             assert!(b.delay(attempt, None) <= b.max);
             assert!(b.delay(attempt, Some(Duration::from_millis(3))) <= Duration::from_millis(4));
         }
-    }
-
-    #[test]
-    fn millis_round_up() {
-        assert_eq!(millis_ceil(Duration::from_micros(1500)), 2);
-        assert_eq!(millis_ceil(Duration::from_millis(7)), 7);
     }
 }

@@ -20,9 +20,9 @@ use tokio::time::Instant;
 
 use crate::lock::lease::LeaseInner;
 use crate::lock::metrics;
-use crate::lock::node::ReleaseSignal;
-use crate::lock::quorum::Nodes;
-use crate::lock::resource::{LockKeys, Resource};
+use crate::lock::round::Nodes;
+use crate::node::ReleaseSignal;
+use crate::node::{LockKeys, Resource};
 
 /// The waiters and the holder of one resource inside this process.
 pub(crate) struct LocalQueue {

@@ -12,11 +12,10 @@ use etcd_client::{
 use tokio::sync::{watch, OnceCell};
 
 use crate::error::{ConfigError, NodeError};
-use crate::lock::fencing::FencingToken;
-use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
-use crate::lock::resource::LockKeys;
-use crate::lock::LockOptions;
+use crate::node::FencingToken;
+use crate::node::LockKeys;
+use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 
 /// How often a record operation re-reads after another writer changed the record key
 /// between its read and its transaction, before it gives up.
@@ -320,16 +319,15 @@ impl EtcdNode {
         &self.inner.name
     }
 
-    /// Checks that a locker's options and node count suit an etcd node (see the type's
+    /// Checks that a locker's ttl and node count suit an etcd node (see the type's
     /// documentation).
-    pub(crate) fn check(options: &LockOptions, nodes: usize) -> Result<(), ConfigError> {
+    pub(crate) fn check(ttl: Duration, nodes: usize) -> Result<(), ConfigError> {
         if nodes > 1 {
             return Err(ConfigError::new(
                 "an etcd node must be the locker's only node: etcd is a quorum already, and \
                  its revisions cannot be combined with other nodes' fence counters",
             ));
         }
-        let ttl = options.get_ttl();
         if ttl.subsec_nanos() != 0 {
             return Err(ConfigError::new(format!(
                 "etcd leases count whole seconds: a ttl of {ttl:?} would live {}s; give a whole \
@@ -961,8 +959,8 @@ impl Node for EtcdNode {
         &self.inner.name
     }
 
-    fn check_locker(&self, options: &LockOptions, nodes: usize) -> Result<(), ConfigError> {
-        EtcdNode::check(options, nodes)
+    fn check_locker(&self, ttl: Duration, nodes: usize) -> Result<(), ConfigError> {
+        EtcdNode::check(ttl, nodes)
     }
 
     fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
@@ -1127,22 +1125,14 @@ mod tests {
         assert_eq!(whole_seconds(Duration::from_millis(1)), 1);
         assert_eq!(whole_seconds(Duration::from_millis(2001)), 3);
         assert_eq!(whole_seconds(Duration::from_secs(5)), 5);
-        let ok = LockOptions::default().ttl(Duration::from_secs(2));
-        assert!(EtcdNode::check(&ok, 1).is_ok());
-        for (options, nodes, says) in [
-            (
-                LockOptions::default().ttl(Duration::from_millis(2500)),
-                1,
-                "whole seconds",
-            ),
-            (
-                LockOptions::default().ttl(Duration::from_secs(1)),
-                1,
-                "minimum",
-            ),
-            (ok.clone(), 3, "only node"),
+        let ok = Duration::from_secs(2);
+        assert!(EtcdNode::check(ok, 1).is_ok());
+        for (ttl, nodes, says) in [
+            (Duration::from_millis(2500), 1, "whole seconds"),
+            (Duration::from_secs(1), 1, "minimum"),
+            (ok, 3, "only node"),
         ] {
-            let err = EtcdNode::check(&options, nodes).unwrap_err().to_string();
+            let err = EtcdNode::check(ttl, nodes).unwrap_err().to_string();
             assert!(err.contains(says), "{err}");
         }
     }

@@ -29,8 +29,8 @@ use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind, Value};
 use tokio::sync::{watch, Notify};
 
 use crate::error::NodeError;
-use crate::lock::node::ReleaseSignal;
-use crate::lock::redis_call::node_error;
+use crate::node::redis::call::node_error;
+use crate::node::ReleaseSignal;
 
 /// Bound of one SUBSCRIBE, UNSUBSCRIBE or connection attempt of the upkeep task.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);

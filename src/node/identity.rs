@@ -17,7 +17,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::error::ConfigError;
-use crate::lock::node::Node;
+use crate::node::Node;
 
 /// Refuses two nodes with the same address.
 pub(crate) fn check_addresses(nodes: &[Arc<dyn Node>]) -> Result<(), ConfigError> {
@@ -125,7 +125,7 @@ pub(crate) async fn run_id<C: redis::aio::ConnectionLike + Send>(
         .arg("server")
         .query_async(conn)
         .await
-        .map_err(crate::lock::redis_call::node_error)?;
+        .map_err(crate::node::redis::call::node_error)?;
     Ok(parse_run_id(&info).into_iter().collect())
 }
 

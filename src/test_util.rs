@@ -65,9 +65,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{ConfigError, NodeFailure};
-use crate::lock::node::{AcquireReply, AcquireRequest, Node, Owner};
-use crate::lock::resource::{LockKeys, Resource};
 use crate::lock::{LockOptions, LostCause, MemoryNode, Redlock};
+use crate::node::{AcquireReply, AcquireRequest, Node, Owner};
+use crate::node::{LockKeys, Resource};
 
 /// In-process lock nodes and the [`Redlock`] over them, with controls to drive the
 /// code under test into every path; see the [module docs](self).
@@ -306,7 +306,7 @@ impl TestStore {
     /// [`OnLost`]: crate::OnLost
     pub fn lose(&self, resource: impl Into<Resource>) -> Result<(), TestStoreError> {
         let resource = resource.into();
-        let holders = self.inner.locker.shared.queues.holders();
+        let holders = self.inner.locker.held_leases();
         let Some(lease) = holders.iter().find(|lease| lease.resource == resource) else {
             let held = holders.iter().map(|lease| lease.resource.clone()).collect();
             return Err(TestStoreError::NotHeld { resource, held });
@@ -326,9 +326,7 @@ impl TestStore {
         let mut held: Vec<Resource> = self
             .inner
             .locker
-            .shared
-            .queues
-            .holders()
+            .held_leases()
             .iter()
             .map(|lease| lease.resource.clone())
             .collect();

@@ -7,10 +7,10 @@ use redis::sentinel::SentinelNodeConnectionInfo;
 use redis::{IntoConnectionInfo, TlsMode};
 
 use crate::error::ConfigError;
-use crate::lock::cluster_node::ClusterNode;
-use crate::lock::node::Node;
-use crate::lock::redis_node::RedisNode;
-use crate::lock::sentinel_node::SentinelNode;
+use crate::node::redis::cluster::ClusterNode;
+use crate::node::redis::sentinel::SentinelNode;
+use crate::node::redis::standalone::RedisNode;
+use crate::node::Node;
 
 /// Replica acknowledgement timeout when a URL sets `wait_replicas` without `wait_timeout_ms`.
 const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(20);
@@ -114,7 +114,7 @@ pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
 
 #[cfg(feature = "etcd")]
 fn etcd(url: &str) -> Result<Arc<dyn Node>, ConfigError> {
-    Ok(Arc::new(crate::lock::etcd_node::EtcdNode::from_url(url)?))
+    Ok(Arc::new(crate::node::EtcdNode::from_url(url)?))
 }
 
 #[cfg(not(feature = "etcd"))]

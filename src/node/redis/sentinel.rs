@@ -15,17 +15,17 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError};
-use crate::lock::identity;
-use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
-use crate::lock::redis_call::{
+use crate::node::identity;
+use crate::node::redis::call::{
     self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
 };
-use crate::lock::redis_conn::Resending;
-use crate::lock::redis_node::RedisNode;
-use crate::lock::redis_record;
-use crate::lock::resource::LockKeys;
-use crate::lock::url;
+use crate::node::redis::conn::Resending;
+use crate::node::redis::records;
+use crate::node::redis::standalone::RedisNode;
+use crate::node::redis::url;
+use crate::node::LockKeys;
+use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 
 /// How long one lookup through the sentinels may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -277,13 +277,13 @@ impl Inner {
         let client = match found {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
-                let e = redis_call::node_error(e);
+                let e = call::node_error(e);
                 tracing::warn!(node = %self.name, error = %e, "no master found through the sentinels");
                 return Err(NodeError::Connection(
                     format!(
                         "finding master `{}` through the sentinels: {}",
                         self.service,
-                        redis_call::detail(&e)
+                        call::detail(&e)
                     )
                     .into(),
                 ));
@@ -478,9 +478,7 @@ impl Node for SentinelNode {
         Box::pin(async move {
             let call = &call;
             inner
-                .with_master(
-                    |mut conn| async move { redis_call::extend(&mut conn, call, wait).await },
-                )
+                .with_master(|mut conn| async move { call::extend(&mut conn, call, wait).await })
                 .await
         })
     }
@@ -491,7 +489,7 @@ impl Node for SentinelNode {
         Box::pin(async move {
             let call = &call;
             inner
-                .with_master(|mut conn| async move { redis_call::release(&mut conn, call).await })
+                .with_master(|mut conn| async move { call::release(&mut conn, call).await })
                 .await
         })
     }
@@ -503,9 +501,9 @@ impl Node for SentinelNode {
         Box::pin(async move {
             let call = &call;
             inner
-                .with_master(|mut conn| async move {
-                    redis_call::raise_fence(&mut conn, call, wait).await
-                })
+                .with_master(
+                    |mut conn| async move { call::raise_fence(&mut conn, call, wait).await },
+                )
                 .await
         })
     }
@@ -547,46 +545,42 @@ impl Node for SentinelNode {
         Box::pin(async move {
             let keys = &keys;
             inner
-                .with_master(|mut conn| async move { redis_record::read(&mut conn, keys).await })
+                .with_master(|mut conn| async move { records::read(&mut conn, keys).await })
                 .await
         })
     }
 
     fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
-        let call = redis_record::ClaimCall::new(request);
+        let call = records::ClaimCall::new(request);
         let inner = self.inner.clone();
         let wait = self.wait;
         Box::pin(async move {
             let call = &call;
             inner
-                .with_master(
-                    |mut conn| async move { redis_record::claim(&mut conn, call, wait).await },
-                )
+                .with_master(|mut conn| async move { records::claim(&mut conn, call, wait).await })
                 .await
         })
     }
 
     fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
-        let call = redis_record::StoreCall::new(request);
+        let call = records::StoreCall::new(request);
         let inner = self.inner.clone();
         let wait = self.wait;
         Box::pin(async move {
             let call = &call;
             inner
-                .with_master(
-                    |mut conn| async move { redis_record::store(&mut conn, call, wait).await },
-                )
+                .with_master(|mut conn| async move { records::store(&mut conn, call, wait).await })
                 .await
         })
     }
 
     fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
-        let call = redis_record::DiscardCall::new(keys, token);
+        let call = records::DiscardCall::new(keys, token);
         let inner = self.inner.clone();
         Box::pin(async move {
             let call = &call;
             inner
-                .with_master(|mut conn| async move { redis_record::discard(&mut conn, call).await })
+                .with_master(|mut conn| async move { records::discard(&mut conn, call).await })
                 .await
         })
     }

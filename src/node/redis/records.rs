@@ -12,11 +12,11 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, Value};
 
 use crate::error::NodeError;
-use crate::lock::fencing::FencingToken;
-use crate::lock::options::millis_ceil;
-use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
-use crate::lock::redis_call::{self, int, CallError, ReplicaWait};
-use crate::lock::resource::LockKeys;
+use crate::node::redis::call::{self, int, CallError, ReplicaWait};
+use crate::node::redis::millis_ceil;
+use crate::node::FencingToken;
+use crate::node::LockKeys;
+use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 
 // The scripts are always sent with `EVAL`, never `EVALSHA`: after a `NOSCRIPT` answer
 // the fallback would be sent one round trip later, and could then overtake a command
@@ -57,10 +57,10 @@ impl Eval {
     ) -> Result<Value, CallError> {
         let mut pipe = redis::pipe();
         pipe.add_command(self.command());
-        let mut replies = redis_call::query(conn, pipe, 1, wait).await?;
+        let mut replies = call::query(conn, pipe, 1, wait).await?;
         let value = replies.remove(0)?;
         if wrote(&value) {
-            redis_call::check_acks(replies.pop(), wait)?;
+            call::check_acks(replies.pop(), wait)?;
         }
         Ok(value)
     }

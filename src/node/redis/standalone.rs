@@ -8,16 +8,16 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, IntoConnectionInfo};
 
 use crate::error::ConfigError;
-use crate::lock::identity;
-use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::lock::pubsub::Hub;
-use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
-use crate::lock::redis_call::{
+use crate::node::identity;
+use crate::node::redis::call::{
     self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
 };
-use crate::lock::redis_conn::Resending;
-use crate::lock::redis_record;
-use crate::lock::resource::LockKeys;
+use crate::node::redis::conn::Resending;
+use crate::node::redis::pubsub::Hub;
+use crate::node::redis::records;
+use crate::node::LockKeys;
+use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 
 /// One Redis server (standalone master) as a lock node.
 ///
@@ -184,7 +184,7 @@ impl Node for RedisNode {
         let mut conn = self.inner.conn.clone();
         let wait = self.wait;
         Box::pin(async move {
-            redis_call::extend(&mut conn, &call, wait)
+            call::extend(&mut conn, &call, wait)
                 .await
                 .map_err(CallError::into_node_error)
         })
@@ -194,7 +194,7 @@ impl Node for RedisNode {
         let call = ReleaseCall::new(keys, owner, false);
         let mut conn = self.inner.conn.clone();
         Box::pin(async move {
-            redis_call::release(&mut conn, &call)
+            call::release(&mut conn, &call)
                 .await
                 .map_err(CallError::into_node_error)
         })
@@ -205,7 +205,7 @@ impl Node for RedisNode {
         let mut conn = self.inner.conn.clone();
         let wait = self.wait;
         Box::pin(async move {
-            redis_call::raise_fence(&mut conn, &call, wait)
+            call::raise_fence(&mut conn, &call, wait)
                 .await
                 .map_err(CallError::into_node_error)
         })
@@ -233,39 +233,39 @@ impl Node for RedisNode {
         let keys = keys.clone();
         let mut conn = self.inner.conn.clone();
         Box::pin(async move {
-            redis_record::read(&mut conn, &keys)
+            records::read(&mut conn, &keys)
                 .await
                 .map_err(CallError::into_node_error)
         })
     }
 
     fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
-        let call = redis_record::ClaimCall::new(request);
+        let call = records::ClaimCall::new(request);
         let mut conn = self.inner.conn.clone();
         let wait = self.wait;
         Box::pin(async move {
-            redis_record::claim(&mut conn, &call, wait)
+            records::claim(&mut conn, &call, wait)
                 .await
                 .map_err(CallError::into_node_error)
         })
     }
 
     fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
-        let call = redis_record::StoreCall::new(request);
+        let call = records::StoreCall::new(request);
         let mut conn = self.inner.conn.clone();
         let wait = self.wait;
         Box::pin(async move {
-            redis_record::store(&mut conn, &call, wait)
+            records::store(&mut conn, &call, wait)
                 .await
                 .map_err(CallError::into_node_error)
         })
     }
 
     fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
-        let call = redis_record::DiscardCall::new(keys, token);
+        let call = records::DiscardCall::new(keys, token);
         let mut conn = self.inner.conn.clone();
         Box::pin(async move {
-            redis_record::discard(&mut conn, &call)
+            records::discard(&mut conn, &call)
                 .await
                 .map_err(CallError::into_node_error)
         })

@@ -10,9 +10,9 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
 use crate::error::NodeError;
-use crate::lock::node::{AcquireReply, AcquireRequest, Owner};
-use crate::lock::options::millis_ceil;
-use crate::lock::resource::LockKeys;
+use crate::node::redis::millis_ceil;
+use crate::node::LockKeys;
+use crate::node::{AcquireReply, AcquireRequest, Owner};
 
 /// One Lua script: its source (for `EVAL` after `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Lua {
@@ -547,7 +547,7 @@ mod tests {
             .lines()
             .all(|l| !l.trim_start().starts_with("--")));
         assert!(ACQUIRE.code.contains("redis.call('INCR', KEYS[2])"));
-        let keys = LockKeys::new("p:", &crate::lock::Resource::new("r"));
+        let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
         let owner = Owner::random();
         let request = AcquireRequest {
             keys: &keys,
@@ -599,7 +599,7 @@ mod tests {
 
     #[test]
     fn release_publishes_sharded_only_when_asked() {
-        let keys = LockKeys::new("p:", &crate::lock::Resource::new("r"));
+        let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
         let owner = Owner::random();
         assert_eq!(ReleaseCall::new(&keys, &owner, false).0.args.len(), 2);
         let sharded = ReleaseCall::new(&keys, &owner, true);

@@ -1,4 +1,40 @@
-//! The [`Node`] trait: one independent lock store that casts one vote.
+//! What implementing a [`Node`] takes: the trait, the requests the engine sends and the
+//! replies it expects. Applications never need this module; a lock store of your own
+//! (another database, a test double with injected failures) does.
+//!
+//! This is level 1 of the crate: the stores. It imports only `crate::error` (the errors); the
+//! engine ([`lock`](crate::lock)) builds on it, never the other way round.
+//!
+//! | item | what it is |
+//! |---|---|
+//! | [`Node`] | one lock store casting one vote: acquire, extend, release, raise the fence, subscribe to releases; optionally outcome records |
+//! | [`NodeFuture`] | the boxed future every operation returns |
+//! | [`AcquireRequest`] / [`AcquireReply`] | one acquire: keys, owner, ttl, fence settings; granted with the node's fence counter, or held with the holder's ttl |
+//! | [`Resource`] / [`LockKeys`] | a lock's name, and its keys (lock, fence counter, record, wake-up channel) |
+//! | [`Owner`] | the random value that identifies one acquisition |
+//! | [`ReleaseSignal`] | what a subscription hands waiters: wakes them when the resource is released |
+//! | [`Record`], [`ClaimRequest`] / [`ClaimReply`], [`StoreRequest`] / [`StoreReply`] | outcome records of idempotent replay (see [`lock::record`](crate::lock::record)) |
+//! | [`FencingToken`] | the number a fence counter hands out (see [`fencing`](crate::fencing)) |
+//! | [`NodeError`] | how one node's operation failed |
+//! | [`MemoryNode`] | the in-process implementation, a reference for the semantics |
+//!
+//! # Adding a node kind
+//!
+//! A new store goes in its own file or folder here (`node/<kind>.rs`, or
+//! `node/<kind>/mod.rs` when it has several parts, as `node/redis/` does) and
+//! implements [`Node`]. The [`MemoryNode`] is the reference for what each operation
+//! must do atomically; the Redis scripts (`node/redis/scripts/`) are the same semantics
+//! in Lua.
+
+#[cfg(feature = "etcd")]
+mod etcd;
+pub(crate) mod identity;
+mod memory;
+mod records;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
+mod resource;
+mod token;
 
 use std::fmt;
 use std::future::Future;
@@ -8,17 +44,25 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::error::{ConfigError, NodeError};
-use crate::lock::options::LockOptions;
-use crate::lock::record::{self, ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
-use crate::lock::resource::LockKeys;
+#[cfg(feature = "redis")]
+pub use self::redis::{node_from_url, split_node_urls, ClusterNode, RedisNode, SentinelNode};
+pub use crate::error::NodeError;
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdNode;
+pub use memory::MemoryNode;
+pub(crate) use records::unsupported;
+pub use records::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
+pub use resource::{LockKeys, Resource};
+pub use token::FencingToken;
+
+use crate::error::ConfigError;
 
 /// The boxed future every node operation returns. It owns what it needs (`'static`),
 /// so the locker can finish it in the background after the quorum is decided.
 pub type NodeFuture<T> = Pin<Box<dyn Future<Output = Result<T, NodeError>> + Send + 'static>>;
 
 /// One lock store that casts one vote in the quorum: a Redis server
-/// ([`RedisNode`](crate::RedisNode)) or the in-process [`MemoryNode`](crate::MemoryNode).
+/// ([`RedisNode`]) or the in-process [`MemoryNode`].
 ///
 /// Every operation is atomic on the node. The locker bounds each call with the
 /// per-node timeout, so an implementation need not.
@@ -26,11 +70,11 @@ pub trait Node: Send + Sync + 'static {
     /// A name for logs and errors, without secrets (for example the URL without password).
     fn name(&self) -> &str;
 
-    /// Checks, when a locker is built, that this node can serve a locker with these
-    /// options and `nodes` nodes in all (for example a ttl the store cannot express).
-    /// The default accepts every locker.
-    fn check_locker(&self, options: &LockOptions, nodes: usize) -> Result<(), ConfigError> {
-        let _ = (options, nodes);
+    /// Checks, when a locker is built, that this node can serve a locker whose leases
+    /// last `ttl`, with `nodes` nodes in all (for example a ttl the store cannot
+    /// express). The default accepts every locker.
+    fn check_locker(&self, ttl: Duration, nodes: usize) -> Result<(), ConfigError> {
+        let _ = (ttl, nodes);
         Ok(())
     }
 
@@ -61,7 +105,7 @@ pub trait Node: Send + Sync + 'static {
     /// port, no credentials, no database; seeds sorted), so that a locker refuses a
     /// node listed twice when it is built: two nodes with the same address are one
     /// server, which must not vote twice. `None` (the default) when the node has no
-    /// address to compare, as a [`MemoryNode`](crate::MemoryNode).
+    /// address to compare, as a [`MemoryNode`].
     fn address(&self) -> Option<&str> {
         None
     }
@@ -89,7 +133,7 @@ pub trait Node: Send + Sync + 'static {
     /// reads as none). Reads only; needs no lock.
     fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
         let _ = keys;
-        Box::pin(std::future::ready(Err(record::unsupported())))
+        Box::pin(std::future::ready(Err(unsupported())))
     }
 
     /// Atomically: returns the completed record if one exists; else, unless the lock key
@@ -99,7 +143,7 @@ pub trait Node: Send + Sync + 'static {
     /// pending marker with `pending_ttl`.
     fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
         let _ = request;
-        Box::pin(std::future::ready(Err(record::unsupported())))
+        Box::pin(std::future::ready(Err(unsupported())))
     }
 
     /// Atomically: unless the lock key holds `request.owner`, writes nothing; when the
@@ -108,14 +152,14 @@ pub trait Node: Send + Sync + 'static {
     /// else replaces the record key with the completed record, ttl `retention`.
     fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
         let _ = request;
-        Box::pin(std::future::ready(Err(record::unsupported())))
+        Box::pin(std::future::ready(Err(unsupported())))
     }
 
     /// Deletes the record key if it holds the pending marker of `token`. Returns whether
     /// it did.
     fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
         let _ = (keys, token);
-        Box::pin(std::future::ready(Err(record::unsupported())))
+        Box::pin(std::future::ready(Err(unsupported())))
     }
 }
 

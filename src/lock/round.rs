@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use crate::error::{NodeError, NodeFailure};
 use crate::lock::health::{Health, NodeState};
 use crate::lock::metrics::observe;
-use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner};
-use crate::lock::resource::LockKeys;
+use crate::node::LockKeys;
+use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner};
 
 /// The nodes of a locker and the majority they need.
 pub(crate) struct Nodes {

@@ -9,10 +9,10 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::error::NodeError;
-use crate::lock::fencing::FencingToken;
-use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
-use crate::lock::resource::LockKeys;
+use crate::node::FencingToken;
+use crate::node::LockKeys;
+use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 
 /// Sweep expired keys after this many writes, so unique resources (idempotency keys)
 /// never accumulate.

@@ -14,14 +14,14 @@ use tokio::sync::{mpsc, watch, Mutex as AsyncMutex};
 use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError};
-use crate::lock::identity;
-use crate::lock::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::lock::record::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
-use crate::lock::redis_call::ReplicaWait;
-use crate::lock::redis_call::{self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall};
-use crate::lock::redis_record;
-use crate::lock::resource::LockKeys;
-use crate::lock::url;
+use crate::node::identity;
+use crate::node::redis::call::ReplicaWait;
+use crate::node::redis::call::{self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall};
+use crate::node::redis::records;
+use crate::node::redis::url;
+use crate::node::LockKeys;
+use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 
 type Configure = dyn Fn(ClusterClientBuilder) -> ClusterClientBuilder + Send + Sync;
 type Connect = Shared<BoxFuture<'static, Result<ClusterConnection, NodeError>>>;
@@ -209,10 +209,10 @@ fn connect(
             .get_async_connection_with_config(connection_config())
             .await
             .map_err(|e| {
-                let e = redis_call::node_error(e);
+                let e = call::node_error(e);
                 tracing::warn!(node = %name, error = %e, "cannot connect to the cluster");
                 NodeError::Connection(
-                    format!("cannot connect to the cluster: {}", redis_call::detail(&e)).into(),
+                    format!("cannot connect to the cluster: {}", call::detail(&e)).into(),
                 )
             })
     }
@@ -277,7 +277,7 @@ impl Node for ClusterNode {
         let wait = self.wait;
         Box::pin(async move {
             let mut conn = inner.connection().await?;
-            redis_call::extend(&mut conn, &call, wait)
+            call::extend(&mut conn, &call, wait)
                 .await
                 .map_err(node_error)
         })
@@ -288,9 +288,7 @@ impl Node for ClusterNode {
         let inner = self.inner.clone();
         Box::pin(async move {
             let mut conn = inner.connection().await?;
-            redis_call::release(&mut conn, &call)
-                .await
-                .map_err(node_error)
+            call::release(&mut conn, &call).await.map_err(node_error)
         })
     }
 
@@ -300,7 +298,7 @@ impl Node for ClusterNode {
         let wait = self.wait;
         Box::pin(async move {
             let mut conn = inner.connection().await?;
-            redis_call::raise_fence(&mut conn, &call, wait)
+            call::raise_fence(&mut conn, &call, wait)
                 .await
                 .map_err(node_error)
         })
@@ -321,44 +319,40 @@ impl Node for ClusterNode {
         let inner = self.inner.clone();
         Box::pin(async move {
             let mut conn = inner.connection().await?;
-            redis_record::read(&mut conn, &keys)
-                .await
-                .map_err(node_error)
+            records::read(&mut conn, &keys).await.map_err(node_error)
         })
     }
 
     fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
-        let call = redis_record::ClaimCall::new(request);
+        let call = records::ClaimCall::new(request);
         let inner = self.inner.clone();
         let wait = self.wait;
         Box::pin(async move {
             let mut conn = inner.connection().await?;
-            redis_record::claim(&mut conn, &call, wait)
+            records::claim(&mut conn, &call, wait)
                 .await
                 .map_err(node_error)
         })
     }
 
     fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
-        let call = redis_record::StoreCall::new(request);
+        let call = records::StoreCall::new(request);
         let inner = self.inner.clone();
         let wait = self.wait;
         Box::pin(async move {
             let mut conn = inner.connection().await?;
-            redis_record::store(&mut conn, &call, wait)
+            records::store(&mut conn, &call, wait)
                 .await
                 .map_err(node_error)
         })
     }
 
     fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
-        let call = redis_record::DiscardCall::new(keys, token);
+        let call = records::DiscardCall::new(keys, token);
         let inner = self.inner.clone();
         Box::pin(async move {
             let mut conn = inner.connection().await?;
-            redis_record::discard(&mut conn, &call)
-                .await
-                .map_err(node_error)
+            records::discard(&mut conn, &call).await.map_err(node_error)
         })
     }
 
@@ -377,7 +371,7 @@ impl Node for ClusterNode {
             let answers = conn
                 .route_command(cmd, routing)
                 .await
-                .map_err(redis_call::node_error)?;
+                .map_err(call::node_error)?;
             let Value::Map(answers) = answers else {
                 return Err(NodeError::Protocol(
                     format!("INFO on every master returned {answers:?}").into(),
@@ -481,9 +475,7 @@ impl Subscriber {
             .unwrap_or_else(|p| p.into_inner())
             .insert(name.clone(), Arc::downgrade(&channel));
         let mut conn = self.conn.clone();
-        conn.ssubscribe(&name)
-            .await
-            .map_err(redis_call::node_error)?;
+        conn.ssubscribe(&name).await.map_err(call::node_error)?;
         Ok(ReleaseSignal::new(rx, channel))
     }
 

@@ -1,0 +1,129 @@
+//! Outcome records on one node: the wire types of idempotent replay.
+//!
+//! The protocol over a quorum of nodes (majorities, orphaned markers, why a lost
+//! holder cannot overwrite a newer outcome) lives in [`lock::record`](crate::lock::record);
+//! this file holds only what one node receives and answers.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::error::NodeError;
+use crate::node::{FencingToken, LockKeys, Owner};
+
+impl LockKeys {
+    /// The key of the resource's outcome record: `{prefix}{<resource>}:record`, in the
+    /// same hash slot as the lock key.
+    pub fn record(&self) -> String {
+        format!("{}:record", self.lock)
+    }
+}
+
+/// A completed outcome stored under a resource: the fencing token of the lease that
+/// produced it, the fingerprint of the request it answers, and opaque data.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Record {
+    token: FencingToken,
+    fingerprint: Bytes,
+    data: Bytes,
+}
+
+impl Record {
+    /// A record, for [`Node`](crate::Node) implementations that read one back.
+    pub fn new(token: FencingToken, fingerprint: Bytes, data: Bytes) -> Self {
+        Record {
+            token,
+            fingerprint,
+            data,
+        }
+    }
+
+    /// The fencing token of the lease that stored it.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The fingerprint given when it was stored.
+    pub fn fingerprint(&self) -> &Bytes {
+        &self.fingerprint
+    }
+
+    /// The stored bytes.
+    pub fn data(&self) -> &Bytes {
+        &self.data
+    }
+}
+
+impl fmt::Debug for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Record")
+            .field("token", &self.token)
+            .field("fingerprint_len", &self.fingerprint.len())
+            .field("data_len", &self.data.len())
+            .finish()
+    }
+}
+
+/// Arguments of [`Node::claim_record`](crate::Node::claim_record).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The keys of the resource.
+    pub keys: &'a LockKeys,
+    /// The owner value the lock key must hold.
+    pub owner: &'a Owner,
+    /// The claiming lease's fencing token.
+    pub token: u64,
+    /// The fingerprint stored with the pending marker.
+    pub fingerprint: &'a [u8],
+    /// Time to live of the pending marker.
+    pub pending_ttl: Duration,
+    /// When an earlier holder's marker is found: shorten its time to live to this, once
+    /// (`None`: leave it as it is).
+    pub orphan_ttl: Option<Duration>,
+}
+
+/// One node's answer to [`Node::claim_record`](crate::Node::claim_record).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimReply {
+    /// The pending marker of this lease is stored (or already was).
+    Claimed,
+    /// A completed record exists (whoever holds the lock).
+    Completed(Record),
+    /// An earlier holder's pending marker exists; it lives `pttl` more.
+    Orphaned {
+        /// The marker's remaining time to live.
+        pttl: Option<Duration>,
+    },
+    /// The lock key does not hold the owner value: nothing was written.
+    NotOwner,
+}
+
+/// Arguments of [`Node::store_record`](crate::Node::store_record).
+#[derive(Debug, Clone, Copy)]
+pub struct StoreRequest<'a> {
+    /// The keys of the resource.
+    pub keys: &'a LockKeys,
+    /// The owner value the lock key must hold.
+    pub owner: &'a Owner,
+    /// The record to store; its token orders it against an existing record.
+    pub record: &'a Record,
+    /// The record's time to live.
+    pub retention: Duration,
+}
+
+/// One node's answer to [`Node::store_record`](crate::Node::store_record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreReply {
+    /// The record replaced whatever the key held.
+    Stored,
+    /// A completed record with an equal or larger token exists; nothing was written.
+    Superseded,
+    /// The lock key does not hold the owner value: nothing was written.
+    NotOwner,
+}
+
+/// The error of the default record operations of [`Node`](crate::Node).
+pub(crate) fn unsupported() -> NodeError {
+    NodeError::Unsupported("outcome records (idempotent replay)".into())
+}

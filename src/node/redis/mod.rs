@@ -1,0 +1,46 @@
+//! The Redis node kinds: one standalone server ([`RedisNode`]), a Redis Cluster
+//! ([`ClusterNode`]) and a Sentinel-managed group ([`SentinelNode`]), each casting one
+//! vote, and [`node_from_url`] to build one from a URL.
+//!
+//! What they share lives next to them: the scripts and their calls (`call.rs`,
+//! `scripts/*.lua`), the record scripts (`records.rs`), the release subscriber
+//! (`pubsub.rs`), the connection that re-sends after a reconnect (`conn.rs`) and URL
+//! parsing (`url.rs`).
+
+pub(crate) mod call;
+mod cluster;
+pub(crate) mod conn;
+pub(crate) mod pubsub;
+pub(crate) mod records;
+mod sentinel;
+mod standalone;
+mod url;
+
+use std::time::Duration;
+
+pub use cluster::ClusterNode;
+pub use sentinel::SentinelNode;
+pub use standalone::RedisNode;
+pub use url::{node_from_url, split_node_urls};
+
+/// Whole milliseconds, rounded up, as Redis takes them.
+pub(crate) fn millis_ceil(d: Duration) -> u64 {
+    let ms = d.as_millis();
+    let ms = if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        ms + 1
+    } else {
+        ms
+    };
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_round_up() {
+        assert_eq!(millis_ceil(Duration::from_micros(1500)), 2);
+        assert_eq!(millis_ceil(Duration::from_millis(7)), 7);
+    }
+}
