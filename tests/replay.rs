@@ -1435,3 +1435,102 @@ async fn replay_over_a_standalone_a_cluster_and_a_sentinel_node() {
     })
     .await;
 }
+
+/// A node that locks (through a `MemoryNode`) but stores no outcome records: the
+/// default `Node::records`.
+struct LockOnly(MemoryNode);
+
+impl tower_redlock::Node for LockOnly {
+    fn name(&self) -> &str {
+        "lock-only"
+    }
+
+    fn acquire(
+        &self,
+        request: &tower_redlock::node::AcquireRequest<'_>,
+    ) -> tower_redlock::node::NodeFuture<tower_redlock::node::AcquireReply> {
+        self.0.acquire(request)
+    }
+
+    fn extend(
+        &self,
+        keys: &tower_redlock::node::LockKeys,
+        owner: &tower_redlock::node::Owner,
+        ttl: Duration,
+    ) -> tower_redlock::node::NodeFuture<bool> {
+        self.0.extend(keys, owner, ttl)
+    }
+
+    fn release(
+        &self,
+        keys: &tower_redlock::node::LockKeys,
+        owner: &tower_redlock::node::Owner,
+    ) -> tower_redlock::node::NodeFuture<bool> {
+        self.0.release(keys, owner)
+    }
+
+    fn raise_fence(
+        &self,
+        keys: &tower_redlock::node::LockKeys,
+        token: u64,
+        fence_ttl: Duration,
+    ) -> tower_redlock::node::NodeFuture<()> {
+        self.0.raise_fence(keys, token, fence_ttl)
+    }
+
+    fn subscribe(
+        &self,
+        keys: &tower_redlock::node::LockKeys,
+    ) -> tower_redlock::node::NodeFuture<tower_redlock::node::ReleaseSignal> {
+        self.0.subscribe(keys)
+    }
+}
+
+fn mixed_locker() -> Redlock {
+    let nodes: Vec<Arc<dyn tower_redlock::Node>> = vec![
+        Arc::new(MemoryNode::new()),
+        Arc::new(LockOnly(MemoryNode::new())),
+        Arc::new(MemoryNode::new()),
+    ];
+    Redlock::from_nodes(nodes, LockOptions::default()).unwrap()
+}
+
+#[tokio::test]
+async fn replay_over_a_node_without_records_is_refused_when_the_layer_is_built() {
+    let error = LockLayer::new(mixed_locker(), header("idempotency-key"))
+        .try_replay(Replay::default())
+        .err()
+        .expect("a locker with a node lacking records must be refused");
+    assert!(error.to_string().contains("lock-only"), "{error}");
+
+    // Nodes that all store records are accepted.
+    let locker = Redlock::new(
+        [MemoryNode::new(), MemoryNode::new()],
+        LockOptions::default(),
+    )
+    .unwrap();
+    assert!(LockLayer::new(locker, header("idempotency-key"))
+        .try_replay(Replay::default())
+        .is_ok());
+}
+
+#[tokio::test]
+#[should_panic(expected = "LockLayer::replay")]
+async fn replay_over_a_node_without_records_panics_with_the_reason() {
+    let _ = LockLayer::new(mixed_locker(), header("idempotency-key")).replay(Replay::default());
+}
+
+#[tokio::test]
+async fn the_engine_counts_a_node_without_records_as_not_answering() {
+    // Used without the layer, the records answer as before: the node's vote is
+    // missing (one of three), the majority still decides.
+    let locker = mixed_locker();
+    let lease = locker.try_acquire("no-records").await.unwrap();
+    assert_eq!(
+        lease
+            .claim_record(b"f", Duration::from_secs(60), None)
+            .await
+            .unwrap(),
+        Claim::Claimed
+    );
+}

@@ -11,6 +11,7 @@ use tower_layer::Layer;
 use super::problem::{DefaultRenderer, ProblemRenderer};
 use super::replay::{Replay, ReplaySettings, Replaying};
 use super::service::LockService;
+use crate::error::ConfigError;
 use crate::lock::{Redlock, Resource};
 
 /// The default [`LockLayer::fencing_header`]: `Fencing-Token`.
@@ -290,7 +291,28 @@ impl<K> LockLayer<K> {
     /// [`Contention::Reject`] a request whose key is in flight gets 409
     /// `request-in-progress`; under [`Contention::Wait`] it waits and gets the first
     /// response replayed.
+    ///
+    /// # Panics
+    ///
+    /// When a node of the locker stores no outcome records ([`Node::records`] is
+    /// `None`), as axum's `Router::route` panics on a route it cannot add: a layer
+    /// built that way would fail every request. [`try_replay`](Self::try_replay) returns
+    /// the error instead. Every node kind of this crate stores records.
+    ///
+    /// [`Node::records`]: crate::Node::records
+    #[track_caller]
     pub fn replay(self, replay: Replay) -> LockLayer<Replaying<K>> {
+        match self.try_replay(replay) {
+            Ok(layer) => layer,
+            Err(error) => panic!("LockLayer::replay: {error}"),
+        }
+    }
+
+    /// [`replay`](Self::replay), refusing a locker with a node that stores no outcome
+    /// records ([`Node::records`](crate::Node::records) is `None`) with a
+    /// [`ConfigError`] rather than a panic.
+    pub fn try_replay(self, replay: Replay) -> Result<LockLayer<Replaying<K>>, ConfigError> {
+        self.settings.locker.check_records()?;
         let ttl = self.settings.locker.options().get_ttl();
         let replay = Arc::new(ReplaySettings::new(replay, ttl));
         let mut layer = LockLayer {
@@ -298,7 +320,7 @@ impl<K> LockLayer<K> {
             settings: self.settings,
         };
         layer.settings().replay = Some(replay);
-        layer
+        Ok(layer)
     }
 
     /// The key extractor.

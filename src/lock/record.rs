@@ -61,11 +61,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::error::NodeFailure;
+use crate::error::{ConfigError, NodeFailure};
 use crate::lock::lease::{Lease, LeaseHandle, LeaseInner, LostCause};
 use crate::lock::round::Nodes;
 use crate::lock::LockError;
 use crate::lock::Redlock;
+use crate::node::{unsupported, Node, NodeFuture, RecordStore};
 use crate::node::{LockKeys, Resource};
 
 // The wire types moved to `crate::node`; their old paths keep working.
@@ -90,6 +91,27 @@ pub enum Claim {
     },
 }
 impl Redlock {
+    /// Refuses a locker with a node that stores no outcome records (see
+    /// [`Node::records`]): idempotent replay checks it when its layer is built.
+    pub(crate) fn check_records(&self) -> Result<(), ConfigError> {
+        let missing: Vec<&str> = self
+            .shared
+            .nodes
+            .each()
+            .filter(|node| node.records().is_none())
+            .map(|node| node.name())
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::new(format!(
+                "idempotent replay stores outcome records on the lock nodes, and these \
+                 nodes store none (Node::records is None): {}",
+                missing.join(", ")
+            )))
+        }
+    }
+
     /// The completed outcome stored under `resource`, if any. Takes no lock: a completed
     /// record is immutable until its retention ends.
     ///
@@ -260,7 +282,7 @@ pub(crate) async fn read(
         .fan_out(
             0..nodes.len(),
             nodes.timeout(),
-            |_, node| node.read_record(keys),
+            |_, node| records_of(node).read_record(keys),
             |index, answer, pending| {
                 match answer {
                     Ok(found) => {
@@ -323,7 +345,7 @@ pub(crate) async fn claim(
             timeout,
             |index, node| {
                 let owner = inner.owner.for_node(index);
-                node.claim_record(&ClaimRequest {
+                records_of(node).claim_record(&ClaimRequest {
                     owner: &owner,
                     ..request
                 })
@@ -402,7 +424,7 @@ pub(crate) async fn store(
             bounded_by_validity(inner),
             |index, node| {
                 let owner = inner.owner.for_node(index);
-                node.store_record(&StoreRequest {
+                records_of(node).store_record(&StoreRequest {
                     owner: &owner,
                     ..request
                 })
@@ -448,7 +470,7 @@ pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
         .fan_out(
             0..nodes.len(),
             nodes.timeout(),
-            |_, node| node.discard_record(&inner.keys, token),
+            |_, node| records_of(node).discard_record(&inner.keys, token),
             |index, answer, pending| {
                 match answer {
                     Ok(_) => answered += 1,
@@ -475,13 +497,40 @@ fn discard_in_background(inner: &LeaseInner) {
     let calls: Vec<_> = nodes
         .each()
         .map(|node| {
-            let call = node.discard_record(&inner.keys, token);
+            let call = records_of(node.as_ref()).discard_record(&inner.keys, token);
             tokio::time::timeout(nodes.timeout(), call)
         })
         .collect();
     inner.locker.runtime.spawn(async move {
         futures_util::future::join_all(calls).await;
     });
+}
+
+/// A node's records, or one that answers [`NodeError::Unsupported`] to everything: a
+/// locker built without checking ([`Redlock::check_records`]) counts such a node as
+/// one that does not answer, as it would count a node that is down.
+fn records_of(node: &dyn Node) -> &dyn RecordStore {
+    node.records().unwrap_or(&NoRecords)
+}
+
+struct NoRecords;
+
+impl RecordStore for NoRecords {
+    fn read_record(&self, _: &LockKeys) -> NodeFuture<Option<Record>> {
+        Box::pin(std::future::ready(Err(unsupported())))
+    }
+
+    fn claim_record(&self, _: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
+        Box::pin(std::future::ready(Err(unsupported())))
+    }
+
+    fn store_record(&self, _: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
+        Box::pin(std::future::ready(Err(unsupported())))
+    }
+
+    fn discard_record(&self, _: &LockKeys, _: u64) -> NodeFuture<bool> {
+        Box::pin(std::future::ready(Err(unsupported())))
+    }
 }
 
 /// The lease is neither lost, released nor past its validity.

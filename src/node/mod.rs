@@ -13,6 +13,7 @@
 //! | [`Resource`] / [`LockKeys`] | a lock's name, and its keys (lock, fence counter, record, wake-up channel) |
 //! | [`Owner`] | the random value that identifies one acquisition |
 //! | [`ReleaseSignal`] | what a subscription hands waiters: wakes them when the resource is released |
+//! | [`RecordStore`] | the capability of storing outcome records, which [`Node::records`] hands out |
 //! | [`Record`], [`ClaimRequest`] / [`ClaimReply`], [`StoreRequest`] / [`StoreReply`] | outcome records of idempotent replay (see [`lock::record`](crate::lock::record)) |
 //! | [`FencingToken`] | the number a fence counter hands out (see [`fencing`](crate::fencing)) |
 //! | [`NodeError`] | how one node's operation failed |
@@ -51,7 +52,7 @@ pub use crate::error::NodeError;
 pub use etcd::EtcdNode;
 pub use memory::MemoryNode;
 pub(crate) use records::unsupported;
-pub use records::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
+pub use records::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 pub use resource::{LockKeys, Resource};
 pub use token::FencingToken;
 
@@ -124,42 +125,12 @@ pub trait Node: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Vec::new())))
     }
 
-    // ---- Outcome records (idempotent replay; see `crate::lock::record`) ----------
-    // Every node kind of the crate implements them (standalone, Cluster, Sentinel,
-    // memory). The defaults fail with `NodeError::Unsupported`, so a user's own node
-    // kind without records keeps compiling; a locker over it answers `Unavailable`.
-
-    /// The completed record under the resource's record key, if any (a pending marker
-    /// reads as none). Reads only; needs no lock.
-    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
-        let _ = keys;
-        Box::pin(std::future::ready(Err(unsupported())))
-    }
-
-    /// Atomically: returns the completed record if one exists; else, unless the lock key
-    /// holds `request.owner`, writes nothing ([`ClaimReply::NotOwner`]); else, when
-    /// another token's pending marker exists, marks it orphaned (once: its ttl is cut to
-    /// `orphan_ttl` if given) and returns its remaining ttl; else stores this token's
-    /// pending marker with `pending_ttl`.
-    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
-        let _ = request;
-        Box::pin(std::future::ready(Err(unsupported())))
-    }
-
-    /// Atomically: unless the lock key holds `request.owner`, writes nothing; when the
-    /// very same record exists (a re-sent store), answers [`StoreReply::Stored`]; when
-    /// another completed record with an equal or larger token exists, writes nothing;
-    /// else replaces the record key with the completed record, ttl `retention`.
-    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
-        let _ = request;
-        Box::pin(std::future::ready(Err(unsupported())))
-    }
-
-    /// Deletes the record key if it holds the pending marker of `token`. Returns whether
-    /// it did.
-    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
-        let _ = (keys, token);
-        Box::pin(std::future::ready(Err(unsupported())))
+    /// The node's outcome records (idempotent replay), if it stores them: every node
+    /// kind of the crate does; the default is `None`. A [`LockLayer`](crate::LockLayer)
+    /// with [`replay`](crate::LockLayer::replay) refuses, when it is built, a locker with
+    /// a node that answers `None` here, rather than failing each request.
+    fn records(&self) -> Option<&dyn RecordStore> {
+        None
     }
 }
 

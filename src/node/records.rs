@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::NodeError;
-use crate::node::{FencingToken, LockKeys, Owner};
+use crate::node::{FencingToken, LockKeys, NodeFuture, Owner};
 
 impl LockKeys {
     /// The key of the resource's outcome record: `{prefix}{<resource>}:record`, in the
@@ -65,7 +65,7 @@ impl fmt::Debug for Record {
     }
 }
 
-/// Arguments of [`Node::claim_record`](crate::Node::claim_record).
+/// Arguments of [`RecordStore::claim_record`].
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRequest<'a> {
     /// The keys of the resource.
@@ -83,7 +83,7 @@ pub struct ClaimRequest<'a> {
     pub orphan_ttl: Option<Duration>,
 }
 
-/// One node's answer to [`Node::claim_record`](crate::Node::claim_record).
+/// One node's answer to [`RecordStore::claim_record`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimReply {
     /// The pending marker of this lease is stored (or already was).
@@ -99,7 +99,7 @@ pub enum ClaimReply {
     NotOwner,
 }
 
-/// Arguments of [`Node::store_record`](crate::Node::store_record).
+/// Arguments of [`RecordStore::store_record`].
 #[derive(Debug, Clone, Copy)]
 pub struct StoreRequest<'a> {
     /// The keys of the resource.
@@ -112,7 +112,7 @@ pub struct StoreRequest<'a> {
     pub retention: Duration,
 }
 
-/// One node's answer to [`Node::store_record`](crate::Node::store_record).
+/// One node's answer to [`RecordStore::store_record`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreReply {
     /// The record replaced whatever the key held.
@@ -123,7 +123,33 @@ pub enum StoreReply {
     NotOwner,
 }
 
-/// The error of the default record operations of [`Node`](crate::Node).
+/// A node's outcome records: what idempotent replay needs from a node besides the
+/// lock. A [`Node`](crate::Node) that stores them hands this out from
+/// [`Node::records`](crate::Node::records); each operation is atomic on the node.
+pub trait RecordStore: Send + Sync {
+    /// The completed record under the resource's record key, if any (a pending marker
+    /// reads as none). Reads only; needs no lock.
+    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>>;
+
+    /// Atomically: returns the completed record if one exists; else, unless the lock key
+    /// holds `request.owner`, writes nothing ([`ClaimReply::NotOwner`]); else, when
+    /// another token's pending marker exists, marks it orphaned (once: its ttl is cut to
+    /// `orphan_ttl` if given) and returns its remaining ttl; else stores this token's
+    /// pending marker with `pending_ttl`.
+    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply>;
+
+    /// Atomically: unless the lock key holds `request.owner`, writes nothing; when the
+    /// very same record exists (a re-sent store), answers [`StoreReply::Stored`]; when
+    /// another completed record with an equal or larger token exists, writes nothing;
+    /// else replaces the record key with the completed record, ttl `retention`.
+    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply>;
+
+    /// Deletes the record key if it holds the pending marker of `token`. Returns whether
+    /// it did.
+    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool>;
+}
+
+/// What the engine counts for a node without records (see [`Node::records`](crate::Node::records)).
 pub(crate) fn unsupported() -> NodeError {
     NodeError::Unsupported("outcome records (idempotent replay)".into())
 }

@@ -12,7 +12,7 @@ use crate::error::NodeError;
 use crate::node::FencingToken;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
+use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
 /// Sweep expired keys after this many writes, so unique resources (idempotency keys)
 /// never accumulate.
@@ -415,6 +415,12 @@ impl Node for MemoryNode {
         })
     }
 
+    fn records(&self) -> Option<&dyn RecordStore> {
+        Some(self)
+    }
+}
+
+impl RecordStore for MemoryNode {
     // Outcome records (idempotent replay), stored as text in an ordinary entry of the
     // record key, so expiry, `clear`, `delete` and the fault injection apply to them.
     fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {

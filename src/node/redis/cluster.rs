@@ -21,7 +21,7 @@ use crate::node::redis::records;
 use crate::node::redis::url;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
+use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
 type Configure = dyn Fn(ClusterClientBuilder) -> ClusterClientBuilder + Send + Sync;
 type Connect = Shared<BoxFuture<'static, Result<ClusterConnection, NodeError>>>;
@@ -310,8 +310,48 @@ impl Node for ClusterNode {
         Box::pin(async move { subscriber?.subscribe(channel).await })
     }
 
+    fn address(&self) -> Option<&str> {
+        Some(&self.inner.address)
+    }
+
+    /// The `run_id` of every master of the cluster.
+    fn server_ids(&self) -> NodeFuture<Vec<String>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            let mut cmd = redis::cmd("INFO");
+            cmd.arg("server");
+            let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+            let answers = conn
+                .route_command(cmd, routing)
+                .await
+                .map_err(call::node_error)?;
+            let Value::Map(answers) = answers else {
+                return Err(NodeError::Protocol(
+                    format!("INFO on every master returned {answers:?}").into(),
+                ));
+            };
+            Ok(answers
+                .iter()
+                .filter_map(|(_, info)| match info {
+                    Value::BulkString(text) => {
+                        identity::parse_run_id(&String::from_utf8_lossy(text))
+                    }
+                    Value::VerbatimString { text, .. } => identity::parse_run_id(text),
+                    _ => None,
+                })
+                .collect())
+        })
+    }
+
+    fn records(&self) -> Option<&dyn RecordStore> {
+        Some(self)
+    }
+}
+
+impl RecordStore for ClusterNode {
     // Outcome records (idempotent replay): the commands are those of the standalone
-    // node (`redis_record`). The record key carries the lock key's hash tag, so each
+    // node (`records.rs`). The record key carries the lock key's hash tag, so each
     // script's keys share one slot and the cluster client routes the call, `WAIT`
     // included, to the shard that owns the lock.
     fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
@@ -353,40 +393,6 @@ impl Node for ClusterNode {
         Box::pin(async move {
             let mut conn = inner.connection().await?;
             records::discard(&mut conn, &call).await.map_err(node_error)
-        })
-    }
-
-    fn address(&self) -> Option<&str> {
-        Some(&self.inner.address)
-    }
-
-    /// The `run_id` of every master of the cluster.
-    fn server_ids(&self) -> NodeFuture<Vec<String>> {
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            let mut cmd = redis::cmd("INFO");
-            cmd.arg("server");
-            let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-            let answers = conn
-                .route_command(cmd, routing)
-                .await
-                .map_err(call::node_error)?;
-            let Value::Map(answers) = answers else {
-                return Err(NodeError::Protocol(
-                    format!("INFO on every master returned {answers:?}").into(),
-                ));
-            };
-            Ok(answers
-                .iter()
-                .filter_map(|(_, info)| match info {
-                    Value::BulkString(text) => {
-                        identity::parse_run_id(&String::from_utf8_lossy(text))
-                    }
-                    Value::VerbatimString { text, .. } => identity::parse_run_id(text),
-                    _ => None,
-                })
-                .collect())
         })
     }
 }

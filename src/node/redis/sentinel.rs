@@ -25,7 +25,7 @@ use crate::node::redis::standalone::RedisNode;
 use crate::node::redis::url;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
+use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
 /// How long one lookup through the sentinels may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -535,8 +535,28 @@ impl Node for SentinelNode {
         })
     }
 
+    fn address(&self) -> Option<&str> {
+        Some(&self.inner.address)
+    }
+
+    /// The current master's `run_id`.
+    fn server_ids(&self) -> NodeFuture<Vec<String>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let (generation, master) = inner.master().await;
+            let master = master.inspect_err(|_| inner.invalidate(generation))?;
+            master.node.server_ids().await
+        })
+    }
+
+    fn records(&self) -> Option<&dyn RecordStore> {
+        Some(self)
+    }
+}
+
+impl RecordStore for SentinelNode {
     // Outcome records (idempotent replay): the commands are those of the standalone
-    // node (`redis_record`), on the current master, followed across failovers like
+    // node (`records.rs`), on the current master, followed across failovers like
     // the lock commands. Claims and stores honour `wait_for_replicas`: a record counts
     // only once the replicas a failover may promote have it.
     fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
@@ -582,20 +602,6 @@ impl Node for SentinelNode {
             inner
                 .with_master(|mut conn| async move { records::discard(&mut conn, call).await })
                 .await
-        })
-    }
-
-    fn address(&self) -> Option<&str> {
-        Some(&self.inner.address)
-    }
-
-    /// The current master's `run_id`.
-    fn server_ids(&self) -> NodeFuture<Vec<String>> {
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (generation, master) = inner.master().await;
-            let master = master.inspect_err(|_| inner.invalidate(generation))?;
-            master.node.server_ids().await
         })
     }
 }

@@ -17,7 +17,7 @@ use crate::node::redis::pubsub::Hub;
 use crate::node::redis::records;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
+use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
 /// One Redis server (standalone master) as a lock node.
 ///
@@ -228,7 +228,13 @@ impl Node for RedisNode {
         Box::pin(async move { identity::run_id(&mut conn).await })
     }
 
-    // Outcome records (idempotent replay): the commands are in `redis_record`.
+    fn records(&self) -> Option<&dyn RecordStore> {
+        Some(self)
+    }
+}
+
+impl RecordStore for RedisNode {
+    // Outcome records (idempotent replay): the commands are in `records.rs`.
     fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
         let keys = keys.clone();
         let mut conn = self.inner.conn.clone();
