@@ -1499,8 +1499,7 @@ fn mixed_locker() -> Redlock {
 async fn replay_over_a_node_without_records_is_refused_when_the_layer_is_built() {
     let error = LockLayer::new(mixed_locker(), header("idempotency-key"))
         .try_replay(Replay::default())
-        .err()
-        .expect("a locker with a node lacking records must be refused");
+        .expect_err("a locker with a node lacking records must be refused");
     assert!(error.to_string().contains("lock-only"), "{error}");
 
     // Nodes that all store records are accepted.

@@ -17,6 +17,7 @@
 //! [`LockError::Unavailable`] (too few nodes answered, with each node's cause), or
 //! [`LockError::ValidityExpired`] (a majority granted it too slowly).
 
+mod acquire;
 mod error;
 pub mod fencing;
 mod health;
@@ -33,15 +34,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use crate::error::ConfigError;
 use crate::node::identity;
-use fencing::FencingToken;
-use lease::{LeaseInner, Status};
+use lease::LeaseInner;
 use round::Nodes;
-use wait::{next_release, QueueRef, Queues};
+use wait::Queues;
 
 pub use error::LockError;
 pub use health::{NodeState, NodeStatus};
@@ -296,7 +295,7 @@ impl Redlock {
     ) -> Result<Lease, LockError> {
         let deadline = Instant::now()
             .checked_add(timeout)
-            .unwrap_or_else(far_future);
+            .unwrap_or_else(acquire::far_future);
         self.acquire_until(resource, deadline).await
     }
 
@@ -322,297 +321,6 @@ impl Redlock {
         metrics::acquisition(&result, started.elapsed());
         result
     }
-
-    #[tracing::instrument(name = "redlock.wait", level = "debug", skip_all, fields(resource = %resource))]
-    async fn queue_and_acquire(
-        &self,
-        resource: Resource,
-        started: Instant,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        let shared = &self.shared;
-        let queue = shared.queues.get(&resource);
-        // Counts this caller against `max_waiters` until it returns: the head of the
-        // queue, contending at the nodes, waits as much as those behind it.
-        let Some(waiting) = queue.enter(self.max_waiters) else {
-            return Err(LockError::QueueFull {
-                resource,
-                limit: self.max_waiters,
-            });
-        };
-        let timeout = |holder_ttl| LockError::WaitTimeout {
-            resource: resource.clone(),
-            waited: started.elapsed(),
-            holder_ttl,
-        };
-        let mut waited = false;
-        let permit = match queue.permit.clone().try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => {
-                waited = true;
-                shared.metrics.waits.inc();
-                match tokio::time::timeout_at(deadline, queue.permit.clone().acquire_owned()).await
-                {
-                    Ok(Ok(permit)) => permit,
-                    _ => return Err(timeout(queue.holder_ttl())),
-                }
-            }
-        };
-        let keys = LockKeys::new(&shared.options.key_prefix, &resource);
-        let mut signals: Option<Vec<ReleaseSignal>> = None;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            if let Some(signals) = signals.as_mut() {
-                signals.iter_mut().for_each(ReleaseSignal::mark_seen);
-            }
-            let holder_ttl = match self.attempt_keeping_permit(&resource, &keys, &permit).await {
-                Ok(inner) => {
-                    drop(waiting);
-                    return Ok(self.finish(inner, permit, queue));
-                }
-                Err(LockError::Held { holder_ttl, .. }) => {
-                    // For the callers queued behind us: whom they wait for, and how long.
-                    queue.note_remote_holder(holder_ttl);
-                    holder_ttl
-                }
-                Err(LockError::ValidityExpired { .. }) => None,
-                Err(e) => return Err(e),
-            };
-            if Instant::now() >= deadline {
-                return Err(timeout(holder_ttl));
-            }
-            if signals.is_none() {
-                // Subscribe, then try once more at once: the release may have been
-                // published between our attempt and the subscription.
-                signals = Some(queue.signals(&shared.nodes, &keys).await);
-                if !waited {
-                    waited = true;
-                    shared.metrics.waits.inc();
-                }
-                continue;
-            }
-            let delay = shared.options.retry.delay(attempt, holder_ttl);
-            let retry_at = (Instant::now() + delay).min(deadline);
-            let woken = tokio::select! {
-                () = next_release(signals.as_mut().map_or(&mut [][..], Vec::as_mut_slice)) => true,
-                () = tokio::time::sleep_until(retry_at) => false,
-            };
-            if woken {
-                shared.metrics.wakeups.inc();
-                // A release starts a new race: should this waiter lose it (a split vote
-                // among the woken), its next try comes after a short random delay,
-                // not after the long one its earlier waiting had grown to.
-                attempt = 0;
-            } else if Instant::now() >= deadline {
-                return Err(timeout(holder_ttl));
-            }
-        }
-    }
-
-    async fn attempt(
-        &self,
-        resource: Resource,
-        keys: LockKeys,
-        permit: OwnedSemaphorePermit,
-        queue: QueueRef,
-    ) -> Result<Lease, LockError> {
-        let inner = self
-            .attempt_keeping_permit(&resource, &keys, &permit)
-            .await?;
-        Ok(self.finish(inner, permit, queue))
-    }
-
-    /// Turns a won round into a [`Lease`]: starts its watchdog and records the local holder.
-    fn finish(
-        &self,
-        inner: Arc<LeaseInner>,
-        permit: OwnedSemaphorePermit,
-        queue: QueueRef,
-    ) -> Lease {
-        queue.set_holder(&inner);
-        let stop = self
-            .shared
-            .options
-            .watchdog
-            .then(|| watchdog::spawn(inner.clone()));
-        Lease::new(inner, permit, queue, stop)
-    }
-
-    /// One Redlock round (plus the fence write-back when needed).
-    #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %resource))]
-    async fn attempt_keeping_permit(
-        &self,
-        resource: &Resource,
-        keys: &LockKeys,
-        _permit: &OwnedSemaphorePermit,
-    ) -> Result<Arc<LeaseInner>, LockError> {
-        let shared = &self.shared;
-        let options = &shared.options;
-        let nodes = &shared.nodes;
-        let owner = Owner::random();
-        let start = Instant::now();
-        let in_flight = ReleaseIfDropped::new(nodes, keys, &owner);
-        let tally = nodes
-            .acquire(&AcquireRequest {
-                keys,
-                owner: &owner,
-                ttl: options.ttl,
-                fence_ttl: options.fence_ttl,
-                fencing: options.fencing,
-                // Once per round: equal floors keep the nodes' counters equal.
-                fence_floor: fencing::floor(fencing::unix_ms()),
-                seed_only_when_missing: options.seed_only_when_missing,
-            })
-            .await;
-        in_flight.disarm();
-        let quorum = nodes.quorum();
-        let valid_until = start + options.ttl - options.drift();
-        let cleanup = |nodes: &Nodes| {
-            // Every node that may hold our key: all but those that said someone else holds it.
-            let targets = (0..nodes.len()).filter(|i| !tally.held.contains(i));
-            nodes.release_in_background(targets, keys, &owner);
-        };
-        if tally.won.len() < quorum {
-            let answered = tally.won.len() + tally.held.len();
-            if tally.held.len() < nodes.len() {
-                cleanup(nodes);
-            }
-            if answered >= quorum {
-                shared.metrics.contended.inc();
-                tracing::debug!(%resource, held = tally.held.len(), won = tally.won.len(), elapsed = ?start.elapsed(), "resource held");
-                return Err(LockError::Held {
-                    resource: resource.clone(),
-                    holder_ttl: tally.holder_ttl,
-                });
-            }
-            shared.metrics.unavailable.inc();
-            tracing::warn!(%resource, answered, quorum, failures = tally.failures.len(), "no quorum");
-            return Err(LockError::Unavailable {
-                resource: resource.clone(),
-                nodes: nodes.len(),
-                answered,
-                quorum,
-                failures: tally.failures,
-            });
-        }
-
-        let token = tally.won.iter().map(|&(_, fence)| fence).max().unwrap_or(0);
-        let behind: Vec<usize> = tally
-            .won
-            .iter()
-            .filter(|&&(_, fence)| fence < token)
-            .map(|&(index, _)| index)
-            .collect();
-        if !behind.is_empty() {
-            // Write-back: a majority must hold the token before the lease counts.
-            let level = tally.won.len() - behind.len();
-            let in_flight = ReleaseIfDropped::new(nodes, keys, &owner);
-            let (confirmed, failures) = nodes
-                .raise_fence(
-                    behind,
-                    keys,
-                    token,
-                    options.fence_ttl,
-                    valid_until,
-                    quorum - level.min(quorum),
-                )
-                .await;
-            in_flight.disarm();
-            if level + confirmed < quorum {
-                cleanup(nodes);
-                let validity = valid_until.saturating_duration_since(Instant::now());
-                if validity <= options.min_validity {
-                    // The write-back was cut short by the validity deadline: a majority
-                    // answered, too slowly. Not an unavailable store; worth a retry.
-                    shared.metrics.slow.inc();
-                    tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "fence write-back ran out of validity");
-                    return Err(LockError::ValidityExpired {
-                        resource: resource.clone(),
-                        validity,
-                        min_validity: options.min_validity,
-                    });
-                }
-                shared.metrics.unavailable.inc();
-                return Err(LockError::Unavailable {
-                    resource: resource.clone(),
-                    nodes: nodes.len(),
-                    answered: level + confirmed,
-                    quorum,
-                    failures,
-                });
-            }
-        }
-
-        let now = Instant::now();
-        let validity = valid_until.saturating_duration_since(now);
-        if validity <= options.min_validity {
-            cleanup(nodes);
-            shared.metrics.slow.inc();
-            tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "majority won too slowly");
-            return Err(LockError::ValidityExpired {
-                resource: resource.clone(),
-                validity,
-                min_validity: options.min_validity,
-            });
-        }
-        shared.metrics.acquired.inc();
-        tracing::debug!(%resource, votes = tally.won.len(), %token, elapsed = ?start.elapsed(), "lease acquired");
-        let (status, _) = watch::channel(Status {
-            valid_until,
-            lost: None,
-            released: false,
-        });
-        Ok(Arc::new(LeaseInner {
-            locker: shared.clone(),
-            resource: resource.clone(),
-            keys: keys.clone(),
-            owner,
-            token: FencingToken::new(token),
-            acquired_at: start,
-            status,
-        }))
-    }
-}
-
-/// Releases an attempt's key on every node, in the background, when the attempt is
-/// dropped while a round is in flight (a cancelled `acquire`): a `SET` sent before the
-/// drop may land after it, and would otherwise block the resource for a whole ttl.
-struct ReleaseIfDropped<'a> {
-    nodes: &'a Nodes,
-    keys: &'a LockKeys,
-    owner: &'a Owner,
-    armed: bool,
-}
-
-impl<'a> ReleaseIfDropped<'a> {
-    fn new(nodes: &'a Nodes, keys: &'a LockKeys, owner: &'a Owner) -> Self {
-        ReleaseIfDropped {
-            nodes,
-            keys,
-            owner,
-            armed: true,
-        }
-    }
-
-    /// The round finished: its outcome is handled by the caller.
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for ReleaseIfDropped<'_> {
-    fn drop(&mut self) {
-        // Without a runtime (it is shutting down) nothing can be sent; the keys expire.
-        if self.armed && tokio::runtime::Handle::try_current().is_ok() {
-            self.nodes
-                .release_in_background(0..self.nodes.len(), self.keys, self.owner);
-        }
-    }
-}
-
-fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
 }
 
 impl fmt::Debug for Redlock {
