@@ -62,14 +62,14 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`lock`] | the lock engine: [`Redlock`] over N nodes, [`Lease`], [`LockOptions`], [`MemoryNode`], the Redis nodes. Knows nothing of HTTP. |
+//! | [`lock`] | the lock engine: [`Redlock`] over N nodes, [`Lease`], [`LockOptions`], waiting, the watchdog, outcome records ([`lock::record`]). Knows nothing of HTTP nor Redis. |
 //! | [`fencing`] | [`FencingToken`]: how tokens are made across a quorum, why they increase, and the assumptions |
 //! | [`http`] | [`LockLayer`] and [`LockService`]: the tower middleware and its policies |
 //! | [`http::key`] | where a request's key comes from: [`KeyFromParts`], [`KeyExtractor`], the built-ins and the webhook presets |
 //! | [`http::problem`] | the RFC 9457 problem responses, [`ProblemRenderer`], and [`problem_response`](http::problem::problem_response) for errors of code that locks by hand |
 //! | [`http::replay`] | idempotent replay ([`Replay`]): the first response for a key recorded and replayed |
 //! | [`axum`](mod@crate::axum) | [`Locked`](crate::axum::Locked), which takes a lease inside a handler, and [`LayerLease`](crate::axum::LayerLease), which reads the layer's |
-//! | [`node`] | what implementing a [`Node`] (a lock store of your own) takes; applications never need it |
+//! | [`node`] | the lock stores: the [`Node`] trait and what implementing one takes, [`MemoryNode`], the Redis nodes (feature `redis`) |
 //! | [`metrics`] | the metric names, what each counts and when to alert |
 //! | `test_util` | with `test-util`: [`TestStore`](crate::test_util::TestStore), the test kit for users' handlers |
 //!
@@ -127,6 +127,12 @@
 //! ttl). A process paused longer than its lease (GC, swap, a stopped VM) can still
 //! write after another took over: that is what the fencing token is for. The details
 //! are in [`fencing`] and [`lock`].
+//!
+//! # Layout
+//!
+//! Imports point down only: [`http`] and [`axum`](mod@crate::axum) use [`lock`], which
+//! uses [`node`], which uses only the errors. ARCHITECTURE.md in the repository says
+//! what lives where.
 #![warn(
     missing_docs,
     rust_2018_idioms,
