@@ -38,7 +38,6 @@ use tokio::time::Instant;
 
 use crate::error::ConfigError;
 use crate::node::identity;
-use lease::LeaseInner;
 use round::Nodes;
 use wait::Queues;
 
@@ -246,7 +245,7 @@ impl Redlock {
 
     /// The leases of this locker held in this process now (the test kit reads them).
     #[cfg(feature = "test-util")]
-    pub(crate) fn held_leases(&self) -> Vec<Arc<LeaseInner>> {
+    pub(crate) fn held_leases(&self) -> Vec<Arc<lease::LeaseInner>> {
         self.shared.queues.holders()
     }
 

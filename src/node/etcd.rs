@@ -15,7 +15,7 @@ use crate::error::{ConfigError, NodeError};
 use crate::node::FencingToken;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
+use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
 /// How often a record operation re-reads after another writer changed the record key
 /// between its read and its transaction, before it gives up.
@@ -1016,6 +1016,12 @@ impl Node for EtcdNode {
         Box::pin(async move { pinned!(inner, |client| inner.subscribe(client, keys.clone())) })
     }
 
+    fn records(&self) -> Option<&dyn RecordStore> {
+        Some(self)
+    }
+}
+
+impl RecordStore for EtcdNode {
     fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
         let inner = self.inner.clone();
         let keys = keys.clone();
