@@ -11,8 +11,9 @@ use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::IntoConnectionInfo;
 use tokio::sync::{watch, Mutex as AsyncMutex};
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
+
+mod channel;
 
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
@@ -26,6 +27,7 @@ use crate::node::redis::url;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
+use channel::HubChannel;
 
 /// How long one lookup through the sentinels may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -613,78 +615,5 @@ impl fmt::Debug for SentinelNode {
             .field("master", &self.current_master())
             .field("wait_for_replicas", &self.wait)
             .finish()
-    }
-}
-
-/// One resource's release notifications as the waiters see them, fed by a subscription
-/// on the current master that is replaced when the master changes.
-struct HubChannel {
-    keys: LockKeys,
-    tx: watch::Sender<u64>,
-    upstream: Mutex<Option<Upstream>>,
-}
-
-/// The subscription on one master, forwarded by a task.
-struct Upstream {
-    epoch: u64,
-    forward: AbortHandle,
-}
-
-impl HubChannel {
-    fn wake(&self) {
-        self.tx.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    fn epoch(&self) -> Option<u64> {
-        self.upstream
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|u| u.epoch)
-    }
-
-    /// Subscribes on `master` (unless already subscribed there) and forwards its
-    /// notifications, replacing the subscription on an earlier master.
-    async fn attach(self: &Arc<Self>, master: &Master) -> Result<(), NodeError> {
-        if self.epoch() == Some(master.epoch) {
-            return Ok(());
-        }
-        let mut signal = master.node.subscribe(&self.keys).await?;
-        let channel = Arc::downgrade(self);
-        let forward = tokio::spawn(async move {
-            loop {
-                signal.changed().await;
-                match channel.upgrade() {
-                    Some(channel) => channel.wake(),
-                    None => return,
-                }
-            }
-        });
-        let previous = self
-            .upstream
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(Upstream {
-                epoch: master.epoch,
-                forward: forward.abort_handle(),
-            });
-        if let Some(previous) = previous {
-            previous.forward.abort();
-        }
-        Ok(())
-    }
-}
-
-impl Drop for HubChannel {
-    fn drop(&mut self) {
-        // Ending the forwarding task drops its subscription on the master.
-        if let Some(upstream) = self
-            .upstream
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            upstream.forward.abort();
-        }
     }
 }
