@@ -20,6 +20,7 @@
 //! | `LEDGER_URL` | the first of `LOCK_URLS` (required when that is etcd) | the Redis of the ledger: a server, a Cluster or a Sentinel master, as in `LOCK_URLS`. Give it one of its own to let any one lock node fail: with the default, the first node must stay up for the ledger |
 //! | `LOCK_TTL_MS` | 10000 | lease time to live (the watchdog renews it while a handler runs) |
 //! | `WAIT_TIMEOUT_MS` | 5000 | how long `ship` waits for the order's lock |
+//! | `LOCK_NODE_TIMEOUT_MS` | 50 (500 for etcd) | how long one lock node may take to answer |
 //! | `RUST_LOG` | `info` | log filter |
 //!
 //! Routes:
@@ -98,6 +99,8 @@ pub struct Config {
     pub lock_ttl: Duration,
     /// `WAIT_TIMEOUT_MS`.
     pub wait_timeout: Duration,
+    /// `LOCK_NODE_TIMEOUT_MS`; `None` for the store's default.
+    pub node_timeout: Option<Duration>,
 }
 
 impl Default for Config {
@@ -108,12 +111,14 @@ impl Default for Config {
             ledger_url: None,
             lock_ttl: Duration::from_millis(10_000),
             wait_timeout: Duration::from_millis(5_000),
+            node_timeout: None,
         }
     }
 }
 
 impl Config {
-    /// Reads `PORT`, `LOCK_URLS` (or `REDIS_URLS`), `LEDGER_URL`, `LOCK_TTL_MS` and `WAIT_TIMEOUT_MS`.
+    /// Reads `PORT`, `LOCK_URLS` (or `REDIS_URLS`), `LEDGER_URL`, `LOCK_TTL_MS`, `WAIT_TIMEOUT_MS`
+    /// and `LOCK_NODE_TIMEOUT_MS`.
     #[allow(dead_code)] // used by `main`; tests/orders.rs, which includes this file, does not
     pub fn from_env() -> Result<Config, String> {
         fn number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -139,6 +144,10 @@ impl Config {
                 .filter(|url| !url.is_empty()),
             lock_ttl: Duration::from_millis(number("LOCK_TTL_MS", 10_000)?),
             wait_timeout: Duration::from_millis(number("WAIT_TIMEOUT_MS", 5_000)?),
+            node_timeout: match std::env::var("LOCK_NODE_TIMEOUT_MS") {
+                Ok(_) => Some(Duration::from_millis(number("LOCK_NODE_TIMEOUT_MS", 0)?)),
+                Err(_) => None,
+            },
         })
     }
 }
@@ -182,6 +191,9 @@ pub fn build(config: &Config) -> Result<Router, BoxError> {
         // Every etcd write is a raft commit (an fsync on a majority of members): give it
         // more than the 50 ms default chosen for Redis.
         options = options.node_timeout(Duration::from_millis(500));
+    }
+    if let Some(timeout) = config.node_timeout {
+        options = options.node_timeout(timeout);
     }
     let (locker, ledger) = match config.redis_urls.first() {
         None => {

@@ -252,7 +252,7 @@ fn without_retry_after(mut json: serde_json::Value) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locked_holds_the_lease_while_the_handler_runs_and_releases_it_after() {
     let servers = RedisServer::start_many(3);
-    let locker = Redlock::connect(servers.iter().map(RedisServer::url), LockOptions::default())
+    let locker = Redlock::connect(servers.iter().map(RedisServer::url), support::patient())
         .await
         .unwrap();
     let (entered_tx, mut entered) = mpsc::unbounded_channel::<u64>();
@@ -542,7 +542,7 @@ async fn layer_lease_without_a_layer_is_a_500_problem() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layer_lease_sees_the_token_of_the_fencing_header() {
     let servers = RedisServer::start_many(3);
-    let locker = Redlock::connect(servers.iter().map(RedisServer::url), LockOptions::default())
+    let locker = Redlock::connect(servers.iter().map(RedisServer::url), support::patient())
         .await
         .unwrap();
     let app = Router::new()

@@ -2008,16 +2008,18 @@ async fn s07_http_duplicate_requests_under_faults() {
 
 /// A holder task is aborted inside its critical section (its future, holding the
 /// `Lease`, is dropped). The lock key must be gone on every node well before the ttl
-/// (10 s): the bound of the poll is 2 s. Alternates between three app instances.
+/// (30 s): the bound of the poll is 10 s, and the node timeout is generous, so that a
+/// background release is not cut short by a loaded machine. Alternates between three
+/// app instances.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s08_aborted_holder_releases_promptly() {
     let _serial = SERIAL.lock().await;
     let servers = RedisServer::start_many(3);
-    let ttl = Duration::from_secs(10);
-    let options = LockOptions::default().ttl(ttl);
+    let ttl = Duration::from_secs(30);
+    let options = support::patient().ttl(ttl);
     let lockers = lockers(3, &urls(&servers), &options);
     let history = History::new("s08_aborted_holder_releases_promptly");
-    let limit = Duration::from_secs(2);
+    let limit = Duration::from_secs(10);
     assert!(limit < ttl / 2);
 
     let cycles = n(300);
@@ -2090,13 +2092,15 @@ async fn s08_aborted_holder_releases_promptly() {
 
 /// Acquire futures dropped at random points (a caller that gives up, a client that
 /// goes away while waiting) must leave nothing behind: no key on any node — checked
-/// well before the 10 s ttl — and no local queue entry.
+/// well before the 30 s ttl — and no local queue entry. The node timeout is generous: a
+/// background release that timed out on a loaded machine would leave its key to expire,
+/// which is what this scenario would then report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s08b_cancelled_acquires_leave_nothing() {
     let _serial = SERIAL.lock().await;
     let servers = RedisServer::start_many(3);
-    let ttl = Duration::from_secs(10);
-    let options = LockOptions::default().ttl(ttl);
+    let ttl = Duration::from_secs(30);
+    let options = support::patient().ttl(ttl);
     let lockers = lockers(3, &urls(&servers), &options);
     let history = History::new("s08b_cancelled_acquires_leave_nothing");
     let attempts = Arc::new(AtomicU64::new(0));
@@ -2127,8 +2131,7 @@ async fn s08b_cancelled_acquires_leave_nothing() {
                             lease.release().await;
                         }
                         Ok(Err(e)) if e.is_contention() => history.contended(),
-                        // Healthy nodes can still miss the 50 ms timeout on a loaded
-                        // machine: tolerated and counted, as in every scenario.
+                        // Tolerated and counted, as in every scenario.
                         Ok(Err(LockError::Unavailable { .. })) => history.unavailable(),
                         Ok(Err(e)) => {
                             history.other_error();
@@ -2144,8 +2147,8 @@ async fn s08b_cancelled_acquires_leave_nothing() {
     }
     join_all(tasks).await;
 
-    // Anything left would stay for the whole ttl (10 s); the bound is 2 s.
-    assert_nothing_held(&servers, &lockers, Duration::from_secs(2)).await;
+    // Anything left would stay for the whole ttl (30 s); the bound is 10 s.
+    assert_nothing_held(&servers, &lockers, Duration::from_secs(10)).await;
     let summary = report(
         finish(&history, &lockers)
             .note("attempts", target)
@@ -2167,19 +2170,20 @@ async fn s08b_cancelled_acquires_leave_nothing() {
 /// hyper's HTTP/1 server keeps reading the connection while the handler runs (with
 /// `half_close` off, axum's default) and drops the request's future on EOF or error:
 /// the handler future and the lease go with it. Every time the handler must be
-/// dropped, and the lock key gone from every node, within 2 s of the disconnect
-/// (ttl 10 s); a waiter that went away must leave no queue entry and must not disturb
-/// the holder.
+/// dropped, and the lock key gone from every node, within 10 s of the disconnect
+/// (ttl 30 s: a bound far above a loaded machine's delays, far below expiry; the node
+/// timeout is generous too); a waiter that went away must leave no queue entry and
+/// must not disturb the holder.
 #[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s08c_http_client_disconnect_releases_promptly() {
     let _serial = SERIAL.lock().await;
     let servers = RedisServer::start_many(3);
-    let ttl = Duration::from_secs(10);
-    let options = LockOptions::default().ttl(ttl);
+    let ttl = Duration::from_secs(30);
+    let options = support::patient().ttl(ttl);
     let lockers = lockers(2, &urls(&servers), &options);
     let history = History::new("s08c_http_client_disconnect_releases_promptly");
-    let limit = Duration::from_secs(2);
+    let limit = Duration::from_secs(10);
     assert!(limit < ttl / 2);
     let (entered_tx, mut entered_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut addrs = Vec::new();

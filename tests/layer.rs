@@ -488,7 +488,7 @@ async fn oversized_body_gets_413_and_takes_no_lock() {
     let server = RedisServer::start();
     let runs = Runs::default();
     let app = counting_app(&runs).route_layer(LockLayer::new(
-        redis_locker(std::slice::from_ref(&server), LockOptions::default()),
+        redis_locker(std::slice::from_ref(&server), support::patient()),
         json_field("/id"),
     ));
     let mut big = br#"{"id":"big","pad":""#.to_vec();
@@ -521,7 +521,7 @@ async fn oversized_body_gets_413_and_takes_no_lock() {
 
     // A body within a raised limit goes through.
     let app = counting_app(&runs).route_layer(LockLayer::new(
-        redis_locker(std::slice::from_ref(&server), LockOptions::default()),
+        redis_locker(std::slice::from_ref(&server), support::patient()),
         json_field("/id").limit(11 * 1024 * 1024),
     ));
     let request = Request::post("/orders").body(Body::from(big)).unwrap();
@@ -535,7 +535,7 @@ async fn oversized_body_gets_413_and_takes_no_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_lock_gets_409_with_retry_after() {
     let server = RedisServer::start();
-    let locker = redis_locker(std::slice::from_ref(&server), LockOptions::default());
+    let locker = redis_locker(std::slice::from_ref(&server), support::patient());
     let runs = Runs::default();
     let app =
         counting_app(&runs).route_layer(LockLayer::new(locker.clone(), header("Idempotency-Key")));
@@ -570,7 +570,7 @@ async fn held_lock_gets_409_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_timeout_gets_409_with_retry_after() {
     let server = RedisServer::start();
-    let locker = redis_locker(std::slice::from_ref(&server), LockOptions::default());
+    let locker = redis_locker(std::slice::from_ref(&server), support::patient());
     let runs = Runs::default();
     let app = counting_app(&runs).route_layer(
         LockLayer::new(locker.clone(), header("Idempotency-Key")).contention(Contention::Wait {
@@ -666,7 +666,7 @@ async fn concurrent_requests_in_reject_mode_never_overlap() {
                 }),
             )
             .route_layer(LockLayer::new(
-                redis_locker(std::slice::from_ref(&server), LockOptions::default()),
+                redis_locker(std::slice::from_ref(&server), support::patient()),
                 header("Idempotency-Key"),
             ))
     };
@@ -717,7 +717,7 @@ async fn concurrent_requests_in_wait_mode_all_run_one_at_a_time() {
             )
             .route_layer(
                 LockLayer::new(
-                    redis_locker(std::slice::from_ref(&server), LockOptions::default()),
+                    redis_locker(std::slice::from_ref(&server), support::patient()),
                     header("Idempotency-Key"),
                 )
                 .contention(Contention::Wait {
@@ -755,7 +755,7 @@ async fn fencing_tokens_increase_across_requests() {
         .route("/orders", post(|| async { "ok" }))
         .route_layer(
             LockLayer::new(
-                redis_locker(&servers, LockOptions::default()),
+                redis_locker(&servers, support::patient()),
                 header("Idempotency-Key"),
             )
             .contention(Contention::Wait {
@@ -871,7 +871,7 @@ async fn scopes_decide_which_routes_share_a_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_gets_503_and_the_handler_never_runs() {
     let mut servers = RedisServer::start_many(3);
-    let locker = redis_locker(&servers, LockOptions::default());
+    let locker = redis_locker(&servers, support::patient());
     let runs = Runs::default();
     let app = counting_app(&runs).route_layer(LockLayer::new(locker, header("Idempotency-Key")));
     assert_eq!(
@@ -1090,7 +1090,7 @@ fn get_with_key(uri: &str, key: &str) -> Request<Body> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_response_holds_the_lock_until_the_last_frame() {
     let server = RedisServer::start();
-    let locker = redis_locker(std::slice::from_ref(&server), LockOptions::default());
+    let locker = redis_locker(std::slice::from_ref(&server), support::patient());
     let (app, mut senders) = streaming_app(locker, true);
     let key = lock_key(&route_resource("GET", "/stream", "s1"));
 
@@ -1126,7 +1126,7 @@ async fn streaming_response_holds_the_lock_until_the_last_frame() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_streaming_response_releases_the_lock() {
     let server = RedisServer::start();
-    let locker = redis_locker(std::slice::from_ref(&server), LockOptions::default());
+    let locker = redis_locker(std::slice::from_ref(&server), support::patient());
     let (app, mut senders) = streaming_app(locker, true);
     let key = lock_key(&route_resource("GET", "/stream", "s2"));
 
@@ -1148,7 +1148,7 @@ async fn dropping_a_streaming_response_releases_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_hold_through_body_the_lock_is_released_when_the_handler_returns() {
     let server = RedisServer::start();
-    let locker = redis_locker(std::slice::from_ref(&server), LockOptions::default());
+    let locker = redis_locker(std::slice::from_ref(&server), support::patient());
     let (app, mut senders) = streaming_app(locker, false);
     let key = lock_key(&route_resource("GET", "/stream", "s3"));
 
@@ -1170,7 +1170,7 @@ async fn without_hold_through_body_the_lock_is_released_when_the_handler_returns
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_disconnect_mid_handler_releases_the_lock() {
     let server = RedisServer::start();
-    let locker = redis_locker(std::slice::from_ref(&server), LockOptions::default());
+    let locker = redis_locker(std::slice::from_ref(&server), support::patient());
     let entered = Arc::new(Notify::new());
     let dropped = Arc::new(AtomicBool::new(false));
     let app = {

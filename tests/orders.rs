@@ -20,7 +20,7 @@ use serde_json::Value;
 use support::RedisServer;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
-use tower_redlock::{FencingToken, LockOptions, ProblemKind, Redlock};
+use tower_redlock::{FencingToken, ProblemKind, Redlock};
 
 /// Bound on one response; only reached when a test fails.
 const RESPONSE_LIMIT: Duration = Duration::from_secs(60);
@@ -31,6 +31,7 @@ fn config(servers: &[RedisServer]) -> Config {
     Config {
         redis_urls: servers.iter().map(RedisServer::url).collect(),
         wait_timeout: RESPONSE_LIMIT,
+        node_timeout: Some(support::PATIENT_NODE_TIMEOUT),
         ..Config::default()
     }
 }
@@ -299,7 +300,7 @@ async fn redis_pay_and_ship_of_one_order_share_the_lock() {
 async fn redis_stale_fencing_token_is_refused_with_409() {
     let servers = RedisServer::start_many(3);
     let config = config(&servers);
-    let locker = Redlock::connect(&config.redis_urls, LockOptions::default())
+    let locker = Redlock::connect(&config.redis_urls, support::patient())
         .await
         .unwrap();
     let ledger = Ledger::redis(&config.redis_urls[0]).unwrap();

@@ -935,6 +935,7 @@ async fn the_orders_example_replays_payments() {
     let servers = RedisServer::start_many(3);
     let app = orders::build(&orders::Config {
         redis_urls: servers.iter().map(RedisServer::url).collect(),
+        node_timeout: Some(support::PATIENT_NODE_TIMEOUT),
         ..orders::Config::default()
     })
     .unwrap();
@@ -1221,6 +1222,7 @@ async fn the_demo_replays_on(urls: &str) {
     let redis_urls = tower_redlock::lock::split_node_urls(urls);
     let app = orders::build(&orders::Config {
         redis_urls,
+        node_timeout: Some(support::PATIENT_NODE_TIMEOUT),
         ..orders::Config::default()
     })
     .unwrap();

@@ -382,8 +382,8 @@ async fn sixteen_tasks_in_two_lockers_all_acquire_in_turn() {
     const ROUNDS: usize = 8;
     let servers = RedisServer::start_many(3);
     let lockers = [
-        locker(&servers, LockOptions::default()),
-        locker(&servers, LockOptions::default()),
+        locker(&servers, support::patient()),
+        locker(&servers, support::patient()),
     ];
     let exclusion = Arc::new(Exclusion::default());
     let mut tasks = JoinSet::new();
@@ -430,8 +430,8 @@ async fn poll_once(fut: &mut Acquire) {
 async fn waiters_of_one_locker_acquire_in_the_order_they_queued() {
     const WAITERS: usize = 8;
     let servers = RedisServer::start_many(3);
-    let holder = locker(&servers, LockOptions::default());
-    let waiters = locker(&servers, LockOptions::default());
+    let holder = locker(&servers, support::patient());
+    let waiters = locker(&servers, support::patient());
     let lease = holder.try_acquire("fifo").await.unwrap();
 
     // Join the queue in a known sequence while another process holds the resource: the
@@ -495,7 +495,7 @@ async fn release_wakes_the_other_locker(a: &Redlock, b: &Redlock) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_a_waiter_of_another_process_on_redis() {
     let servers = RedisServer::start_many(3);
-    let a = locker(&servers, LockOptions::default());
+    let a = locker(&servers, support::patient());
     let b = locker(&servers, no_fallback());
     release_wakes_the_other_locker(&a, &b).await;
     // The waiter's subscriptions ended with its queue.
@@ -520,7 +520,7 @@ async fn a_waiter_that_subscribes_again_at_once_is_still_woken() {
     // Each round ends the waiter's queue (its subscriptions are dropped and UNSUBSCRIBE
     // is on its way) and starts a new one at once, racing the unsubscribe.
     let servers = RedisServer::start_many(3);
-    let a = locker(&servers, LockOptions::default());
+    let a = locker(&servers, support::patient());
     let b = locker(&servers, no_fallback());
     for round in 0..20 {
         let lease = a.try_acquire("resubscribe").await.unwrap();
@@ -582,8 +582,8 @@ async fn a_subscription_that_timed_out_is_not_left_on_the_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_waiters_leave_nothing_behind() {
     let servers = RedisServer::start_many(3);
-    let a = locker(&servers, LockOptions::default());
-    let b = locker(&servers, LockOptions::default());
+    let a = locker(&servers, support::patient());
+    let b = locker(&servers, support::patient());
     let holder = a.try_acquire("dropped").await.unwrap();
     let mut waiters = Vec::new();
     for i in 0..10 {
@@ -698,8 +698,8 @@ async fn a_waiter_past_its_deadline_learns_the_holder_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_third_waiter_finds_the_queue_full() {
     let servers = RedisServer::start_many(3);
-    let a = locker(&servers, LockOptions::default());
-    let b = locker(&servers, LockOptions::default().max_waiters(2));
+    let a = locker(&servers, support::patient());
+    let b = locker(&servers, support::patient().max_waiters(2));
     // Each waiter releases at once, so they can be joined in any order.
     let spawn_waiter = |locker: &Redlock, resource: &'static str| {
         let locker = locker.clone();
@@ -784,12 +784,14 @@ async fn metrics_count_renewals_losses_waits_and_wakeups() {
 async fn ten_thousand_leases_renew_over_one_connection() {
     const LEASES: usize = 10_000;
     let server = RedisServer::start();
-    let ttl = Duration::from_millis(1500);
+    // Ten thousand renewals queue on one connection: under CPU load the last of a round
+    // can wait long, so the node timeout is generous and the ttl leaves room for retries.
+    let ttl = Duration::from_secs(5);
     let holder = Redlock::connect(
         [server.url()],
         LockOptions::default()
             .ttl(ttl)
-            .node_timeout(Duration::from_millis(500)),
+            .node_timeout(support::PATIENT_NODE_TIMEOUT),
     )
     .await
     .unwrap();

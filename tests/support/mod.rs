@@ -55,6 +55,17 @@ use std::time::{Duration, Instant};
 
 use resp::Connection;
 
+/// Per-node timeout for tests that do not test timeouts: the 50 ms default is sized for
+/// production, and on a machine busy with other builds a healthy local server can answer
+/// later than that, turning the test's request into a 503. An upper bound only, reached
+/// when something is wrong.
+pub const PATIENT_NODE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `LockOptions::default()` with [`PATIENT_NODE_TIMEOUT`].
+pub fn patient() -> tower_redlock::LockOptions {
+    tower_redlock::LockOptions::default().node_timeout(PATIENT_NODE_TIMEOUT)
+}
+
 /// How long a start or restart may take before the test fails.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connect/read/write timeout of [`RedisServer::cmd`] and friends.
