@@ -50,7 +50,7 @@
 //! it lives on must be up for the routes that use it (the lock itself needs only a
 //! majority of `LOCK_URLS`).
 //!
-//! `tests/orders.rs` includes this file as a module and drives [`app`] directly, so the
+//! `tests/http` includes this file as a module and drives [`app`] directly, so the
 //! test and the demo run the same code.
 
 use std::collections::HashMap;
@@ -119,7 +119,7 @@ impl Default for Config {
 impl Config {
     /// Reads `PORT`, `LOCK_URLS` (or `REDIS_URLS`), `LEDGER_URL`, `LOCK_TTL_MS`, `WAIT_TIMEOUT_MS`
     /// and `LOCK_NODE_TIMEOUT_MS`.
-    #[allow(dead_code)] // used by `main`; tests/orders.rs, which includes this file, does not
+    #[allow(dead_code)] // used by `main`; tests/http, which includes this file, does not
     pub fn from_env() -> Result<Config, String> {
         fn number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
             match std::env::var(name) {
@@ -152,7 +152,7 @@ impl Config {
     }
 }
 
-#[allow(dead_code)] // the binary's entry point; tests/orders.rs includes this file as a module
+#[allow(dead_code)] // the binary's entry point; tests/http includes this file as a module
 #[tokio::main]
 pub async fn main() -> Result<(), BoxError> {
     tracing_subscriber::fmt()

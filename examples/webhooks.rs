@@ -87,7 +87,7 @@ impl Work {
     }
 }
 
-/// The receivers' router; `tests/webhooks.rs` includes this file and drives it.
+/// The receivers' router; `tests/http` includes this file and drives it.
 pub fn app(locker: Redlock) -> Router {
     Router::new()
         .route(
@@ -183,7 +183,7 @@ async fn stripe(
     )
 }
 
-#[allow(dead_code)] // the binary's entry point; tests/webhooks.rs includes this file
+#[allow(dead_code)] // the binary's entry point; tests/http includes this file
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     tracing_subscriber::fmt()

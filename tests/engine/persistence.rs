@@ -6,7 +6,7 @@
 //! `BROKEN=1` runs every scenario with
 //! `LockOptions::unsafe_fence_seed_only_when_missing` (the rule before the clock floor:
 //! a counter is seeded from the clock only when missing); every test must then FAIL.
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //!
 //! No sleeps sequence anything: handlers report with channels and wait on `Notify`s
 //! or `watch` gates; effects on Redis are observed with `support::eventually`.
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -1,13 +1,12 @@
-//! The orders example, tested: `examples/orders.rs` is included below as a module, so
-//! these tests drive the very router the demo serves, with `ServiceExt::oneshot`,
+//! The orders example, tested: `examples/orders.rs` is included as a module (by
+//! `main.rs`), so these tests drive the very router the demo serves, with `oneshot`,
 //! against three real `redis-server`s (and in memory).
 //!
 //! No sleeps sequence anything and nothing asserts on timing: concurrent requests are
 //! spawned together and only their outcomes are checked.
-mod support;
+use crate::support;
 
-#[path = "../examples/orders.rs"]
-mod orders;
+use crate::orders_example as orders;
 
 use std::time::Duration;
 

@@ -57,16 +57,16 @@ async fn paying_an_order_under_contention_outage_and_loss() {
 #[test]
 fn the_readme_shows_the_first_test_verbatim() {
     let source = include_str!("kit.rs");
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     let example = source
         .split("// README: begin\n")
         .nth(1)
         .and_then(|rest| rest.split("// README: end\n").next())
-        .expect("markers in tests/kit.rs");
+        .expect("markers in tests/engine/kit.rs");
     let block = format!("```rust\n{example}```\n");
     assert!(
         readme.contains(&block),
-        "README's \"Testing your handlers\" must show tests/kit.rs's first test verbatim"
+        "README's \"Testing your handlers\" must show tests/engine/kit.rs's first test verbatim"
     );
 }
 

@@ -4,12 +4,10 @@
 //! No sleeps sequence anything: handlers report with `Notify`s and wait on `watch`
 //! gates; expiries and effects on the nodes are observed with `support::eventually`,
 //! always with a bound that is reached only when a test fails. No timing is asserted.
-mod support;
+use crate::support;
 
 // The demo's router, as it is served (`cargo run --example orders`).
-#[path = "../examples/orders.rs"]
-#[allow(dead_code)]
-mod orders;
+use crate::orders_example as orders;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

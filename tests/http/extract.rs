@@ -4,7 +4,7 @@
 //!
 //! No sleeps sequence anything: handlers report on channels and wait on `Notify`s;
 //! effects on Redis are observed with `support::eventually`.
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -7,7 +7,7 @@
 //! awaited and Redis is polled with a bound; the one sleep paces a loop of attempts
 //! during a failover. A waiter's fallback retry is set to two minutes, so a wake-up in
 //! time can only come from a release notification.
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //!
 //! Every server is spawned by `support` on a free 127.0.0.1 port. No test sleeps to
 //! synchronise: outcomes are awaited, and Redis is polled with a bound.
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

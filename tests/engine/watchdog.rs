@@ -4,7 +4,7 @@
 //! No test asserts a duration. Where a test waits on a timer, the passing of that time
 //! is what is tested ("still held after 5 ttls", "no renewal for 3 ttls"); every other
 //! wait is on an event, bounded only against hangs.
-mod support;
+use crate::support;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,8 +1,7 @@
-//! The webhooks example, tested: `examples/webhooks.rs` is included as a module, so
-//! these tests drive the router the demo serves, with `ServiceExt::oneshot`.
+//! The webhooks example, tested: `examples/webhooks.rs` is included as a module (by
+//! `main.rs`), so these tests drive the router the demo serves, with `oneshot`.
 
-#[path = "../examples/webhooks.rs"]
-mod webhooks;
+use crate::webhooks_example as webhooks;
 
 use std::time::Duration;
 

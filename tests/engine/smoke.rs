@@ -1,5 +1,5 @@
 //! A first end-to-end check of the engine on three real redis-server nodes.
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! Tests that only lock share one cluster (distinct resources per test); tests that
 //! kill members start their own. No sleeps sequence anything: waits are on events,
 //! bounded by limits reached only when a test fails. No timing is asserted.
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};

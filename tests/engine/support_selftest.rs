@@ -1,6 +1,6 @@
 //! Checks the `tests/support` helper itself against real `redis-server` processes.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

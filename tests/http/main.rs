@@ -1,0 +1,20 @@
+//! The HTTP level (`tower_redlock::http` and `tower_redlock::axum`) end to end: the
+//! layer, the extractors, idempotent replay, and the two examples' routers, driven with
+//! `ServiceExt::oneshot` over `MemoryNode`s or real `redis-server`s spawned by
+//! `support` on free 127.0.0.1 ports.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+/// The orders demo, as it is served (`cargo run --example orders`).
+#[path = "../../examples/orders.rs"]
+mod orders_example;
+/// The webhooks demo, as it is served (`cargo run --example webhooks`).
+#[path = "../../examples/webhooks.rs"]
+mod webhooks_example;
+
+mod extract;
+mod layer;
+mod orders;
+mod replay;
+mod webhooks;
