@@ -1,161 +1,18 @@
-//! [`LockLayer`] and its policies.
+//! [`LockLayer`]: the builder of the layer's settings (the policies are in `policy.rs`).
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::header::HeaderName;
-use http::Request;
 use tower_layer::Layer;
 
-use super::problem::{DefaultRenderer, ProblemRenderer};
+use super::policy::{Contention, MissingKey, OnLost, Scope, Unavailable};
+use super::problem::ProblemRenderer;
 use super::replay::{Replay, ReplaySettings, Replaying};
 use super::service::LockService;
+use super::settings::Settings;
 use crate::error::ConfigError;
-use crate::lock::{Redlock, Resource};
-
-/// The default [`LockLayer::fencing_header`]: `Fencing-Token`.
-pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
-
-/// The default [`LockLayer::max_key_len`]: 255 bytes.
-pub const DEFAULT_MAX_KEY_LEN: usize = 255;
-
-/// What a request does when another holds its lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Contention {
-    /// Answer at once with 409 `lock-held` and `Retry-After` (the default).
-    #[default]
-    Reject,
-    /// Queue for the lock, up to `timeout`; then 409 `lock-wait-timeout`. Requests of
-    /// one process queue first-in first-out (see [`Redlock::acquire`]).
-    Wait {
-        /// How long a request may wait for the lock.
-        timeout: Duration,
-    },
-}
-
-/// What a request without a key does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MissingKey {
-    /// Answer with 400 `key-missing` (the default).
-    #[default]
-    Reject,
-    /// Run the handler without a lock. The request carries [`Unlocked::MissingKey`].
-    ///
-    /// [`Unlocked::MissingKey`]: super::Unlocked::MissingKey
-    Bypass,
-}
-
-/// What happens when the lease is lost while the handler runs (renewals failed on a
-/// majority of nodes, or the key expired or was taken over).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnLost {
-    /// Drop the handler future (stopping it at its next `.await`) and answer 503
-    /// `lock-lost` (the default). A handler that has already finished keeps its
-    /// response, marked as for [`Continue`](OnLost::Continue).
-    #[default]
-    Abort,
-    /// Let the handler finish; its response carries a [`LeaseLost`] extension and a
-    /// warning is logged.
-    ///
-    /// [`LeaseLost`]: super::LeaseLost
-    Continue,
-}
-
-/// What a request does when the lock store cannot decide (too few nodes answer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Unavailable {
-    /// Answer 503 `lock-unavailable` with `Retry-After: 1`; the handler does not run
-    /// (the default).
-    #[default]
-    FailClosed,
-    /// Run the handler without a lock and log a warning. The request carries
-    /// [`Unlocked::StoreUnavailable`]. Only for handlers that are safe without the lock.
-    ///
-    /// [`Unlocked::StoreUnavailable`]: super::Unlocked::StoreUnavailable
-    FailOpen,
-}
-
-/// Which requests share a lock: the [`Resource`] locked for a key.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Scope {
-    /// One lock per route and key (the default):
-    /// `Resource::new(method).join(route).join(key)`, where the route is axum's
-    /// `MatchedPath` (e.g. `/orders/{id}`) when present (feature `axum`), else the URI
-    /// path. The same key on two routes takes two different locks.
-    #[default]
-    Route,
-    /// One lock per name and key, whatever the route: `Resource::new(name).join(key)`.
-    /// Routes (and code using [`Redlock`] directly) that use the same name share locks
-    /// on purpose, e.g. `Scope::shared("order")` on every route that changes an order.
-    Shared(Arc<str>),
-}
-
-impl Scope {
-    /// [`Scope::Shared`] with `name`.
-    pub fn shared(name: impl Into<Arc<str>>) -> Self {
-        Scope::Shared(name.into())
-    }
-
-    /// The resource locked for `key` on `request`.
-    pub fn resource<B>(&self, request: &Request<B>, key: &str) -> Resource {
-        match self {
-            Scope::Route => {
-                let route = matched_path(request).unwrap_or_else(|| request.uri().path());
-                Resource::new(request.method().as_str())
-                    .join(route)
-                    .join(key)
-            }
-            Scope::Shared(name) => Resource::new(&**name).join(key),
-        }
-    }
-}
-
-#[cfg(feature = "axum")]
-pub(crate) fn matched_path<B>(request: &Request<B>) -> Option<&str> {
-    request
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map(axum::extract::MatchedPath::as_str)
-}
-
-#[cfg(not(feature = "axum"))]
-pub(crate) fn matched_path<B>(_request: &Request<B>) -> Option<&str> {
-    None
-}
-
-/// Everything the layer's services and futures share.
-#[derive(Clone)]
-pub(crate) struct Settings {
-    pub(crate) locker: Redlock,
-    pub(crate) contention: Contention,
-    pub(crate) fencing_header: Option<HeaderName>,
-    pub(crate) missing_key: MissingKey,
-    pub(crate) on_lost: OnLost,
-    pub(crate) hold_through_body: bool,
-    pub(crate) scope: Scope,
-    pub(crate) max_key_len: usize,
-    pub(crate) on_unavailable: Unavailable,
-    pub(crate) renderer: Arc<dyn ProblemRenderer>,
-    pub(crate) replay: Option<Arc<ReplaySettings>>,
-}
-
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("locker", &self.locker)
-            .field("contention", &self.contention)
-            .field("fencing_header", &self.fencing_header)
-            .field("missing_key", &self.missing_key)
-            .field("on_lost", &self.on_lost)
-            .field("hold_through_body", &self.hold_through_body)
-            .field("scope", &self.scope)
-            .field("max_key_len", &self.max_key_len)
-            .field("on_unavailable", &self.on_unavailable)
-            .field("replay", &self.replay)
-            .finish_non_exhaustive()
-    }
-}
+use crate::lock::Redlock;
 
 /// A [`Layer`] that runs each request under a Redlock lease named after its key.
 ///
@@ -177,23 +34,11 @@ impl<K> LockLayer<K> {
     /// Defaults: [`Contention::Reject`], a `Fencing-Token` response header,
     /// [`MissingKey::Reject`], [`OnLost::Abort`], the lease held until the response body
     /// ends, [`Scope::Route`], keys of at most 255 bytes, the locker's own queue limit
-    /// (1000 unless set), [`Unavailable::FailClosed`] and [`DefaultRenderer`].
+    /// (1000 unless set), [`Unavailable::FailClosed`] and [`DefaultRenderer`](super::DefaultRenderer).
     pub fn new(locker: Redlock, key: K) -> Self {
         LockLayer {
             key,
-            settings: Arc::new(Settings {
-                locker,
-                contention: Contention::default(),
-                fencing_header: Some(FENCING_TOKEN),
-                missing_key: MissingKey::default(),
-                on_lost: OnLost::default(),
-                hold_through_body: true,
-                scope: Scope::default(),
-                max_key_len: DEFAULT_MAX_KEY_LEN,
-                on_unavailable: Unavailable::default(),
-                renderer: Arc::new(DefaultRenderer),
-                replay: None,
-            }),
+            settings: Arc::new(Settings::new(locker)),
         }
     }
 
@@ -273,7 +118,7 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Renders the problem responses (default [`DefaultRenderer`], RFC 9457 JSON).
+    /// Renders the problem responses (default [`DefaultRenderer`](super::DefaultRenderer), RFC 9457 JSON).
     #[must_use]
     pub fn problem_renderer(mut self, renderer: impl ProblemRenderer) -> Self {
         self.settings().renderer = Arc::new(renderer);
@@ -354,29 +199,7 @@ impl<K: fmt::Debug> fmt::Debug for LockLayer<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::Method;
-
-    #[tokio::test]
-    async fn scopes_name_resources() {
-        let request = Request::builder()
-            .method(Method::PUT)
-            .uri("/orders/7?x=1")
-            .body(())
-            .unwrap();
-        assert_eq!(
-            Scope::Route.resource(&request, "k:1"),
-            Resource::new("PUT").join("/orders/7").join("k:1")
-        );
-        assert_eq!(
-            Scope::shared("order").resource(&request, "7"),
-            Resource::new("order").join("7")
-        );
-        // A shared scope never collides with a route scope: different part counts.
-        assert_ne!(
-            Scope::shared("PUT").resource(&request, "/orders/7"),
-            Scope::Route.resource(&request, "")
-        );
-    }
+    use std::time::Duration;
 
     #[tokio::test]
     async fn builder_sets_every_option() {

@@ -109,13 +109,18 @@
 //! [`MethodRouter::layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.layer
 //! [`MethodRouter::route_layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.route_layer
 
+mod acquire;
 mod body;
+mod extensions;
 mod future;
 pub mod key;
 mod layer;
+mod policy;
 pub mod problem;
 pub mod replay;
+mod run;
 mod service;
+mod settings;
 
 pub use body::LeaseBody;
 pub use future::ResponseFuture;
@@ -125,10 +130,10 @@ pub use key::{
 };
 #[cfg(feature = "axum")]
 pub use key::{path_param, PathParam};
-pub use layer::{
-    Contention, LockLayer, MissingKey, OnLost, Scope, Unavailable, DEFAULT_MAX_KEY_LEN,
-    FENCING_TOKEN,
-};
+pub use extensions::{LeaseLost, RequestKey, Unlocked};
+pub use layer::LockLayer;
+pub use policy::{Contention, MissingKey, OnLost, Scope, Unavailable};
 pub use problem::{DefaultRenderer, Problem, ProblemKind, ProblemRenderer};
 pub use replay::{Fingerprint, Replay, Replaying, UnknownOutcome, IDEMPOTENT_REPLAYED};
-pub use service::{LeaseLost, LockService, RequestKey, Unlocked};
+pub use service::LockService;
+pub use settings::{DEFAULT_MAX_KEY_LEN, FENCING_TOKEN};

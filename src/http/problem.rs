@@ -521,6 +521,70 @@ pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Probl
     problem.with_resource(resource)
 }
 
+/// 503 `lock-lost`: the handler was stopped because its lease was lost.
+pub(crate) fn lock_lost(resource: Resource) -> Problem {
+    Problem::new(
+        ProblemKind::LockLost,
+        "the lock was lost while the request was processed; it was stopped",
+    )
+    .with_retry_after(RETRY_SOON)
+    .with_resource(resource)
+}
+
+/// 409 `request-in-progress`: replay's name for contention on the key.
+pub(crate) fn in_progress(error: &LockError, resource: Resource) -> Problem {
+    let detail = match error {
+        LockError::WaitTimeout { waited, .. } => format!(
+            "a request with this idempotency key is still being processed after waiting {} ms; retry later to get its response",
+            waited.as_millis()
+        ),
+        _ => "a request with this idempotency key is being processed; retry later to get its response".to_owned(),
+    };
+    Problem::new(ProblemKind::RequestInProgress, detail)
+        .with_retry_after(error.holder_ttl().unwrap_or(RETRY_SOON))
+        .with_resource(resource)
+}
+
+/// 409 `outcome-unknown`: an earlier attempt with the key was interrupted.
+pub(crate) fn outcome_unknown(retry_after: Option<Duration>, resource: Resource) -> Problem {
+    let problem = Problem::new(
+        ProblemKind::OutcomeUnknown,
+        "an earlier request with this key was interrupted before its response was recorded; whether it took effect is unknown",
+    )
+    .with_resource(resource);
+    match retry_after {
+        Some(delay) => problem.with_retry_after(delay),
+        None => problem,
+    }
+}
+
+/// 409 `outcome-unknown`: the record of the key exists but cannot be decoded.
+pub(crate) fn record_unreadable(resource: Resource) -> Problem {
+    Problem::new(
+        ProblemKind::OutcomeUnknown,
+        "the response recorded for this idempotency key cannot be read",
+    )
+    .with_resource(resource)
+}
+
+/// 422 `idempotency-key-reused`: the record answers a different request.
+pub(crate) fn key_reused(resource: Resource) -> Problem {
+    Problem::new(
+        ProblemKind::IdempotencyKeyReused,
+        "this idempotency key was already used for a different request; use a new key for a new request",
+    )
+    .with_resource(resource)
+}
+
+/// 500 `response-failed`: the handler's body failed while it was read to be recorded.
+pub(crate) fn response_failed(resource: Resource) -> Problem {
+    Problem::new(
+        ProblemKind::ResponseFailed,
+        "the response body failed before it was sent; nothing was recorded",
+    )
+    .with_resource(resource)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

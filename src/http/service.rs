@@ -1,4 +1,5 @@
-//! [`LockService`], and the markers it leaves in requests and responses.
+//! [`LockService`]: the service [`LockLayer`](super::LockLayer) wraps around its inner
+//! one.
 
 use std::fmt;
 use std::sync::Arc;
@@ -6,66 +7,15 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use http_body::Body;
-use tower_layer::Layer;
 use tower_service::Service;
 
 use super::body::LeaseBody;
 use super::future::ResponseFuture;
 use super::key::KeyExtractor;
-use super::layer::{LockLayer, Settings};
-use crate::lock::{LostCause, Redlock};
+use super::settings::Settings;
+use crate::lock::Redlock;
 
-/// A response extension: the lease was lost while the handler ran, and the handler's
-/// response was passed on anyway ([`OnLost::Continue`](super::OnLost::Continue), or a
-/// handler that finished just as the loss was noticed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseLost(pub LostCause);
-
-/// A request extension: the key [`LockLayer`] found in this request and locked on, as
-/// the extractor read it (for `Idempotency-Key`, without the quotes of the structured
-/// form; for a JSON field, a number as its decimal text).
-///
-/// Handlers should use it rather than read the key again from the request: a second
-/// reading can differ from the layer's (a number read as a string, a quoted header),
-/// and then the handler acts on another key than the one the lock protects.
-///
-/// ```
-/// use axum::Extension;
-/// use tower_redlock::http::RequestKey;
-///
-/// async fn handler(Extension(key): Extension<RequestKey>) -> String {
-///     format!("processing {}", key.as_str())
-/// }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RequestKey(pub Arc<str>);
-
-impl RequestKey {
-    /// The key.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for RequestKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// A request extension: the handler runs without a lock, and why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Unlocked {
-    /// The request has no key and the layer lets such requests through
-    /// ([`MissingKey::Bypass`](super::MissingKey::Bypass)).
-    MissingKey,
-    /// The lock store could not decide and the layer fails open
-    /// ([`Unavailable::FailOpen`](super::Unavailable::FailOpen)).
-    StoreUnavailable,
-}
-
-/// Runs each request under a Redlock lease; made by [`LockLayer`].
+/// Runs each request under a Redlock lease; made by [`LockLayer`](super::LockLayer).
 ///
 /// Generic over the request body (the key extractor must support it) and the response
 /// body (wrapped in [`LeaseBody`]). Refusals are responses, so the error type is the
@@ -89,13 +39,11 @@ impl<S, K> LockService<S, K> {
         }
     }
 
-    /// `inner` behind a lock with the defaults of [`LockLayer::new`]; use the layer's
-    /// builder for other settings.
-    pub fn new(inner: S, locker: Redlock, key: K) -> Self
-    where
-        K: Clone,
-    {
-        LockLayer::new(locker, key).layer(inner)
+    /// `inner` behind a lock with the defaults of
+    /// [`LockLayer::new`](super::LockLayer::new); use the layer's builder for other
+    /// settings.
+    pub fn new(inner: S, locker: Redlock, key: K) -> Self {
+        LockService::from_parts(inner, key, Arc::new(Settings::new(locker)))
     }
 
     /// The inner service.
@@ -136,9 +84,11 @@ impl<S: fmt::Debug, K: fmt::Debug> fmt::Debug for LockService<S, K> {
 
 impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, K>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
     K: KeyExtractor<ReqBody>,
-    ResBody: Body,
+    ReqBody: Send + 'static,
+    ResBody: Body + Send + 'static,
 {
     type Response = Response<LeaseBody<ResBody>>;
     type Error = S::Error;

@@ -1,0 +1,130 @@
+//! The recorded response and its wire format.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, StatusCode};
+
+/// A response as recorded: status, allowed headers, body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredResponse {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+}
+
+/// Format version of [`StoredResponse::encode`].
+const FORMAT: u8 = 1;
+
+impl StoredResponse {
+    /// Keeps the headers of `all` that the allow-list names.
+    pub(crate) fn new(
+        status: StatusCode,
+        all: &HeaderMap,
+        allowed: &[HeaderName],
+        body: Bytes,
+    ) -> Self {
+        let mut headers = HeaderMap::new();
+        for name in allowed {
+            for value in all.get_all(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        StoredResponse {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// `1`, status (u16), header count (u16), then per header name length (u16), name,
+    /// value length (u32), value; then the body to the end. Big-endian.
+    pub(crate) fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(self.body.len() + 64);
+        out.put_u8(FORMAT);
+        out.put_u16(self.status.as_u16());
+        out.put_u16(u16::try_from(self.headers.len()).unwrap_or(u16::MAX));
+        for (name, value) in self.headers.iter().take(usize::from(u16::MAX)) {
+            out.put_u16(name.as_str().len() as u16);
+            out.put_slice(name.as_str().as_bytes());
+            out.put_u32(value.len() as u32);
+            out.put_slice(value.as_bytes());
+        }
+        out.put_slice(&self.body);
+        out.freeze()
+    }
+
+    /// Reads what [`encode`](StoredResponse::encode) wrote; `None` if malformed.
+    pub(crate) fn decode(mut data: Bytes) -> Option<Self> {
+        if data.remaining() < 5 || data.get_u8() != FORMAT {
+            return None;
+        }
+        let status = StatusCode::from_u16(data.get_u16()).ok()?;
+        let count = data.get_u16();
+        let mut headers = HeaderMap::new();
+        for _ in 0..count {
+            if data.remaining() < 2 {
+                return None;
+            }
+            let len = usize::from(data.get_u16());
+            if data.remaining() < len + 4 {
+                return None;
+            }
+            let name = HeaderName::from_bytes(&data.split_to(len)).ok()?;
+            let len = data.get_u32() as usize;
+            if data.remaining() < len {
+                return None;
+            }
+            let value = HeaderValue::from_maybe_shared(data.split_to(len)).ok()?;
+            headers.append(name, value);
+        }
+        Some(StoredResponse {
+            status,
+            headers,
+            body: data,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::CONTENT_TYPE;
+
+    #[test]
+    fn responses_round_trip() {
+        let mut all = HeaderMap::new();
+        all.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        all.append("x-a", HeaderValue::from_static("1"));
+        all.append("x-a", HeaderValue::from_static("2"));
+        all.insert("x-secret", HeaderValue::from_static("s"));
+        let allowed = [CONTENT_TYPE, HeaderName::from_static("x-a")];
+        let stored = StoredResponse::new(
+            StatusCode::CREATED,
+            &all,
+            &allowed,
+            Bytes::from_static(b"{}\x00\xff"),
+        );
+        assert!(!stored.headers.contains_key("x-secret"));
+        let decoded = StoredResponse::decode(stored.encode()).unwrap();
+        assert_eq!(decoded, stored);
+        let values: Vec<_> = decoded.headers.get_all("x-a").iter().collect();
+        assert_eq!(values, ["1", "2"]);
+        // Truncations and garbage are refused, never misread.
+        let encoded = stored.encode();
+        for cut in 0..encoded.len() - stored.body.len() {
+            assert!(
+                StoredResponse::decode(encoded.slice(..cut)).is_none(),
+                "{cut}"
+            );
+        }
+        assert!(StoredResponse::decode(Bytes::from_static(b"\x02\x00\xc8\x00\x00")).is_none());
+    }
+
+    fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut builder = Request::builder().method(method).uri(uri);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+}

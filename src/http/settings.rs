@@ -1,0 +1,70 @@
+//! What the layer's services and futures share: the locker and the layer's settings.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::header::HeaderName;
+
+use super::policy::{Contention, MissingKey, OnLost, Scope, Unavailable};
+use super::problem::{DefaultRenderer, ProblemRenderer};
+use super::replay::ReplaySettings;
+use crate::lock::Redlock;
+
+/// The default [`LockLayer::fencing_header`](super::LockLayer::fencing_header):
+/// `Fencing-Token`.
+pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
+
+/// The default [`LockLayer::max_key_len`](super::LockLayer::max_key_len): 255 bytes.
+pub const DEFAULT_MAX_KEY_LEN: usize = 255;
+
+/// Everything the layer's services and futures share.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) locker: Redlock,
+    pub(crate) contention: Contention,
+    pub(crate) fencing_header: Option<HeaderName>,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) on_lost: OnLost,
+    pub(crate) hold_through_body: bool,
+    pub(crate) scope: Scope,
+    pub(crate) max_key_len: usize,
+    pub(crate) on_unavailable: Unavailable,
+    pub(crate) renderer: Arc<dyn ProblemRenderer>,
+    pub(crate) replay: Option<Arc<ReplaySettings>>,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("locker", &self.locker)
+            .field("contention", &self.contention)
+            .field("fencing_header", &self.fencing_header)
+            .field("missing_key", &self.missing_key)
+            .field("on_lost", &self.on_lost)
+            .field("hold_through_body", &self.hold_through_body)
+            .field("scope", &self.scope)
+            .field("max_key_len", &self.max_key_len)
+            .field("on_unavailable", &self.on_unavailable)
+            .field("replay", &self.replay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settings {
+    /// The defaults of [`LockLayer::new`](super::LockLayer::new).
+    pub(crate) fn new(locker: Redlock) -> Self {
+        Settings {
+            locker,
+            contention: Contention::default(),
+            fencing_header: Some(FENCING_TOKEN),
+            missing_key: MissingKey::default(),
+            on_lost: OnLost::default(),
+            hold_through_body: true,
+            scope: Scope::default(),
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+            on_unavailable: Unavailable::default(),
+            renderer: Arc::new(DefaultRenderer),
+            replay: None,
+        }
+    }
+}
