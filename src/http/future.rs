@@ -129,21 +129,30 @@ where
         let resource = replaying.scope(resource);
         span.record("resource", resource.as_str());
         let fingerprint = replaying.fingerprint;
-        return replay::respond(settings, policy, span, inner, request, resource, fingerprint)
-            .await;
+        return replay::respond(
+            settings,
+            policy,
+            span,
+            inner,
+            request,
+            resource,
+            fingerprint,
+        )
+        .await;
     }
     span.record("resource", resource.as_str());
     let lease = match lock(settings, span, &resource, false).await {
         Ok(lease) => lease,
         Err(NotLocked::Refused(problem)) => return Ok(refuse(settings, span, problem)),
         Err(NotLocked::FailOpen) => {
-            return call_unlocked(settings, span, inner, request, Unlocked::StoreUnavailable)
-                .await
+            return call_unlocked(settings, span, inner, request, Unlocked::StoreUnavailable).await
         }
     };
     let handle = lease.handle();
     match call_locked(settings, span, inner, request, &handle).await? {
-        Called::Answered(response) => Ok(finish(settings, span, response, Some(lease), Some(handle))),
+        Called::Answered(response) => {
+            Ok(finish(settings, span, response, Some(lease), Some(handle)))
+        }
         Called::Stopped(response) => Ok(response), // the lease drops: released in the background
     }
 }

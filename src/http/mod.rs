@@ -109,7 +109,8 @@
 //! [`MethodRouter::layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.layer
 //! [`MethodRouter::route_layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.route_layer
 
-mod acquire;
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
+pub(crate) mod acquire;
 mod body;
 mod extensions;
 mod future;
@@ -123,6 +124,7 @@ mod service;
 mod settings;
 
 pub use body::LeaseBody;
+pub use extensions::{LeaseLost, RequestKey, Unlocked};
 pub use future::ResponseFuture;
 pub use key::{
     header, json_field, query_param, webhook, BoxKeyFuture, Header, JsonField, KeyExtractor,
@@ -130,7 +132,6 @@ pub use key::{
 };
 #[cfg(feature = "axum")]
 pub use key::{path_param, PathParam};
-pub use extensions::{LeaseLost, RequestKey, Unlocked};
 pub use layer::LockLayer;
 pub use policy::{Contention, MissingKey, OnLost, Scope, Unavailable};
 pub use problem::{DefaultRenderer, Problem, ProblemKind, ProblemRenderer};

@@ -44,12 +44,9 @@ pub(crate) async fn lock(
     span.record("wait_ms", waited.as_millis() as u64);
     match acquired {
         Ok(lease) => Ok(lease),
-        Err(error @ (LockError::Held { .. } | LockError::WaitTimeout { .. })) if replaying => {
-            Err(NotLocked::Refused(problem::in_progress(
-                &error,
-                resource.clone(),
-            )))
-        }
+        Err(error @ (LockError::Held { .. } | LockError::WaitTimeout { .. })) if replaying => Err(
+            NotLocked::Refused(problem::in_progress(&error, resource.clone())),
+        ),
         Err(error @ (LockError::Unavailable { .. } | LockError::ValidityExpired { .. }))
             if settings.on_unavailable == Unavailable::FailOpen =>
         {

@@ -106,4 +106,3 @@ fn request_too_large(limit: usize) -> KeyRejection {
         format!("the body is larger than {limit} bytes, the limit for an idempotent request"),
     )
 }
-

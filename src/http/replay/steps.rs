@@ -59,8 +59,7 @@ where
         Ok(lease) => lease,
         Err(NotLocked::Refused(problem)) => return Ok(refuse(settings, span, problem)),
         Err(NotLocked::FailOpen) => {
-            return call_unlocked(settings, span, inner, request, Unlocked::StoreUnavailable)
-                .await
+            return call_unlocked(settings, span, inner, request, Unlocked::StoreUnavailable).await
         }
     };
     let handle = lease.handle();
@@ -111,7 +110,17 @@ where
         // Lost: an attempt whose outcome is unknown keeps its pending marker.
         return Ok(finish(settings, span, response, Some(lease), Some(handle)));
     }
-    Ok(record_or_settle(settings, policy, span, response, lease, handle, fingerprint, routed).await)
+    Ok(record_or_settle(
+        settings,
+        policy,
+        span,
+        response,
+        lease,
+        handle,
+        fingerprint,
+        routed,
+    )
+    .await)
 }
 
 /// After the handler answered under a live lease: read the body and record it, or (a
@@ -134,8 +143,8 @@ async fn record_or_settle<RB: Body>(
     // or `Router::layer`), and 404 from its fallback, where no route matched: neither
     // is the outcome of the request, and replaying them for 24 h would only hide the
     // route. A handler's own 404 on a matched route is kept.
-    let by_routing = status == StatusCode::METHOD_NOT_ALLOWED
-        || (status == StatusCode::NOT_FOUND && !routed);
+    let by_routing =
+        status == StatusCode::METHOD_NOT_ALLOWED || (status == StatusCode::NOT_FOUND && !routed);
     if by_routing || !(policy.store_if)(status) || too_large {
         if by_routing {
             tracing::debug!(%status, "the router's answer, not the handler's: not recorded for replay");
@@ -217,7 +226,15 @@ async fn record_or_settle<RB: Body>(
     let body = LeaseBody::recorded(bytes, trailers);
     // Nothing is left to do under the lease: release it now, so a waiter gets the
     // record without waiting for the body to be sent.
-    let mut response = finish_with(settings, span, parts, Some(lease), Some(handle), false, |_| body);
+    let mut response = finish_with(
+        settings,
+        span,
+        parts,
+        Some(lease),
+        Some(handle),
+        false,
+        |_| body,
+    );
     if let Err(LockError::Lost { cause, .. }) = &stored {
         // The nodes said so before the watchdog did.
         if response.extensions().get::<LeaseLost>().is_none() {

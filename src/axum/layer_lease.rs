@@ -1,0 +1,130 @@
+//! [`LayerLease`]: the lease a [`LockLayer`](crate::http::LockLayer) took, for the
+//! handler.
+
+use std::convert::Infallible;
+use std::ops::Deref;
+
+use ::axum::extract::{FromRequestParts, OptionalFromRequestParts};
+use http::request::Parts;
+
+use super::LockRejection;
+use crate::http::problem::{Problem, ProblemKind};
+use crate::http::Unlocked;
+use crate::lock::LeaseHandle;
+
+/// An extractor for the lease that [`LockLayer`](crate::http::LockLayer) took for this
+/// request.
+///
+/// Derefs to the [`LeaseHandle`]: the fencing token, the validity left, the lost
+/// signal. The same as `Extension<LeaseHandle>`, with a rejection that says what is
+/// wrong: without a lease in the request — the route has no
+/// [`LockLayer`](crate::http::LockLayer), or its layer let the request through unlocked
+/// ([`MissingKey::Bypass`](crate::http::MissingKey::Bypass),
+/// [`Unavailable::FailOpen`](crate::http::Unavailable::FailOpen)) — the handler does not
+/// run and the client gets 500 `lock-layer-missing`. Handlers that may run unlocked
+/// take `Option<LayerLease>`.
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use http::{Request, StatusCode};
+/// use tower::ServiceExt;
+/// use tower_redlock::axum::LayerLease;
+/// use tower_redlock::http::{header, LockLayer};
+/// use tower_redlock::Redlock;
+///
+/// async fn pay(lease: LayerLease) -> String {
+///     format!("paid under token {}", lease.fencing_token())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let app = Router::new()
+///     .route("/pay", post(pay))
+///     .route_layer(LockLayer::new(Redlock::in_memory(), header("Idempotency-Key")));
+///
+/// let request = Request::post("/pay")
+///     .header("Idempotency-Key", "k1")
+///     .body(axum::body::Body::empty())
+///     .unwrap();
+/// let response = app.oneshot(request).await.unwrap();
+/// assert_eq!(response.status(), StatusCode::OK);
+///
+/// // Forgot the layer: 500 `lock-layer-missing`, the handler never runs.
+/// let unlocked = Router::new().route("/pay", post(pay));
+/// let request = Request::post("/pay").body(axum::body::Body::empty()).unwrap();
+/// let response = unlocked.oneshot(request).await.unwrap();
+/// assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct LayerLease(pub LeaseHandle);
+
+impl Deref for LayerLease {
+    type Target = LeaseHandle;
+
+    fn deref(&self) -> &LeaseHandle {
+        &self.0
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for LayerLease {
+    type Rejection = LockRejection;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        if let Some(handle) = parts.extensions.get::<LeaseHandle>() {
+            return Ok(LayerLease(handle.clone()));
+        }
+        let detail = match parts.extensions.get::<Unlocked>() {
+            None => {
+                "this route has no LockLayer, but its handler needs the lease one takes \
+                 (LayerLease): add the layer to the route (route_layer), or take the lease \
+                 in the handler with Locked"
+            }
+            Some(Unlocked::MissingKey) => {
+                "the LockLayer of this route let the request through without a lock \
+                 (no key, MissingKey::Bypass), but its handler needs the lease (LayerLease): \
+                 take Option<LayerLease> in handlers that may run unlocked"
+            }
+            Some(Unlocked::StoreUnavailable) => {
+                "the LockLayer of this route let the request through without a lock \
+                 (lock store unavailable, Unavailable::FailOpen), but its handler needs \
+                 the lease (LayerLease): take Option<LayerLease> in handlers that may run \
+                 unlocked"
+            }
+        };
+        tracing::error!(path = %parts.uri.path(), "{detail}");
+        Err(LockRejection::from(Problem::new(
+            ProblemKind::LockLayerMissing,
+            detail,
+        )))
+    }
+}
+
+/// `Option<LayerLease>`: `None` when the request carries no lease, for handlers that
+/// also run unlocked ([`MissingKey::Bypass`](crate::http::MissingKey::Bypass),
+/// [`Unavailable::FailOpen`](crate::http::Unavailable::FailOpen)).
+///
+/// ```
+/// use tower_redlock::axum::LayerLease;
+///
+/// async fn handler(lease: Option<LayerLease>) -> String {
+///     match lease {
+///         Some(lease) => format!("locked, token {}", lease.fencing_token()),
+///         None => "unlocked".to_owned(),
+///     }
+/// }
+/// ```
+impl<S: Send + Sync> OptionalFromRequestParts<S> for LayerLease {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts
+            .extensions
+            .get::<LeaseHandle>()
+            .cloned()
+            .map(LayerLease))
+    }
+}

@@ -1,0 +1,356 @@
+//! [`Locked`] and the traits that name its lock, [`LockKey`] and [`LockSpec`].
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+
+use ::axum::extract::{FromRef, FromRequestParts};
+use http::request::Parts;
+
+use super::LockRejection;
+use crate::http::acquire::{acquire_or_problem, check_key, missing_key};
+use crate::http::key::KeyFromParts;
+use crate::http::problem::Problem;
+use crate::http::{Contention, Scope, DEFAULT_MAX_KEY_LEN};
+use crate::lock::{Lease, Redlock};
+
+/// Names the lock a [`Locked`] extractor takes: where the key comes from, which
+/// requests share the lock, and what to do when it is held.
+///
+/// Implement it on a marker type; the handler's signature then says which lock it runs
+/// under (`Locked<OrderId>`). Only [`extractor`](LockKey::extractor) is required; the
+/// defaults are those of [`LockLayer::new`](crate::http::LockLayer::new).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redlock::axum::LockKey;
+/// use tower_redlock::http::{header, Contention, Header, Scope};
+///
+/// /// Requests with the same `Idempotency-Key` on any route share one lock, and wait
+/// /// up to 2 s for it.
+/// struct IdempotencyKey;
+///
+/// impl LockKey for IdempotencyKey {
+///     type Extractor = Header;
+///
+///     fn extractor() -> Header {
+///         header("Idempotency-Key")
+///     }
+///
+///     fn scope() -> Scope {
+///         Scope::shared("idempotency")
+///     }
+///
+///     fn contention() -> Contention {
+///         Contention::Wait { timeout: Duration::from_secs(2) }
+///     }
+/// }
+/// ```
+pub trait LockKey: Send + Sync + 'static {
+    /// The type of [`extractor`](LockKey::extractor): a built-in such as
+    /// [`Header`](crate::http::Header) or [`PathParam`](crate::http::PathParam), a
+    /// tuple of them, an [`Or`](crate::http::Or), or your own [`KeyFromParts`].
+    /// Body keys ([`json_field`](crate::http::json_field)) need the whole request:
+    /// use [`LockLayer`](crate::http::LockLayer) for them.
+    type Extractor: KeyFromParts;
+
+    /// Finds the key in the request head. Called once per request.
+    fn extractor() -> Self::Extractor;
+
+    /// Which requests share a lock (default [`Scope::Route`]: method, matched route and
+    /// key, the same resource a [`LockLayer`](crate::http::LockLayer) on that route locks).
+    fn scope() -> Scope {
+        Scope::Route
+    }
+
+    /// Whether to refuse or to wait when the lock is held (default
+    /// [`Contention::Reject`]).
+    fn contention() -> Contention {
+        Contention::Reject
+    }
+
+    /// The longest key accepted, in bytes (default
+    /// [`DEFAULT_MAX_KEY_LEN`]).
+    fn max_key_len() -> usize {
+        DEFAULT_MAX_KEY_LEN
+    }
+}
+
+/// The lock a [`Locked`] extractor takes, configured from the router's state `S` at
+/// run time: the general form of [`LockKey`], whose settings are fixed in the code.
+///
+/// Every [`LockKey`] is a `LockSpec<S>` for any state. Implement `LockSpec` instead when
+/// the scope, the wait timeout or the key limit come from configuration read at start
+/// (environment, a file): they are read from the state on every request.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::extract::FromRef;
+/// use tower_redlock::axum::{LockSpec, Locked};
+/// use tower_redlock::http::{path_param, Contention, PathParam, Scope};
+/// use tower_redlock::Redlock;
+///
+/// #[derive(Clone)]
+/// struct AppState {
+///     locker: Redlock,
+///     transfer_wait: Duration, // read from the environment at start
+/// }
+///
+/// impl FromRef<AppState> for Redlock {
+///     fn from_ref(state: &AppState) -> Redlock {
+///         state.locker.clone()
+///     }
+/// }
+///
+/// struct AccountId;
+///
+/// impl LockSpec<AppState> for AccountId {
+///     type Extractor = PathParam;
+///
+///     fn extractor(_state: &AppState) -> PathParam {
+///         path_param("id")
+///     }
+///
+///     fn scope(_state: &AppState) -> Scope {
+///         Scope::shared("account")
+///     }
+///
+///     fn contention(state: &AppState) -> Contention {
+///         Contention::Wait { timeout: state.transfer_wait }
+///     }
+/// }
+///
+/// async fn transfer(lock: Locked<AccountId>) -> String {
+///     format!("under token {}", lock.fencing_token())
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let _: axum::Router = axum::Router::new()
+/// #     .route("/accounts/{id}/transfer", axum::routing::post(transfer))
+/// #     .with_state(AppState { locker: Redlock::in_memory(), transfer_wait: Duration::from_secs(1) });
+/// # }
+/// ```
+pub trait LockSpec<S>: Send + Sync + 'static {
+    /// The type of [`extractor`](LockSpec::extractor) (see [`LockKey::Extractor`]).
+    type Extractor: KeyFromParts;
+
+    /// Finds the key in the request head. Called once per request.
+    fn extractor(state: &S) -> Self::Extractor;
+
+    /// Which requests share a lock (default [`Scope::Route`]).
+    fn scope(_state: &S) -> Scope {
+        Scope::Route
+    }
+
+    /// Whether to refuse or to wait when the lock is held (default
+    /// [`Contention::Reject`]).
+    fn contention(_state: &S) -> Contention {
+        Contention::Reject
+    }
+
+    /// The longest key accepted, in bytes (default [`DEFAULT_MAX_KEY_LEN`]).
+    fn max_key_len(_state: &S) -> usize {
+        DEFAULT_MAX_KEY_LEN
+    }
+}
+
+impl<K: LockKey, S> LockSpec<S> for K {
+    type Extractor = K::Extractor;
+
+    fn extractor(_state: &S) -> K::Extractor {
+        K::extractor()
+    }
+
+    fn scope(_state: &S) -> Scope {
+        K::scope()
+    }
+
+    fn contention(_state: &S) -> Contention {
+        K::contention()
+    }
+
+    fn max_key_len(_state: &S) -> usize {
+        K::max_key_len()
+    }
+}
+
+/// An extractor that holds a lease on the lock named by `K` while the handler runs.
+///
+/// The locker comes from the router's state (`Redlock: FromRef<S>`: the state is a
+/// [`Redlock`], or a struct with a `#[derive(FromRef)]` or a hand-written
+/// [`FromRef`] impl). The derive is behind axum's `macros` feature, which axum does not
+/// enable by default: add `axum = { version = "0.8", features = ["macros"] }` to use it,
+/// or write the impl by hand (see [`LockSpec`]'s example); without it the compiler
+/// reports that `FromRef` is not a derive macro and that `Redlock: FromRef<AppState>`
+/// does not hold. The key is read from the request head by
+/// [`K::extractor`](LockKey::extractor) and checked like the layer checks it; the
+/// resource is [`K::scope`](LockKey::scope)'s, and the lease is acquired as
+/// [`K::contention`](LockKey::contention) says.
+///
+/// `Locked` derefs to the [`Lease`] (and so to its [`LeaseHandle`](crate::LeaseHandle)): the fencing
+/// token, the validity left, the lost signal. Dropping it — which happens when the
+/// handler's future ends — releases the lease in the background; take it with
+/// [`into_lease`](Locked::into_lease) to release it earlier and await the outcome.
+/// Unlike the layer, the extractor cannot stop the handler when the lease is lost:
+/// race the critical section against [`lost`](crate::LeaseHandle::lost), as below, and pass
+/// the fencing token to the storage.
+///
+/// Nor does it add a `Fencing-Token` header by itself: the handler's response is built
+/// after the extractor ran. Return the token with the response — [`FencingToken`]
+/// implements [`IntoResponseParts`] — as `(lock.fencing_token(), body)`, and the
+/// response carries `Fencing-Token: <n>` like the layer's.
+///
+/// The key's settings are `K`'s: a [`LockKey`] fixes them in the code, a [`LockSpec`]
+/// reads them from the state on every request.
+///
+/// Refusals, all as [`LockRejection`] with the layer's problem bodies: 400
+/// `key-missing` / `key-invalid`, 409 `lock-held` / `lock-wait-timeout`, 503
+/// `lock-unavailable` / `lock-queue-full`.
+///
+/// ```
+/// use axum::{extract::{FromRef, State}, http::StatusCode, routing::post, Json, Router};
+/// use serde_json::{json, Value};
+/// use tower_redlock::axum::{LockKey, Locked};
+/// use tower_redlock::http::{header, Header};
+/// use tower_redlock::{FencingToken, Redlock};
+///
+/// // `derive(FromRef)` needs axum's `macros` feature.
+/// #[derive(Clone, FromRef)]
+/// struct AppState {
+///     locker: Redlock,
+///     // ... database pool, configuration ...
+/// }
+///
+/// struct IdempotencyKey;
+///
+/// impl LockKey for IdempotencyKey {
+///     type Extractor = Header;
+///
+///     fn extractor() -> Header {
+///         header("Idempotency-Key")
+///     }
+/// }
+///
+/// async fn charge(
+///     State(_state): State<AppState>,
+///     lock: Locked<IdempotencyKey>,
+/// ) -> Result<(FencingToken, Json<Value>), StatusCode> {
+///     let token = lock.fencing_token();
+///     tokio::select! {
+///         // The lock is gone: stop before writing anything else.
+///         _ = lock.lost() => Err(StatusCode::SERVICE_UNAVAILABLE),
+///         charged = async { /* write, passing `token` to the storage */ 1234 } => {
+///             // `token` first: the response gets a `Fencing-Token` header too.
+///             Ok((token, Json(json!({ "charged": charged, "fencing_token": token.to_string() }))))
+///         }
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let app: Router = Router::new()
+///     .route("/charges", post(charge))
+///     .with_state(AppState { locker: Redlock::in_memory() });
+/// # let _ = app;
+/// # }
+/// ```
+pub struct Locked<K> {
+    lease: Lease,
+    // `fn() -> K`: the marker is never stored, so it does not decide Send or Sync.
+    key: PhantomData<fn() -> K>,
+}
+
+impl<K> Locked<K> {
+    /// The lease.
+    ///
+    /// ```
+    /// # use tower_redlock::axum::{LockKey, Locked};
+    /// # use tower_redlock::http::{header, Header};
+    /// # struct Key;
+    /// # impl LockKey for Key {
+    /// #     type Extractor = Header;
+    /// #     fn extractor() -> Header { header("x-key") }
+    /// # }
+    /// async fn handler(lock: Locked<Key>) -> String {
+    ///     format!("{:?} left", lock.lease().remaining())
+    /// }
+    /// ```
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The lease, to keep beyond the handler or to release early and await the outcome.
+    ///
+    /// ```
+    /// # use tower_redlock::axum::{LockKey, Locked};
+    /// # use tower_redlock::http::{header, Header};
+    /// # struct Key;
+    /// # impl LockKey for Key {
+    /// #     type Extractor = Header;
+    /// #     fn extractor() -> Header { header("x-key") }
+    /// # }
+    /// async fn handler(lock: Locked<Key>) -> &'static str {
+    ///     // ... the critical section ...
+    ///     let outcome = lock.into_lease().release().await;
+    ///     // ... work that needs no lock ...
+    ///     # let _ = outcome;
+    ///     "done"
+    /// }
+    /// ```
+    pub fn into_lease(self) -> Lease {
+        self.lease
+    }
+}
+
+impl<K> Deref for Locked<K> {
+    type Target = Lease;
+
+    fn deref(&self) -> &Lease {
+        &self.lease
+    }
+}
+
+impl<K> fmt::Debug for Locked<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Locked").field(&self.lease).finish()
+    }
+}
+
+impl<S, K> FromRequestParts<S> for Locked<K>
+where
+    K: LockSpec<S>,
+    Redlock: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = LockRejection;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // The layer's path (`crate::http::acquire`): the same checks, the same resource,
+        // the same problems.
+        let extractor = K::extractor(state);
+        let found = extractor
+            .key(parts)
+            .map_err(|rejection| refuse(rejection.into()))?;
+        let key = check_key(found, K::max_key_len(state))
+            .and_then(|key| key.ok_or_else(|| missing_key(&extractor.describe())))
+            .map_err(refuse)?;
+        let resource =
+            K::scope(state).resource_of(&parts.method, &parts.uri, &parts.extensions, &key);
+        let locker = Redlock::from_ref(state);
+        let lease = acquire_or_problem(&locker, K::contention(state), resource.clone())
+            .await
+            .map_err(refuse)?;
+        let token = lease.fencing_token();
+        tracing::debug!(%resource, %token, "lease acquired by the Locked extractor");
+        Ok(Locked {
+            lease,
+            key: PhantomData,
+        })
+    }
+}
+
+fn refuse(problem: Problem) -> LockRejection {
+    tracing::debug!(%problem, "request refused by the Locked extractor");
+    crate::lock::metrics::refusal(problem.kind().code());
+    LockRejection::from(problem)
+}

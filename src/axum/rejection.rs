@@ -1,0 +1,161 @@
+//! [`LockRejection`], and the axum responses of the crate's problems and errors.
+
+use std::convert::Infallible;
+use std::fmt;
+
+use ::axum::body::Body;
+use ::axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
+use http::header::HeaderValue;
+use http::StatusCode;
+
+use crate::error::LockError;
+use crate::http::key::KeyRejection;
+use crate::http::problem::{self, DefaultRenderer, Problem};
+use crate::http::FENCING_TOKEN;
+use crate::lock::fencing::FencingToken;
+
+/// Why [`Locked`] or [`LayerLease`] refused a request: a [`Problem`], answered as the
+/// layer answers it (`application/problem+json` by [`DefaultRenderer`],
+/// `Cache-Control: no-store`, `Retry-After` when known).
+///
+/// Take `Result<Locked<K>, LockRejection>` in the handler to answer in another format:
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use tower_redlock::axum::{LockKey, LockRejection, Locked};
+/// use tower_redlock::http::{header, Header};
+///
+/// struct Key;
+/// impl LockKey for Key {
+///     type Extractor = Header;
+///     fn extractor() -> Header {
+///         header("x-key")
+///     }
+/// }
+///
+/// async fn handler(lock: Result<Locked<Key>, LockRejection>) -> (StatusCode, String) {
+///     match lock {
+///         Ok(_lock) => (StatusCode::OK, "done".to_owned()),
+///         Err(rejection) => (rejection.status(), rejection.problem().detail().to_owned()),
+///     }
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockRejection {
+    problem: Problem,
+}
+
+impl LockRejection {
+    /// The problem.
+    ///
+    /// ```
+    /// use tower_redlock::axum::LockRejection;
+    /// use tower_redlock::{Problem, ProblemKind};
+    ///
+    /// let rejection = LockRejection::from(Problem::new(ProblemKind::LockHeld, "busy"));
+    /// assert_eq!(rejection.problem().kind(), ProblemKind::LockHeld);
+    /// ```
+    pub fn problem(&self) -> &Problem {
+        &self.problem
+    }
+
+    /// The problem, by value.
+    ///
+    /// ```
+    /// use tower_redlock::axum::LockRejection;
+    /// use tower_redlock::{Problem, ProblemKind};
+    ///
+    /// let rejection = LockRejection::from(Problem::new(ProblemKind::LockHeld, "busy"));
+    /// assert_eq!(rejection.into_problem().detail(), "busy");
+    /// ```
+    pub fn into_problem(self) -> Problem {
+        self.problem
+    }
+
+    /// The HTTP status of the response.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_redlock::axum::LockRejection;
+    /// use tower_redlock::{Problem, ProblemKind};
+    ///
+    /// let rejection = LockRejection::from(Problem::new(ProblemKind::LockHeld, "busy"));
+    /// assert_eq!(rejection.status(), StatusCode::CONFLICT);
+    /// ```
+    pub fn status(&self) -> StatusCode {
+        self.problem.status()
+    }
+}
+
+impl From<Problem> for LockRejection {
+    fn from(problem: Problem) -> Self {
+        LockRejection { problem }
+    }
+}
+
+impl From<KeyRejection> for LockRejection {
+    fn from(rejection: KeyRejection) -> Self {
+        LockRejection {
+            problem: rejection.into(),
+        }
+    }
+}
+
+impl fmt::Display for LockRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.problem, f)
+    }
+}
+
+impl std::error::Error for LockRejection {}
+
+impl IntoResponse for LockRejection {
+    fn into_response(self) -> Response {
+        problem::render(&DefaultRenderer, &self.problem)
+            .map(Body::from)
+            .into_response()
+    }
+}
+
+impl IntoResponse for Problem {
+    /// The problem as the layer sends it: [`DefaultRenderer`]'s
+    /// `application/problem+json`, `Retry-After` when known, `Cache-Control: no-store`.
+    fn into_response(self) -> Response {
+        problem::render(&DefaultRenderer, &self)
+            .map(Body::from)
+            .into_response()
+    }
+}
+
+impl IntoResponse for LockError {
+    /// The response the layer sends for this error (see
+    /// [`problem_response`](crate::http::problem::problem_response)), so a handler that
+    /// locks by hand can use `?`:
+    ///
+    /// ```
+    /// use tower_redlock::{LockError, Redlock, Resource};
+    ///
+    /// async fn ship(locker: Redlock, order: String) -> Result<String, LockError> {
+    ///     let lease = locker.try_acquire(Resource::new("order").join(&order)).await?;
+    ///     Ok(format!("shipped under token {}", lease.fencing_token()))
+    /// }
+    /// ```
+    fn into_response(self) -> Response {
+        Problem::from(&self).into_response()
+    }
+}
+
+impl IntoResponseParts for FencingToken {
+    type Error = Infallible;
+
+    /// Adds `Fencing-Token: <n>` (the layer's [`FENCING_TOKEN`] header) to the
+    /// response; nothing for token 0 (a locker without fencing), as the layer does.
+    fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Infallible> {
+        if self.get() > 0 {
+            parts
+                .headers_mut()
+                .insert(FENCING_TOKEN, HeaderValue::from(self.get()));
+        }
+        Ok(parts)
+    }
+}
