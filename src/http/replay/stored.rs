@@ -119,12 +119,4 @@ mod tests {
         }
         assert!(StoredResponse::decode(Bytes::from_static(b"\x02\x00\xc8\x00\x00")).is_none());
     }
-
-    fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> Parts {
-        let mut builder = Request::builder().method(method).uri(uri);
-        for (name, value) in headers {
-            builder = builder.header(*name, *value);
-        }
-        builder.body(()).unwrap().into_parts().0
-    }
 }
