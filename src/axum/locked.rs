@@ -196,8 +196,8 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// the fencing token to the storage.
 ///
 /// Nor does it add a `Fencing-Token` header by itself: the handler's response is built
-/// after the extractor ran. Return the token with the response — [`FencingToken`]
-/// implements [`IntoResponseParts`] — as `(lock.fencing_token(), body)`, and the
+/// after the extractor ran. Return the token with the response — [`FencingToken`](crate::FencingToken)(crate::FencingToken)
+/// implements [`IntoResponseParts`](::axum::response::IntoResponseParts) — as `(lock.fencing_token(), body)`, and the
 /// response carries `Fencing-Token: <n>` like the layer's.
 ///
 /// The key's settings are `K`'s: a [`LockKey`] fixes them in the code, a [`LockSpec`]

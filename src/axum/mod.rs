@@ -8,20 +8,20 @@
 //! The extractors cover the rest:
 //!
 //! - [`Locked<K>`] takes the lease itself, as the handler's argument. The key comes
-//!   from the request through the same [`KeyFromParts`] extractors the layer uses,
+//!   from the request through the same [`KeyFromParts`](crate::http::KeyFromParts) extractors the layer uses,
 //!   named by a marker type that implements [`LockKey`] (settings in the code) or
 //!   [`LockSpec`] (settings from the state); the locker comes from the
 //!   router's state (`Redlock: FromRef<S>`). The lease is the handler's to use: it is
 //!   released when the handler's future ends (or earlier, with
 //!   [`Lease::release`](crate::Lease::release)), and the handler itself decides what
-//!   to do when the lease is lost ([`LeaseHandle::lost`]).
-//! - [`LayerLease`] hands the handler the [`LeaseHandle`] that
+//!   to do when the lease is lost ([`LeaseHandle::lost`](crate::LeaseHandle::lost)).
+//! - [`LayerLease`] hands the handler the [`LeaseHandle`](crate::LeaseHandle) that
 //!   [`LockLayer`](crate::http::LockLayer) put in the request extensions, and fails
 //!   loudly (500 `lock-layer-missing`) when there is none, instead of letting a handler
 //!   believe it runs under a lock.
 //!
 //! Refusals are [`LockRejection`]s: the same RFC 9457 problem responses, with the same
-//! status codes, as the layer's (see [`problem`]).
+//! status codes, as the layer's (see [`problem`](crate::http::problem)).
 //!
 //! Do not build a guard on `axum::middleware::from_extractor::<Locked<K>>`: it drops the
 //! extracted value, and with it the lease, before the handler runs.

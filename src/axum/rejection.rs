@@ -14,7 +14,7 @@ use crate::http::problem::{self, DefaultRenderer, Problem};
 use crate::http::FENCING_TOKEN;
 use crate::lock::fencing::FencingToken;
 
-/// Why [`Locked`] or [`LayerLease`] refused a request: a [`Problem`], answered as the
+/// Why [`Locked`](super::Locked) or [`LayerLease`](super::LayerLease) refused a request: a [`Problem`], answered as the
 /// layer answers it (`application/problem+json` by [`DefaultRenderer`],
 /// `Cache-Control: no-store`, `Retry-After` when known).
 ///

@@ -16,7 +16,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The key extractor of a replaying layer: the layer's own extractor, then the tenant
 /// and the fingerprint (reading the body when the fingerprint covers it, and passing
-/// the identical bytes on). Made by [`LockLayer::replay`](super::LockLayer::replay).
+/// the identical bytes on). Made by [`LockLayer::replay`](crate::http::LockLayer::replay).
 #[derive(Clone)]
 pub struct Replaying<K> {
     key: K,

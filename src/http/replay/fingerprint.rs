@@ -16,7 +16,7 @@ use super::super::policy::matched_path_in;
 ///
 /// Always covers the method, the route (axum's matched path, else the URI path) and the
 /// request's path and query — the same key sent to `/orders/7/pay` and `/orders/8/pay`
-/// names one lock under [`Scope::Route`](super::Scope::Route), but two requests — then,
+/// names one lock under [`Scope::Route`](crate::http::Scope::Route), but two requests — then,
 /// by default, the SHA-256 of the whole body. It can instead cover
 /// selected JSON fields, or no body, plus selected request headers — the draft's
 /// "checksum of selected elements".
