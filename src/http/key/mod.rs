@@ -27,29 +27,35 @@
 //! `path_param` name that the matched route does not have — is not the client's
 //! fault: it is answered with 500 `key-misconfigured` and logged as an error.
 
+mod header;
+mod json;
+#[cfg(feature = "axum")]
+mod path;
+mod query;
+pub mod webhook;
+
 use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::pin::Pin;
-use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use http::header::{HeaderName, CONTENT_LENGTH};
 use http::request::Parts;
 use http::Request;
-use http_body::Body;
-use http_body_util::BodyExt;
 
 use super::problem::{Problem, ProblemKind};
 use crate::lock::Resource;
+
+pub use header::{header, Header};
+pub(crate) use json::read_limited;
+pub use json::{json_field, JsonField, DEFAULT_BODY_LIMIT};
+#[cfg(feature = "axum")]
+pub use path::{path_param, PathParam};
+pub use query::{query_param, QueryParam};
 
 /// What a [`KeyExtractor`] resolves to: the request, handed back, and its key if it has one.
 pub type KeyResult<B> = Result<(Request<B>, Option<String>), KeyRejection>;
 
 /// A boxed [`KeyExtractor::Future`], for extractors written with `async` blocks.
 pub type BoxKeyFuture<B> = Pin<Box<dyn Future<Output = KeyResult<B>> + Send + 'static>>;
-
-/// Errors that body readers may return.
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Finds the lock key of a request, possibly reading its body.
 ///
@@ -256,420 +262,6 @@ pub(crate) fn validate(key: &str, max_len: usize) -> Result<(), String> {
 }
 
 // ---------------------------------------------------------------------------------
-// Header
-
-/// The key is the value of a request header; see [`header`].
-#[derive(Debug, Clone)]
-pub struct Header {
-    name: HeaderName,
-    sf_string: bool,
-}
-
-/// The key is the value of the header `name` (e.g. `Idempotency-Key`). A header sent
-/// twice, or a value that is not UTF-8, is rejected (`key-invalid`).
-///
-/// For `Idempotency-Key` the value is read as the IETF draft defines it, an
-/// [RFC 8941](https://www.rfc-editor.org/rfc/rfc8941#name-strings) *String*:
-/// `"8e03978e-40d5"` gives the key `8e03978e-40d5` (the quotes are syntax, `\"` and
-/// `\\` are escapes), and a bare value as Stripe's clients send it (`8e03978e-40d5`)
-/// is taken as it is; a value that opens a quote but is not a valid String is
-/// rejected (`key-invalid`). [`Header::sf_string`] turns this reading on or off for any
-/// header.
-///
-/// ```
-/// use tower_redlock::http::{header, KeyFromParts};
-///
-/// let request = http::Request::post("/payments")
-///     .header("Idempotency-Key", r#""8e03978e-40d5""#)
-///     .body(())
-///     .unwrap();
-/// let (mut parts, ()) = request.into_parts();
-/// let key = header("Idempotency-Key").key(&mut parts).unwrap();
-/// assert_eq!(key.as_deref(), Some("8e03978e-40d5"));
-/// ```
-///
-/// # Panics
-///
-/// When `name` is not a valid header name.
-pub fn header<N>(name: N) -> Header
-where
-    N: TryInto<HeaderName>,
-    N::Error: fmt::Display,
-{
-    match name.try_into() {
-        Ok(name) => {
-            let sf_string = name == IDEMPOTENCY_KEY;
-            Header { name, sf_string }
-        }
-        Err(e) => panic!("invalid header name for a lock key: {e}"),
-    }
-}
-
-/// The header of the IETF draft *The Idempotency-Key HTTP Header Field*.
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
-
-impl Header {
-    /// The header's name.
-    pub fn name(&self) -> &HeaderName {
-        &self.name
-    }
-
-    /// Reads the value as an RFC 8941 String when it starts with a double quote, else
-    /// as it is (default: on for `Idempotency-Key`, off for other headers).
-    #[must_use]
-    pub fn sf_string(mut self, on: bool) -> Self {
-        self.sf_string = on;
-        self
-    }
-}
-
-/// The content of the RFC 8941 String `value` (which starts with `"`), or why it is
-/// not one.
-fn parse_sf_string(value: &str) -> Result<String, &'static str> {
-    let mut chars = value.chars();
-    if chars.next() != Some('"') {
-        return Err("a String starts with a double quote");
-    }
-    let mut out = String::with_capacity(value.len());
-    loop {
-        match chars.next() {
-            None => return Err("the closing double quote is missing"),
-            Some('"') => break,
-            Some('\\') => match chars.next() {
-                Some(c @ ('"' | '\\')) => out.push(c),
-                _ => return Err("only \\\" and \\\\ may be escaped"),
-            },
-            Some(c @ ' '..='~') => out.push(c),
-            Some(_) => return Err("a String holds visible ASCII and spaces only"),
-        }
-    }
-    if chars.next().is_some() {
-        return Err("characters follow the closing double quote");
-    }
-    Ok(out)
-}
-
-impl KeyFromParts for Header {
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, KeyRejection> {
-        let mut values = parts.headers.get_all(&self.name).iter();
-        match (values.next(), values.next()) {
-            (None, _) => Ok(None),
-            (Some(value), None) => {
-                // Refused rather than replaced with U+FFFD: two different byte strings
-                // must never name one lock.
-                let text = std::str::from_utf8(value.as_bytes()).map_err(|_| {
-                    KeyRejection::invalid(format!("the `{}` header is not UTF-8", self.name))
-                })?;
-                if self.sf_string && text.starts_with('"') {
-                    return parse_sf_string(text).map(Some).map_err(|why| {
-                        KeyRejection::invalid(format!(
-                            "the `{}` header is not a valid structured-field String (RFC 8941): {why}",
-                            self.name
-                        ))
-                    });
-                }
-                Ok(Some(text.to_owned()))
-            }
-            (Some(_), Some(_)) => Err(KeyRejection::invalid(format!(
-                "the `{}` header appears more than once",
-                self.name
-            ))),
-        }
-    }
-
-    fn describe(&self) -> String {
-        format!("the `{}` header", self.name)
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// Query parameter
-
-/// The key is a query parameter; see [`query_param`].
-#[derive(Debug, Clone)]
-pub struct QueryParam {
-    name: Arc<str>,
-}
-
-/// The key is the query parameter `name`, percent-decoded (`+` is a space). A
-/// parameter given twice is rejected (`key-invalid`).
-pub fn query_param(name: impl Into<Arc<str>>) -> QueryParam {
-    QueryParam { name: name.into() }
-}
-
-impl KeyFromParts for QueryParam {
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, KeyRejection> {
-        let Some(query) = parts.uri.query() else {
-            return Ok(None);
-        };
-        let mut found = None;
-        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            if decode_component(name).as_deref() != Some(&*self.name) {
-                continue;
-            }
-            if found.is_some() {
-                return Err(KeyRejection::invalid(format!(
-                    "the `{}` query parameter appears more than once",
-                    self.name
-                )));
-            }
-            let value = decode_component(value).ok_or_else(|| {
-                KeyRejection::invalid(format!("the `{}` query parameter is not UTF-8", self.name))
-            })?;
-            found = Some(value);
-        }
-        Ok(found)
-    }
-
-    fn describe(&self) -> String {
-        format!("the `{}` query parameter", self.name)
-    }
-}
-
-/// Decodes one `application/x-www-form-urlencoded` component; `None` if not UTF-8.
-/// A `%` not followed by two hex digits stays as it is.
-fn decode_component(input: &str) -> Option<String> {
-    let bytes = input.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3).and_then(|h| {
-                    let h = std::str::from_utf8(h).ok()?;
-                    u8::from_str_radix(h, 16).ok()
-                });
-                match hex {
-                    Some(byte) => {
-                        out.push(byte);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).ok()
-}
-
-// ---------------------------------------------------------------------------------
-// Path parameter
-
-/// The key is a path parameter of the matched axum route; see [`path_param`].
-#[cfg(feature = "axum")]
-#[derive(Debug, Clone)]
-pub struct PathParam {
-    name: Arc<str>,
-}
-
-/// The key is the path parameter `name` of the matched axum route, percent-decoded
-/// (e.g. `id` in `/orders/{id}`). A matched route without a parameter of that name
-/// is a server mistake: 500 `key-misconfigured`, logged as an error.
-///
-/// Path parameters exist only after routing: apply the layer with
-/// [`Router::route_layer`](axum::Router::route_layer), [`Router::layer`](axum::Router::layer)
-/// or [`MethodRouter::layer`](axum::routing::MethodRouter::layer), not around the whole
-/// router. Outside a router no key is found (and a warning is logged).
-#[cfg(feature = "axum")]
-pub fn path_param(name: impl Into<Arc<str>>) -> PathParam {
-    PathParam { name: name.into() }
-}
-
-#[cfg(feature = "axum")]
-impl KeyFromParts for PathParam {
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, KeyRejection> {
-        use axum::extract::rejection::RawPathParamsRejection;
-        use axum::extract::{FromRequestParts, RawPathParams};
-        use futures_util::FutureExt;
-
-        // axum's extractor reads the parameters routing left in the extensions; its
-        // future is ready at once.
-        match RawPathParams::from_request_parts(parts, &()).now_or_never() {
-            Some(Ok(params)) => {
-                let found = params
-                    .iter()
-                    .find(|(name, _)| *name == &*self.name)
-                    .map(|(_, value)| value.to_owned());
-                // A matched route without the parameter is the server's mistake (a
-                // typo, or the layer on the wrong route), never the client's: 500, not
-                // 400. Without a matched route (the router's fallback under
-                // `Router::layer`) there is simply no key.
-                match (found, parts.extensions.get::<axum::extract::MatchedPath>()) {
-                    (None, Some(route)) => {
-                        let detail = format!(
-                            "the route `{}` has no path parameter `{}` to take the lock key from",
-                            route.as_str(),
-                            self.name
-                        );
-                        tracing::error!("lock key misconfigured: {detail}");
-                        Err(KeyRejection::misconfigured(detail))
-                    }
-                    (found, _) => Ok(found),
-                }
-            }
-            Some(Err(RawPathParamsRejection::InvalidUtf8InPathParam(_))) => Err(
-                KeyRejection::invalid(format!("the `{}` path parameter is not UTF-8", self.name)),
-            ),
-            Some(Err(_)) | None => {
-                tracing::warn!(
-                    param = %self.name,
-                    "no path parameters: apply the lock layer inside the axum router (route_layer or layer)"
-                );
-                Ok(None)
-            }
-        }
-    }
-
-    fn describe(&self) -> String {
-        format!("the `{}` path parameter", self.name)
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// JSON body field
-
-/// The key is a field of the JSON body; see [`json_field`].
-#[derive(Debug, Clone)]
-pub struct JsonField {
-    pointer: Arc<str>,
-    limit: usize,
-}
-
-/// The default body limit of [`JsonField`]: 64 KiB.
-pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
-
-/// The key is the field at the JSON Pointer `pointer` (RFC 6901, e.g. `/id` or
-/// `/data/object/id`) of the JSON body: a string as it is, a number as its decimal text.
-/// `null` or an absent field is no key; any other value is rejected (`key-invalid`).
-///
-/// The body is buffered up to [`limit`](JsonField::limit) bytes (64 KiB by default;
-/// larger bodies get 413 `body-too-large` before any lock is taken), and the handler
-/// receives the identical bytes, so signatures over the raw body still verify.
-/// Trailers of the request body are not passed on. A body that is not JSON gets 400
-/// `body-not-json`.
-///
-/// [`JsonField`] is a [`KeyExtractor`] for bodies that can be rebuilt from [`Bytes`]
-/// (`B: From<Bytes>`), such as axum's `Body`.
-///
-/// # Panics
-///
-/// When `pointer` is neither empty nor starts with `/`.
-pub fn json_field(pointer: impl Into<Arc<str>>) -> JsonField {
-    let pointer = pointer.into();
-    assert!(
-        pointer.is_empty() || pointer.starts_with('/'),
-        "a JSON Pointer is empty or starts with `/`, got {pointer:?}"
-    );
-    JsonField {
-        pointer,
-        limit: DEFAULT_BODY_LIMIT,
-    }
-}
-
-impl JsonField {
-    /// Buffers at most `bytes` of body (default [`DEFAULT_BODY_LIMIT`]).
-    #[must_use]
-    pub fn limit(mut self, bytes: usize) -> Self {
-        self.limit = bytes;
-        self
-    }
-
-    /// The JSON Pointer of the field.
-    pub fn pointer(&self) -> &str {
-        &self.pointer
-    }
-
-    fn key_of(&self, body: &[u8]) -> Result<Option<String>, KeyRejection> {
-        let json: serde_json::Value = serde_json::from_slice(body)
-            .map_err(|e| KeyRejection::body_not_json(format!("the body is not JSON: {e}")))?;
-        match json.pointer(&self.pointer) {
-            None | Some(serde_json::Value::Null) => Ok(None),
-            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
-            Some(serde_json::Value::Number(n)) => Ok(Some(n.to_string())),
-            Some(other) => Err(KeyRejection::invalid(format!(
-                "the body field `{}` is {}, not a string or a number",
-                self.pointer,
-                match other {
-                    serde_json::Value::Bool(_) => "a boolean",
-                    serde_json::Value::Array(_) => "an array",
-                    _ => "an object",
-                }
-            ))),
-        }
-    }
-}
-
-impl<B> KeyExtractor<B> for JsonField
-where
-    B: Body<Data = Bytes> + From<Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    type Future = BoxKeyFuture<B>;
-
-    fn extract(&self, request: Request<B>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            let limit = this.limit;
-            let declared = parts
-                .headers
-                .get(CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-            let too_large = |n: u64| n > u64::try_from(limit).unwrap_or(u64::MAX);
-            if declared.is_some_and(too_large) || too_large(body.size_hint().lower()) {
-                return Err(KeyRejection::body_too_large(limit));
-            }
-            let bytes = read_limited(body, limit).await?;
-            let key = this.key_of(&bytes)?;
-            Ok((Request::from_parts(parts, B::from(bytes)), key))
-        })
-    }
-
-    fn describe(&self) -> String {
-        format!("the body field `{}`", self.pointer)
-    }
-}
-
-/// Reads the data of `body`, failing once it exceeds `limit` bytes.
-pub(super) async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, KeyRejection>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let mut body = std::pin::pin!(body);
-    let mut first: Option<Bytes> = None;
-    let mut rest = BytesMut::new();
-    let mut len = 0usize;
-    while let Some(frame) = body.as_mut().frame().await {
-        let frame = frame.map_err(|e| {
-            KeyRejection::body_unreadable(format!("reading the body failed: {}", e.into()))
-        })?;
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers
-        };
-        len = len.saturating_add(data.len());
-        if len > limit {
-            return Err(KeyRejection::body_too_large(limit));
-        }
-        // The common single-chunk body is passed on without a copy.
-        match &first {
-            None if rest.is_empty() => first = Some(data),
-            _ => {
-                if let Some(first) = first.take() {
-                    rest.extend_from_slice(&first);
-                }
-                rest.extend_from_slice(&data);
-            }
-        }
-    }
-    Ok(first.unwrap_or_else(|| rest.freeze()))
-}
-
-// ---------------------------------------------------------------------------------
 // Combinators
 
 /// One extractor with a fallback; see [`KeyFromParts::or`].
@@ -737,32 +329,6 @@ macro_rules! tuple_key {
 tuple_key!(K1, K2);
 tuple_key!(K1, K2, K3);
 tuple_key!(K1, K2, K3, K4);
-
-// ---------------------------------------------------------------------------------
-// Webhook presets
-
-/// Keys of well-known webhook senders: each delivery is processed once at a time, so
-/// a retried delivery waits for (or is refused during) the first one.
-pub mod webhook {
-    use super::{header, json_field, Header, JsonField, KeyFromParts, Or};
-
-    /// GitHub: the `X-GitHub-Delivery` header (a GUID per delivery, kept on redelivery).
-    pub fn github() -> Header {
-        header("x-github-delivery")
-    }
-
-    /// Stripe: the event id, the body field `/id` (e.g. `evt_1Nx…`). The body reaches
-    /// the handler unchanged, so `Stripe-Signature` still verifies.
-    pub fn stripe() -> JsonField {
-        json_field("/id")
-    }
-
-    /// Shopify: the `X-Shopify-Event-Id` header, or `X-Shopify-Webhook-Id` when absent
-    /// (older API versions).
-    pub fn shopify() -> Or<Header, Header> {
-        header("x-shopify-event-id").or(header("x-shopify-webhook-id"))
-    }
-}
 
 #[cfg(test)]
 mod tests {
