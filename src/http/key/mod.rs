@@ -333,7 +333,9 @@ tuple_key!(K1, K2, K3, K4);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use http::Method;
+    use http_body_util::BodyExt;
 
     fn parts(uri: &str, headers: &[(&str, &[u8])]) -> Parts {
         let mut builder = Request::builder().method(Method::POST).uri(uri);

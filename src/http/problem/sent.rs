@@ -1,0 +1,152 @@
+//! The problems the crate sends for its errors and for replay's outcomes: every
+//! refusal's detail text is written here.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+
+use super::{render, DefaultRenderer, Problem, ProblemKind, RETRY_SOON};
+use crate::error::LockError;
+use crate::lock::Resource;
+
+/// The response the layer would send for `error`: the same RFC 9457 problem, status,
+/// `Retry-After` and `Cache-Control: no-store`, rendered by [`DefaultRenderer`]. For
+/// code that locks by hand ([`Redlock::acquire`](crate::Redlock::acquire)) and wants
+/// to answer as the layer does; with the `axum` feature, `LockError` and [`Problem`]
+/// also implement axum's `IntoResponse`.
+///
+/// ```
+/// use http::StatusCode;
+/// use tower_redlock::http::problem::problem_response;
+/// use tower_redlock::{Redlock, Resource};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let locker = Redlock::in_memory();
+/// let _held = locker.try_acquire(Resource::new("order").join("7")).await.unwrap();
+/// let error = locker.try_acquire(Resource::new("order").join("7")).await.unwrap_err();
+/// let response = problem_response(&error);
+/// assert_eq!(response.status(), StatusCode::CONFLICT);
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert!(response.headers().contains_key("retry-after"));
+/// # }
+/// ```
+pub fn problem_response(error: &LockError) -> Response<Bytes> {
+    render(&DefaultRenderer, &Problem::from(error))
+}
+
+impl From<&LockError> for Problem {
+    /// The problem the layer answers `error` with (`lock-held`, `lock-wait-timeout`,
+    /// `lock-unavailable`, `lock-queue-full` or `lock-lost`), naming the error's
+    /// resource. Node addresses and other details go to the log, not to the client.
+    fn from(error: &LockError) -> Self {
+        lock_error_problem(error, error.resource().clone())
+    }
+}
+
+/// The problem a failed acquisition of `resource` is answered with, by the layer and by
+/// the axum extractors alike.
+pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Problem {
+    let problem = match error {
+        LockError::Held { holder_ttl, .. } => Problem::new(
+            ProblemKind::LockHeld,
+            "another request holds the lock on this resource; retry later",
+        )
+        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
+        LockError::WaitTimeout {
+            waited, holder_ttl, ..
+        } => Problem::new(
+            ProblemKind::LockWaitTimeout,
+            format!(
+                "the lock on this resource was still held after waiting {} ms; retry later",
+                waited.as_millis()
+            ),
+        )
+        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
+        LockError::Unavailable { .. } | LockError::ValidityExpired { .. } => {
+            // The details (node addresses) go to the log, not to the client.
+            tracing::warn!(%error, "lock store unavailable: request refused");
+            Problem::new(
+                ProblemKind::LockUnavailable,
+                "the lock store could not reach a quorum; the request was not processed",
+            )
+            .with_retry_after(RETRY_SOON)
+        }
+        LockError::QueueFull { limit, .. } => Problem::new(
+            ProblemKind::LockQueueFull,
+            format!("{limit} requests already wait for this resource"),
+        )
+        .with_retry_after(RETRY_SOON),
+        LockError::Lost { .. } => Problem::new(
+            ProblemKind::LockLost,
+            "the lock was lost while the request was processed",
+        )
+        .with_retry_after(RETRY_SOON),
+    };
+    problem.with_resource(resource)
+}
+
+/// 503 `lock-lost`: the handler was stopped because its lease was lost.
+pub(crate) fn lock_lost(resource: Resource) -> Problem {
+    Problem::new(
+        ProblemKind::LockLost,
+        "the lock was lost while the request was processed; it was stopped",
+    )
+    .with_retry_after(RETRY_SOON)
+    .with_resource(resource)
+}
+
+/// 409 `request-in-progress`: replay's name for contention on the key.
+pub(crate) fn in_progress(error: &LockError, resource: Resource) -> Problem {
+    let detail = match error {
+        LockError::WaitTimeout { waited, .. } => format!(
+            "a request with this idempotency key is still being processed after waiting {} ms; retry later to get its response",
+            waited.as_millis()
+        ),
+        _ => "a request with this idempotency key is being processed; retry later to get its response".to_owned(),
+    };
+    Problem::new(ProblemKind::RequestInProgress, detail)
+        .with_retry_after(error.holder_ttl().unwrap_or(RETRY_SOON))
+        .with_resource(resource)
+}
+
+/// 409 `outcome-unknown`: an earlier attempt with the key was interrupted.
+pub(crate) fn outcome_unknown(retry_after: Option<Duration>, resource: Resource) -> Problem {
+    let problem = Problem::new(
+        ProblemKind::OutcomeUnknown,
+        "an earlier request with this key was interrupted before its response was recorded; whether it took effect is unknown",
+    )
+    .with_resource(resource);
+    match retry_after {
+        Some(delay) => problem.with_retry_after(delay),
+        None => problem,
+    }
+}
+
+/// 409 `outcome-unknown`: the record of the key exists but cannot be decoded.
+pub(crate) fn record_unreadable(resource: Resource) -> Problem {
+    Problem::new(
+        ProblemKind::OutcomeUnknown,
+        "the response recorded for this idempotency key cannot be read",
+    )
+    .with_resource(resource)
+}
+
+/// 422 `idempotency-key-reused`: the record answers a different request.
+pub(crate) fn key_reused(resource: Resource) -> Problem {
+    Problem::new(
+        ProblemKind::IdempotencyKeyReused,
+        "this idempotency key was already used for a different request; use a new key for a new request",
+    )
+    .with_resource(resource)
+}
+
+/// 500 `response-failed`: the handler's body failed while it was read to be recorded.
+pub(crate) fn response_failed(resource: Resource) -> Problem {
+    Problem::new(
+        ProblemKind::ResponseFailed,
+        "the response body failed before it was sent; nothing was recorded",
+    )
+    .with_resource(resource)
+}
