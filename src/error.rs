@@ -7,10 +7,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-// Transitional: src/http and src/axum.rs still import `crate::error::LockError`; this
-// upward re-export goes once they import `crate::lock::LockError`.
-pub(crate) use crate::lock::LockError;
-
 /// One node that did not answer, and why.
 #[derive(Debug, Clone)]
 pub struct NodeFailure {

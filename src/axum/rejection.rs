@@ -8,11 +8,11 @@ use ::axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts}
 use http::header::HeaderValue;
 use http::StatusCode;
 
-use crate::error::LockError;
 use crate::http::key::KeyRejection;
 use crate::http::problem::{self, DefaultRenderer, Problem};
 use crate::http::FENCING_TOKEN;
 use crate::lock::fencing::FencingToken;
+use crate::lock::LockError;
 
 /// Why [`Locked`](super::Locked) or [`LayerLease`](super::LayerLease) refused a request: a [`Problem`], answered as the
 /// layer answers it (`application/problem+json` by [`DefaultRenderer`],

@@ -7,7 +7,7 @@
 use super::key::validate;
 use super::policy::Contention;
 use super::problem::{lock_error_problem, Problem, ProblemKind};
-use crate::error::LockError;
+use crate::lock::LockError;
 use crate::lock::{Lease, Redlock, Resource};
 
 /// A key an extractor found, checked: `Ok(None)` when the request has none (the

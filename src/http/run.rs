@@ -18,7 +18,7 @@ use super::extensions::{LeaseLost, Unlocked};
 use super::policy::{OnLost, Unavailable};
 use super::problem::{self, lock_error_problem, Problem, ProblemKind};
 use super::settings::Settings;
-use crate::error::LockError;
+use crate::lock::LockError;
 use crate::lock::{metrics, Lease, LeaseHandle, LostCause, Resource};
 
 /// Why [`lock`] took no lease.

@@ -9,7 +9,6 @@ use tokio::time::Instant;
 
 use crate::lock::fencing::FencingToken;
 use crate::lock::metrics;
-use crate::lock::wait::QueueRef;
 use crate::lock::LockError;
 use crate::lock::Shared;
 use crate::node::Owner;
@@ -188,7 +187,10 @@ pub struct Lease {
 /// queue, and the watchdog's stop signal.
 struct Held {
     _permit: OwnedSemaphorePermit,
-    _queue: QueueRef,
+    // The lease's reference to its local queue (a `wait::QueueRef`), kept alive with the
+    // lease. Type-erased so that the lease does not depend on the queue it sits in, as
+    // the queue depends on the lease (it reads its holder's status).
+    _queue: Box<dyn Send + Sync>,
     _stop_watchdog: Option<oneshot::Sender<()>>,
 }
 
@@ -196,14 +198,14 @@ impl Lease {
     pub(crate) fn new(
         inner: Arc<LeaseInner>,
         permit: OwnedSemaphorePermit,
-        queue: QueueRef,
+        queue: impl Send + Sync + 'static,
         stop_watchdog: Option<oneshot::Sender<()>>,
     ) -> Self {
         Lease {
             handle: LeaseHandle { inner },
             held: Some(Held {
                 _permit: permit,
-                _queue: queue,
+                _queue: Box::new(queue),
                 _stop_watchdog: stop_watchdog,
             }),
         }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::Response;
 
 use super::{render, DefaultRenderer, Problem, ProblemKind, RETRY_SOON};
-use crate::error::LockError;
+use crate::lock::LockError;
 use crate::lock::Resource;
 
 /// The response the layer would send for `error`: the same RFC 9457 problem, status,

@@ -20,8 +20,8 @@ use super::super::run::{Called, NotLocked};
 use super::super::settings::Settings;
 use super::stored::StoredResponse;
 use super::{ReplaySettings, IDEMPOTENT_REPLAYED};
-use crate::error::LockError;
 use crate::lock::record::{self, Claim, Record};
+use crate::lock::LockError;
 use crate::lock::{metrics, Lease, LeaseHandle, Resource};
 
 /// A request with a key, under replay: `resource` is its lock and record,
