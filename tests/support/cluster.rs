@@ -176,6 +176,14 @@ impl RedisCluster {
             .unwrap_or_else(|| panic!("no cluster node on port {port}"))
     }
 
+    /// The node on `port`, to pause, resume or kill it.
+    pub fn node_mut(&mut self, port: u16) -> &mut RedisServer {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("no cluster node on port {port}"))
+    }
+
     /// `CLUSTER KEYSLOT key`.
     pub fn slot(&self, key: &str) -> u16 {
         match self.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key]) {

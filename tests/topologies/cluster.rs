@@ -108,6 +108,121 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.unwrap()
 }
 
+/// Issue 13 item 5 for a cluster: waiters that give up while the master of their
+/// shard is frozen (SIGSTOP) leave no task per waiter parked on SSUBSCRIBE or
+/// SUNSUBSCRIBE, and everything drains once the master resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waiters_giving_up_on_a_frozen_master_pile_nothing_up() {
+    let mut cluster = blocking(|| RedisCluster::start(3, 0)).await;
+    let any = cluster.nodes[0].port();
+    // Two more votes, which stay up: they say "held", so the waiters wait (and
+    // subscribe on every node) instead of failing for want of a majority.
+    let servers = RedisServer::start_many(2);
+    let urls = [cluster.url(), servers[0].url(), servers[1].url()];
+    let locker = Redlock::from_urls(
+        urls,
+        LockOptions::default().node_timeout(Duration::from_millis(500)),
+    )
+    .unwrap();
+    // 100 resources on one master, each held by another process.
+    let frozen = cluster.master_of_slot(cluster.slot(&lock_key("frozen-0")), any);
+    let resources: Vec<String> = (0..)
+        .map(|i| format!("frozen-{i}"))
+        .filter(|r| cluster.master_of_slot(cluster.slot(&lock_key(r)), any) == frozen)
+        .take(100)
+        .collect();
+    for resource in &resources {
+        cluster.node(frozen).cmd(&[
+            "SET",
+            &lock_key(resource),
+            "another-process",
+            "PX",
+            "600000",
+        ]);
+        for s in &servers {
+            s.cmd(&[
+                "SET",
+                &lock_key(resource),
+                "another-process",
+                "PX",
+                "600000",
+            ]);
+        }
+    }
+    // One wait first, so every connection of the locker is open.
+    let err = locker
+        .acquire(resources[0].as_str(), Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::WaitTimeout { .. }), "{err:?}");
+    let runtime = tokio::runtime::Handle::current().metrics();
+    let baseline = runtime.num_alive_tasks();
+
+    cluster.node_mut(frozen).pause();
+    let mut waiters = tokio::task::JoinSet::new();
+    for resource in &resources {
+        let locker = locker.clone();
+        let resource = resource.clone();
+        waiters.spawn(async move {
+            locker
+                .acquire(resource.as_str(), Duration::from_secs(1))
+                .await
+        });
+    }
+    while let Some(outcome) = waiters.join_next().await {
+        let err = outcome.unwrap().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LockError::WaitTimeout { .. } | LockError::Unavailable { .. }
+            ),
+            "{err:?}"
+        );
+    }
+    assert_eq!(locker.local_resources(), 0);
+    // While the master is still frozen, what the waiters left behind is bounded: the
+    // pub/sub upkeep and the cluster client's own tasks, not one task per waiter.
+    eventually("the tasks the waiters left behind end", LIMIT, || {
+        runtime.num_alive_tasks() <= baseline + 10
+    })
+    .await;
+
+    cluster.node_mut(frozen).resume();
+    eventually("every sharded subscription ended", LIMIT, || {
+        resources.iter().all(|r| {
+            matches!(
+                cluster.node(frozen).cmd(&["PUBSUB", "SHARDNUMSUB", &channel(r)]),
+                RespValue::Array(ref items) if items.get(1).and_then(RespValue::as_int) == Some(0)
+            )
+        })
+    })
+    .await;
+    eventually("everything drained", LIMIT, || {
+        runtime.num_alive_tasks() <= baseline + 10
+    })
+    .await;
+    // And the shard serves waiters again, woken by the release.
+    cluster.node(frozen).cmd(&["DEL", &lock_key(&resources[1])]);
+    for s in &servers {
+        s.cmd(&["DEL", &lock_key(&resources[1])]);
+    }
+    let lease = Arc::new(Mutex::new(None));
+    eventually_async("the resumed master to grant", LIMIT, || {
+        let locker = locker.clone();
+        let resource = resources[1].clone();
+        let lease = lease.clone();
+        async move {
+            let granted = locker.try_acquire(resource.as_str()).await.ok();
+            let ok = granted.is_some();
+            *lease.lock().unwrap() = granted;
+            ok
+        }
+    })
+    .await;
+    let lease = lease.lock().unwrap().take().unwrap();
+    assert_eq!(lease.release().await, ReleaseOutcome::Released);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_is_one_vote_across_slots_with_acl_and_sharded_wake_ups() {
     let cluster = blocking(|| RedisCluster::builder(3, 0).password("clusterpw").start()).await;

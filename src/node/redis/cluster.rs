@@ -1,22 +1,21 @@
 //! [`ClusterNode`]: one Redis Cluster as one lock node, over redis-rs's async cluster client.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
-use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
-use tokio::sync::{mpsc, watch, Mutex as AsyncMutex};
+use redis::{IntoConnectionInfo, Value};
 use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
 use crate::node::redis::call::ReplicaWait;
 use crate::node::redis::call::{self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall};
+use crate::node::redis::pubsub::{ClusterBuilder, Hub};
 use crate::node::redis::records;
 use crate::node::redis::url;
 use crate::node::LockKeys;
@@ -45,7 +44,9 @@ const RECONNECT_INTERVAL: Duration = Duration::from_millis(100);
 /// too). When the slot moves (resharding, failover) the server ends the subscription,
 /// and when a connection drops it is gone: in both cases the waiters are woken to
 /// retry and the subscription is made again, following the slot. A notification lost
-/// in between is covered by the waiters' fallback retry.
+/// in between is covered by the waiters' fallback retry. One task per node keeps that
+/// connection, every command bounded: a frozen master makes it reconnect rather than
+/// pile up work for the waiters that gave up.
 ///
 /// # Safety trade-offs
 ///
@@ -88,14 +89,13 @@ pub struct ClusterNode {
 struct Inner {
     name: Arc<str>,
     address: String,
-    seeds: Vec<ConnectionInfo>,
-    configure: Arc<Configure>,
     client: ClusterClient,
     runtime: tokio::runtime::Handle,
     /// The connection, once made. redis-rs keeps it working from then on (reconnects,
     /// topology refreshes); until then, failed attempts are made again on demand.
     connecting: Mutex<Connecting>,
-    subscriber: Mutex<Option<Arc<Subscriber>>>,
+    /// Sharded pub/sub, over a connection of its own (see `pubsub.rs`).
+    hub: Hub,
 }
 
 struct Connecting {
@@ -134,19 +134,20 @@ impl ClusterNode {
             .build()
             .map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
         let attempt = connect(&runtime, client.clone(), name.clone(), None);
+        let builder: Arc<ClusterBuilder> =
+            Arc::new(move || configure(defaults(ClusterClientBuilder::new(seeds.clone()))));
+        let hub = Hub::cluster(name.clone(), builder);
         Ok(ClusterNode {
             inner: Arc::new(Inner {
                 name,
                 address,
-                seeds,
-                configure,
                 client,
                 runtime,
                 connecting: Mutex::new(Connecting {
                     started: Instant::now(),
                     attempt,
                 }),
-                subscriber: Mutex::new(None),
+                hub,
             }),
             wait: None,
         })
@@ -161,20 +162,6 @@ impl ClusterNode {
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
         self
-    }
-
-    fn subscriber(&self) -> Result<Arc<Subscriber>, NodeError> {
-        let mut slot = self
-            .inner
-            .subscriber
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(subscriber) = slot.as_ref() {
-            return Ok(subscriber.clone());
-        }
-        let subscriber = Subscriber::new(&self.inner)?;
-        *slot = Some(subscriber.clone());
-        Ok(subscriber)
     }
 }
 
@@ -306,8 +293,8 @@ impl Node for ClusterNode {
 
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
         let channel = keys.channel.clone();
-        let subscriber = self.subscriber();
-        Box::pin(async move { subscriber?.subscribe(channel).await })
+        let hub = self.inner.hub.clone();
+        Box::pin(async move { hub.subscribe(channel).await })
     }
 
     fn address(&self) -> Option<&str> {
@@ -403,225 +390,5 @@ impl fmt::Debug for ClusterNode {
             .field("name", &self.inner.name)
             .field("wait_for_replicas", &self.wait)
             .finish()
-    }
-}
-
-type Channels = Arc<Mutex<HashMap<String, Weak<Channel>>>>;
-
-/// The sharded pub/sub side of a cluster node: one RESP3 cluster connection whose
-/// pushes are routed to the subscribed channels. Subscriptions are reference-counted
-/// per channel.
-struct Subscriber {
-    conn: ClusterConnection,
-    channels: Channels,
-    /// Serialises SSUBSCRIBE and SUNSUBSCRIBE so an SUNSUBSCRIBE of a channel's last
-    /// subscriber can never overtake the SSUBSCRIBE of its next one.
-    commands: AsyncMutex<()>,
-}
-
-struct Channel {
-    name: String,
-    tx: watch::Sender<u64>,
-    subscriber: Weak<Subscriber>,
-}
-
-/// What the push handler asks the resubscription task to do.
-enum Resubscribe {
-    /// A connection dropped: every channel may have lost its subscription.
-    All,
-    /// The server ended this channel's subscription (its slot moved).
-    One(String),
-}
-
-impl Subscriber {
-    fn new(inner: &Inner) -> Result<Arc<Self>, NodeError> {
-        let channels: Channels = Arc::default();
-        let routes = channels.clone();
-        let (resubscribe, requests) = mpsc::unbounded_channel();
-        let builder = (inner.configure)(defaults(ClusterClientBuilder::new(inner.seeds.clone())))
-            .use_protocol(ProtocolVersion::RESP3)
-            .push_sender(move |push: PushInfo| -> Result<(), ()> {
-                route_push(&routes, &resubscribe, push);
-                Ok(())
-            });
-        let client = builder
-            .build()
-            .map_err(|e| NodeError::Connection(format!("{}: {e}", inner.name).into()))?;
-        let conn = client.get_pending_async_connection_with_config(connection_config());
-        let subscriber = Arc::new(Subscriber {
-            conn,
-            channels,
-            commands: AsyncMutex::new(()),
-        });
-        tokio::spawn(resubscribe_task(Arc::downgrade(&subscriber), requests));
-        Ok(subscriber)
-    }
-
-    async fn subscribe(self: Arc<Self>, name: String) -> Result<ReleaseSignal, NodeError> {
-        let _serial = self.commands.lock().await;
-        let existing = self
-            .channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&name)
-            .and_then(Weak::upgrade);
-        if let Some(channel) = existing {
-            return Ok(ReleaseSignal::new(channel.tx.subscribe(), channel));
-        }
-        // Register the channel before subscribing: should this future be dropped while
-        // SSUBSCRIBE is under way, dropping `channel` unsubscribes again (see its Drop).
-        let (tx, rx) = watch::channel(0);
-        let channel = Arc::new(Channel {
-            name: name.clone(),
-            tx,
-            subscriber: Arc::downgrade(&self),
-        });
-        self.channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name.clone(), Arc::downgrade(&channel));
-        let mut conn = self.conn.clone();
-        conn.ssubscribe(&name).await.map_err(call::node_error)?;
-        Ok(ReleaseSignal::new(rx, channel))
-    }
-
-    /// The names of the channels that still have subscribers, among `wanted`
-    /// (every channel when `None`).
-    fn live(&self, wanted: Option<&[String]>) -> Vec<String> {
-        let channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        channels
-            .iter()
-            .filter(|(name, channel)| {
-                channel.strong_count() > 0 && wanted.is_none_or(|w| w.contains(name))
-            })
-            .map(|(name, _)| name.clone())
-            .collect()
-    }
-}
-
-impl Drop for Channel {
-    fn drop(&mut self) {
-        let Some(subscriber) = self.subscriber.upgrade() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let name = std::mem::take(&mut self.name);
-        runtime.spawn(async move {
-            let _serial = subscriber.commands.lock().await;
-            {
-                let mut channels = subscriber
-                    .channels
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                if channels.get(&name).is_some_and(|w| w.strong_count() > 0) {
-                    // A new subscriber took the channel over in the meantime.
-                    return;
-                }
-                channels.remove(&name);
-            }
-            let mut conn = subscriber.conn.clone();
-            let _ = conn.sunsubscribe(&name).await;
-        });
-    }
-}
-
-fn wake(channel: &Channel) {
-    channel.tx.send_modify(|n| *n = n.wrapping_add(1));
-}
-
-fn route_push(
-    channels: &Mutex<HashMap<String, Weak<Channel>>>,
-    resubscribe: &mpsc::UnboundedSender<Resubscribe>,
-    push: PushInfo,
-) {
-    let channels = channels.lock().unwrap_or_else(|p| p.into_inner());
-    let named = || {
-        let Some(Value::BulkString(name)) = push.data.first() else {
-            return None;
-        };
-        let name = std::str::from_utf8(name).ok()?;
-        channels.get(name).and_then(Weak::upgrade)
-    };
-    match push.kind {
-        PushKind::SMessage | PushKind::Message => {
-            if let Some(channel) = named() {
-                wake(&channel);
-            }
-        }
-        PushKind::SUnsubscribe => {
-            // Our own SUNSUBSCRIBE removed the channel from the map first, so a live
-            // channel here means the server ended the subscription: its slot moved to
-            // another shard. Wake the waiters (a release may be missed meanwhile) and
-            // subscribe again, which follows the slot to its new owner.
-            if let Some(channel) = named() {
-                wake(&channel);
-                let _ = resubscribe.send(Resubscribe::One(channel.name.clone()));
-            }
-        }
-        PushKind::Disconnection => {
-            // Messages may have been lost while disconnected: wake every waiter to retry.
-            for channel in channels.values().filter_map(Weak::upgrade) {
-                wake(&channel);
-            }
-            let _ = resubscribe.send(Resubscribe::All);
-        }
-        _ => {}
-    }
-}
-
-/// Subscribes again to the channels whose subscription the server ended or whose
-/// connection dropped. `SSUBSCRIBE` is idempotent, and an attempt routed to a node that
-/// no longer owns the slot makes redis-rs refresh the slot map and follow the slot
-/// (which also re-subscribes everything it tracks). Retries with backoff for a few
-/// seconds, long enough for a shard failover.
-async fn resubscribe_task(
-    subscriber: Weak<Subscriber>,
-    mut requests: mpsc::UnboundedReceiver<Resubscribe>,
-) {
-    const ATTEMPTS: u32 = 7;
-    while let Some(first) = requests.recv().await {
-        // Coalesce a burst of requests (one per channel of a moved slot, or one per
-        // dropped connection).
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let mut all = matches!(first, Resubscribe::All);
-        let mut names = Vec::new();
-        if let Resubscribe::One(name) = first {
-            names.push(name);
-        }
-        while let Ok(more) = requests.try_recv() {
-            match more {
-                Resubscribe::All => all = true,
-                Resubscribe::One(name) => names.push(name),
-            }
-        }
-        let mut delay = Duration::from_millis(50);
-        for attempt in 1..=ATTEMPTS {
-            let Some(subscriber) = subscriber.upgrade() else {
-                return;
-            };
-            let ok = {
-                let _serial = subscriber.commands.lock().await;
-                let live = subscriber.live((!all).then_some(names.as_slice()));
-                let mut conn = subscriber.conn.clone();
-                let mut ok = true;
-                for name in &live {
-                    let done =
-                        tokio::time::timeout(Duration::from_secs(2), conn.ssubscribe(name)).await;
-                    if !matches!(done, Ok(Ok(()))) {
-                        tracing::debug!(channel = %name, attempt, result = ?done, "re-subscribe failed");
-                        ok = false;
-                    }
-                }
-                ok
-            };
-            drop(subscriber);
-            if ok {
-                break;
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(2));
-        }
     }
 }

@@ -1,5 +1,5 @@
-//! Release notifications from one Redis server: one RESP3 connection per node, kept by
-//! a single upkeep task.
+//! Release notifications from one Redis server, or from one Redis Cluster (sharded
+//! pub/sub): one RESP3 connection per node, kept by a single upkeep task.
 //!
 //! Waiters never talk to the server themselves. They register a channel (shared by
 //! every waiter of the resource, reference-counted) and wait until the upkeep task has
@@ -25,6 +25,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
+use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind, Value};
 use tokio::sync::{watch, Notify};
 
@@ -44,9 +46,27 @@ pub(crate) struct Hub {
     shared: Arc<Shared>,
 }
 
+/// Builds the client of a cluster's pub/sub connection: seeds, credentials, TLS and
+/// retries, without the protocol and push sender, which the hub sets.
+pub(crate) type ClusterBuilder = dyn Fn() -> ClusterClientBuilder + Send + Sync;
+
+/// Where the notifications come from, and so how a channel is (un)subscribed.
+enum Source {
+    /// One server: `SUBSCRIBE`, `UNSUBSCRIBE`.
+    Server(Box<Client>),
+    /// A cluster: `SSUBSCRIBE`, `SUNSUBSCRIBE`, routed by the channel's slot.
+    Cluster(Arc<ClusterBuilder>),
+}
+
+/// A pub/sub connection of either source.
+enum Conn {
+    Server(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
 struct Shared {
     name: Arc<str>,
-    client: Client,
+    source: Source,
     channels: Mutex<HashMap<String, Weak<Channel>>>,
     /// Wakes the upkeep task: a channel was added or dropped, or the connection broke.
     work: Arc<Notify>,
@@ -54,6 +74,8 @@ struct Shared {
     generation: AtomicU64,
     /// The generation whose connection reported a disconnection, if any (0: none).
     broken: AtomicU64,
+    /// Channels whose subscription the server ended (a cluster slot that moved).
+    ended: Mutex<HashSet<String>>,
     started: Mutex<bool>,
 }
 
@@ -95,17 +117,28 @@ impl Hub {
             .clone()
             .set_protocol(redis::ProtocolVersion::RESP3);
         let client = Client::open(info.set_redis_settings(settings)).map_err(node_error)?;
-        Ok(Hub {
+        Ok(Self::with_source(name, Source::Server(Box::new(client))))
+    }
+
+    /// A hub for a cluster, using sharded pub/sub; `builder` makes the client of each
+    /// connection (it is opened again after a failure).
+    pub(crate) fn cluster(name: Arc<str>, builder: Arc<ClusterBuilder>) -> Self {
+        Self::with_source(name, Source::Cluster(builder))
+    }
+
+    fn with_source(name: Arc<str>, source: Source) -> Self {
+        Hub {
             shared: Arc::new(Shared {
                 name,
-                client,
+                source,
                 channels: Mutex::default(),
                 work: Arc::new(Notify::new()),
                 generation: AtomicU64::new(0),
                 broken: AtomicU64::new(0),
+                ended: Mutex::default(),
                 started: Mutex::new(false),
             }),
-        })
+        }
     }
 
     /// Subscribes to `name`: resolves once the server confirmed the subscription (or
@@ -155,7 +188,7 @@ impl Hub {
 /// What the upkeep task holds between rounds.
 struct Link {
     generation: u64,
-    conn: MultiplexedConnection,
+    conn: Conn,
     subscribed: HashSet<String>,
 }
 
@@ -172,10 +205,18 @@ async fn upkeep(hub: Weak<Shared>, work: Arc<Notify>) {
         let Some(shared) = hub.upgrade() else {
             return;
         };
-        if let Some(current) = &link {
+        if let Some(current) = &mut link {
             if shared.broken.load(Ordering::Acquire) == current.generation {
                 resumed.extend(current.subscribed.iter().cloned());
                 link = None;
+            } else {
+                let ended =
+                    std::mem::take(&mut *shared.ended.lock().unwrap_or_else(|p| p.into_inner()));
+                for name in ended {
+                    if current.subscribed.remove(&name) {
+                        resumed.insert(name);
+                    }
+                }
             }
         }
         let wanted = shared.wanted();
@@ -267,15 +308,30 @@ impl Shared {
         let Some(current) = link.as_mut() else {
             return Ok(());
         };
-        if !unsubscribe.is_empty() {
-            bounded(current.conn.unsubscribe(unsubscribe)).await?;
-            for name in unsubscribe {
-                current.subscribed.remove(name);
+        match &mut current.conn {
+            Conn::Server(conn) => {
+                if !unsubscribe.is_empty() {
+                    bounded(conn.unsubscribe(unsubscribe)).await?;
+                    for name in unsubscribe {
+                        current.subscribed.remove(name);
+                    }
+                }
+                if !subscribe.is_empty() {
+                    bounded(conn.subscribe(subscribe)).await?;
+                    current.subscribed.extend(subscribe.iter().cloned());
+                }
             }
-        }
-        if !subscribe.is_empty() {
-            bounded(current.conn.subscribe(subscribe)).await?;
-            current.subscribed.extend(subscribe.iter().cloned());
+            // One command per channel: the channels of one command must share a slot.
+            Conn::Cluster(conn) => {
+                for name in unsubscribe {
+                    bounded(conn.sunsubscribe(name)).await?;
+                    current.subscribed.remove(name);
+                }
+                for name in subscribe {
+                    bounded(conn.ssubscribe(name)).await?;
+                    current.subscribed.insert(name.clone());
+                }
+            }
         }
         Ok(())
     }
@@ -283,20 +339,34 @@ impl Shared {
     async fn connect(self: &Arc<Self>) -> Result<Link, NodeError> {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let routes = Arc::downgrade(self);
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(COMMAND_TIMEOUT))
-            .set_response_timeout(Some(COMMAND_TIMEOUT))
-            .set_push_sender(move |push: PushInfo| -> Result<(), ()> {
-                if let Some(shared) = routes.upgrade() {
-                    shared.route(generation, push);
-                }
-                Ok(())
-            });
-        let conn = bounded(
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
-        .await?;
+        let push_sender = move |push: PushInfo| -> Result<(), ()> {
+            if let Some(shared) = routes.upgrade() {
+                shared.route(generation, push);
+            }
+            Ok(())
+        };
+        let conn = match &self.source {
+            Source::Server(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(COMMAND_TIMEOUT))
+                    .set_response_timeout(Some(COMMAND_TIMEOUT))
+                    .set_push_sender(push_sender);
+                Conn::Server(
+                    bounded(client.get_multiplexed_async_connection_with_config(&config)).await?,
+                )
+            }
+            Source::Cluster(builder) => {
+                let client = builder()
+                    .use_protocol(redis::ProtocolVersion::RESP3)
+                    .push_sender(push_sender)
+                    .build()
+                    .map_err(node_error)?;
+                let config = ClusterConfig::new()
+                    .set_connection_timeout(COMMAND_TIMEOUT)
+                    .set_response_timeout(COMMAND_TIMEOUT);
+                Conn::Cluster(bounded(client.get_async_connection_with_config(config)).await?)
+            }
+        };
         Ok(Link {
             generation,
             conn,
@@ -306,7 +376,7 @@ impl Shared {
 
     fn route(&self, generation: u64, push: PushInfo) {
         match push.kind {
-            PushKind::Message => {
+            PushKind::Message | PushKind::SMessage => {
                 let Some(Value::BulkString(name)) = push.data.first() else {
                     return;
                 };
@@ -321,6 +391,36 @@ impl Shared {
                     .and_then(Weak::upgrade);
                 if let Some(channel) = channel {
                     channel.wake();
+                }
+            }
+            PushKind::SUnsubscribe => {
+                // The task removes a channel before it unsubscribes it, so one that
+                // still has waiters here was ended by the server: its slot moved to
+                // another shard. Wake its waiters (a release may be missed meanwhile)
+                // and have the task subscribe it again, which follows the slot.
+                if generation != self.generation.load(Ordering::Acquire) {
+                    return;
+                }
+                let Some(Value::BulkString(name)) = push.data.first() else {
+                    return;
+                };
+                let Ok(name) = std::str::from_utf8(name) else {
+                    return;
+                };
+                let channel = self
+                    .channels
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(name)
+                    .and_then(Weak::upgrade);
+                if let Some(channel) = channel {
+                    channel.active.send_replace(false);
+                    channel.wake();
+                    self.ended
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(name.to_owned());
+                    self.work.notify_one();
                 }
             }
             PushKind::Disconnection => {
