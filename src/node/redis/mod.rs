@@ -14,7 +14,7 @@ pub(crate) mod pubsub;
 pub(crate) mod records;
 mod sentinel;
 mod standalone;
-mod url;
+pub(crate) mod url;
 
 use std::time::Duration;
 

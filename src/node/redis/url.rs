@@ -408,7 +408,8 @@ impl<'a> Url<'a> {
     }
 }
 
-fn percent_decode(s: &str) -> Result<String, ConfigError> {
+/// Decodes `%XX` escapes (credentials, paths and parameters of node URLs).
+pub(crate) fn percent_decode(s: &str) -> Result<String, ConfigError> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
