@@ -14,6 +14,7 @@ use tokio::sync::{watch, Mutex as AsyncMutex};
 use tokio::time::Instant;
 
 mod channel;
+mod record_store;
 
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
@@ -21,12 +22,11 @@ use crate::node::redis::call::{
     self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
 };
 use crate::node::redis::conn::Resending;
-use crate::node::redis::records;
 use crate::node::redis::standalone::RedisNode;
 use crate::node::redis::url;
 use crate::node::LockKeys;
+use crate::node::RecordStore;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 use channel::HubChannel;
 
 /// How long one lookup through the sentinels may take.
@@ -553,58 +553,6 @@ impl Node for SentinelNode {
 
     fn records(&self) -> Option<&dyn RecordStore> {
         Some(self)
-    }
-}
-
-impl RecordStore for SentinelNode {
-    // Outcome records (idempotent replay): the commands are those of the standalone
-    // node (`records.rs`), on the current master, followed across failovers like
-    // the lock commands. Claims and stores honour `wait_for_replicas`: a record counts
-    // only once the replicas a failover may promote have it.
-    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
-        let keys = keys.clone();
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let keys = &keys;
-            inner
-                .with_master(|mut conn| async move { records::read(&mut conn, keys).await })
-                .await
-        })
-    }
-
-    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
-        let call = records::ClaimCall::new(request);
-        let inner = self.inner.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { records::claim(&mut conn, call, wait).await })
-                .await
-        })
-    }
-
-    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
-        let call = records::StoreCall::new(request);
-        let inner = self.inner.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { records::store(&mut conn, call, wait).await })
-                .await
-        })
-    }
-
-    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
-        let call = records::DiscardCall::new(keys, token);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { records::discard(&mut conn, call).await })
-                .await
-        })
     }
 }
 
