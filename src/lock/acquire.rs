@@ -8,7 +8,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use super::lease::{LeaseInner, Status};
-use super::round::Nodes;
+use super::round::{Nodes, Stragglers};
 use super::wait::{next_release, QueueRef};
 use super::{fencing, watchdog, Lease, LockError, Redlock};
 use crate::node::{AcquireRequest, LockKeys, Owner, ReleaseSignal, Resource};
@@ -144,8 +144,9 @@ impl Redlock {
         let nodes = &shared.nodes;
         let owner = Owner::random();
         let start = Instant::now();
-        let in_flight = ReleaseIfDropped::new(nodes, keys, &owner);
-        let tally = nodes
+        let in_flight =
+            ReleaseIfDropped::new(nodes, keys, &owner, Stragglers::settled(nodes.len()));
+        let (tally, stragglers) = nodes
             .acquire(&AcquireRequest {
                 keys,
                 owner: &owner,
@@ -160,16 +161,15 @@ impl Redlock {
         in_flight.disarm();
         let quorum = nodes.quorum();
         let valid_until = start + options.ttl - options.drift();
-        let cleanup = |nodes: &Nodes| {
-            // Every node that may hold our key: all but those that said someone else holds it.
+        // Every node that may hold our key: all but those that said someone else holds
+        // it (a straggler saying so is skipped when it answers).
+        let cleanup = |stragglers: Stragglers| {
             let targets = (0..nodes.len()).filter(|i| !tally.held.contains(i));
-            nodes.release_in_background(targets, keys, &owner);
+            nodes.release_after(stragglers, targets, keys, &owner);
         };
         if tally.won.len() < quorum {
             let answered = tally.won.len() + tally.held.len();
-            if tally.held.len() < nodes.len() {
-                cleanup(nodes);
-            }
+            cleanup(stragglers);
             if answered >= quorum {
                 shared.metrics.contended.inc();
                 tracing::debug!(%resource, held = tally.held.len(), won = tally.won.len(), elapsed = ?start.elapsed(), "resource held");
@@ -196,10 +196,11 @@ impl Redlock {
             .filter(|&&(_, fence)| fence < token)
             .map(|&(index, _)| index)
             .collect();
+        let mut stragglers = stragglers;
         if !behind.is_empty() {
             // Write-back: a majority must hold the token before the lease counts.
             let level = tally.won.len() - behind.len();
-            let in_flight = ReleaseIfDropped::new(nodes, keys, &owner);
+            let in_flight = ReleaseIfDropped::new(nodes, keys, &owner, stragglers);
             let (confirmed, failures) = nodes
                 .raise_fence(
                     behind,
@@ -210,9 +211,9 @@ impl Redlock {
                     quorum - level.min(quorum),
                 )
                 .await;
-            in_flight.disarm();
+            stragglers = in_flight.disarm();
             if level + confirmed < quorum {
-                cleanup(nodes);
+                cleanup(stragglers);
                 let validity = valid_until.saturating_duration_since(Instant::now());
                 if validity <= options.min_validity {
                     // The write-back was cut short by the validity deadline: a majority
@@ -239,7 +240,7 @@ impl Redlock {
         let now = Instant::now();
         let validity = valid_until.saturating_duration_since(now);
         if validity <= options.min_validity {
-            cleanup(nodes);
+            cleanup(stragglers);
             shared.metrics.slow.inc();
             tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "majority won too slowly");
             return Err(LockError::ValidityExpired {
@@ -269,36 +270,44 @@ impl Redlock {
 
 /// Releases an attempt's key on every node, in the background, when the attempt is
 /// dropped while a round is in flight (a cancelled `acquire`): a `SET` sent before the
-/// drop may land after it, and would otherwise block the resource for a whole ttl.
+/// drop may land after it, and would otherwise block the resource for a whole ttl. The
+/// calls of the dropped round are dropped with it, and a dropped redis-rs call is never
+/// resent (no `NOSCRIPT` retry), so a release sent now follows on each connection
+/// whatever of them was written; the acquire calls that outlived their own round
+/// (`stragglers`) are still running, and are waited for.
 struct ReleaseIfDropped<'a> {
     nodes: &'a Nodes,
     keys: &'a LockKeys,
     owner: &'a Owner,
-    armed: bool,
+    stragglers: Option<Stragglers>,
 }
 
 impl<'a> ReleaseIfDropped<'a> {
-    fn new(nodes: &'a Nodes, keys: &'a LockKeys, owner: &'a Owner) -> Self {
+    fn new(nodes: &'a Nodes, keys: &'a LockKeys, owner: &'a Owner, stragglers: Stragglers) -> Self {
         ReleaseIfDropped {
             nodes,
             keys,
             owner,
-            armed: true,
+            stragglers: Some(stragglers),
         }
     }
 
     /// The round finished: its outcome is handled by the caller.
-    fn disarm(mut self) {
-        self.armed = false;
+    fn disarm(mut self) -> Stragglers {
+        self.stragglers
+            .take()
+            .unwrap_or_else(|| Stragglers::settled(self.nodes.len()))
     }
 }
 
 impl Drop for ReleaseIfDropped<'_> {
     fn drop(&mut self) {
         // Without a runtime (it is shutting down) nothing can be sent; the keys expire.
-        if self.armed && tokio::runtime::Handle::try_current().is_ok() {
-            self.nodes
-                .release_in_background(0..self.nodes.len(), self.keys, self.owner);
+        if let Some(stragglers) = self.stragglers.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                self.nodes
+                    .release_after(stragglers, 0..self.nodes.len(), self.keys, self.owner);
+            }
         }
     }
 }

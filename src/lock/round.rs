@@ -7,6 +7,7 @@
 //! was dropped before the connection picked it up).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,39 @@ use crate::lock::health::{Health, NodeState};
 use crate::lock::metrics::observe;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner};
+
+/// A call still in flight when its round was decided, with its node's index.
+type Pending<T> = Pin<Box<dyn Future<Output = (usize, Result<T, NodeError>)> + Send>>;
+
+/// The calls of an acquire round still in flight when it was decided. Dropped, they
+/// finish in the background; a failed attempt hands them to
+/// [`Nodes::release_after`] instead, so that its cleanup reaches each node only after
+/// that node's acquire.
+pub(crate) struct Stragglers {
+    calls: Vec<Pending<AcquireReply>>,
+    /// Per node: its answer is in (it is not among `calls`).
+    answered: Box<[bool]>,
+}
+
+impl Stragglers {
+    /// None in flight: every node of `nodes` has answered, or its call was dropped.
+    pub(crate) fn settled(nodes: usize) -> Self {
+        Stragglers {
+            calls: Vec::new(),
+            answered: vec![true; nodes].into_boxed_slice(),
+        }
+    }
+}
+
+impl Drop for Stragglers {
+    fn drop(&mut self) {
+        // Without a runtime (it is shutting down) the calls are dropped with it.
+        if !self.calls.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
+            let calls: FuturesUnordered<_> = self.calls.drain(..).collect();
+            tokio::spawn(calls.for_each(|_| async {}));
+        }
+    }
+}
 
 /// The nodes of a locker and the majority they need.
 pub(crate) struct Nodes {
@@ -110,19 +144,13 @@ impl Nodes {
         timeout: Duration,
         call: NodeFuture<T>,
     ) -> impl Future<Output = Result<T, NodeError>> + Send + 'static {
-        let health = self.health[index].clone();
-        let call = observe(&self.list[index], bounded(timeout, call));
-        async move {
-            let started = std::time::Instant::now();
-            let answer = call.await;
-            health.observe(started, &answer);
-            answer
-        }
+        watched(&self.list[index], self.health[index].clone(), timeout, call)
     }
 
     /// One acquire round on every node. Returns once a majority granted the lock, or
-    /// once it is certain that none can and whether that is contention or failure.
-    pub(crate) async fn acquire(&self, request: &AcquireRequest<'_>) -> AcquireTally {
+    /// once it is certain that none can and whether that is contention or failure,
+    /// with the calls still in flight then.
+    pub(crate) async fn acquire(&self, request: &AcquireRequest<'_>) -> (AcquireTally, Stragglers) {
         let mut tally = AcquireTally {
             won: Vec::with_capacity(self.list.len()),
             held: Vec::new(),
@@ -130,9 +158,16 @@ impl Nodes {
             failures: Vec::new(),
         };
         let quorum = self.quorum;
-        self.fan_out(
+        let mut stragglers = Stragglers {
+            calls: Vec::new(),
+            answered: vec![false; self.list.len()].into_boxed_slice(),
+        };
+        let seen = &mut stragglers.answered;
+        let calls = &mut stragglers.calls;
+        self.fan_out_keeping(
             0..self.list.len(),
             self.timeout,
+            Some(calls),
             |index, node| {
                 // Each node gets its own owner value (see `Owner::for_node`).
                 let owner = request.owner.for_node(index);
@@ -142,6 +177,7 @@ impl Nodes {
                 })
             },
             |index, answer, pending| {
+                seen[index] = true;
                 match answer {
                     Ok(AcquireReply::Acquired { fence }) => tally.won.push((index, fence)),
                     Ok(AcquireReply::Held { pttl }) => {
@@ -164,7 +200,7 @@ impl Nodes {
             },
         )
         .await;
-        tally
+        (tally, stragglers)
     }
 
     /// Raises the fence counter to `token` on the given nodes; returns how many confirmed.
@@ -238,32 +274,53 @@ impl Nodes {
         tally
     }
 
-    /// Releases on the given nodes in the background (cleanup of a failed attempt).
-    pub(crate) fn release_in_background(
+    /// Releases on the given nodes in the background (cleanup of a failed attempt),
+    /// each only after that node's acquire among `stragglers` has finished: a release
+    /// that overtook it would find nothing, and the late acquire would then hold the
+    /// key until its ttl. One task per attempt; every step is bounded by the node
+    /// timeout, so a frozen node keeps it for two timeouts at most.
+    pub(crate) fn release_after(
         &self,
+        mut stragglers: Stragglers,
         targets: impl IntoIterator<Item = usize>,
         keys: &LockKeys,
         owner: &Owner,
     ) {
-        let timeout = self.timeout;
-        // Nothing was granted to anyone here: wake no waiter (see release.lua).
-        let quiet = LockKeys {
-            channel: String::new(),
-            ..keys.clone()
-        };
-        let calls: FuturesUnordered<_> = targets
-            .into_iter()
-            .map(|index| {
-                self.watched(
-                    index,
-                    timeout,
-                    self.list[index].release(&quiet, &owner.for_node(index)),
-                )
-            })
-            .collect();
-        if !calls.is_empty() {
-            tokio::spawn(calls.for_each(|_| async {}));
+        let mut wanted = vec![false; self.list.len()].into_boxed_slice();
+        for index in targets {
+            wanted[index] = true;
         }
+        let late = std::mem::take(&mut stragglers.calls);
+        // A straggler's node is released (or not) once its acquire has finished.
+        let now: Vec<usize> = (0..self.list.len())
+            .filter(|&index| wanted[index] && stragglers.answered[index])
+            .collect();
+        let cleanup = Cleanup {
+            nodes: self.list.clone(),
+            health: self.health.clone(),
+            timeout: self.timeout,
+            // Nothing was granted to anyone here: wake no waiter (see release.lua).
+            keys: LockKeys {
+                channel: String::new(),
+                ..keys.clone()
+            },
+            owner: owner.clone(),
+            wanted,
+        };
+        let work: Vec<Step> = now
+            .into_iter()
+            .map(Step::Now)
+            .chain(late.into_iter().map(Step::After))
+            .collect();
+        if work.is_empty() {
+            return;
+        }
+        tokio::spawn(async move {
+            let cleanup = &cleanup;
+            let steps: FuturesUnordered<_> =
+                work.into_iter().map(|step| cleanup.run(step)).collect();
+            steps.for_each(|()| async {}).await;
+        });
     }
 
     async fn owner_round(
@@ -295,6 +352,20 @@ impl Nodes {
         &self,
         targets: impl IntoIterator<Item = usize, IntoIter: ExactSizeIterator>,
         timeout: Duration,
+        call: impl FnMut(usize, &dyn Node) -> NodeFuture<T>,
+        decided: impl FnMut(usize, Result<T, NodeError>, usize) -> bool,
+    ) {
+        self.fan_out_keeping(targets, timeout, None, call, decided)
+            .await;
+    }
+
+    /// [`fan_out`](Self::fan_out), handing the calls still pending to `keep` (when
+    /// given) instead of to the background.
+    async fn fan_out_keeping<T: Send + 'static>(
+        &self,
+        targets: impl IntoIterator<Item = usize, IntoIter: ExactSizeIterator>,
+        timeout: Duration,
+        keep: Option<&mut Vec<Pending<T>>>,
         mut call: impl FnMut(usize, &dyn Node) -> NodeFuture<T>,
         mut decided: impl FnMut(usize, Result<T, NodeError>, usize) -> bool,
     ) {
@@ -312,7 +383,8 @@ impl Nodes {
         let mut pending: FuturesUnordered<_> = targets
             .map(|index| {
                 let answer = self.watched(index, timeout, call(index, &*self.list[index]));
-                async move { (index, answer.await) }
+                // Boxed (the call itself already is) so that `keep` can take it out.
+                Box::pin(async move { (index, answer.await) })
             })
             .collect();
         while let Some((index, answer)) = pending.next().await {
@@ -320,9 +392,69 @@ impl Nodes {
                 break;
             }
         }
-        if !pending.is_empty() {
-            tokio::spawn(pending.for_each(|_| async {}));
+        if pending.is_empty() {
+            return;
         }
+        match keep {
+            Some(keep) => keep.extend(pending.into_iter().map(|call| Box::pin(call) as Pending<T>)),
+            None => {
+                tokio::spawn(pending.for_each(|_| async {}));
+            }
+        }
+    }
+}
+
+/// `call` to `node`, bounded by `timeout`, its answer recorded in the node's `health`.
+fn watched<T: Send + 'static>(
+    node: &Arc<dyn Node>,
+    health: Arc<Health>,
+    timeout: Duration,
+    call: NodeFuture<T>,
+) -> impl Future<Output = Result<T, NodeError>> + Send + 'static {
+    let call = observe(node, bounded(timeout, call));
+    async move {
+        let started = std::time::Instant::now();
+        let answer = call.await;
+        health.observe(started, &answer);
+        answer
+    }
+}
+
+/// One step of a failed attempt's cleanup.
+enum Step {
+    /// Release on this node: its acquire has answered.
+    Now(usize),
+    /// Release on the node of this acquire once it has finished.
+    After(Pending<AcquireReply>),
+}
+
+/// What a failed attempt's cleanup needs, owned by its task.
+struct Cleanup {
+    nodes: Box<[Arc<dyn Node>]>,
+    health: Box<[Arc<Health>]>,
+    timeout: Duration,
+    keys: LockKeys,
+    owner: Owner,
+    /// The nodes that may hold the attempt's key.
+    wanted: Box<[bool]>,
+}
+
+impl Cleanup {
+    async fn run(&self, step: Step) {
+        let index = match step {
+            Step::Now(index) => index,
+            Step::After(acquire) => match acquire.await {
+                // Someone else's key: nothing of ours to release.
+                (_, Ok(AcquireReply::Held { .. })) => return,
+                (index, _) => index,
+            },
+        };
+        if !self.wanted.get(index).copied().unwrap_or(false) {
+            return;
+        }
+        let node = &self.nodes[index];
+        let release = node.release(&self.keys, &self.owner.for_node(index));
+        let _ = watched(node, self.health[index].clone(), self.timeout, release).await;
     }
 }
 

@@ -16,47 +16,29 @@ use crate::node::{AcquireReply, AcquireRequest, Owner};
 
 /// One Lua script: its source (for `EVAL` after `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Lua {
-    code: String,
+    code: &'static str,
     script: Script,
-    /// Sent as `EVALSHA` first (`false`: always as `EVAL`, see [`ACQUIRE`]).
-    by_hash: bool,
 }
 
 impl Lua {
     fn new(code: &'static str) -> Self {
         Lua {
-            code: code.to_owned(),
-            script: Script::new(code),
-            by_hash: true,
-        }
-    }
-
-    /// A script always sent whole (`EVAL`), without its comment lines.
-    fn whole(code: &'static str) -> Self {
-        let code: String = code
-            .lines()
-            .filter(|line| {
-                let line = line.trim_start();
-                !line.is_empty() && !line.starts_with("--")
-            })
-            .flat_map(|line| [line, "\n"])
-            .collect();
-        Lua {
-            script: Script::new(&code),
             code,
-            by_hash: false,
+            script: Script::new(code),
         }
     }
 }
 
-/// The acquire script is always sent whole: with `EVALSHA`, a server that has not seen
-/// it yet (fresh, restarted, a promoted replica) answers `NOSCRIPT` and the `EVAL` goes
-/// out one round trip later — after a release the locker may already have sent on the
-/// same connection (the majority was decided without this node). The acquire would
-/// then land after its own release and leave the key until it expires. `EVAL` keeps
-/// every acquire ahead of what follows it; the server still caches the compiled script
-/// (by its SHA1), so the cost is the script's bytes, a few hundred per call.
-static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::whole(include_str!("scripts/acquire.lua")));
+/// The acquire script goes out as `EVALSHA` like the others. A server that has not seen
+/// it yet (fresh, restarted, a promoted replica) answers `NOSCRIPT`, and the `EVAL`
+/// follows one round trip later — after anything else the locker sent on the same
+/// connection meanwhile. That is safe because nothing of the same attempt is sent to a
+/// node while its acquire is in flight: a failed attempt releases on each node only
+/// once that node's acquire call has finished, retry included
+/// (`Nodes::release_after`), and a cancelled one drops its calls, which are then
+/// never resent. The alternative, `EVAL` every time, costs the server a SHA1 of the
+/// script per acquisition.
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/acquire.lua")));
 static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/extend.lua")));
 static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/release.lua")));
 static RAISE_FENCE: LazyLock<Lua> =
@@ -201,15 +183,14 @@ impl Call {
             cmd
         } else {
             let mut cmd = redis::cmd("EVAL");
-            cmd.arg(&self.lua.code);
+            cmd.arg(self.lua.code);
             cmd
         };
         cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
         cmd
     }
 
-    /// Runs the script with `EVALSHA`, or with `EVAL` after `NOSCRIPT` (or at once for a
-    /// script sent whole) (which also caches
+    /// Runs the script with `EVALSHA`, or with `EVAL` after `NOSCRIPT` (which also caches
     /// it on the server that answered, and needs no `SCRIPT LOAD` on every node of a
     /// cluster). With `wait`, `WAIT` is pipelined right behind the script on the same
     /// connection, so it covers the script's writes; its answer is checked only when
@@ -220,9 +201,6 @@ impl Call {
         wait: Option<ReplicaWait>,
         wrote: fn(&Value) -> bool,
     ) -> Result<Value, CallError> {
-        if !self.lua.by_hash {
-            return self.once(conn, wait, wrote, false).await;
-        }
         match self.once(conn, wait, wrote, true).await {
             Err(CallError::Redis(e))
                 if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
@@ -540,12 +518,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn acquire_is_sent_whole_without_comments() {
-        assert!(!ACQUIRE.by_hash && EXTEND.by_hash);
-        assert!(ACQUIRE
-            .code
-            .lines()
-            .all(|l| !l.trim_start().starts_with("--")));
+    fn acquire_goes_by_hash_with_exact_arguments() {
         assert!(ACQUIRE.code.contains("redis.call('INCR', KEYS[2])"));
         let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
         let owner = Owner::random();
