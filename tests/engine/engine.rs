@@ -583,10 +583,47 @@ async fn scripts_are_reloaded_after_script_flush() {
     }
     assert_eq!(lease.release().await, ReleaseOutcome::Released);
     no_lock_keys_left(&all(&servers)).await;
-    // The flushes did bite: every node refused the extend's and the release's EVALSHA
-    // and was served the script again.
+    // The flushes did bite: every node refused the acquire's, the extend's and the
+    // release's EVALSHA and was served the script again.
     eventually("every node saw NOSCRIPT", LIMIT, || {
-        servers.iter().all(|s| noscript_errors(s) >= 2)
+        servers.iter().all(|s| noscript_errors(s) >= 3)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_acquire_is_cleaned_up_after_it_lands() {
+    // Two dead nodes decide the round (unavailable) while the acquire on the third is
+    // still on its way, held back by a proxy, and that node has lost the acquire
+    // script but not the release script: the acquire's EVALSHA meets NOSCRIPT and its
+    // EVAL goes out one round trip later. A cleanup release sent as soon as the round
+    // was decided would reach the node between the two, find nothing, and the late
+    // acquire would then keep the key for its whole (long) ttl.
+    let mut servers = RedisServer::start_many(3);
+    let proxy = support::proxy::Proxy::start(servers[2].addr());
+    let urls = [servers[0].url(), servers[1].url(), proxy.url()];
+    let locker = Redlock::from_urls(urls, patient().ttl(Duration::from_secs(60))).unwrap();
+    warm_up(&locker, &servers).await;
+    servers[0].kill();
+    servers[1].kill();
+    let late = &servers[2];
+    assert!(late.cmd(&["SCRIPT", "FLUSH"]).is_ok());
+    let release = include_str!("../../src/node/redis/scripts/release.lua");
+    let loaded = late.cmd(&["SCRIPT", "LOAD", release]);
+    assert!(matches!(loaded, RespValue::Bulk(_)), "{loaded:?}");
+    late.reset_stats();
+    proxy.set_latency(support::proxy::Latency::Fixed(Duration::from_millis(200)));
+
+    let err = locker.try_acquire("late").await.unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    // The acquire did land there (the fence counter is written with the key)...
+    eventually("the late acquire ran", LIMIT, || {
+        late.exists(&fence_key("late")) && noscript_errors(late) >= 1
+    })
+    .await;
+    // ...and was released after it, well before its ttl.
+    eventually("the late key released", LIMIT, || {
+        !late.exists(&lock_key("late"))
     })
     .await;
 }
