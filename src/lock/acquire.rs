@@ -264,6 +264,7 @@ impl Redlock {
             token: FencingToken::new(token),
             acquired_at: start,
             status,
+            stragglers: stragglers.detach(),
         }))
     }
 }

@@ -73,6 +73,10 @@ pub(crate) struct LeaseInner {
     pub(crate) token: FencingToken,
     pub(crate) acquired_at: Instant,
     pub(crate) status: watch::Sender<Status>,
+    /// Closed once the acquire calls that outlived the winning round have finished
+    /// (`None`: there were none). The release waits for it: an acquire retried after
+    /// `NOSCRIPT` could otherwise land behind our own release and keep the key there.
+    pub(crate) stragglers: Option<watch::Receiver<()>>,
 }
 
 impl LeaseInner {
@@ -287,6 +291,10 @@ impl Lease {
 async fn release(inner: &LeaseInner) -> ReleaseOutcome {
     inner.status.send_modify(|s| s.released = true);
     let locker = &inner.locker;
+    if let Some(mut settled) = inner.stragglers.clone() {
+        // Bounded: every straggler is bounded by the node timeout.
+        let _ = settled.changed().await;
+    }
     let tally = locker.nodes.release(&inner.keys, &inner.owner).await;
     let quorum = locker.nodes.quorum();
     let outcome = if tally.yes >= quorum {

@@ -34,6 +34,21 @@ pub(crate) struct Stragglers {
 }
 
 impl Stragglers {
+    /// Lets the calls finish in the background (a won round); the receiver, if any
+    /// call is left, sees its sender dropped once they all have.
+    pub(crate) fn detach(mut self) -> Option<tokio::sync::watch::Receiver<()>> {
+        if self.calls.is_empty() {
+            return None;
+        }
+        let (done, settled) = tokio::sync::watch::channel(());
+        let calls: FuturesUnordered<_> = self.calls.drain(..).collect();
+        tokio::spawn(async move {
+            calls.for_each(|_| async {}).await;
+            drop(done);
+        });
+        Some(settled)
+    }
+
     /// None in flight: every node of `nodes` has answered, or its call was dropped.
     pub(crate) fn settled(nodes: usize) -> Self {
         Stragglers {

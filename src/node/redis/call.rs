@@ -32,11 +32,12 @@ impl Lua {
 /// The acquire script goes out as `EVALSHA` like the others. A server that has not seen
 /// it yet (fresh, restarted, a promoted replica) answers `NOSCRIPT`, and the `EVAL`
 /// follows one round trip later — after anything else the locker sent on the same
-/// connection meanwhile. That is safe because nothing of the same attempt is sent to a
-/// node while its acquire is in flight: a failed attempt releases on each node only
-/// once that node's acquire call has finished, retry included
-/// (`Nodes::release_after`), and a cancelled one drops its calls, which are then
-/// never resent. The alternative, `EVAL` every time, costs the server a SHA1 of the
+/// connection meanwhile. That is safe because no release of the same attempt is sent
+/// to a node while its acquire is in flight: a failed attempt releases on each node
+/// only once that node's acquire call has finished, retry included
+/// (`Nodes::release_after`), a won lease's release waits for the acquire calls that
+/// outlived the round, and a cancelled attempt drops its calls, which are then never
+/// resent. The alternative, `EVAL` every time, costs the server a SHA1 of the
 /// script per acquisition.
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/acquire.lua")));
 static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("scripts/extend.lua")));
