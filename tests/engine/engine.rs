@@ -629,6 +629,31 @@ async fn a_late_acquire_is_cleaned_up_after_it_lands() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_released_at_once_is_released_after_a_late_acquire() {
+    // As above, but the two fast nodes grant the lease and it is released at once,
+    // while the third node's acquire still waits for its NOSCRIPT retry.
+    let servers = RedisServer::start_many(3);
+    let proxy = support::proxy::Proxy::start(servers[2].addr());
+    let urls = [servers[0].url(), servers[1].url(), proxy.url()];
+    let locker = Redlock::from_urls(urls, patient().ttl(Duration::from_secs(60))).unwrap();
+    warm_up(&locker, &servers).await;
+    let late = &servers[2];
+    assert!(late.cmd(&["SCRIPT", "FLUSH"]).is_ok());
+    let release = include_str!("../../src/node/redis/scripts/release.lua");
+    let loaded = late.cmd(&["SCRIPT", "LOAD", release]);
+    assert!(matches!(loaded, RespValue::Bulk(_)), "{loaded:?}");
+    proxy.set_latency(support::proxy::Latency::Fixed(Duration::from_millis(200)));
+
+    let lease = locker.try_acquire("quick").await.unwrap();
+    lease.release().await;
+    eventually("the late acquire ran", LIMIT, || {
+        late.exists(&fence_key("quick"))
+    })
+    .await;
+    no_lock_keys_left(&all(&servers)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_locker_works_after_every_node_restarts() {
     let mut servers = RedisServer::start_many(3);
     let locker = locker(&servers, patient());
