@@ -322,9 +322,14 @@ impl Nodes {
             owner: owner.clone(),
             wanted,
         };
+        // The calls are made here, not in the task: a node may act when called
+        // (`MemoryNode` does), and the attempt's caller may look right after it returns.
         let work: Vec<Step> = now
             .into_iter()
-            .map(Step::Now)
+            .map(|index| {
+                let release = self.list[index].release(&cleanup.keys, &owner.for_node(index));
+                Step::Now(index, release)
+            })
             .chain(late.into_iter().map(Step::After))
             .collect();
         if work.is_empty() {
@@ -437,8 +442,8 @@ fn watched<T: Send + 'static>(
 
 /// One step of a failed attempt's cleanup.
 enum Step {
-    /// Release on this node: its acquire has answered.
-    Now(usize),
+    /// This release on this node: its acquire has answered.
+    Now(usize, NodeFuture<bool>),
     /// Release on the node of this acquire once it has finished.
     After(Pending<AcquireReply>),
 }
@@ -456,19 +461,20 @@ struct Cleanup {
 
 impl Cleanup {
     async fn run(&self, step: Step) {
-        let index = match step {
-            Step::Now(index) => index,
+        let (index, release) = match step {
+            Step::Now(index, release) => (index, Some(release)),
             Step::After(acquire) => match acquire.await {
                 // Someone else's key: nothing of ours to release.
                 (_, Ok(AcquireReply::Held { .. })) => return,
-                (index, _) => index,
+                (index, _) => (index, None),
             },
         };
         if !self.wanted.get(index).copied().unwrap_or(false) {
             return;
         }
         let node = &self.nodes[index];
-        let release = node.release(&self.keys, &self.owner.for_node(index));
+        let release =
+            release.unwrap_or_else(|| node.release(&self.keys, &self.owner.for_node(index)));
         let _ = watched(node, self.health[index].clone(), self.timeout, release).await;
     }
 }
