@@ -31,6 +31,8 @@
 mod etcd;
 pub(crate) mod identity;
 mod memory;
+#[cfg(any(feature = "redis", feature = "etcd"))]
+pub(crate) mod percent;
 mod records;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;

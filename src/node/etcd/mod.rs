@@ -18,7 +18,7 @@ use etcd_client::{
 use tokio::sync::{watch, OnceCell};
 
 use crate::error::{ConfigError, NodeError};
-use crate::node::redis::url::percent_decode;
+use crate::node::percent::percent_decode;
 use crate::node::FencingToken;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};

@@ -7,6 +7,7 @@ use redis::sentinel::SentinelNodeConnectionInfo;
 use redis::{IntoConnectionInfo, TlsMode};
 
 use crate::error::ConfigError;
+use crate::node::percent::percent_decode;
 use crate::node::redis::cluster::ClusterNode;
 use crate::node::redis::sentinel::SentinelNode;
 use crate::node::redis::standalone::RedisNode;
@@ -408,28 +409,6 @@ impl<'a> Url<'a> {
     }
 }
 
-/// Decodes `%XX` escapes (credentials, paths and parameters of node URLs).
-pub(crate) fn percent_decode(s: &str) -> Result<String, ConfigError> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| ConfigError::new("bad percent-encoding in URL"))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| ConfigError::new("URL component is not UTF-8"))
-}
-
 /// Parses the seed addresses of a multi-address node (a cluster's seeds, a sentinel
 /// group) and names the node after them, `{scheme}://host1:port1,host2:port2` with
 /// `rediss+…` when the first seed uses TLS. Never includes credentials.
@@ -535,8 +514,6 @@ mod tests {
         assert!(!has_port("h"));
         assert!(has_port("[::1]:26379"));
         assert!(!has_port("[::1]"));
-        assert_eq!(percent_decode("a%40b%3A").unwrap(), "a@b:");
-        assert!(percent_decode("%4").is_err());
     }
 
     #[test]
