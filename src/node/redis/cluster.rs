@@ -17,7 +17,7 @@ use crate::node::redis::call::ReplicaWait;
 use crate::node::redis::call::{self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall};
 use crate::node::redis::pubsub::{ClusterBuilder, Hub};
 use crate::node::redis::records;
-use crate::node::redis::url;
+use crate::node::redis::seeds;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
@@ -126,7 +126,7 @@ impl ClusterNode {
     ) -> Result<Self, ConfigError> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ConfigError::new("ClusterNode must be created inside a Tokio runtime"))?;
-        let (seeds, name) = url::seeds(seeds, "cluster", "Redis Cluster seed")?;
+        let (seeds, name) = seeds::seeds(seeds, "cluster", "Redis Cluster seed")?;
         let name: Arc<str> = name.into();
         let address = identity::seeds_address("cluster", &seeds);
         let configure: Arc<Configure> = Arc::new(configure);

@@ -2,16 +2,17 @@
 //! ([`ClusterNode`]) and a Sentinel-managed group ([`SentinelNode`]), each casting one
 //! vote, and [`node_from_url`] to build one from a URL.
 //!
-//! What they share lives next to them: the scripts and their calls (`call.rs`,
+//! What they share lives next to them: the scripts and their calls (`call/`,
 //! `scripts/*.lua`), the record scripts (`records.rs`), the release subscriber
 //! (`pubsub.rs`), the connection that re-sends after a reconnect (`conn.rs`) and URL
-//! parsing (`url.rs`).
+//! parsing (`url.rs`, which builds the nodes; `seeds.rs`, which the multi-server nodes use).
 
 pub(crate) mod call;
 mod cluster;
 pub(crate) mod conn;
 pub(crate) mod pubsub;
 pub(crate) mod records;
+mod seeds;
 mod sentinel;
 mod standalone;
 pub(crate) mod url;

@@ -409,34 +409,6 @@ impl<'a> Url<'a> {
     }
 }
 
-/// Parses the seed addresses of a multi-address node (a cluster's seeds, a sentinel
-/// group) and names the node after them, `{scheme}://host1:port1,host2:port2` with
-/// `rediss+…` when the first seed uses TLS. Never includes credentials.
-pub(crate) fn seeds<T: IntoConnectionInfo>(
-    seeds: impl IntoIterator<Item = T>,
-    scheme: &str,
-    what: &str,
-) -> Result<(Vec<redis::ConnectionInfo>, String), ConfigError> {
-    let seeds = seeds
-        .into_iter()
-        .map(IntoConnectionInfo::into_connection_info)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ConfigError::new(format!("bad {what} URL: {e}")))?;
-    let Some(first) = seeds.first() else {
-        return Err(ConfigError::new(format!(
-            "at least one {what} address is needed"
-        )));
-    };
-    let tls = matches!(first.addr(), redis::ConnectionAddr::TcpTls { .. });
-    let hosts: Vec<String> = seeds.iter().map(|s| s.addr().to_string()).collect();
-    let name = format!(
-        "{}{scheme}://{}",
-        if tls { "rediss+" } else { "redis+" },
-        hosts.join(",")
-    );
-    Ok((seeds, name))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,8 +22,8 @@ use crate::node::redis::call::{
     self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
 };
 use crate::node::redis::conn::Resending;
+use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
-use crate::node::redis::url;
 use crate::node::LockKeys;
 use crate::node::RecordStore;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
@@ -167,7 +167,7 @@ impl SentinelNode {
         if master_name.is_empty() {
             return Err(ConfigError::new("a Sentinel node needs the master's name"));
         }
-        let (sentinels, name) = url::seeds(sentinels, "sentinel", "Sentinel")?;
+        let (sentinels, name) = seeds::seeds(sentinels, "sentinel", "Sentinel")?;
         let name: Arc<str> = format!("{name}/{master_name}").into();
         let address = format!(
             "{}/{master_name}",

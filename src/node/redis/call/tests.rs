@@ -1,0 +1,81 @@
+use super::*;
+
+#[test]
+fn acquire_goes_by_hash_with_exact_arguments() {
+    assert!(ACQUIRE.code.contains("redis.call('INCR', KEYS[2])"));
+    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    let owner = Owner::random();
+    let request = AcquireRequest {
+        keys: &keys,
+        owner: &owner,
+        ttl: Duration::from_millis(1500),
+        fence_ttl: Duration::from_secs(60),
+        fencing: true,
+        fence_floor: 1_838_556_217_040_896,
+        seed_only_when_missing: false,
+    };
+    let Acquire::Fenced(call) = Acquire::new(&request) else {
+        panic!("fencing on: the script");
+    };
+    // The floor goes out as the exact decimal string, never through a float.
+    assert_eq!(call.args[1..], ["1500", "60000", "1838556217040896"]);
+}
+
+#[test]
+fn parses_acquire_replies() {
+    let granted = Value::Array(vec![
+        Value::Int(1),
+        Value::BulkString(b"1838556217040896".to_vec()),
+    ]);
+    assert!(acquire_granted(&granted));
+    assert_eq!(
+        parse_acquire(&granted).unwrap(),
+        AcquireReply::Acquired {
+            fence: 1_838_556_217_040_896
+        }
+    );
+    let held = Value::Array(vec![Value::Int(0), Value::Int(250)]);
+    assert!(!acquire_granted(&held));
+    assert_eq!(
+        parse_acquire(&held).unwrap(),
+        AcquireReply::Held {
+            pttl: Some(Duration::from_millis(250))
+        }
+    );
+    assert!(parse_acquire(&Value::Int(1)).is_err());
+    assert!(parse_acquire(&Value::Array(vec![Value::Int(1), Value::Int(-5)])).is_err());
+}
+
+#[test]
+fn parses_flags() {
+    assert!(parse_flag(Value::Int(1)).unwrap());
+    assert!(!parse_flag(Value::Int(0)).unwrap());
+    assert!(parse_flag(Value::Nil).is_err());
+}
+
+#[test]
+fn release_publishes_sharded_only_when_asked() {
+    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    let owner = Owner::random();
+    assert_eq!(ReleaseCall::new(&keys, &owner, false).0.args.len(), 2);
+    let sharded = ReleaseCall::new(&keys, &owner, true);
+    assert_eq!(sharded.0.args[2], "1");
+}
+
+#[test]
+fn errors_say_why() {
+    let wait = ReplicaWait {
+        replicas: 2,
+        timeout: Duration::from_millis(20),
+    };
+    let e = CallError::Replicas { acked: 1, wait };
+    assert!(e.master_may_have_moved());
+    assert!(!e.certainly_not_run());
+    let text = e.into_node_error().to_string();
+    assert!(text.contains("1 replica(s), 2 required"), "{text}");
+    let readonly = CallError::Redis(RedisError::from((
+        ErrorKind::Server(ServerErrorKind::ReadOnly),
+        "You can't write against a read only replica.",
+    )));
+    assert!(readonly.master_may_have_moved() && readonly.certainly_not_run());
+}
