@@ -73,7 +73,11 @@
 //! - **A token lost by a stale node was issued more than ε before that node answers
 //!   again.** A restart, a restore and a Sentinel failover (`down-after-milliseconds`)
 //!   take seconds, far more than ε; a node that could lose a write and answer again
-//!   within ε would break the argument.
+//!   within ε would break the argument. The same holds for rounds in flight: a round
+//!   reads its floor once, and a call re-sent after a reconnect carries it, so a node
+//!   that lost writes must not answer again within one node timeout of losing them
+//!   (else a round whose floor was read just before the loss may be answered with a
+//!   token the lost tail held; seen in the fault suite with an instant restart).
 //! - **Fewer than 1,024 acquisitions per millisecond per resource**, on average since the
 //!   counter last jumped to a floor. A single lock cannot come near that: each
 //!   acquisition is a network round trip under mutual exclusion. Above it the counters run
