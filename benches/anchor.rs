@@ -10,8 +10,8 @@
 //! acquired (strict hand-off); S3ffa the same without that rule.
 //!
 //! `--baseline fenced` (S1/S2 only) runs, instead of the crate, the same round trips
-//! written by hand with redis-rs: the acquire pipeline (`SET NX PX`, `SET fence NX PX`,
-//! `INCR fence`) to every node, a quorum, then the release script. The anchors' raw
+//! written by hand with redis-rs: the crate's acquire script (`acquire.lua`) on every
+//! node, a quorum, then the release script. The anchors' raw
 //! limit does less work (a bare `SET NX PX`, no fence); this baseline separates what
 //! the crate costs from what fencing costs Redis.
 
@@ -205,31 +205,41 @@ impl Subject {
     }
 }
 
-/// The crate's round trips by hand: one multiplexed connection per node, the acquire
-/// pipeline on every node at once, return at a quorum (stragglers finish in the
-/// background), then the release script on every node.
+/// The crate's round trips by hand: one multiplexed connection per node, the crate's
+/// own acquire script (`acquire.lua`: lock key, fence counter floored by the clock) on
+/// every node at once, return at a quorum (stragglers finish in the background), then
+/// the release script on every node. The same server work as the crate, none of its
+/// client work.
 struct FencedRaw {
     conns: Vec<redis::aio::MultiplexedConnection>,
     quorum: usize,
+    acquire: redis::Script,
     release: redis::Script,
     next: std::sync::atomic::AtomicU64,
 }
 
 impl FencedRaw {
     async fn connect(ports: &[u16]) -> FencedRaw {
+        let acquire = redis::Script::new(include_str!("../src/node/redis/scripts/acquire.lua"));
         let mut conns = Vec::new();
         for port in ports {
             let client = redis::Client::open(format!("redis://127.0.0.1:{port}/0")).expect("url");
-            conns.push(
-                client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connect"),
-            );
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect");
+            // Loaded once, so that every acquire is a plain EVALSHA.
+            let _: String = acquire
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .expect("SCRIPT LOAD");
+            conns.push(conn);
         }
         FencedRaw {
             quorum: conns.len() / 2 + 1,
             conns,
+            acquire,
             release: redis::Script::new(
                 "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) \
                  redis.call('PUBLISH', ARGV[2], '') return 1 end return 0",
@@ -245,34 +255,30 @@ impl FencedRaw {
             std::process::id(),
             self.next.fetch_add(1, Ordering::Relaxed)
         );
-        let seed = std::time::SystemTime::now()
+        let floor = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64 * 1024);
+            .map_or(0, |d| d.as_millis() as u64 * 1024)
+            .to_string();
         let mut calls: FuturesUnordered<_> = self
             .conns
             .iter()
             .map(|conn| {
                 let mut conn = conn.clone();
-                let mut pipe = redis::pipe();
-                pipe.cmd("SET")
+                let mut evalsha = redis::cmd("EVALSHA");
+                evalsha
+                    .arg(self.acquire.get_hash())
+                    .arg(2)
                     .arg(format!("{{{key}}}"))
-                    .arg(&owner)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(30_000)
-                    .cmd("SET")
                     .arg(format!("{{{key}}}:fence"))
-                    .arg(seed)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(604_800_000u64)
-                    .ignore()
-                    .cmd("INCR")
-                    .arg(format!("{{{key}}}:fence"));
+                    .arg(&owner)
+                    .arg(30_000)
+                    .arg(3_600_000)
+                    .arg(&floor)
+                    .arg("0");
                 async move {
-                    let reply: redis::RedisResult<(redis::Value, i64)> =
-                        pipe.query_async(&mut conn).await;
-                    matches!(reply, Ok((redis::Value::Okay, _)))
+                    let reply: redis::RedisResult<(i64, redis::Value)> =
+                        evalsha.query_async(&mut conn).await;
+                    matches!(reply, Ok((1, _)))
                 }
             })
             .collect();
