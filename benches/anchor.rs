@@ -103,7 +103,15 @@ async fn run(args: &Args) -> String {
     let options = LockOptions::default()
         .ttl(Duration::from_secs(30))
         .watchdog(std::env::var("NO_WATCHDOG").is_err())
-        .fencing(std::env::var("NO_FENCING").is_err());
+        .fencing(std::env::var("NO_FENCING").is_err())
+        // Profiling under valgrind (callgrind counts instructions, ~50× slower) needs
+        // a node timeout far above the 50 ms default.
+        .node_timeout(Duration::from_millis(
+            std::env::var("NODE_TIMEOUT_MS")
+                .ok()
+                .and_then(|ms| ms.parse().ok())
+                .unwrap_or(50),
+        ));
     let locker = Redlock::connect(urls, options).await.expect("locker");
     let prefix = format!("bench:tower-redlock:{}", std::process::id());
     let mut fields: Vec<(&str, String)> = Vec::new();
