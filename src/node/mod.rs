@@ -9,6 +9,7 @@
 //! |---|---|
 //! | [`Node`] | one lock store casting one vote: acquire, extend, release, raise the fence, subscribe to releases; optionally outcome records |
 //! | [`NodeFuture`] | the boxed future every operation returns |
+//! | [`ExtendEntry`] | one key of a batched renewal ([`Node::extend_many`]) |
 //! | [`AcquireRequest`] / [`AcquireReply`] | one acquire: keys, owner, ttl, fence settings; granted with the node's fence counter, or held with the holder's ttl |
 //! | [`Resource`] / [`LockKeys`] | a lock's name, and its keys (lock, fence counter, record, wake-up channel) |
 //! | [`Owner`] | the random value that identifies one acquisition |
@@ -91,6 +92,25 @@ pub trait Node: Send + Sync + 'static {
     /// Returns whether the key was extended.
     fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
 
+    /// [`extend`](Node::extend) for many keys at once, each with its own owner and all
+    /// with one `ttl`, answering per entry in the order given: `Ok(true)` extended,
+    /// `Ok(false)` not ours (any more), `Err` that entry's call failed; an `Err` of the
+    /// whole future means no entry is known to be extended. The locker renews every
+    /// lease due at once with one call per node; a node kind that can, does it in one
+    /// round trip (the Redis nodes send one script per few hundred keys, pipelined).
+    /// The default makes the per-key [`extend`](Node::extend) calls concurrently.
+    fn extend_many(
+        &self,
+        entries: &[ExtendEntry<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        let calls: Vec<_> = entries
+            .iter()
+            .map(|entry| self.extend(entry.keys, &entry.owner, ttl))
+            .collect();
+        Box::pin(async move { Ok(futures_util::future::join_all(calls).await) })
+    }
+
     /// Deletes the lock key if it still holds `owner`, and then wakes the waiters
     /// subscribed to the resource — unless `keys.channel` is empty, which the locker
     /// passes when it cleans up a failed attempt. Returns whether the key was deleted.
@@ -166,6 +186,17 @@ pub struct AcquireRequest<'a> {
     /// `LockOptions::unsafe_fence_seed_only_when_missing`; never set it otherwise.
     #[doc(hidden)]
     pub seed_only_when_missing: bool,
+}
+
+/// One entry of [`Node::extend_many`]: a resource's keys and the owner value its lock
+/// key must hold on this node.
+#[derive(Debug, Clone)]
+pub struct ExtendEntry<'a> {
+    /// The keys of the resource.
+    pub keys: &'a LockKeys,
+    /// The owner value expected in the lock key (already this node's, see
+    /// [`Owner::for_node`]).
+    pub owner: Owner,
 }
 
 /// One node's answer to [`Node::acquire`].

@@ -12,6 +12,8 @@ mod quorum_memory;
 mod support_selftest;
 
 #[cfg(feature = "redis")]
+mod batch;
+#[cfg(feature = "redis")]
 mod engine;
 #[cfg(feature = "redis")]
 mod persistence;

@@ -11,7 +11,9 @@ use tokio::time::Instant;
 use crate::error::NodeError;
 use crate::node::LockKeys;
 use crate::node::RecordStore;
-use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::node::{
+    AcquireReply, AcquireRequest, ExtendEntry, Node, NodeFuture, Owner, ReleaseSignal,
+};
 
 mod records;
 
@@ -357,6 +359,32 @@ impl Node for MemoryNode {
                 }
                 _ => Ok(false),
             }
+        })
+    }
+
+    fn extend_many(
+        &self,
+        entries: &[ExtendEntry<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        let entries: Vec<(String, String)> = entries
+            .iter()
+            .map(|entry| (entry.keys.lock.clone(), entry.owner.as_str().to_owned()))
+            .collect();
+        // One lock for the whole batch, as one script on a Redis server.
+        self.run(move |shared| {
+            let now = Instant::now();
+            let mut store = lock(&shared.store);
+            Ok(entries
+                .iter()
+                .map(|(lock_key, owner)| match store.live(lock_key, now) {
+                    Some(entry) if entry.value == *owner => {
+                        entry.expires = Some(now + ttl);
+                        Ok(true)
+                    }
+                    _ => Ok(false),
+                })
+                .collect())
         })
     }
 

@@ -10,13 +10,15 @@ use redis::{Client, IntoConnectionInfo};
 use crate::error::ConfigError;
 use crate::node::identity;
 use crate::node::redis::call::{
-    self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
+    self, Acquire, CallError, ExtendCall, ExtendManyCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
 };
 use crate::node::redis::conn::Resending;
 use crate::node::redis::pubsub::Hub;
 use crate::node::redis::records;
 use crate::node::LockKeys;
-use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::node::{
+    AcquireReply, AcquireRequest, ExtendEntry, Node, NodeError, NodeFuture, Owner, ReleaseSignal,
+};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
 /// One Redis server (standalone master) as a lock node.
@@ -185,6 +187,21 @@ impl Node for RedisNode {
         let wait = self.wait;
         Box::pin(async move {
             call::extend(&mut conn, &call, wait)
+                .await
+                .map_err(CallError::into_node_error)
+        })
+    }
+
+    fn extend_many(
+        &self,
+        entries: &[ExtendEntry<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        let call = ExtendManyCall::new(entries, ttl);
+        let mut conn = self.inner.conn.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            call::extend_many(&mut conn, &call, wait)
                 .await
                 .map_err(CallError::into_node_error)
         })

@@ -41,6 +41,8 @@ impl Lua {
 /// script per acquisition.
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/acquire.lua")));
 static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/extend.lua")));
+static EXTEND_MANY: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../scripts/extend_many.lua")));
 static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/release.lua")));
 static RAISE_FENCE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../scripts/raise_fence.lua")));
@@ -514,5 +516,8 @@ pub(crate) fn parse_flag(value: Value) -> Result<bool, NodeError> {
     }
 }
 
+mod extend_many;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use extend_many::{extend_many, ExtendManyCall};

@@ -19,14 +19,16 @@ mod record_store;
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
 use crate::node::redis::call::{
-    self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
+    self, Acquire, CallError, ExtendCall, ExtendManyCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
 };
 use crate::node::redis::conn::Resending;
 use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
 use crate::node::LockKeys;
 use crate::node::RecordStore;
-use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::node::{
+    AcquireReply, AcquireRequest, ExtendEntry, Node, NodeFuture, Owner, ReleaseSignal,
+};
 use channel::HubChannel;
 
 /// How long one lookup through the sentinels may take.
@@ -481,6 +483,24 @@ impl Node for SentinelNode {
             let call = &call;
             inner
                 .with_master(|mut conn| async move { call::extend(&mut conn, call, wait).await })
+                .await
+        })
+    }
+
+    fn extend_many(
+        &self,
+        entries: &[ExtendEntry<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        let call = ExtendManyCall::new(entries, ttl);
+        let inner = self.inner.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(
+                    |mut conn| async move { call::extend_many(&mut conn, call, wait).await },
+                )
                 .await
         })
     }

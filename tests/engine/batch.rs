@@ -1,0 +1,205 @@
+//! `Node::extend_many`, the batched renewal of many keys in one call (issue 16): one
+//! answer per entry, in order, on every node kind; one round trip to a Redis server
+//! however many keys (one script per 256, pipelined); the `NOSCRIPT` fallback.
+use crate::support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::RedisServer;
+use tower_redlock::node::{
+    AcquireReply, AcquireRequest, ExtendEntry, LockKeys, NodeFuture, Owner, ReleaseSignal,
+};
+use tower_redlock::{Lease, LockOptions, MemoryNode, Node, RedisNode, Redlock};
+
+/// Over two script chunks' worth, so the pipeline carries three scripts.
+const ENTRIES: usize = 600;
+const HELD_TTL: Duration = Duration::from_secs(10);
+const EXTENDED_TTL: Duration = Duration::from_secs(60);
+
+/// What the batch finds for entry `i`: our key, someone else's, or nothing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Found {
+    Ours,
+    Theirs,
+    Missing,
+}
+
+fn found(i: usize) -> Found {
+    match i % 3 {
+        0 => Found::Ours,
+        1 => Found::Theirs,
+        _ => Found::Missing,
+    }
+}
+
+/// Takes `ENTRIES` leases on `node` (watchdog off: only the batch extends), then
+/// overwrites every second third of the keys and deletes the last third.
+async fn leases_on(
+    node: Arc<dyn Node>,
+    overwrite: impl Fn(&str),
+    delete: impl Fn(&str),
+) -> Vec<Lease> {
+    let locker = Redlock::from_nodes(
+        vec![node],
+        LockOptions::default().ttl(HELD_TTL).watchdog(false),
+    )
+    .unwrap();
+    let mut leases = Vec::with_capacity(ENTRIES);
+    for i in 0..ENTRIES {
+        leases.push(locker.try_acquire(format!("r{i}")).await.unwrap());
+    }
+    for (i, lease) in leases.iter().enumerate() {
+        let key = format!("redlock:{{{}}}", lease.resource());
+        match found(i) {
+            Found::Ours => {}
+            Found::Theirs => overwrite(&key),
+            Found::Missing => delete(&key),
+        }
+    }
+    leases
+}
+
+fn keys_of(lease: &Lease) -> LockKeys {
+    let lock = format!("redlock:{{{}}}", lease.resource());
+    LockKeys {
+        fence: format!("{lock}:fence"),
+        channel: format!("{lock}:released"),
+        lock,
+    }
+}
+
+async fn extend_all(node: &dyn Node, leases: &[Lease]) -> Vec<bool> {
+    let keys: Vec<_> = leases.iter().map(keys_of).collect();
+    let entries: Vec<ExtendEntry<'_>> = keys
+        .iter()
+        .zip(leases)
+        .map(|(keys, lease)| ExtendEntry {
+            keys,
+            owner: lease.owner_on(0),
+        })
+        .collect();
+    node.extend_many(&entries, EXTENDED_TTL)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn check_answers(answers: &[bool]) {
+    assert_eq!(answers.len(), ENTRIES);
+    for (i, &extended) in answers.iter().enumerate() {
+        assert_eq!(
+            extended,
+            found(i) == Found::Ours,
+            "entry {i} ({:?})",
+            found(i)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_redis_node_extends_many_keys_in_one_round_trip_and_answers_each() {
+    let server = RedisServer::start();
+    let node: Arc<dyn Node> = Arc::new(RedisNode::open(server.url()).unwrap());
+    let leases = leases_on(
+        node.clone(),
+        |key| server.set(key, "someone else"),
+        |key| {
+            server.cmd(&["DEL", key]);
+        },
+    )
+    .await;
+    // A server that has not seen the script yet answers NOSCRIPT to each of the three
+    // scripts (256 + 256 + 88 keys); they go out again by source.
+    server.reset_stats();
+    check_answers(&extend_all(&*node, &leases).await);
+    assert_eq!(server.command_calls("eval"), 3);
+    // From then on: three scripts by hash in one pipeline, nothing else sent.
+    server.reset_stats();
+    check_answers(&extend_all(&*node, &leases).await);
+    assert_eq!(server.command_calls("evalsha"), 3);
+    assert_eq!(server.command_calls("eval"), 0);
+    assert_eq!(server.command_calls("pexpire"), (ENTRIES / 3) as u64);
+    for (i, lease) in leases.iter().enumerate() {
+        let key = keys_of(lease).lock;
+        match found(i) {
+            Found::Ours => assert!(
+                server.pttl(&key) > HELD_TTL.as_millis() as i64,
+                "{key} not extended"
+            ),
+            // Someone else's key keeps its (missing) ttl; a missing key is not re-created.
+            Found::Theirs => assert_eq!(server.pttl(&key), -1, "{key} touched"),
+            Found::Missing => assert!(!server.exists(&key), "{key} re-created"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_memory_node_extends_many_keys_and_answers_each() {
+    let memory = MemoryNode::new();
+    let node: Arc<dyn Node> = Arc::new(memory.clone());
+    let leases = leases_on(
+        node.clone(),
+        |key| memory.set(key, "someone else"),
+        |key| memory.delete(key),
+    )
+    .await;
+    let answers = extend_all(&*node, &leases).await;
+    check_answers(&answers);
+    for (i, lease) in leases.iter().enumerate() {
+        let key = keys_of(lease).lock;
+        match found(i) {
+            Found::Ours => assert!(memory.pttl(&key).unwrap() > HELD_TTL, "{key} not extended"),
+            Found::Theirs => assert_eq!(memory.pttl(&key), None, "{key} touched"),
+            Found::Missing => assert_eq!(memory.get(&key), None, "{key} re-created"),
+        }
+    }
+}
+
+/// A node kind without its own batch: the default makes one `extend` per entry.
+struct PerKey(MemoryNode);
+
+impl Node for PerKey {
+    fn name(&self) -> &str {
+        "per-key"
+    }
+    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+        self.0.acquire(request)
+    }
+    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        self.0.extend(keys, owner, ttl)
+    }
+    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+        self.0.release(keys, owner)
+    }
+    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+        self.0.raise_fence(keys, token, fence_ttl)
+    }
+    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+        self.0.subscribe(keys)
+    }
+}
+
+#[tokio::test]
+async fn the_default_batch_extends_key_by_key() {
+    let memory = MemoryNode::new();
+    let node: Arc<dyn Node> = Arc::new(PerKey(memory.clone()));
+    let leases = leases_on(
+        node.clone(),
+        |key| memory.set(key, "someone else"),
+        |key| memory.delete(key),
+    )
+    .await;
+    check_answers(&extend_all(&*node, &leases).await);
+    // A node that is down fails every entry of the batch, not the batch.
+    memory.set_available(false);
+    let keys = keys_of(&leases[0]);
+    let entries = [ExtendEntry {
+        keys: &keys,
+        owner: leases[0].owner_on(0),
+    }];
+    let answers = node.extend_many(&entries, EXTENDED_TTL).await.unwrap();
+    assert!(matches!(answers[..], [Err(_)]), "{answers:?}");
+}
