@@ -307,14 +307,23 @@ impl TestStore {
     pub fn lose(&self, resource: impl Into<Resource>) -> Result<(), TestStoreError> {
         let resource = resource.into();
         let holders = self.inner.locker.held_leases();
-        let Some(lease) = holders.iter().find(|lease| lease.resource == resource) else {
-            let held = holders.iter().map(|lease| lease.resource.clone()).collect();
+        let Some(lease) = holders
+            .iter()
+            .find(|lease| lease.resources().contains(&resource))
+        else {
+            let held = holders
+                .iter()
+                .flat_map(|lease| lease.resources().iter().cloned())
+                .collect();
             return Err(TestStoreError::NotHeld { resource, held });
         };
-        for node in &self.inner.nodes {
-            // Only our key: the lease may already have been taken over on a node.
-            if node.get(&lease.keys.lock).as_deref() == Some(lease.owner.as_str()) {
-                node.delete(&lease.keys.lock);
+        // A lease over a set is lost as a whole: every member's key goes.
+        for keys in lease.all_keys() {
+            for node in &self.inner.nodes {
+                // Only our key: the lease may already have been taken over on a node.
+                if node.get(&keys.lock).as_deref() == Some(lease.owner.as_str()) {
+                    node.delete(&keys.lock);
+                }
             }
         }
         lease.mark_lost(LostCause::KeyLost);
@@ -328,9 +337,10 @@ impl TestStore {
             .locker
             .held_leases()
             .iter()
-            .map(|lease| lease.resource.clone())
+            .flat_map(|lease| lease.resources().iter().cloned())
             .collect();
         held.sort();
+        held.dedup();
         held
     }
 

@@ -262,6 +262,7 @@ impl Redlock {
             keys: keys.clone(),
             owner,
             token: FencingToken::new(token),
+            set: None,
             acquired_at: start,
             status,
             stragglers: stragglers.detach(),

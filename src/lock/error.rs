@@ -79,6 +79,22 @@ pub enum LockError {
         /// Why it was lost.
         cause: LostCause,
     },
+    /// A set of resources (see [`Redlock::try_acquire_all`](crate::Redlock::try_acquire_all))
+    /// that is empty or has more than
+    /// [`MAX_RESOURCES_PER_LEASE`](crate::MAX_RESOURCES_PER_LEASE) distinct members.
+    /// Refused before any node is asked: nothing was locked.
+    #[error(
+        "a lease takes 1 to {limit} distinct resources, {count} were given (first: `{resource}`)"
+    )]
+    ResourceCount {
+        /// The set's first member in canonical order; the empty resource (`""`) when
+        /// the set is empty.
+        resource: Resource,
+        /// Distinct resources given.
+        count: usize,
+        /// The most a lease takes.
+        limit: usize,
+    },
 }
 
 impl LockError {
@@ -90,7 +106,8 @@ impl LockError {
             | LockError::Unavailable { resource, .. }
             | LockError::ValidityExpired { resource, .. }
             | LockError::QueueFull { resource, .. }
-            | LockError::Lost { resource, .. } => resource,
+            | LockError::Lost { resource, .. }
+            | LockError::ResourceCount { resource, .. } => resource,
         }
     }
 

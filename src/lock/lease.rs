@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::lock::fencing::FencingToken;
 use crate::lock::metrics;
+use crate::lock::set::Members;
 use crate::lock::LockError;
 use crate::lock::Shared;
 use crate::node::Owner;
@@ -71,6 +72,9 @@ pub(crate) struct LeaseInner {
     pub(crate) keys: LockKeys,
     pub(crate) owner: Owner,
     pub(crate) token: FencingToken,
+    /// Every member of a lease over several resources, in canonical order (`resource`,
+    /// `keys` and `token` above are its first); `None` for a lease of one resource.
+    pub(crate) set: Option<Box<Members>>,
     pub(crate) acquired_at: Instant,
     pub(crate) status: watch::Sender<Status>,
     /// Closed once the acquire calls that outlived the winning round have finished
@@ -114,10 +118,20 @@ impl LeaseInner {
             .nodes
             .timeout()
             .min(deadline.saturating_duration_since(start));
-        let tally = locker
-            .nodes
-            .extend(&self.keys, &self.owner, ttl, timeout)
-            .await;
+        let tally = match &self.set {
+            None => {
+                locker
+                    .nodes
+                    .extend(&self.keys, &self.owner, ttl, timeout)
+                    .await
+            }
+            Some(set) => {
+                locker
+                    .nodes
+                    .extend_set(&set.keys, &self.owner, ttl, timeout)
+                    .await
+            }
+        };
         let quorum = locker.nodes.quorum();
         if tally.no >= quorum {
             metrics::renewal("key_lost");
@@ -190,7 +204,8 @@ pub struct Lease {
 /// What a live lease owns besides its handle: its place at the head of the local
 /// queue, and the watchdog's stop signal.
 struct Held {
-    _permit: OwnedSemaphorePermit,
+    // `None` for a lease over a set: its permits are among `_queue`'s guards.
+    _permit: Option<OwnedSemaphorePermit>,
     // The lease's reference to its local queue (a `wait::QueueRef`), kept alive with the
     // lease. Type-erased so that the lease does not depend on the queue it sits in, as
     // the queue depends on the lease (it reads its holder's status).
@@ -208,8 +223,25 @@ impl Lease {
         Lease {
             handle: LeaseHandle { inner },
             held: Some(Held {
-                _permit: permit,
+                _permit: Some(permit),
                 _queue: Box::new(queue),
+                _stop_watchdog: stop_watchdog,
+            }),
+        }
+    }
+
+    /// A lease over a set, keeping `guards` (each member's permit and queue) until it
+    /// is released.
+    pub(crate) fn with_guards(
+        inner: Arc<LeaseInner>,
+        guards: impl Send + Sync + 'static,
+        stop_watchdog: Option<oneshot::Sender<()>>,
+    ) -> Self {
+        Lease {
+            handle: LeaseHandle { inner },
+            held: Some(Held {
+                _permit: None,
+                _queue: Box::new(guards),
                 _stop_watchdog: stop_watchdog,
             }),
         }
@@ -295,7 +327,10 @@ async fn release(inner: &LeaseInner) -> ReleaseOutcome {
         // Bounded: every straggler is bounded by the node timeout.
         let _ = settled.changed().await;
     }
-    let tally = locker.nodes.release(&inner.keys, &inner.owner).await;
+    let tally = match &inner.set {
+        None => locker.nodes.release(&inner.keys, &inner.owner).await,
+        Some(set) => locker.nodes.release_set(&set.keys, &inner.owner).await,
+    };
     let quorum = locker.nodes.quorum();
     let outcome = if tally.yes >= quorum {
         ReleaseOutcome::Released
@@ -356,14 +391,19 @@ impl LeaseHandle {
         &self.inner
     }
 
-    /// The resource this lease holds.
+    /// The resource this lease holds; for a lease over several resources (see
+    /// [`Redlock::try_acquire_all`](crate::Redlock::try_acquire_all)), the first of
+    /// [`resources`](LeaseHandle::resources).
     pub fn resource(&self) -> &Resource {
         &self.inner.resource
     }
 
     /// The fencing token: larger than the token of every earlier holder of the resource
     /// (0 for every lease of a locker built with
-    /// [`LockOptions::fencing(false)`](crate::LockOptions::fencing)).
+    /// [`LockOptions::fencing(false)`](crate::LockOptions::fencing)). For a lease over
+    /// several resources, the token of the first of
+    /// [`resources`](LeaseHandle::resources); see
+    /// [`fencing_token_of`](LeaseHandle::fencing_token_of) for the others.
     pub fn fencing_token(&self) -> FencingToken {
         self.inner.token
     }

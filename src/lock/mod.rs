@@ -26,6 +26,7 @@ pub mod metrics;
 mod options;
 pub mod record;
 mod round;
+mod set;
 mod wait;
 mod watchdog;
 
@@ -46,6 +47,7 @@ pub use health::{NodeState, NodeStatus};
 pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
 pub use options::{Backoff, LockOptions, RetryPolicy};
 pub use record::Claim;
+pub use set::MAX_RESOURCES_PER_LEASE;
 
 // The node items moved to `crate::node` (level 1); these paths keep working.
 #[cfg(feature = "etcd")]
@@ -53,8 +55,9 @@ pub use crate::node::EtcdNode;
 #[cfg(feature = "redis")]
 pub use crate::node::{node_from_url, split_node_urls, ClusterNode, RedisNode, SentinelNode};
 pub use crate::node::{
-    AcquireReply, AcquireRequest, ClaimReply, ClaimRequest, LockKeys, MemoryNode, Node, NodeFuture,
-    Owner, Record, ReleaseSignal, Resource, StoreReply, StoreRequest,
+    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ClaimReply, ClaimRequest,
+    LockKeys, MemoryNode, Node, NodeFuture, Owner, Record, ReleaseSignal, Resource, StoreReply,
+    StoreRequest,
 };
 
 /// A Redlock over one or more independent nodes.

@@ -21,19 +21,19 @@ use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner};
 
 /// A call still in flight when its round was decided, with its node's index.
-type Pending<T> = Pin<Box<dyn Future<Output = (usize, Result<T, NodeError>)> + Send>>;
+pub(crate) type Pending<T> = Pin<Box<dyn Future<Output = (usize, Result<T, NodeError>)> + Send>>;
 
 /// The calls of an acquire round still in flight when it was decided. Dropped, they
 /// finish in the background; a failed attempt hands them to
 /// [`Nodes::release_after`] instead, so that its cleanup reaches each node only after
 /// that node's acquire.
-pub(crate) struct Stragglers {
-    calls: Vec<Pending<AcquireReply>>,
+pub(crate) struct Stragglers<R: Send + 'static = AcquireReply> {
+    pub(crate) calls: Vec<Pending<R>>,
     /// Per node: its answer is in (it is not among `calls`).
-    answered: Box<[bool]>,
+    pub(crate) answered: Box<[bool]>,
 }
 
-impl Stragglers {
+impl<R: Send + 'static> Stragglers<R> {
     /// Lets the calls finish in the background (a won round); the receiver, if any
     /// call is left, sees its sender dropped once they all have.
     pub(crate) fn detach(mut self) -> Option<tokio::sync::watch::Receiver<()>> {
@@ -58,7 +58,7 @@ impl Stragglers {
     }
 }
 
-impl Drop for Stragglers {
+impl<R: Send + 'static> Drop for Stragglers<R> {
     fn drop(&mut self) {
         // Without a runtime (it is shutting down) the calls are dropped with it.
         if !self.calls.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
@@ -70,9 +70,9 @@ impl Drop for Stragglers {
 
 /// The nodes of a locker and the majority they need.
 pub(crate) struct Nodes {
-    list: Box<[Arc<dyn Node>]>,
+    pub(crate) list: Box<[Arc<dyn Node>]>,
     /// Per node, fed by every call made through [`Nodes::watched`].
-    health: Box<[Arc<Health>]>,
+    pub(crate) health: Box<[Arc<Health>]>,
     quorum: usize,
     timeout: Duration,
 }
@@ -99,7 +99,7 @@ pub(crate) struct OwnerTally {
 }
 
 impl OwnerTally {
-    fn add(&mut self, answer: Result<bool, NodeError>, node: impl FnOnce() -> Arc<str>) {
+    pub(crate) fn add(&mut self, answer: Result<bool, NodeError>, node: impl FnOnce() -> Arc<str>) {
         match answer {
             Ok(true) => self.yes += 1,
             Ok(false) => self.no += 1,
@@ -343,7 +343,7 @@ impl Nodes {
         });
     }
 
-    async fn owner_round(
+    pub(crate) async fn owner_round(
         &self,
         timeout: Duration,
         call: impl FnMut(usize, &dyn Node) -> NodeFuture<bool>,
@@ -381,7 +381,7 @@ impl Nodes {
 
     /// [`fan_out`](Self::fan_out), handing the calls still pending to `keep` (when
     /// given) instead of to the background.
-    async fn fan_out_keeping<T: Send + 'static>(
+    pub(crate) async fn fan_out_keeping<T: Send + 'static>(
         &self,
         targets: impl IntoIterator<Item = usize, IntoIter: ExactSizeIterator>,
         timeout: Duration,
@@ -425,7 +425,7 @@ impl Nodes {
 }
 
 /// `call` to `node`, bounded by `timeout`, its answer recorded in the node's `health`.
-fn watched<T: Send + 'static>(
+pub(crate) fn watched<T: Send + 'static>(
     node: &Arc<dyn Node>,
     health: Arc<Health>,
     timeout: Duration,

@@ -38,6 +38,7 @@ mod records;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 mod resource;
+mod set;
 mod token;
 
 use std::fmt;
@@ -57,6 +58,7 @@ pub use memory::MemoryNode;
 pub(crate) use records::unsupported;
 pub use records::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 pub use resource::{LockKeys, Resource};
+pub use set::{AcquireSetReply, AcquireSetRequest};
 pub use token::FencingToken;
 
 use crate::error::ConfigError;
@@ -123,6 +125,47 @@ pub trait Node: Send + Sync + 'static {
     /// active when the future resolves; it ends when the last clone of the returned
     /// [`ReleaseSignal`] is dropped.
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal>;
+
+    /// Acquires every member of a set, **all or nothing on this node**: when one member
+    /// is held by someone else, nothing of the request stays held here and the answer is
+    /// [`AcquireSetReply::Held`] with the first held member. Each member's fence counter
+    /// follows [`acquire`](Node::acquire)'s rule, with the request's one floor.
+    ///
+    /// The default takes the members one after the other with [`acquire`](Node::acquire)
+    /// and, at the first one held, releases those it took (without publishing); node
+    /// kinds that can check and set them all in one atomic step override it (the
+    /// [`MemoryNode`] and the Redis nodes do). Takes the node by `Arc` because the
+    /// default calls the node again after the first answers.
+    fn acquire_set(
+        self: Arc<Self>,
+        request: &AcquireSetRequest<'_>,
+    ) -> NodeFuture<AcquireSetReply> {
+        set::acquire_each(self, request)
+    }
+
+    /// Extends every member of a set held by `owner`, as [`extend`](Node::extend) does
+    /// one; `true` only if every member was extended. The default extends each member.
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        set::extend_each(self, keys, owner, ttl)
+    }
+
+    /// Releases every member of a set held by `owner`, as [`release`](Node::release)
+    /// does one (publishing on each member's channel unless it is empty); `true` only if
+    /// every member was ours and deleted. The default releases each member.
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+        set::release_each(self, keys, owner)
+    }
+
+    /// Raises each member's fence counter to its token (`tokens[i]` for `keys[i]`), as
+    /// [`raise_fence`](Node::raise_fence) does one. The default raises each member.
+    fn raise_fences(
+        &self,
+        keys: &[LockKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        set::raise_each(self, keys, tokens, fence_ttl)
+    }
 
     /// Where this node's servers are, in a canonical form (lower-case host, explicit
     /// port, no credentials, no database; seeds sorted), so that a locker refuses a

@@ -82,6 +82,12 @@ impl From<String> for Resource {
     }
 }
 
+impl From<&String> for Resource {
+    fn from(part: &String) -> Self {
+        Resource::new(part)
+    }
+}
+
 impl From<&Resource> for Resource {
     fn from(resource: &Resource) -> Self {
         resource.clone()

@@ -20,6 +20,8 @@ mod persistence;
 #[cfg(feature = "redis")]
 mod reconnect;
 #[cfg(feature = "redis")]
+mod sets;
+#[cfg(feature = "redis")]
 mod smoke;
 #[cfg(feature = "redis")]
 mod watchdog;

@@ -83,6 +83,11 @@ pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Probl
             "the lock was lost while the request was processed",
         )
         .with_retry_after(RETRY_SOON),
+        // The request named no lockable resource, or too many: the client's to fix.
+        LockError::ResourceCount { count, limit, .. } => Problem::new(
+            ProblemKind::KeyInvalid,
+            format!("a request locks 1 to {limit} resources; it named {count}"),
+        ),
     };
     problem.with_resource(resource)
 }

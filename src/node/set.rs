@@ -1,0 +1,197 @@
+//! The node side of a lease over a set of resources: what one node is asked
+//! ([`AcquireSetRequest`]) and answers ([`AcquireSetReply`]), and the default
+//! implementations of the set operations of [`Node`] on top of the per-key calls.
+//!
+//! A node kind that can do better (one atomic call for the whole set, as the
+//! [`MemoryNode`](crate::MemoryNode) and the Redis scripts do) overrides them; the
+//! semantics are the same either way: **all or nothing on this node**.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::error::NodeError;
+use crate::node::{AcquireReply, AcquireRequest, LockKeys, Node, NodeFuture, Owner};
+
+/// Arguments of [`Node::acquire_set`]: as [`AcquireRequest`], for several resources.
+#[derive(Debug, Clone, Copy)]
+pub struct AcquireSetRequest<'a> {
+    /// The keys of every member, in the lease's canonical order (sorted by resource,
+    /// no duplicates). Never empty.
+    pub keys: &'a [LockKeys],
+    /// The owner value of this acquisition, the same for every member.
+    pub owner: &'a Owner,
+    /// The lock keys' time to live.
+    pub ttl: Duration,
+    /// The fence counters' time to live.
+    pub fence_ttl: Duration,
+    /// Maintain the fence counters (see [`AcquireRequest::fencing`]).
+    pub fencing: bool,
+    /// The least fence value of every member (see [`AcquireRequest::fence_floor`]).
+    pub fence_floor: u64,
+    /// Test hook, as [`AcquireRequest`]'s.
+    #[doc(hidden)]
+    pub seed_only_when_missing: bool,
+}
+
+impl<'a> AcquireSetRequest<'a> {
+    /// The request for one member, `keys`, with this request's settings.
+    pub fn member(&self, keys: &'a LockKeys) -> AcquireRequest<'a> {
+        AcquireRequest {
+            keys,
+            owner: self.owner,
+            ttl: self.ttl,
+            fence_ttl: self.fence_ttl,
+            fencing: self.fencing,
+            fence_floor: self.fence_floor,
+            seed_only_when_missing: self.seed_only_when_missing,
+        }
+    }
+}
+
+/// One node's answer to [`Node::acquire_set`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireSetReply {
+    /// Every member's lock key was set; `fences[i]` is member `i`'s fence counter now
+    /// (0 for every member without fencing).
+    Acquired {
+        /// Each member's fence counter after the increment, in the request's order.
+        fences: Vec<u64>,
+    },
+    /// Someone else holds at least one member: nothing of this request is held on the
+    /// node.
+    Held {
+        /// The index (in the request's order) of the first member found held.
+        member: usize,
+        /// The longest remaining ttl of the held members the node saw (`None`: no ttl).
+        pttl: Option<Duration>,
+    },
+}
+
+/// The default [`Node::acquire_set`]: the members one after the other in the request's
+/// order; at the first one held, releases those taken (without waking anyone: they were
+/// never granted to a caller) and answers held. A failure releases those taken too and
+/// answers the failure.
+pub(crate) fn acquire_each<N: Node + ?Sized>(
+    node: Arc<N>,
+    request: &AcquireSetRequest<'_>,
+) -> NodeFuture<AcquireSetReply> {
+    let keys: Vec<LockKeys> = request.keys.to_vec();
+    let owner = request.owner.clone();
+    let settings = *request;
+    let (ttl, fence_ttl, fencing) = (settings.ttl, settings.fence_ttl, settings.fencing);
+    let (fence_floor, seed_only_when_missing) =
+        (settings.fence_floor, settings.seed_only_when_missing);
+    Box::pin(async move {
+        let mut fences = Vec::with_capacity(keys.len());
+        for (index, member) in keys.iter().enumerate() {
+            let answer = node
+                .acquire(&AcquireRequest {
+                    keys: member,
+                    owner: &owner,
+                    ttl,
+                    fence_ttl,
+                    fencing,
+                    fence_floor,
+                    seed_only_when_missing,
+                })
+                .await;
+            let failure = match answer {
+                Ok(AcquireReply::Acquired { fence }) => {
+                    fences.push(fence);
+                    continue;
+                }
+                Ok(AcquireReply::Held { pttl }) => Ok(AcquireSetReply::Held {
+                    member: index,
+                    pttl,
+                }),
+                Err(error) => Err(error),
+            };
+            undo(&*node, &keys[..index], &owner).await?;
+            return failure;
+        }
+        Ok(AcquireSetReply::Acquired { fences })
+    })
+}
+
+/// Releases the members taken so far by a failed [`acquire_each`], without publishing.
+async fn undo<N: Node + ?Sized>(
+    node: &N,
+    taken: &[LockKeys],
+    owner: &Owner,
+) -> Result<(), NodeError> {
+    let calls: Vec<_> = taken
+        .iter()
+        .map(|keys| {
+            node.release(
+                &LockKeys {
+                    channel: String::new(),
+                    ..keys.clone()
+                },
+                owner,
+            )
+        })
+        .collect();
+    join_all(calls)
+        .await
+        .into_iter()
+        .find_map(Result::err)
+        .map_or(Ok(()), Err)
+}
+
+/// The default [`Node::extend_set`]: every member, concurrently; yes only if every
+/// member was extended. Every call is awaited; the first failure is the answer.
+pub(crate) fn extend_each<N: Node + ?Sized>(
+    node: &N,
+    keys: &[LockKeys],
+    owner: &Owner,
+    ttl: Duration,
+) -> NodeFuture<bool> {
+    every(
+        keys.iter()
+            .map(|keys| node.extend(keys, owner, ttl))
+            .collect(),
+    )
+}
+
+/// The default [`Node::release_set`]: every member, concurrently; yes only if every
+/// member was ours and deleted.
+pub(crate) fn release_each<N: Node + ?Sized>(
+    node: &N,
+    keys: &[LockKeys],
+    owner: &Owner,
+) -> NodeFuture<bool> {
+    every(keys.iter().map(|keys| node.release(keys, owner)).collect())
+}
+
+/// The default [`Node::raise_fences`]: every member, concurrently.
+pub(crate) fn raise_each<N: Node + ?Sized>(
+    node: &N,
+    keys: &[LockKeys],
+    tokens: &[u64],
+    fence_ttl: Duration,
+) -> NodeFuture<()> {
+    let calls: Vec<_> = keys
+        .iter()
+        .zip(tokens)
+        .map(|(keys, &token)| node.raise_fence(keys, token, fence_ttl))
+        .collect();
+    Box::pin(async move {
+        join_all(calls)
+            .await
+            .into_iter()
+            .find_map(Result::err)
+            .map_or(Ok(()), Err)
+    })
+}
+
+fn every(calls: Vec<NodeFuture<bool>>) -> NodeFuture<bool> {
+    Box::pin(async move {
+        let mut all = true;
+        for answer in join_all(calls).await {
+            all &= answer?;
+        }
+        Ok(all)
+    })
+}

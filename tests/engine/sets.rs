@@ -1,0 +1,371 @@
+//! One lease over a set of resources (issue 17): all or nothing on every node, one
+//! token per member, lost and released as a whole, no deadlock between overlapping
+//! sets whatever order they are named in. On `MemoryNode`s and on real `redis-server`s.
+//!
+//! No test sleeps to synchronise: outcomes are awaited, and Redis is polled with a bound.
+use crate::support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::history::History;
+use support::{eventually, RedisServer};
+use tower_redlock::{
+    LockError, LockOptions, LostCause, MemoryNode, Redlock, ReleaseOutcome, Resource,
+    MAX_RESOURCES_PER_LEASE,
+};
+
+/// Bound of the polls of Redis: half the default ttl, so that a key that vanishes
+/// within it was deleted, not expired.
+const LIMIT: Duration = Duration::from_secs(5);
+
+fn lock_key(resource: &str) -> String {
+    format!("redlock:{{{resource}}}")
+}
+
+fn names(resources: &[Resource]) -> Vec<&str> {
+    resources.iter().map(Resource::as_str).collect()
+}
+
+fn memory_locker(nodes: &[MemoryNode], options: LockOptions) -> Redlock {
+    Redlock::new(nodes.iter().cloned(), options).unwrap()
+}
+
+/// A locker over the servers: a separate "process" with its own connections.
+fn redis_locker(servers: &[RedisServer], options: LockOptions) -> Redlock {
+    Redlock::from_urls(servers.iter().map(RedisServer::url), options).unwrap()
+}
+
+/// The lock keys on a server (fence counters may stay: they are not locks).
+fn lock_keys(server: &RedisServer) -> Vec<String> {
+    server
+        .keys("redlock:*")
+        .into_iter()
+        .filter(|k| !k.ends_with(":fence"))
+        .collect()
+}
+
+async fn no_lock_keys_left(servers: &[RedisServer]) {
+    eventually("no lock key left on any node", LIMIT, || {
+        servers
+            .iter()
+            .filter(|s| s.is_running())
+            .all(|s| lock_keys(s).is_empty())
+    })
+    .await;
+}
+
+// In-process nodes ---------------------------------------------------------------
+
+#[tokio::test]
+async fn a_set_is_taken_whole_or_not_at_all_on_memory_nodes() {
+    let nodes = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];
+    let locker = memory_locker(&nodes, LockOptions::default());
+    let other = memory_locker(&nodes, LockOptions::default());
+    let b = other.try_acquire("b").await.unwrap();
+
+    match locker.try_acquire_all(["c", "b", "a"]).await {
+        Err(LockError::Held {
+            resource,
+            holder_ttl,
+        }) => {
+            assert_eq!(resource.as_str(), "b");
+            assert!(holder_ttl.is_some());
+        }
+        other => panic!("expected b held, got {other:?}"),
+    }
+    // Nothing of the set stayed on any node: `a` and `c` are free.
+    for node in &nodes {
+        assert_eq!(node.get(&lock_key("a")), None);
+        assert_eq!(node.get(&lock_key("c")), None);
+    }
+    assert_eq!(locker.local_resources(), 0);
+
+    b.release().await;
+    let lease = locker.try_acquire_all(["c", "b", "a"]).await.unwrap();
+    assert_eq!(names(lease.resources()), ["a", "b", "c"]);
+    assert_eq!(lease.resource().as_str(), "a");
+    assert_eq!(lease.fencing_tokens().len(), 3);
+    for (resource, token) in lease.fencing_tokens() {
+        assert_eq!(lease.fencing_token_of(resource), Some(token));
+        // A majority at least: the round is decided there.
+        let holding = (0..nodes.len())
+            .filter(|&i| {
+                nodes[i].get(&lock_key(resource.as_str())).as_deref()
+                    == Some(lease.owner_on(i).as_str())
+            })
+            .count();
+        assert!(holding >= 2, "{resource} held on {holding} nodes");
+    }
+    assert_eq!(lease.fencing_token_of(&Resource::new("d")), None);
+    assert_eq!(
+        lease.fencing_token_of(&Resource::new("b")),
+        lease.fencing_tokens().nth(1).map(|(_, t)| t)
+    );
+    // Every member is held, alone or in another set.
+    assert!(other.try_acquire("c").await.unwrap_err().is_contention());
+    match other.try_acquire_all(["x", "c"]).await {
+        Err(LockError::Held { resource, .. }) => assert_eq!(resource.as_str(), "c"),
+        other => panic!("expected c held, got {other:?}"),
+    }
+    assert_eq!(lease.release().await, ReleaseOutcome::Released);
+    for node in &nodes {
+        assert!(node.is_empty() || node.get(&lock_key("a")).is_none());
+        for member in ["a", "b", "c", "x"] {
+            assert_eq!(node.get(&lock_key(member)), None, "{member} left behind");
+        }
+    }
+    assert_eq!(locker.local_resources(), 0);
+}
+
+#[tokio::test]
+async fn tokens_grow_per_member() {
+    let nodes = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];
+    let locker = memory_locker(&nodes, LockOptions::default());
+    let single = locker.try_acquire("a").await.unwrap();
+    let a0 = single.fencing_token();
+    single.release().await;
+    let set = locker.try_acquire_all(["a", "b"]).await.unwrap();
+    let a1 = set.fencing_token_of(&"a".into()).unwrap();
+    let b1 = set.fencing_token_of(&"b".into()).unwrap();
+    assert!(a1 > a0);
+    set.release().await;
+    let again = locker.try_acquire_all(["b", "a"]).await.unwrap();
+    assert!(again.fencing_token_of(&"a".into()).unwrap() > a1);
+    assert!(again.fencing_token_of(&"b".into()).unwrap() > b1);
+    again.release().await;
+    let single = locker.try_acquire("b").await.unwrap();
+    assert!(single.fencing_token() > b1);
+}
+
+#[tokio::test]
+async fn duplicates_are_one_resource_and_a_set_of_one_is_a_single_lease() {
+    let nodes = [MemoryNode::new()];
+    let locker = memory_locker(&nodes, LockOptions::default());
+    let lease = locker.try_acquire_all(["a", "a", "a"]).await.unwrap();
+    assert_eq!(names(lease.resources()), ["a"]);
+    assert_eq!(lease.fencing_tokens().len(), 1);
+    assert_eq!(
+        lease.fencing_token_of(&"a".into()),
+        Some(lease.fencing_token())
+    );
+    // The same lock key as `try_acquire("a")` takes.
+    assert!(locker.try_acquire("a").await.unwrap_err().is_contention());
+    lease.release().await;
+    let pair = locker
+        .acquire_all(["b", "a", "b"], Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(names(pair.resources()), ["a", "b"]);
+}
+
+#[tokio::test]
+async fn empty_and_oversized_sets_are_refused_without_asking_a_node() {
+    let nodes = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];
+    let locker = memory_locker(&nodes, LockOptions::default());
+    // Nodes that are down would answer `Unavailable`: a refusal that asks them cannot
+    // read `ResourceCount`.
+    for node in &nodes {
+        node.set_available(false);
+    }
+    let too_many: Vec<String> = (0..=MAX_RESOURCES_PER_LEASE)
+        .map(|i| format!("r{i}"))
+        .collect();
+    for result in [
+        locker.try_acquire_all(Vec::<Resource>::new()).await,
+        locker
+            .try_acquire_all(&too_many.iter().map(Resource::new).collect::<Vec<_>>())
+            .await,
+        locker
+            .acquire_all(Vec::<&str>::new(), Duration::from_secs(1))
+            .await,
+        locker
+            .acquire_all(too_many.clone(), Duration::from_secs(1))
+            .await,
+    ] {
+        match result {
+            Err(LockError::ResourceCount { count, limit, .. }) => {
+                assert!(count == 0 || count == MAX_RESOURCES_PER_LEASE + 1);
+                assert_eq!(limit, MAX_RESOURCES_PER_LEASE);
+            }
+            other => panic!("expected ResourceCount, got {other:?}"),
+        }
+    }
+    assert!(locker.node_states().iter().all(|s| s.last_error.is_none()));
+    assert_eq!(locker.local_resources(), 0);
+    // The most a lease takes is accepted.
+    for node in &nodes {
+        node.set_available(true);
+    }
+    let lease = locker
+        .try_acquire_all(&too_many[..MAX_RESOURCES_PER_LEASE])
+        .await
+        .unwrap();
+    assert_eq!(lease.resources().len(), MAX_RESOURCES_PER_LEASE);
+}
+
+#[tokio::test]
+async fn a_waiting_set_wakes_when_any_member_is_released() {
+    let nodes = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];
+    // Another process: its release reaches the waiter through the nodes only.
+    let holder = memory_locker(&nodes, LockOptions::default());
+    // A fallback retry far beyond the test: only the release can wake the waiter.
+    let waiter_locker = memory_locker(
+        &nodes,
+        LockOptions::default().retry_policy(|_, _| Duration::from_secs(600)),
+    );
+    let b = holder.try_acquire("b").await.unwrap();
+    let waiter = {
+        let locker = waiter_locker.clone();
+        tokio::spawn(async move {
+            locker
+                .acquire_all(["a", "b"], Duration::from_secs(300))
+                .await
+        })
+    };
+    // Two attempts found `b` held: the first, and the one right after subscribing.
+    // From then on the waiter waits for a release.
+    eventually("the waiter waits", LIMIT, || {
+        waiter_locker.metrics().contended >= 2
+    })
+    .await;
+    b.release().await;
+    let lease = waiter.await.unwrap().unwrap();
+    assert_eq!(names(lease.resources()), ["a", "b"]);
+    assert_eq!(waiter_locker.metrics().wakeups, 1);
+}
+
+#[tokio::test]
+async fn a_set_is_lost_as_a_whole_when_one_member_is_gone_on_a_majority() {
+    let nodes = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];
+    let locker = memory_locker(&nodes, LockOptions::default().watchdog(false));
+    let lease = locker.try_acquire_all(["a", "b", "c"]).await.unwrap();
+    assert!(lease.extend().await.is_ok());
+    nodes[0].delete(&lock_key("b"));
+    nodes[1].delete(&lock_key("b"));
+    match lease.extend().await {
+        Err(LockError::Lost { cause, .. }) => assert_eq!(cause, LostCause::KeyLost),
+        other => panic!("expected the set lost, got {other:?}"),
+    }
+    assert_eq!(lease.lost().await, LostCause::KeyLost);
+    assert!(!lease.is_held());
+    lease.release().await;
+    for node in &nodes {
+        for member in ["a", "b", "c"] {
+            assert_eq!(node.get(&lock_key(member)), None, "{member} left behind");
+        }
+    }
+}
+
+// Real redis-server nodes -----------------------------------------------------------
+
+/// Overlapping sets over four accounts, named in opposite orders by many tasks on two
+/// lockers (two "processes"): every task finishes, no two sections overlap on any
+/// member, and each member's tokens grow (the history checker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_sets_in_opposite_orders_never_deadlock_or_overlap() {
+    const TASKS: usize = 16;
+    const ROUNDS: usize = 10;
+    let servers = RedisServer::start_many(3);
+    let lockers = [
+        redis_locker(&servers, support::patient()),
+        redis_locker(&servers, support::patient()),
+    ];
+    let sets: [&[&str]; 4] = [
+        &["acct:1", "acct:2"],
+        &["acct:2", "acct:1"],
+        &["acct:3", "acct:2", "acct:1"],
+        &["acct:1", "acct:4", "acct:3"],
+    ];
+    let history = History::new("overlapping sets");
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let locker = lockers[i % 2].clone();
+        let set = sets[i % sets.len()];
+        let (history, done) = (history.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let lease = locker
+                    .acquire_all(set.iter().copied(), Duration::from_secs(60))
+                    .await
+                    .unwrap();
+                let mut sections: Vec<_> = lease
+                    .fencing_tokens()
+                    .map(|(resource, token)| {
+                        history.begin(resource.as_str(), token.get(), format!("task {i}"))
+                    })
+                    .collect();
+                tokio::task::yield_now().await;
+                for section in &mut sections {
+                    assert!(section.write(), "a member's write was refused");
+                }
+                let held = lease.is_held();
+                for section in sections {
+                    section.end(!held);
+                }
+                assert_eq!(lease.release().await, ReleaseOutcome::Released);
+            }
+            done.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(done.load(Ordering::SeqCst), TASKS);
+    let summary = history.check();
+    assert_eq!(summary.cycles, (TASKS * ROUNDS * 5 / 2) as u64);
+    for locker in &lockers {
+        assert_eq!(locker.local_resources(), 0);
+    }
+    no_lock_keys_left(&servers).await;
+}
+
+/// One node down: the set is granted by the other two; two down: refused as
+/// unavailable, and nothing of it stays on the node that answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_survives_a_node_down_and_is_refused_without_a_majority() {
+    let mut servers = RedisServer::start_many(3);
+    let locker = redis_locker(&servers, support::patient());
+    servers[0].kill();
+    let lease = locker.try_acquire_all(["x", "y", "z"]).await.unwrap();
+    for server in &servers[1..] {
+        for member in ["x", "y", "z"] {
+            assert!(server.exists(&lock_key(member)), "{member} missing");
+        }
+    }
+    assert_eq!(lease.release().await, ReleaseOutcome::Released);
+    no_lock_keys_left(&servers).await;
+
+    servers[1].kill();
+    match locker.try_acquire_all(["x", "y", "z"]).await {
+        Err(LockError::Unavailable {
+            answered, quorum, ..
+        }) => {
+            assert_eq!((answered, quorum), (1, 2));
+        }
+        other => panic!("expected unavailable, got {other:?}"),
+    }
+    // The one node that answered granted the set; the failed attempt takes it back.
+    no_lock_keys_left(&servers).await;
+    assert_eq!(locker.local_resources(), 0);
+}
+
+/// One member's key deleted on a majority: the whole lease is lost, and its release
+/// leaves nothing on any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_whose_member_is_gone_on_a_majority_is_lost_on_redis() {
+    let servers = RedisServer::start_many(3);
+    let locker = redis_locker(&servers, support::patient().watchdog(false));
+    let lease = locker.try_acquire_all(["p", "q"]).await.unwrap();
+    assert!(lease.extend().await.is_ok());
+    servers[0].cmd(&["DEL", &lock_key("q")]);
+    servers[2].cmd(&["DEL", &lock_key("q")]);
+    match lease.extend().await {
+        Err(LockError::Lost { cause, .. }) => assert_eq!(cause, LostCause::KeyLost),
+        other => panic!("expected the set lost, got {other:?}"),
+    }
+    lease.release().await;
+    no_lock_keys_left(&servers).await;
+}
