@@ -3,16 +3,21 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::Deref;
+use std::sync::Arc;
 
 use ::axum::extract::{FromRef, FromRequestParts};
 use http::request::Parts;
 
 use super::LockRejection;
-use crate::http::acquire::{acquire_or_problem, check_key, missing_key};
-use crate::http::key::KeyFromParts;
+use crate::http::acquire::{
+    acquire_all_or_problem, acquire_or_problem, check_key, missing_key, name_keys,
+};
+use crate::http::extensions::add_request_lease;
+use crate::http::key::{KeySetFromParts, Keys};
 use crate::http::problem::Problem;
-use crate::http::{Contention, Scope, DEFAULT_MAX_KEY_LEN};
-use crate::lock::{Lease, Redlock};
+use crate::http::{Contention, RequestLeases, Scope, DEFAULT_MAX_KEY_LEN};
+use crate::lock::fencing::FencingToken;
+use crate::lock::{Lease, LeaseHandle, Redlock, Resource};
 
 /// Names the lock a [`Locked`] extractor takes: where the key comes from, which
 /// requests share the lock, and what to do when it is held.
@@ -52,7 +57,10 @@ pub trait LockKey: Send + Sync + 'static {
     /// tuple of them, an [`Or`](crate::http::Or), or your own [`KeyFromParts`].
     /// Body keys ([`json_field`](crate::http::json_field)) need the whole request:
     /// use [`LockLayer`](crate::http::LockLayer) for them.
-    type Extractor: KeyFromParts;
+    ///
+    /// A multi-key extractor ([`each`](crate::http::each) of head extractors,
+    /// [`keys_fn`](crate::http::keys_fn)) locks one resource per key, as one lease.
+    type Extractor: KeySetFromParts;
 
     /// Finds the key in the request head. Called once per request.
     fn extractor() -> Self::Extractor;
@@ -132,7 +140,7 @@ pub trait LockKey: Send + Sync + 'static {
 /// ```
 pub trait LockSpec<S>: Send + Sync + 'static {
     /// The type of [`extractor`](LockSpec::extractor) (see [`LockKey::Extractor`]).
-    type Extractor: KeyFromParts;
+    type Extractor: KeySetFromParts;
 
     /// Finds the key in the request head. Called once per request.
     fn extractor(state: &S) -> Self::Extractor;
@@ -187,13 +195,27 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// resource is [`K::scope`](LockKey::scope)'s, and the lease is acquired as
 /// [`K::contention`](LockKey::contention) says.
 ///
-/// `Locked` derefs to the [`Lease`] (and so to its [`LeaseHandle`](crate::LeaseHandle)): the fencing
-/// token, the validity left, the lost signal. Dropping it — which happens when the
-/// handler's future ends — releases the lease in the background; take it with
+/// `Locked` derefs to the [`LeaseHandle`]: the fencing token, the validity left, the
+/// lost signal. The lease is the extractor's own: dropping `Locked` — which happens
+/// when the handler's future ends — releases it in the background; take it with
 /// [`into_lease`](Locked::into_lease) to release it earlier and await the outcome.
 /// Unlike the layer, the extractor cannot stop the handler when the lease is lost:
 /// race the critical section against [`lost`](crate::LeaseHandle::lost), as below, and pass
 /// the fencing token to the storage.
+///
+/// **Several keys.** With a multi-key extractor every key names a resource of its own,
+/// and all are acquired together as one lease (in a canonical order, so two requests
+/// naming the same resources in opposite orders never deadlock); read each one's token
+/// with [`fencing_token_of`](Locked::fencing_token_of). A held member is refused with
+/// 409 naming it.
+///
+/// **Reentrancy.** Resources this request already holds — a
+/// [`LockLayer`](crate::http::LockLayer) on the route, or another `Locked` in the same
+/// handler, with the same locker and so the same resource names — are not acquired
+/// again: `Locked` reuses the request's lease ([`RequestLeases`]) instead of waiting
+/// for itself, and acquires only what the request does not hold yet. A reused lease
+/// stays its owner's: [`lease`](Locked::lease) is `None` when nothing was left to
+/// acquire.
 ///
 /// Nor does it add a `Fencing-Token` header by itself: the handler's response is built
 /// after the extractor ran. Return the token with the response — [`FencingToken`](crate::FencingToken)(crate::FencingToken)
@@ -255,13 +277,21 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// # }
 /// ```
 pub struct Locked<K> {
-    lease: Lease,
+    /// What this extractor acquired; `None` when the request held every resource.
+    lease: Option<Lease>,
+    /// The lease the handle derefs to: the own one, else the request's reused one.
+    handle: LeaseHandle,
+    /// The request's leases this lock reuses for resources it already held.
+    reused: Vec<LeaseHandle>,
+    /// The resources of this lock, in the extractor's order.
+    resources: Arc<[Resource]>,
     // `fn() -> K`: the marker is never stored, so it does not decide Send or Sync.
     key: PhantomData<fn() -> K>,
 }
 
 impl<K> Locked<K> {
-    /// The lease.
+    /// The lease this extractor acquired, or `None` when the request already held all
+    /// of its resources (a layer's or another extractor's lease, reused).
     ///
     /// ```
     /// # use tower_redlock::axum::{LockKey, Locked};
@@ -272,14 +302,19 @@ impl<K> Locked<K> {
     /// #     fn extractor() -> Header { header("x-key") }
     /// # }
     /// async fn handler(lock: Locked<Key>) -> String {
-    ///     format!("{:?} left", lock.lease().remaining())
+    ///     match lock.lease() {
+    ///         Some(lease) => format!("{:?} left", lease.remaining()),
+    ///         None => "the request held this lock already".to_owned(),
+    ///     }
     /// }
     /// ```
-    pub fn lease(&self) -> &Lease {
-        &self.lease
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
     }
 
-    /// The lease, to keep beyond the handler or to release early and await the outcome.
+    /// The lease this extractor acquired, to keep beyond the handler or to release early
+    /// and await the outcome; `None` when it reused the request's lease (see
+    /// [`lease`](Locked::lease)), which stays its owner's.
     ///
     /// ```
     /// # use tower_redlock::axum::{LockKey, Locked};
@@ -291,28 +326,57 @@ impl<K> Locked<K> {
     /// # }
     /// async fn handler(lock: Locked<Key>) -> &'static str {
     ///     // ... the critical section ...
-    ///     let outcome = lock.into_lease().release().await;
+    ///     if let Some(lease) = lock.into_lease() {
+    ///         let outcome = lease.release().await;
+    ///         # let _ = outcome;
+    ///     }
     ///     // ... work that needs no lock ...
-    ///     # let _ = outcome;
     ///     "done"
     /// }
     /// ```
-    pub fn into_lease(self) -> Lease {
+    pub fn into_lease(self) -> Option<Lease> {
         self.lease
+    }
+
+    /// The leases of this request that this lock reuses for resources the request
+    /// already held (empty when it acquired everything itself).
+    pub fn reused(&self) -> &[LeaseHandle] {
+        &self.reused
+    }
+
+    /// The resources of this lock, one per distinct key, in the extractor's order.
+    pub fn resources(&self) -> &[Resource] {
+        &self.resources
+    }
+
+    /// The fencing token of `resource`, when this lock holds it (its own lease or a
+    /// reused one).
+    pub fn fencing_token_of(&self, resource: &Resource) -> Option<FencingToken> {
+        if !self.resources.contains(resource) {
+            return None;
+        }
+        self.lease
+            .iter()
+            .map(|lease| &**lease)
+            .chain(&self.reused)
+            .find_map(|lease| lease.fencing_token_of(resource))
     }
 }
 
 impl<K> Deref for Locked<K> {
-    type Target = Lease;
+    type Target = LeaseHandle;
 
-    fn deref(&self) -> &Lease {
-        &self.lease
+    fn deref(&self) -> &LeaseHandle {
+        &self.handle
     }
 }
 
 impl<K> fmt::Debug for Locked<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Locked").field(&self.lease).finish()
+        f.debug_struct("Locked")
+            .field("lease", &self.handle)
+            .field("reused", &self.lease.is_none())
+            .finish()
     }
 }
 
@@ -325,25 +389,78 @@ where
     type Rejection = LockRejection;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        // The layer's path (`crate::http::acquire`): the same checks, the same resource,
+        // The layer's path (`crate::http::acquire`): the same checks, the same resources,
         // the same problems.
         let extractor = K::extractor(state);
         let found = extractor
-            .key(parts)
+            .keys(parts)
             .map_err(|rejection| refuse(rejection.into()))?;
-        let key = check_key(found, K::max_key_len(state))
-            .and_then(|key| key.ok_or_else(|| missing_key(&extractor.describe())))
-            .map_err(refuse)?;
-        let resource =
-            K::scope(state).resource_of(&parts.method, &parts.uri, &parts.extensions, &key);
+        let Some(keys) = found else {
+            return Err(refuse(missing_key(&extractor.describe_keys())));
+        };
+        let scope = K::scope(state);
+        let resource_of =
+            |key: &str| scope.resource_of(&parts.method, &parts.uri, &parts.extensions, key);
+        let (resources, one) = match keys {
+            Keys::One(key) => {
+                let key = check_key(Some(key), K::max_key_len(state))
+                    .map_err(refuse)?
+                    .unwrap_or_default();
+                (vec![resource_of(&key)], true)
+            }
+            Keys::Many(keys) => {
+                let named = name_keys(
+                    keys,
+                    K::max_key_len(state),
+                    |index| extractor.describe_key(index),
+                    resource_of,
+                )
+                .map_err(refuse)?;
+                (
+                    named.into_iter().map(|(_, resource)| resource).collect(),
+                    false,
+                )
+            }
+        };
         let locker = Redlock::from_ref(state);
-        let lease = acquire_or_problem(&locker, K::contention(state), resource.clone())
-            .await
-            .map_err(refuse)?;
-        let token = lease.fencing_token();
-        tracing::debug!(%resource, %token, "lease acquired by the Locked extractor");
+
+        // Reentrancy: what this request holds already is reused, not acquired again.
+        let mut reused = Vec::new();
+        let mut wanted = resources.clone();
+        if let Some(leases) = parts.extensions.get::<RequestLeases>() {
+            if let Some(held) = leases.covering(&locker, &resources) {
+                tracing::debug!(resources = ?resources, "the request holds this lock already: reusing its lease");
+                return Ok(Locked {
+                    lease: None,
+                    handle: held.clone(),
+                    reused: vec![held.clone()],
+                    resources: resources.into(),
+                    key: PhantomData,
+                });
+            }
+            reused = leases.holding(&locker, &resources).cloned().collect();
+            wanted.retain(|r| {
+                reused
+                    .iter()
+                    .all(|lease| lease.fencing_token_of(r).is_none())
+            });
+        }
+
+        let contention = K::contention(state);
+        let lease = match (one, wanted.len()) {
+            // One key: the path a single-key lock always took.
+            (true, 1) => acquire_or_problem(&locker, contention, wanted.swap_remove(0)).await,
+            _ => acquire_all_or_problem(&locker, contention, wanted).await,
+        }
+        .map_err(refuse)?;
+        let handle = lease.handle();
+        tracing::debug!(resources = ?resources, token = %handle.fencing_token(), "lease acquired by the Locked extractor");
+        add_request_lease(&mut parts.extensions, &handle);
         Ok(Locked {
-            lease,
+            lease: Some(lease),
+            handle,
+            reused,
+            resources: resources.into(),
             key: PhantomData,
         })
     }

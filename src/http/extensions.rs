@@ -3,7 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::lock::LostCause;
+use crate::lock::fencing::FencingToken;
+use crate::lock::{LeaseHandle, LostCause, Redlock, Resource};
 
 /// A response extension: the lease was lost while the handler ran, and the handler's
 /// response was passed on anyway ([`OnLost::Continue`](super::OnLost::Continue), or a
@@ -53,4 +54,157 @@ pub enum Unlocked {
     /// The lock store could not decide and the layer fails open
     /// ([`Unavailable::FailOpen`](super::Unavailable::FailOpen)).
     StoreUnavailable,
+}
+
+/// A request extension: the keys a multi-key extractor found in this request and the
+/// layer locked, each with the [`Resource`] it names, in the extractor's order (a key
+/// given twice appears once). A single-key extractor leaves a [`RequestKey`] instead.
+///
+/// The handler finds each resource's fencing token on the lease: with the layer's
+/// [`LeaseHandle`](crate::LeaseHandle) in the extensions too,
+/// `lease.fencing_token_of(keys.resource("acct-1")?)`.
+///
+/// ```
+/// use axum::Extension;
+/// use tower_redlock::http::RequestKeys;
+/// use tower_redlock::LeaseHandle;
+///
+/// async fn transfer(
+///     Extension(keys): Extension<RequestKeys>,
+///     Extension(lease): Extension<LeaseHandle>,
+/// ) -> String {
+///     keys.iter()
+///         .map(|(key, resource)| format!("{key}: {:?}", lease.fencing_token_of(resource)))
+///         .collect::<Vec<_>>()
+///         .join(", ")
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestKeys(Arc<[(Arc<str>, Resource)]>);
+
+impl RequestKeys {
+    pub(crate) fn new(keys: Vec<(Arc<str>, Resource)>) -> Self {
+        RequestKeys(keys.into())
+    }
+
+    /// The keys and their resources.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &Resource)> + '_ {
+        self.0.iter().map(|(key, resource)| (&**key, resource))
+    }
+
+    /// The resource `key` names, when it is one of the keys.
+    pub fn resource(&self, key: &str) -> Option<&Resource> {
+        self.0
+            .iter()
+            .find(|(found, _)| &**found == key)
+            .map(|(_, resource)| resource)
+    }
+
+    /// The number of keys.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// `true` when there is no key (never, for a request the layer locked).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// A request extension: every lease this request holds, taken by a
+/// [`LockLayer`](super::LockLayer) or by a `Locked` extractor (feature `axum`), in the
+/// order they were taken.
+///
+/// It makes locks reentrant within a request: a layer or extractor asked for resources
+/// that a lease of this request already holds — granted by the same locker (or a clone
+/// of it), and named the same, so under the same [`Scope`](super::Scope) — reuses that
+/// lease: no second acquisition, no waiting for itself, and the lease is released with
+/// its owner (the layer's when its response ends, the extractor's with the handler).
+/// Resources no lease of the request holds are acquired as usual.
+///
+/// Handlers read the fencing token of any resource the request holds here.
+///
+/// ```
+/// use axum::Extension;
+/// use tower_redlock::http::RequestLeases;
+/// use tower_redlock::Resource;
+///
+/// async fn handler(Extension(leases): Extension<RequestLeases>) -> String {
+///     let account = Resource::new("account").join("acct-1");
+///     format!("{:?}", leases.fencing_token_of(&account))
+/// }
+/// ```
+#[derive(Clone, Default)]
+pub struct RequestLeases(Vec<LeaseHandle>);
+
+impl RequestLeases {
+    /// The leases, in the order they were taken.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &LeaseHandle> + '_ {
+        self.0.iter()
+    }
+
+    /// The fencing token of `resource`, when a lease of this request holds it.
+    pub fn fencing_token_of(&self, resource: &Resource) -> Option<FencingToken> {
+        self.0
+            .iter()
+            .find_map(|lease| lease.fencing_token_of(resource))
+    }
+
+    /// The lease of this request, granted by `locker`, that holds every resource of
+    /// `resources`, if there is one.
+    pub(crate) fn covering(
+        &self,
+        locker: &Redlock,
+        resources: &[Resource],
+    ) -> Option<&LeaseHandle> {
+        self.0.iter().find(|lease| {
+            locker.granted(lease)
+                && resources
+                    .iter()
+                    .all(|r| lease.fencing_token_of(r).is_some())
+        })
+    }
+
+    /// The leases of this request, granted by `locker`, that hold some of `resources`.
+    pub(crate) fn holding<'a>(
+        &'a self,
+        locker: &'a Redlock,
+        resources: &'a [Resource],
+    ) -> impl Iterator<Item = &'a LeaseHandle> + 'a {
+        self.0.iter().filter(move |lease| {
+            locker.granted(lease)
+                && resources
+                    .iter()
+                    .any(|r| lease.fencing_token_of(r).is_some())
+        })
+    }
+
+    /// Adds `lease`, unless it is there already.
+    pub(crate) fn add(&mut self, lease: &LeaseHandle) {
+        if !self
+            .0
+            .iter()
+            .any(|held| std::ptr::eq(held.lease_inner(), lease.lease_inner()))
+        {
+            self.0.push(lease.clone());
+        }
+    }
+}
+
+impl fmt::Debug for RequestLeases {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.iter()).finish()
+    }
+}
+
+/// Records `lease` among the leases of the request with `extensions`.
+pub(crate) fn add_request_lease(extensions: &mut http::Extensions, lease: &LeaseHandle) {
+    match extensions.get_mut::<RequestLeases>() {
+        Some(leases) => leases.add(lease),
+        None => {
+            let mut leases = RequestLeases::default();
+            leases.add(lease);
+            extensions.insert(leases);
+        }
+    }
 }

@@ -14,11 +14,14 @@ use tracing::{Instrument, Span};
 
 use super::acquire::{check_key, missing_key};
 use super::body::LeaseBody;
-use super::extensions::{RequestKey, Unlocked};
-use super::key::KeyExtractor;
+use super::extensions::{RequestKey, RequestLeases, Unlocked};
+use super::key::{KeySetExtractor, Keys};
+use super::many;
 use super::policy::MissingKey;
 use super::replay::{self, ReplayRequest};
-use super::run::{call_locked, call_unlocked, finish, lock, refuse, Called, NotLocked};
+use super::run::{
+    call_locked, call_reentrant, call_unlocked, finish, lock, refuse, Called, NotLocked,
+};
 use super::settings::Settings;
 
 type Output<RB, E> = Result<Response<LeaseBody<RB>>, E>;
@@ -44,7 +47,7 @@ impl<S, K, B, RB> ResponseFuture<S, K, B, RB>
 where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
     S::Future: Send,
-    K: KeyExtractor<B>,
+    K: KeySetExtractor<B>,
     B: Send + 'static,
     RB: Body + Send + 'static,
 {
@@ -57,7 +60,7 @@ where
             token = tracing::field::Empty,
         );
         // The extractor starts at once, as the service is called.
-        let extracted = span.in_scope(|| key.extract(request));
+        let extracted = span.in_scope(|| key.extract_keys(request));
         let future = respond(inner, key, settings, extracted, span.clone()).instrument(span);
         ResponseFuture {
             future: Box::pin(future),
@@ -96,7 +99,7 @@ async fn respond<S, K, B, RB>(
 ) -> Output<RB, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>>,
-    K: KeyExtractor<B>,
+    K: KeySetExtractor<B>,
     RB: Body,
 {
     let (settings, span) = (&*settings, &span);
@@ -107,10 +110,17 @@ where
             return Ok(refuse(settings, span, rejection.into()));
         }
     };
+    let found = match found {
+        Some(Keys::Many(keys)) => {
+            return many::respond(settings, span, &extractor, inner, request, keys).await
+        }
+        Some(Keys::One(key)) => Some(key),
+        None => None,
+    };
     let key = match check_key(found, settings.max_key_len) {
         Ok(Some(key)) => key,
         Ok(None) if settings.missing_key == MissingKey::Reject => {
-            let problem = missing_key(&extractor.describe());
+            let problem = missing_key(&extractor.describe_keys());
             return Ok(refuse(settings, span, problem));
         }
         Ok(None) => {
@@ -141,6 +151,14 @@ where
         .await;
     }
     span.record("resource", resource.as_str());
+    if let Some(held) = request
+        .extensions()
+        .get::<RequestLeases>()
+        .and_then(|leases| leases.covering(&settings.locker, std::slice::from_ref(&resource)))
+        .cloned()
+    {
+        return call_reentrant(settings, span, inner, request, held).await;
+    }
     let lease = match lock(settings, span, &resource, false).await {
         Ok(lease) => lease,
         Err(NotLocked::Refused(problem)) => return Ok(refuse(settings, span, problem)),

@@ -112,23 +112,27 @@
 #[cfg_attr(not(feature = "axum"), allow(dead_code))]
 pub(crate) mod acquire;
 mod body;
-mod extensions;
+pub(crate) mod extensions;
 mod future;
 pub mod key;
 mod layer;
+mod many;
 mod policy;
 pub mod problem;
 pub mod replay;
 mod run;
 mod service;
 mod settings;
+mod tokens;
 
 pub use body::LeaseBody;
-pub use extensions::{LeaseLost, RequestKey, Unlocked};
+pub use extensions::{LeaseLost, RequestKey, RequestKeys, RequestLeases, Unlocked};
 pub use future::ResponseFuture;
 pub use key::{
-    header, json_field, query_param, webhook, BoxKeyFuture, Header, JsonField, KeyExtractor,
-    KeyFromParts, KeyRejection, KeyResult, Or, QueryParam,
+    each, header, json_field, json_fields, keys_fn, query_param, single_key, webhook, BoxKeyFuture,
+    BoxKeySetFuture, Each, Header, JsonField, JsonFields, KeyExtractor, KeyFromParts, KeyRejection,
+    KeyResult, KeySetExtractor, KeySetFromParts, KeySetResult, Keys, KeysFn, OneKey, Or,
+    QueryParam, SingleKey,
 };
 #[cfg(feature = "axum")]
 pub use key::{path_param, PathParam};

@@ -6,7 +6,6 @@ use std::future::{poll_fn, Future};
 use std::pin::pin;
 use std::task::Poll;
 
-use http::header::HeaderValue;
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
@@ -14,10 +13,11 @@ use tracing::Span;
 
 use super::acquire::acquire;
 use super::body::LeaseBody;
-use super::extensions::{LeaseLost, Unlocked};
+use super::extensions::{add_request_lease, LeaseLost, Unlocked};
 use super::policy::{OnLost, Unavailable};
 use super::problem::{self, lock_error_problem, Problem, ProblemKind};
 use super::settings::Settings;
+use super::tokens::set_fencing_header;
 use crate::lock::LockError;
 use crate::lock::{metrics, Lease, LeaseHandle, LostCause, Resource};
 
@@ -85,6 +85,26 @@ pub(crate) enum Called<RB> {
     Stopped(Response<LeaseBody<RB>>),
 }
 
+/// Calls the inner service under a lease this request already holds (an outer layer's
+/// on the same resources): no acquisition, and the lease stays its owner's to release.
+pub(crate) async fn call_reentrant<S, B, RB>(
+    settings: &Settings,
+    span: &Span,
+    inner: S,
+    request: Request<B>,
+    held: LeaseHandle,
+) -> Result<Response<LeaseBody<RB>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+{
+    span.record("wait_ms", 0);
+    tracing::debug!(token = %held.fencing_token(), "the request holds this lock already: reusing its lease");
+    match call_locked(settings, span, inner, request, &held).await? {
+        Called::Answered(response) => Ok(finish(settings, span, response, None, Some(held))),
+        Called::Stopped(response) => Ok(response),
+    }
+}
+
 /// Calls the inner service with the lease's handle in the request extensions; under
 /// [`OnLost::Abort`] the handler future is dropped as soon as the lease is lost.
 pub(crate) async fn call_locked<S, B, RB>(
@@ -100,6 +120,7 @@ where
     span.record("token", handle.fencing_token().get());
     tracing::debug!(token = %handle.fencing_token(), "running the handler under the lease");
     request.extensions_mut().insert(handle.clone());
+    add_request_lease(request.extensions_mut(), handle);
     let handler = inner.call(request);
     if settings.on_lost != OnLost::Abort {
         return handler.await.map(Called::Answered);
@@ -169,8 +190,8 @@ pub(crate) fn finish_with<ResBody>(
         return Response::from_parts(parts, body(None));
     };
     // Token 0: the locker runs with `LockOptions::fencing(false)`, there is no token.
-    if let (Some(name), token @ 1..) = (&settings.fencing_header, handle.fencing_token().get()) {
-        parts.headers.insert(name.clone(), HeaderValue::from(token));
+    if let Some(name) = &settings.fencing_header {
+        set_fencing_header(&mut parts.headers, name, &handle);
     }
     // Lost, or past its validity without the watchdog having said so yet.
     let lost = handle

@@ -11,7 +11,7 @@ use tower_service::Service;
 
 use super::body::LeaseBody;
 use super::future::ResponseFuture;
-use super::key::KeyExtractor;
+use super::key::KeySetExtractor;
 use super::settings::Settings;
 use crate::lock::Redlock;
 
@@ -86,7 +86,7 @@ impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, K>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
-    K: KeyExtractor<ReqBody>,
+    K: KeySetExtractor<ReqBody>,
     ReqBody: Send + 'static,
     ResBody: Body + Send + 'static,
 {

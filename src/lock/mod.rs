@@ -252,6 +252,13 @@ impl Redlock {
         self.shared.queues.holders()
     }
 
+    /// Whether `lease` was granted by this locker or a clone of it: the HTTP layer's
+    /// per-request reentrancy reuses a lease for the same resource only then (another
+    /// locker's lease on a resource of the same name protects nothing here).
+    pub(crate) fn granted(&self, lease: &LeaseHandle) -> bool {
+        Arc::ptr_eq(&self.shared, &lease.lease_inner().locker)
+    }
+
     /// Counters of what this locker did so far.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()

@@ -469,7 +469,7 @@ async fn locked_lease_can_be_released_early() {
         .route(
             "/orders/{id}/send",
             post(|lock: Locked<OrderId>| async move {
-                let outcome = lock.into_lease().release().await;
+                let outcome = lock.into_lease().expect("acquired").release().await;
                 format!("{outcome:?}")
             }),
         )

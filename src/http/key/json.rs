@@ -1,14 +1,19 @@
-//! [`JsonField`]: the key is a field of the JSON body.
+//! [`JsonField`]: the key is a field of the JSON body; [`JsonFields`]: each of several
+//! fields is a key.
 
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
+use http::request::Parts;
 use http::Request;
 use http_body::Body;
 use http_body_util::BodyExt;
 
-use super::{BoxKeyFuture, KeyExtractor, KeyRejection};
+use super::set::gather;
+use super::{
+    BoxKeyFuture, BoxKeySetFuture, KeyExtractor, KeyRejection, KeySetExtractor, Keys, OneKey,
+};
 
 /// Errors that body readers may return.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -65,22 +70,31 @@ impl JsonField {
     }
 
     fn key_of(&self, body: &[u8]) -> Result<Option<String>, KeyRejection> {
-        let json: serde_json::Value = serde_json::from_slice(body)
-            .map_err(|e| KeyRejection::body_not_json(format!("the body is not JSON: {e}")))?;
-        match json.pointer(&self.pointer) {
-            None | Some(serde_json::Value::Null) => Ok(None),
-            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
-            Some(serde_json::Value::Number(n)) => Ok(Some(n.to_string())),
-            Some(other) => Err(KeyRejection::invalid(format!(
-                "the body field `{}` is {}, not a string or a number",
-                self.pointer,
-                match other {
-                    serde_json::Value::Bool(_) => "a boolean",
-                    serde_json::Value::Array(_) => "an array",
-                    _ => "an object",
-                }
-            ))),
-        }
+        field_of(&parse(body)?, &self.pointer)
+    }
+}
+
+/// The body, parsed: 400 `body-not-json` when it is not JSON.
+fn parse(body: &[u8]) -> Result<serde_json::Value, KeyRejection> {
+    serde_json::from_slice(body)
+        .map_err(|e| KeyRejection::body_not_json(format!("the body is not JSON: {e}")))
+}
+
+/// The key at `pointer` of `json`: a string as it is, a number as its decimal text;
+/// `None` for `null` or no such field.
+fn field_of(json: &serde_json::Value, pointer: &str) -> Result<Option<String>, KeyRejection> {
+    match json.pointer(pointer) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(serde_json::Value::Number(n)) => Ok(Some(n.to_string())),
+        Some(other) => Err(KeyRejection::invalid(format!(
+            "the body field `{pointer}` is {}, not a string or a number",
+            match other {
+                serde_json::Value::Bool(_) => "a boolean",
+                serde_json::Value::Array(_) => "an array",
+                _ => "an object",
+            }
+        ))),
     }
 }
 
@@ -94,17 +108,7 @@ where
     fn extract(&self, request: Request<B>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            let limit = this.limit;
-            let declared = parts
-                .headers
-                .get(CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-            let too_large = |n: u64| n > u64::try_from(limit).unwrap_or(u64::MAX);
-            if declared.is_some_and(too_large) || too_large(body.size_hint().lower()) {
-                return Err(KeyRejection::body_too_large(limit));
-            }
-            let bytes = read_limited(body, limit).await?;
+            let (parts, bytes) = buffer(request, this.limit).await?;
             let key = this.key_of(&bytes)?;
             Ok((Request::from_parts(parts, B::from(bytes)), key))
         })
@@ -112,6 +116,155 @@ where
 
     fn describe(&self) -> String {
         format!("the body field `{}`", self.pointer)
+    }
+}
+
+/// The head and the buffered body of `request`: 413 when it declares or has more than
+/// `limit` bytes.
+async fn buffer<B>(request: Request<B>, limit: usize) -> Result<(Parts, Bytes), KeyRejection>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = request.into_parts();
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let too_large = |n: u64| n > u64::try_from(limit).unwrap_or(u64::MAX);
+    if declared.is_some_and(too_large) || too_large(body.size_hint().lower()) {
+        return Err(KeyRejection::body_too_large(limit));
+    }
+    let bytes = read_limited(body, limit).await?;
+    Ok((parts, bytes))
+}
+
+/// Several fields of the JSON body, each key a resource of its own; see [`json_fields`].
+#[derive(Debug, Clone)]
+pub struct JsonFields {
+    pointers: Arc<[Arc<str>]>,
+    limit: usize,
+}
+
+/// A multi-key extractor: the fields at the JSON Pointers `pointers` of the JSON body,
+/// each key a resource of its own (`{"from": "a", "to": "b"}` with `["/from", "/to"]`
+/// locks the accounts `a` and `b`, as one lease). The body is buffered and parsed once;
+/// each field is read as [`json_field`] reads one (a string, or a number as its decimal
+/// text), with the same limit (64 KiB by default) and the same problems.
+///
+/// A body with none of the fields has no key (the layer's
+/// [`MissingKey`](crate::http::MissingKey) decides); one with some and not others gets
+/// 400 `key-missing` naming the missing ones; nothing is locked. Two fields with the
+/// same value name one resource.
+///
+/// ```
+/// use tower_redlock::http::{json_fields, Contention, LockLayer, Scope};
+/// use tower_redlock::Redlock;
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let transfers = LockLayer::new(Redlock::in_memory(), json_fields(["/from", "/to"]))
+///     .scope(Scope::shared("account"))
+///     .contention(Contention::Wait { timeout: Duration::from_secs(5) });
+/// # let _ = transfers;
+/// # }
+/// ```
+///
+/// # Panics
+///
+/// When a pointer is neither empty nor starts with `/`, or there is no pointer.
+pub fn json_fields<P: Into<Arc<str>>>(pointers: impl IntoIterator<Item = P>) -> JsonFields {
+    let pointers: Arc<[Arc<str>]> = pointers
+        .into_iter()
+        .map(|p| json_field(p).pointer)
+        .collect();
+    assert!(
+        !pointers.is_empty(),
+        "json_fields needs at least one JSON Pointer"
+    );
+    JsonFields {
+        pointers,
+        limit: DEFAULT_BODY_LIMIT,
+    }
+}
+
+impl JsonFields {
+    /// Buffers at most `bytes` of body (default [`DEFAULT_BODY_LIMIT`]).
+    #[must_use]
+    pub fn limit(mut self, bytes: usize) -> Self {
+        self.limit = bytes;
+        self
+    }
+
+    /// The JSON Pointers of the fields.
+    pub fn pointers(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        self.pointers.iter().map(|p| &**p)
+    }
+
+    fn keys_of(&self, body: &[u8]) -> Result<Option<Keys>, KeyRejection> {
+        let json = parse(body)?;
+        let found = self
+            .pointers
+            .iter()
+            .map(|pointer| field_of(&json, pointer))
+            .collect::<Result<Vec<_>, _>>()?;
+        gather(found, |index| self.describe_field(index))
+    }
+
+    fn describe_field(&self, index: usize) -> String {
+        match self.pointers.get(index) {
+            Some(pointer) => format!("the body field `{pointer}`"),
+            None => format!("lock key {}", index + 1),
+        }
+    }
+}
+
+impl<B> KeySetExtractor<B> for JsonFields
+where
+    B: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Future = BoxKeySetFuture<B>;
+
+    fn extract_keys(&self, request: Request<B>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let (parts, bytes) = buffer(request, this.limit).await?;
+            let keys = this.keys_of(&bytes)?;
+            Ok((Request::from_parts(parts, B::from(bytes)), keys))
+        })
+    }
+
+    fn describe_keys(&self) -> String {
+        (0..self.pointers.len())
+            .map(|index| self.describe_field(index))
+            .collect::<Vec<_>>()
+            .join(" and ")
+    }
+
+    fn describe_key(&self, index: usize) -> String {
+        self.describe_field(index)
+    }
+}
+
+impl<B> KeySetExtractor<B> for JsonField
+where
+    B: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Future = OneKey<BoxKeyFuture<B>>;
+
+    fn extract_keys(&self, request: Request<B>) -> Self::Future {
+        OneKey::new(KeyExtractor::extract(self, request))
+    }
+
+    fn describe_keys(&self) -> String {
+        KeyExtractor::<B>::describe(self)
+    }
+
+    fn describe_key(&self, _index: usize) -> String {
+        KeyExtractor::<B>::describe(self)
     }
 }
 

@@ -27,29 +27,34 @@
 //! `path_param` name that the matched route does not have — is not the client's
 //! fault: it is answered with 500 `key-misconfigured` and logged as an error.
 
+mod each;
 mod header;
 mod json;
 #[cfg(feature = "axum")]
 mod path;
 mod query;
+mod rejection;
+mod set;
 pub mod webhook;
 
-use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::pin::Pin;
 
 use http::request::Parts;
 use http::Request;
 
-use super::problem::{Problem, ProblemKind};
 use crate::lock::Resource;
 
+pub use each::{each, keys_fn, Each, KeysFn};
 pub use header::{header, Header};
 pub(crate) use json::read_limited;
-pub use json::{json_field, JsonField, DEFAULT_BODY_LIMIT};
+pub use json::{json_field, json_fields, JsonField, JsonFields, DEFAULT_BODY_LIMIT};
 #[cfg(feature = "axum")]
 pub use path::{path_param, PathParam};
 pub use query::{query_param, QueryParam};
+pub use rejection::KeyRejection;
+pub use set::{single_key, SingleKey};
+pub use set::{BoxKeySetFuture, KeySetExtractor, KeySetFromParts, KeySetResult, Keys, OneKey};
 
 /// What a [`KeyExtractor`] resolves to: the request, handed back, and its key if it has one.
 pub type KeyResult<B> = Result<(Request<B>, Option<String>), KeyRejection>;
@@ -151,91 +156,6 @@ where
     }
 }
 
-/// Why a request's key could not be read: a malformed request. The layer answers with
-/// the matching [`Problem`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyRejection {
-    kind: ProblemKind,
-    detail: String,
-}
-
-impl KeyRejection {
-    /// The key is present but unusable (ambiguous, wrong type, not UTF-8): 400 `key-invalid`.
-    pub fn invalid(detail: impl Into<String>) -> Self {
-        KeyRejection {
-            kind: ProblemKind::KeyInvalid,
-            detail: detail.into(),
-        }
-    }
-
-    /// The server is configured to look for a key where the request cannot have one
-    /// (a path parameter the matched route does not have): 500 `key-misconfigured`.
-    pub fn misconfigured(detail: impl Into<String>) -> Self {
-        KeyRejection {
-            kind: ProblemKind::KeyMisconfigured,
-            detail: detail.into(),
-        }
-    }
-
-    /// The body exceeds `limit` bytes: 413 `body-too-large`.
-    pub fn body_too_large(limit: usize) -> Self {
-        KeyRejection {
-            kind: ProblemKind::BodyTooLarge,
-            detail: format!(
-                "the body is larger than {limit} bytes, the limit for finding its lock key"
-            ),
-        }
-    }
-
-    /// The body should be JSON and is not: 400 `body-not-json`.
-    pub fn body_not_json(detail: impl Into<String>) -> Self {
-        KeyRejection {
-            kind: ProblemKind::BodyNotJson,
-            detail: detail.into(),
-        }
-    }
-
-    /// Reading the body failed: 400 `body-unreadable`.
-    pub fn body_unreadable(detail: impl Into<String>) -> Self {
-        KeyRejection {
-            kind: ProblemKind::BodyUnreadable,
-            detail: detail.into(),
-        }
-    }
-
-    /// A rejection of `kind` explained by `detail` (for the layer's own body readers).
-    pub(crate) fn with_kind(kind: ProblemKind, detail: impl Into<String>) -> Self {
-        KeyRejection {
-            kind,
-            detail: detail.into(),
-        }
-    }
-
-    /// The problem type this rejection is answered with.
-    pub fn kind(&self) -> ProblemKind {
-        self.kind
-    }
-
-    /// The explanation given to the client.
-    pub fn detail(&self) -> &str {
-        &self.detail
-    }
-}
-
-impl fmt::Display for KeyRejection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.kind, self.detail)
-    }
-}
-
-impl std::error::Error for KeyRejection {}
-
-impl From<KeyRejection> for Problem {
-    fn from(rejection: KeyRejection) -> Self {
-        Problem::new(rejection.kind, rejection.detail)
-    }
-}
-
 /// Checks a key against the layer's rules: not empty, at most `max_len` bytes, no
 /// control characters.
 ///
@@ -333,6 +253,7 @@ tuple_key!(K1, K2, K3, K4);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::problem::ProblemKind;
     use bytes::Bytes;
     use http::Method;
     use http_body_util::BodyExt;

@@ -120,7 +120,7 @@ use crate::lock::Resource;
 pub use sent::problem_response;
 pub(crate) use sent::{
     in_progress, key_reused, lock_error_problem, lock_lost, outcome_unknown, record_unreadable,
-    response_failed,
+    response_failed, set_error_problem,
 };
 
 /// `Retry-After` of refusals that know no better delay.

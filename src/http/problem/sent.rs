@@ -92,6 +92,37 @@ pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Probl
     problem.with_resource(resource)
 }
 
+/// The problem a failed acquisition of a set of `count` resources is answered with: a
+/// contention problem names the member that is held, in its `resource` member and in
+/// its detail, and `Retry-After` is the holders' longest time to live (as the engine
+/// reports it); the others are those of one resource.
+pub(crate) fn set_error_problem(error: &LockError, count: usize) -> Problem {
+    let resource = error.resource().clone();
+    let problem = match error {
+        LockError::Held { holder_ttl, .. } => Problem::new(
+            ProblemKind::LockHeld,
+            format!(
+                "another request holds the lock on `{resource}`, one of the {count} resources \
+                 this request locks together; nothing was locked; retry later"
+            ),
+        )
+        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
+        LockError::WaitTimeout {
+            waited, holder_ttl, ..
+        } => Problem::new(
+            ProblemKind::LockWaitTimeout,
+            format!(
+                "the lock on `{resource}`, one of the {count} resources this request locks \
+                 together, was still held after waiting {} ms; nothing was locked; retry later",
+                waited.as_millis()
+            ),
+        )
+        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
+        _ => return lock_error_problem(error, resource),
+    };
+    problem.with_resource(resource)
+}
+
 /// 503 `lock-lost`: the handler was stopped because its lease was lost.
 pub(crate) fn lock_lost(resource: Resource) -> Problem {
     Problem::new(

@@ -8,7 +8,9 @@ use http::header::CONTENT_LENGTH;
 use http::Request;
 use http_body::Body;
 
-use super::super::key::{read_limited, BoxKeyFuture, KeyExtractor, KeyRejection};
+use super::super::key::{
+    read_limited, BoxKeyFuture, KeyExtractor, KeyRejection, KeySetExtractor, OneKey,
+};
 use super::super::problem::ProblemKind;
 use super::{ReplayRequest, ReplaySettings};
 
@@ -105,4 +107,25 @@ fn request_too_large(limit: usize) -> KeyRejection {
         ProblemKind::BodyTooLarge,
         format!("the body is larger than {limit} bytes, the limit for an idempotent request"),
     )
+}
+
+impl<K, B> KeySetExtractor<B> for Replaying<K>
+where
+    K: KeyExtractor<B>,
+    B: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Future = OneKey<BoxKeyFuture<B>>;
+
+    fn extract_keys(&self, request: Request<B>) -> Self::Future {
+        OneKey::new(KeyExtractor::extract(self, request))
+    }
+
+    fn describe_keys(&self) -> String {
+        self.key.describe()
+    }
+
+    fn describe_key(&self, _index: usize) -> String {
+        self.key.describe()
+    }
 }
