@@ -7,7 +7,7 @@
 mod support;
 
 /// The orders demo, as it is served (`cargo run --example orders`).
-#[path = "../../examples/orders.rs"]
+#[path = "../../examples/orders/main.rs"]
 mod orders_example;
 /// The webhooks demo, as it is served (`cargo run --example webhooks`).
 #[path = "../../examples/webhooks.rs"]
@@ -15,6 +15,8 @@ mod webhooks_example;
 
 mod extract;
 mod layer;
+mod multi;
 mod orders;
 mod replay;
+mod transfers;
 mod webhooks;

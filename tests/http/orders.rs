@@ -1,4 +1,4 @@
-//! The orders example, tested: `examples/orders.rs` is included as a module (by
+//! The orders example, tested: `examples/orders/main.rs` is included as a module (by
 //! `main.rs`), so these tests drive the very router the demo serves, with `oneshot`,
 //! against three real `redis-server`s (and in memory).
 //!

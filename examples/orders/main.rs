@@ -81,6 +81,11 @@ use tower_redlock::lock::split_node_urls;
 use tower_redlock::{FencingToken, LockOptions, MemoryNode, Redlock};
 use tracing_subscriber::EnvFilter;
 
+#[path = "transfers.rs"]
+mod transfers;
+
+pub use transfers::Accounts;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 // ------------------------------------------------------------------------------------
@@ -241,6 +246,7 @@ pub fn build(config: &Config) -> Result<Router, BoxError> {
 #[derive(Clone)]
 struct AppState {
     ledger: Ledger,
+    accounts: Accounts,
 }
 
 /// The demo's router.
@@ -262,7 +268,11 @@ pub fn app(locker: Redlock, ledger: Ledger, config: &Config) -> Router {
         .route("/orders/{id}/pay", post(pay).route_layer(pay_lock))
         .route("/orders/{id}/ship", post(ship).route_layer(ship_lock))
         .route("/payments", payments_route(&locker))
-        .with_state(AppState { ledger })
+        .merge(transfers::routes(&locker, config))
+        .with_state(AppState {
+            accounts: Accounts::beside(&ledger),
+            ledger,
+        })
 }
 
 #[derive(Debug, Deserialize)]
