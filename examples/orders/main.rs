@@ -33,6 +33,8 @@
 //! | `POST /orders/{id}/ship[?work_ms=N]` | `order:{id}`, wait up to `WAIT_TIMEOUT_MS` | `{"order", "shipment", "fencing_token"}` |
 //! | `POST /payments[?work_ms=N]` | the `Idempotency-Key` header (required), refuse when held, replay the first answer | `{"idempotency_key", "payment", "fencing_token"}` |
 //! | `GET /orders/{id}` | none | `{"order", "payments", "shipments", "max_in_flight", "last_fencing_token"}` |
+//! | `POST /transfers[?work_ms=N]` with `{"from", "to", "amount"}` | `account:{from}` and `account:{to}`, one lease, wait up to `WAIT_TIMEOUT_MS` | `{"from", "to", "amount", "balances", "fencing_tokens"}`; 400 `invalid-transfer` before locking for the same account twice, a missing account or an amount that is not a whole number from 1 up |
+//! | `GET /accounts/{id}` | none | `{"account", "balance", "transfers", "max_in_flight"}` |
 //!
 //! `work_ms` (default 50, at most 60000) simulates the slow part of the handler, such as
 //! a call to a payment provider.
@@ -49,6 +51,10 @@
 //! process. The ledger stands for your database: it is not replicated, so the server
 //! it lives on must be up for the routes that use it (the lock itself needs only a
 //! majority of `LOCK_URLS`).
+//!
+//! Transfers between accounts (`transfers.rs`) lock two resources per request, as one
+//! lease, and write each balance with that account's token; the balances live beside
+//! the ledger.
 //!
 //! `tests/http` includes this file as a module and drives [`app`] directly, so the
 //! test and the demo run the same code.

@@ -135,18 +135,21 @@ impl RequestKeys {
 /// }
 /// ```
 #[derive(Clone, Default)]
-pub struct RequestLeases(Vec<LeaseHandle>);
+pub struct RequestLeases {
+    // Most requests hold one lease: it is kept inline, without allocating.
+    first: Option<LeaseHandle>,
+    more: Vec<LeaseHandle>,
+}
 
 impl RequestLeases {
     /// The leases, in the order they were taken.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = &LeaseHandle> + '_ {
-        self.0.iter()
+    pub fn iter(&self) -> impl Iterator<Item = &LeaseHandle> + '_ {
+        self.first.iter().chain(&self.more)
     }
 
     /// The fencing token of `resource`, when a lease of this request holds it.
     pub fn fencing_token_of(&self, resource: &Resource) -> Option<FencingToken> {
-        self.0
-            .iter()
+        self.iter()
             .find_map(|lease| lease.fencing_token_of(resource))
     }
 
@@ -157,7 +160,7 @@ impl RequestLeases {
         locker: &Redlock,
         resources: &[Resource],
     ) -> Option<&LeaseHandle> {
-        self.0.iter().find(|lease| {
+        self.iter().find(|lease| {
             locker.granted(lease)
                 && resources
                     .iter()
@@ -171,7 +174,7 @@ impl RequestLeases {
         locker: &'a Redlock,
         resources: &'a [Resource],
     ) -> impl Iterator<Item = &'a LeaseHandle> + 'a {
-        self.0.iter().filter(move |lease| {
+        self.iter().filter(move |lease| {
             locker.granted(lease)
                 && resources
                     .iter()
@@ -181,19 +184,22 @@ impl RequestLeases {
 
     /// Adds `lease`, unless it is there already.
     pub(crate) fn add(&mut self, lease: &LeaseHandle) {
-        if !self
-            .0
+        if self
             .iter()
             .any(|held| std::ptr::eq(held.lease_inner(), lease.lease_inner()))
         {
-            self.0.push(lease.clone());
+            return;
+        }
+        match self.first {
+            None => self.first = Some(lease.clone()),
+            Some(_) => self.more.push(lease.clone()),
         }
     }
 }
 
 impl fmt::Debug for RequestLeases {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.0.iter()).finish()
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 

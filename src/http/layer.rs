@@ -29,7 +29,9 @@ pub struct LockLayer<K> {
 }
 
 impl<K> LockLayer<K> {
-    /// A layer locking on the key `key` finds, with `locker`.
+    /// A layer locking on the key `key` finds, with `locker`: a single-key extractor
+    /// (one resource per request), or a multi-key one ([`KeySetExtractor`](super::KeySetExtractor):
+    /// one resource per key, locked together as one lease).
     ///
     /// Defaults: [`Contention::Reject`], a `Fencing-Token` response header,
     /// [`MissingKey::Reject`], [`OnLost::Abort`], the lease held until the response body
@@ -56,6 +58,10 @@ impl<K> LockLayer<K> {
     /// The response header that carries the lease's fencing token (default
     /// `Fencing-Token`; `None` for none). The handler always finds the
     /// [`LeaseHandle`](crate::LeaseHandle), with the token, in the request extensions.
+    ///
+    /// One resource: `Fencing-Token: 42`. Several (a multi-key extractor): one line per
+    /// resource in canonical order, `Fencing-Token: 42;resource="account:acct-1"`, an
+    /// RFC 9651 List (see [Several keys per request](super#several-keys-per-request)).
     #[must_use]
     pub fn fencing_header(mut self, name: Option<HeaderName>) -> Self {
         self.settings().fencing_header = name;

@@ -67,12 +67,83 @@
 //! | lease lost mid-handler, [`OnLost::Abort`] (default) | handler future dropped, 503 `lock-lost` |
 //! | lease lost mid-handler, [`OnLost::Continue`] | the handler's response with a [`LeaseLost`] extension, warning logged |
 //! | acquired | the handler runs with the [`LeaseHandle`](crate::LeaseHandle) and the [`RequestKey`] in the request extensions; `Fencing-Token: <n>` on the response ([`LockLayer::fencing_header`]) |
+//! | several keys, one missing (others present) | 400 `key-missing` naming the missing one; nothing locked |
+//! | several keys, one invalid | 400 `key-invalid` naming it; nothing locked |
+//! | several keys, more than [`MAX_RESOURCES_PER_LEASE`](crate::lock::MAX_RESOURCES_PER_LEASE) distinct ones | 400 `key-invalid`; nothing locked |
+//! | several keys, one held | 409 `lock-held` (or `lock-wait-timeout`) naming the held one in `resource` and `detail`; `Retry-After` = the holders' longest ttl; nothing locked |
+//! | several keys, acquired | as for one, with [`RequestKeys`] instead of [`RequestKey`], and one `Fencing-Token` line per resource |
+//! | the request holds the resources already (an outer layer, same locker and scope) | the handler runs under that lease: nothing acquired ([`RequestLeases`]) |
 //!
 //! Refusals are [RFC 9457](https://www.rfc-editor.org/rfc/rfc9457) problems
 //! (`application/problem+json`, `Cache-Control: no-store`); see [`problem`] for the
 //! `type` URIs and for replacing the renderer. They are responses, not errors: the
 //! service's error type is the inner service's, so an `Infallible` service stays
 //! `Infallible`.
+//!
+//! # Several keys per request
+//!
+//! A transfer debits one account and credits another: with a multi-key extractor —
+//! [`json_fields`], [`each`] of single-key extractors, [`keys_fn`], or your own
+//! [`KeySetExtractor`] — every key names a resource of its own (under the layer's
+//! [`Scope`]), and the layer locks them all as **one lease**: all or nothing, in a
+//! canonical order, so two requests naming the same accounts in opposite orders never
+//! deadlock. The same key twice is one resource.
+//!
+//! ```
+//! use axum::{body::Body, routing::post, Extension, Router};
+//! use http::{Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_redlock::http::{json_fields, LockLayer, RequestKeys, Scope};
+//! use tower_redlock::{LeaseHandle, Redlock};
+//!
+//! async fn transfer(
+//!     Extension(keys): Extension<RequestKeys>,
+//!     Extension(lease): Extension<LeaseHandle>,
+//! ) -> String {
+//!     // Each account's fencing token, by the resource its key names.
+//!     let from = keys.resource("acct-1").and_then(|r| lease.fencing_token_of(r));
+//!     let to = keys.resource("acct-2").and_then(|r| lease.fencing_token_of(r));
+//!     format!("debit under {from:?}, credit under {to:?}")
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let app = Router::new().route("/transfers", post(transfer)).route_layer(
+//!     LockLayer::new(Redlock::in_memory(), json_fields(["/from", "/to"]))
+//!         .scope(Scope::shared("account")),
+//! );
+//! let request = Request::post("/transfers")
+//!     .body(Body::from(r#"{"from": "acct-1", "to": "acct-2", "amount": 5}"#))
+//!     .unwrap();
+//! let response = app.oneshot(request).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::OK);
+//! let lines: Vec<_> = response.headers().get_all("fencing-token").iter().collect();
+//! assert_eq!(lines.len(), 2); // `<n>;resource="account:acct-1"`, then `account:acct-2`
+//! # }
+//! ```
+//!
+//! The **`Fencing-Token` header** of a lease on one resource is the token in decimal,
+//! `Fencing-Token: 42`. A lease on several resources gets one field line per resource,
+//! in the lease's canonical order, each an [RFC 9651](https://www.rfc-editor.org/rfc/rfc9651)
+//! Integer with a `resource` parameter:
+//!
+//! ```text
+//! Fencing-Token: 17;resource="account:acct-1"
+//! Fencing-Token: 9;resource="account:acct-2"
+//! ```
+//!
+//! Joined into one line by a proxy (`17;resource="account:acct-1", 9;resource=...`) it is
+//! the same RFC 9651 List, which any structured-field parser reads. The parameter is a
+//! String (`"` and `\` escaped with `\`) when the resource is printable ASCII, and a
+//! Display String (`resource=%"caf%c3%a9"`, UTF-8 percent-encoded) otherwise.
+//!
+//! # Reentrancy within a request
+//!
+//! A lock on resources the request already holds — taken by an outer layer or by a
+//! `Locked` extractor (feature `axum`), with the same locker (or a clone) and so under
+//! the same resource names — reuses that lease: nothing is acquired, nothing waits for
+//! itself, and the lease is released with its owner. What the request does not hold yet
+//! is acquired as usual. The request's leases are in its extensions, [`RequestLeases`].
 //!
 //! # Idempotent replay
 //!

@@ -12,6 +12,11 @@
 //! Built-ins: [`header`], [`query_param`], `path_param` (feature `axum`),
 //! [`json_field`], and the [`webhook`] presets.
 //!
+//! Several keys per request, each a resource of its own, locked together as one lease:
+//! [`KeySetExtractor`] (what the layer takes: every single-key extractor is one, and so
+//! are [`json_fields`], [`each`] and [`keys_fn`]) and [`KeySetFromParts`] (the head-only
+//! form the `Locked` extractor takes). See [below](self#several-keys).
+//!
 //! An extractor answers `Ok(Some(key))`, `Ok(None)` when the request carries no key
 //! (the layer then applies [`MissingKey`](super::MissingKey)), or a [`KeyRejection`]
 //! when the request is malformed. Ambiguous keys are rejected rather than guessed: a
@@ -22,6 +27,16 @@
 //! [`max_key_len`](super::LockLayer::max_key_len) bytes of UTF-8, no control
 //! characters. Anything else is a valid key, including spaces and non-ASCII letters
 //! (a percent-decoded path id such as `/accounts/%C3%A9` gives `é`).
+//!
+//! # Several keys
+//!
+//! A multi-key extractor answers [`Keys::Many`]. A request with none of its keys has no
+//! key (the layer's [`MissingKey`](super::MissingKey) decides); one with some and not
+//! others is refused with 400 `key-missing` naming the missing ones. Every key is
+//! checked as one is, and a refusal names the key (``the body field `/to` ``); keys
+//! naming the same resource are one; more distinct keys than
+//! [`MAX_RESOURCES_PER_LEASE`](crate::lock::MAX_RESOURCES_PER_LEASE) get 400
+//! `key-invalid`. Nothing is locked for any of these.
 //!
 //! A key the server cannot find because it is configured wrongly — a
 //! `path_param` name that the matched route does not have — is not the client's
