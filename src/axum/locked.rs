@@ -444,6 +444,16 @@ where
                     .iter()
                     .all(|lease| lease.fencing_token_of(r).is_none())
             });
+            if let (true, Some(first)) = (wanted.is_empty(), reused.first()) {
+                // Held by several leases of the request together: nothing to acquire.
+                return Ok(Locked {
+                    lease: None,
+                    handle: first.clone(),
+                    reused,
+                    resources: resources.into(),
+                    key: PhantomData,
+                });
+            }
         }
 
         let contention = K::contention(state);

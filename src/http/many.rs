@@ -60,6 +60,10 @@ where
             held.iter()
                 .all(|lease| lease.fencing_token_of(resource).is_none())
         });
+        if let (true, Some(first)) = (wanted.is_empty(), held.first()) {
+            // Held by several leases of the request together: nothing to acquire.
+            return call_reentrant(settings, span, inner, request, first.clone()).await;
+        }
     }
 
     let lease = match lock_set(settings, span, wanted).await {
