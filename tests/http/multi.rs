@@ -329,7 +329,7 @@ impl LockKey for OneAccount {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locked_takes_several_keys_and_names_a_held_one() {
-    let (_servers, locker) = three_nodes().await;
+    let (servers, locker) = three_nodes().await;
     let app = Router::new()
         .route(
             "/move",
@@ -357,6 +357,11 @@ async fn locked_takes_several_keys_and_names_a_held_one() {
         .all(Value::is_u64));
     assert_eq!(answer.json["own"], true);
 
+    // The lease is released in the background once the handler is done.
+    support::eventually("the lease is released", RESPONSE_LIMIT, || {
+        lock_keys(&servers).is_empty()
+    })
+    .await;
     let held = locker.try_acquire(account("a")).await.unwrap();
     let answer = send(&app, request()).await;
     assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.json);
