@@ -299,23 +299,45 @@ impl Lease {
     /// Releases the resource: compare-and-delete on every node, then hands the resource
     /// to the next waiter of this process. Returns once every node answered or timed out.
     ///
-    /// Cancel-safe: the release runs in a task of its own, so dropping this future (a
-    /// `tokio::select!` against a shutdown signal, a timeout) still releases, in the
-    /// background, as dropping the lease does; only the outcome is lost.
+    /// Cancel-safe: dropping this future before the nodes answered (a `tokio::select!`
+    /// against a shutdown signal, a timeout) still releases, in the background, as
+    /// dropping the lease does; only the outcome is lost.
     pub async fn release(mut self) -> ReleaseOutcome {
-        let held = self.held.take();
         let inner = self.handle.inner.clone();
+        // Runs here rather than in a task of its own (a task per release costs more
+        // than the rest of the client's work on it); should this future be dropped
+        // half-way, the guard starts the release again in the background, and a
+        // compare-and-delete sent twice deletes once.
+        let mut unfinished = Unfinished {
+            inner: Some(inner.clone()),
+            held: self.held.take(),
+        };
+        let outcome = release(&inner).await;
+        unfinished.inner = None;
+        // Dropping the guard now drops `held`: the next local waiter goes ahead only
+        // after the nodes answered, so it does not find our key.
+        outcome
+    }
+}
+
+/// A release not yet finished: dropped with `inner` still set, it releases in the
+/// background.
+struct Unfinished {
+    inner: Option<Arc<LeaseInner>>,
+    held: Option<Held>,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.take() else {
+            return;
+        };
+        let held = self.held.take();
         let runtime = inner.locker.runtime.clone();
-        let task = runtime.spawn(async move {
-            let outcome = release(&inner).await;
+        runtime.spawn(async move {
+            release(&inner).await;
             drop(held);
-            outcome
         });
-        task.await.unwrap_or_else(|_| ReleaseOutcome::Unconfirmed {
-            // The runtime is shutting down: nothing was confirmed; the keys expire.
-            released: 0,
-            failed: self.handle.inner.locker.nodes.len(),
-        })
     }
 }
 

@@ -171,26 +171,45 @@ pub(crate) fn node_error(e: RedisError) -> NodeError {
     }
 }
 
-/// One prepared script call.
+/// One prepared script call: the `EVALSHA` command, built once with its keys and
+/// arguments (numbers are written straight into the command, with no string of their
+/// own). The `EVAL` form is built from it only after `NOSCRIPT`.
 pub(crate) struct Call {
     lua: &'static Lua,
-    keys: Vec<String>,
-    args: Vec<String>,
+    evalsha: Cmd,
 }
 
 impl Call {
-    fn command(&self, by_hash: bool) -> Cmd {
-        let mut cmd = if by_hash {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(self.lua.script.get_hash());
-            cmd
-        } else {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(self.lua.code);
-            cmd
-        };
-        cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
-        cmd
+    /// `EVALSHA sha keys…`; add the keys first, then the arguments.
+    fn new(lua: &'static Lua, keys: usize) -> Self {
+        // Sized for the largest call (acquire: 2 keys of a few dozen bytes, 5
+        // arguments), so that building it never reallocates.
+        let mut evalsha = Cmd::with_capacity(10, 256);
+        evalsha.arg("EVALSHA").arg(lua.script.get_hash()).arg(keys);
+        Call { lua, evalsha }
+    }
+
+    fn arg<T: redis::ToRedisArgs>(mut self, arg: T) -> Self {
+        self.evalsha.arg(arg);
+        self
+    }
+
+    /// The same call as `EVAL code …`.
+    fn eval(&self) -> Cmd {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(self.lua.code);
+        for arg in self.evalsha.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                eval.arg(bytes);
+            }
+        }
+        eval
+    }
+
+    /// Number of arguments after the script and the key count (for tests).
+    #[cfg(test)]
+    fn arity(&self) -> usize {
+        self.evalsha.args_iter().count() - 3
     }
 
     /// Runs the script with `EVALSHA`, or with `EVAL` after `NOSCRIPT` (which also caches
@@ -204,11 +223,11 @@ impl Call {
         wait: Option<ReplicaWait>,
         wrote: fn(&Value) -> bool,
     ) -> Result<Value, CallError> {
-        match self.once(conn, wait, wrote, true).await {
+        match self.once(conn, &self.evalsha, wait, wrote).await {
             Err(CallError::Redis(e))
                 if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
             {
-                self.once(conn, wait, wrote, false).await
+                self.once(conn, &self.eval(), wait, wrote).await
             }
             other => other,
         }
@@ -217,16 +236,20 @@ impl Call {
     async fn once<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
+        cmd: &Cmd,
         wait: Option<ReplicaWait>,
         wrote: fn(&Value) -> bool,
-        by_hash: bool,
     ) -> Result<Value, CallError> {
+        let Some(wait) = wait else {
+            // One command, no pipeline: what nearly every call is.
+            return Ok(cmd.query_async(conn).await?);
+        };
         let mut pipe = redis::pipe();
-        pipe.add_command(self.command(by_hash));
-        let mut replies = query(conn, pipe, 1, wait).await?;
+        pipe.add_command(cmd.clone());
+        let mut replies = query(conn, pipe, 1, Some(wait)).await?;
         let value = replies.remove(0)?;
         if wrote(&value) {
-            check_acks(replies.pop(), wait)?;
+            check_acks(replies.pop(), Some(wait))?;
         }
         Ok(value)
     }
@@ -291,30 +314,27 @@ pub(crate) enum Acquire {
 
 impl Acquire {
     pub(crate) fn new(request: &AcquireRequest<'_>) -> Self {
-        let owner = request.owner.as_str().to_owned();
         let ttl_ms = millis_ceil(request.ttl);
         if !request.fencing {
             return Acquire::Plain {
                 lock: request.keys.lock.clone(),
-                owner,
+                owner: request.owner.as_str().to_owned(),
                 ttl_ms,
             };
         }
-        let mut args = vec![
-            owner,
-            ttl_ms.to_string(),
-            millis_ceil(request.fence_ttl).to_string(),
-            // A decimal string: Lua would format a number this large as a float.
-            request.fence_floor.to_string(),
-        ];
+        let mut call = Call::new(&ACQUIRE, 2)
+            .arg(&request.keys.lock)
+            .arg(&request.keys.fence)
+            .arg(request.owner.as_str())
+            .arg(ttl_ms)
+            .arg(millis_ceil(request.fence_ttl))
+            // Sent as a decimal string (as every argument is): Lua would format a
+            // number this large as a float.
+            .arg(request.fence_floor);
         if request.seed_only_when_missing {
-            args.push("1".to_owned());
+            call = call.arg("1");
         }
-        Acquire::Fenced(Call {
-            lua: &ACQUIRE,
-            keys: vec![request.keys.lock.clone(), request.keys.fence.clone()],
-            args,
-        })
+        Acquire::Fenced(call)
     }
 
     /// With `wait`, a grant counts only once enough replicas acknowledged the key and
@@ -373,20 +393,24 @@ async fn acquire_plain<C: ConnectionLike + Send>(
     ttl_ms: u64,
     wait: Option<ReplicaWait>,
 ) -> Result<AcquireReply, CallError> {
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET")
-        .arg(lock)
-        .arg(owner)
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl_ms);
-    let mut replies = query(conn, pipe, 1, wait).await?.into_iter();
-    let Some(set) = replies.next() else {
-        return Err(CallError::Reply(NodeError::Protocol(
-            "no reply to SET".into(),
-        )));
+    let mut set = redis::cmd("SET");
+    set.arg(lock).arg(owner).arg("NX").arg("PX").arg(ttl_ms);
+    let (set, acks) = match wait {
+        // One command, no pipeline: the common case.
+        None => (set.query_async(conn).await?, None),
+        Some(_) => {
+            let mut pipe = redis::pipe();
+            pipe.add_command(set);
+            let mut replies = query(conn, pipe, 1, wait).await?.into_iter();
+            let Some(set) = replies.next() else {
+                return Err(CallError::Reply(NodeError::Protocol(
+                    "no reply to SET".into(),
+                )));
+            };
+            (set?, replies.next())
+        }
     };
-    if matches!(set?, Value::Nil) {
+    if matches!(set, Value::Nil) {
         let (holder, pttl): (Option<String>, i64) = redis::pipe()
             .cmd("GET")
             .arg(lock)
@@ -412,7 +436,7 @@ async fn acquire_plain<C: ConnectionLike + Send>(
             )));
         }
     }
-    check_acks(replies.next(), wait)?;
+    check_acks(acks, wait)?;
     Ok(AcquireReply::Acquired { fence: 0 })
 }
 
@@ -432,11 +456,12 @@ pub(crate) struct ExtendCall(Call);
 
 impl ExtendCall {
     pub(crate) fn new(keys: &LockKeys, owner: &Owner, ttl: Duration) -> Self {
-        ExtendCall(Call {
-            lua: &EXTEND,
-            keys: vec![keys.lock.clone()],
-            args: vec![owner.as_str().to_owned(), millis_ceil(ttl).to_string()],
-        })
+        ExtendCall(
+            Call::new(&EXTEND, 1)
+                .arg(&keys.lock)
+                .arg(owner.as_str())
+                .arg(millis_ceil(ttl)),
+        )
     }
 }
 
@@ -446,15 +471,11 @@ pub(crate) struct ReleaseCall(Call);
 
 impl ReleaseCall {
     pub(crate) fn new(keys: &LockKeys, owner: &Owner, sharded: bool) -> Self {
-        let mut args = vec![owner.as_str().to_owned(), keys.channel.clone()];
-        if sharded {
-            args.push("1".to_owned());
-        }
-        ReleaseCall(Call {
-            lua: &RELEASE,
-            keys: vec![keys.lock.clone()],
-            args,
-        })
+        let call = Call::new(&RELEASE, 1)
+            .arg(&keys.lock)
+            .arg(owner.as_str())
+            .arg(&keys.channel);
+        ReleaseCall(if sharded { call.arg("1") } else { call })
     }
 }
 
@@ -473,11 +494,12 @@ pub(crate) struct RaiseFenceCall(Call);
 
 impl RaiseFenceCall {
     pub(crate) fn new(keys: &LockKeys, token: u64, fence_ttl: Duration) -> Self {
-        RaiseFenceCall(Call {
-            lua: &RAISE_FENCE,
-            keys: vec![keys.fence.clone()],
-            args: vec![token.to_string(), millis_ceil(fence_ttl).to_string()],
-        })
+        RaiseFenceCall(
+            Call::new(&RAISE_FENCE, 1)
+                .arg(&keys.fence)
+                .arg(token)
+                .arg(millis_ceil(fence_ttl)),
+        )
     }
 }
 

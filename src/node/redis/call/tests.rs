@@ -18,7 +18,30 @@ fn acquire_goes_by_hash_with_exact_arguments() {
         panic!("fencing on: the script");
     };
     // The floor goes out as the exact decimal string, never through a float.
-    assert_eq!(call.args[1..], ["1500", "60000", "1838556217040896"]);
+    let sent = words(&call.evalsha);
+    assert_eq!(sent[0], "EVALSHA");
+    assert_eq!(
+        sent[2..],
+        [
+            "2",
+            &keys.lock,
+            &keys.fence,
+            owner.as_str(),
+            "1500",
+            "60000",
+            "1838556217040896"
+        ]
+    );
+}
+
+/// A command's words, as text.
+fn words(cmd: &redis::Cmd) -> Vec<String> {
+    cmd.args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            _ => "<cursor>".to_owned(),
+        })
+        .collect()
 }
 
 #[test]
@@ -57,9 +80,25 @@ fn parses_flags() {
 fn release_publishes_sharded_only_when_asked() {
     let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
     let owner = Owner::random();
-    assert_eq!(ReleaseCall::new(&keys, &owner, false).0.args.len(), 2);
+    assert_eq!(ReleaseCall::new(&keys, &owner, false).0.arity(), 3);
     let sharded = ReleaseCall::new(&keys, &owner, true);
-    assert_eq!(sharded.0.args[2], "1");
+    assert_eq!(sharded.0.arity(), 4);
+    assert!(matches!(
+        sharded.0.evalsha.args_iter().last(),
+        Some(redis::Arg::Simple(b"1"))
+    ));
+}
+
+#[test]
+fn the_eval_fallback_sends_the_same_keys_and_arguments() {
+    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    let call = ExtendCall::new(&keys, &Owner::random(), Duration::from_millis(1500)).0;
+    let (evalsha, eval) = (words(&call.evalsha), words(&call.eval()));
+    assert_eq!(evalsha[0], "EVALSHA");
+    assert_eq!(eval[0], "EVAL");
+    assert_eq!(eval[1], EXTEND.code);
+    assert_eq!(evalsha[2..], eval[2..]);
+    assert_eq!(evalsha.last().map(String::as_str), Some("1500"));
 }
 
 #[test]
