@@ -54,7 +54,7 @@ use crate::lock::{Lease, LeaseHandle, Redlock, Resource};
 pub trait LockKey: Send + Sync + 'static {
     /// The type of [`extractor`](LockKey::extractor): a built-in such as
     /// [`Header`](crate::http::Header) or [`PathParam`](crate::http::PathParam), a
-    /// tuple of them, an [`Or`](crate::http::Or), or your own [`KeyFromParts`].
+    /// tuple of them, an [`Or`](crate::http::Or), or your own [`KeyFromParts`](crate::http::KeyFromParts).
     /// Body keys ([`json_field`](crate::http::json_field)) need the whole request:
     /// use [`LockLayer`](crate::http::LockLayer) for them.
     ///
