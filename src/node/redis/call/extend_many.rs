@@ -19,24 +19,26 @@ const EXTEND_CHUNK: usize = 256;
 /// The owned arguments of one batched extend: one extend-many script per
 /// [`EXTEND_CHUNK`] entries.
 pub(crate) struct ExtendManyCall {
-    chunks: Vec<Call>,
+    /// Each chunk's script call and its number of entries.
+    chunks: Vec<(Call, usize)>,
     entries: usize,
 }
 
 impl ExtendManyCall {
     pub(crate) fn new(entries: &[ExtendEntry<'_>], ttl: Duration) -> Self {
-        let ttl_ms = millis_ceil(ttl).to_string();
+        let ttl_ms = millis_ceil(ttl);
         let chunks = entries
             .chunks(EXTEND_CHUNK)
             .map(|chunk| {
-                let mut args = Vec::with_capacity(chunk.len() + 1);
-                args.push(ttl_ms.clone());
-                args.extend(chunk.iter().map(|entry| entry.owner.as_str().to_owned()));
-                Call {
-                    lua: &EXTEND_MANY,
-                    keys: chunk.iter().map(|entry| entry.keys.lock.clone()).collect(),
-                    args,
+                let mut call = Call::new(&EXTEND_MANY, chunk.len());
+                for entry in chunk {
+                    call = call.arg(&entry.keys.lock);
                 }
+                call = call.arg(ttl_ms);
+                for entry in chunk {
+                    call = call.arg(entry.owner.as_str());
+                }
+                (call, chunk.len())
             })
             .collect();
         ExtendManyCall {
@@ -70,7 +72,7 @@ pub(crate) async fn extend_many<C: ConnectionLike + Send>(
         }
         let mut pipe = redis::pipe();
         for &i in &pending {
-            pipe.add_command(call.chunks[i].command(by_hash));
+            pipe.add_command(call.chunks[i].0.command(by_hash));
         }
         let mut replies = query(conn, pipe, pending.len(), wait).await?;
         let acks = wait.and_then(|_| replies.pop());
@@ -86,8 +88,7 @@ pub(crate) async fn extend_many<C: ConnectionLike + Send>(
         }
     }
     let mut answers = Vec::with_capacity(call.entries);
-    for (chunk, value) in call.chunks.iter().zip(values) {
-        let size = chunk.keys.len();
+    for (&(_, size), value) in call.chunks.iter().zip(values) {
         match value {
             Some(Ok(Value::Array(flags))) if flags.len() == size => {
                 answers.extend(flags.iter().map(|flag| match int(flag) {

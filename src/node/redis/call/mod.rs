@@ -206,6 +206,15 @@ impl Call {
         eval
     }
 
+    /// The command to send: `EVALSHA`, or `EVAL` after `NOSCRIPT`.
+    fn command(&self, by_hash: bool) -> Cmd {
+        if by_hash {
+            self.evalsha.clone()
+        } else {
+            self.eval()
+        }
+    }
+
     /// Number of arguments after the script and the key count (for tests).
     #[cfg(test)]
     fn arity(&self) -> usize {
