@@ -62,7 +62,9 @@ pub enum Unlocked {
 ///
 /// The handler finds each resource's fencing token on the lease: with the layer's
 /// [`LeaseHandle`](crate::LeaseHandle) in the extensions too,
-/// `lease.fencing_token_of(keys.resource("acct-1")?)`.
+/// `lease.fencing_token_of(keys.resource("acct-1")?)`. When the request held some of
+/// the resources already (reentrancy: the layer's lease covers only the others),
+/// [`RequestLeases::fencing_token_of`] finds every one.
 ///
 /// ```
 /// use axum::Extension;

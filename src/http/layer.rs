@@ -136,6 +136,9 @@ impl<K> LockLayer<K> {
     /// same key; the same key with a different request gets 422. See
     /// [`replay`](super::replay) for the behaviour and [`Replay`] for the options.
     ///
+    /// Replay is for single-key extractors (one idempotency key per request): a layer
+    /// with a multi-key extractor and replay is not a service.
+    ///
     /// The key extractor is wrapped ([`Replaying`]) to also compute the request's
     /// fingerprint, reading the body when the fingerprint covers it (request bodies
     /// `B: Body<Data = Bytes> + From<Bytes>`, such as axum's). Under

@@ -452,3 +452,68 @@ async fn inside_a_locked_request_another_resource_is_acquired_and_a_held_one_reu
         "the layer's set, and `c`"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_runs_out_names_the_held_member() {
+    let (servers, locker) = three_nodes().await;
+    let held = locker.try_acquire(account("b")).await.unwrap();
+    // A short wait: the holder keeps `b` for the whole test, so it always runs out.
+    let app = transfer_app(
+        &locker,
+        Contention::Wait {
+            timeout: Duration::from_millis(50),
+        },
+    );
+    let answer = send(
+        &app,
+        post_json("/transfers", json!({"from": "a", "to": "b"})),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.json);
+    assert_eq!(answer.code(), "lock-wait-timeout");
+    assert_eq!(answer.json["resource"], "account:b");
+    assert!(answer.json["detail"]
+        .as_str()
+        .unwrap()
+        .contains("`account:b`"));
+    assert!(answer.headers.contains_key("retry-after"));
+    let locked = lock_keys(&servers);
+    assert!(
+        locked.iter().all(|key| key.contains("account:b")),
+        "{locked:?}"
+    );
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_layers_on_one_resource_take_one_lease() {
+    let (_servers, locker) = three_nodes().await;
+    let layer = || {
+        LockLayer::new(locker.clone(), header("x-account"))
+            .scope(Scope::shared("account"))
+            .contention(Contention::Wait {
+                timeout: RESPONSE_LIMIT,
+            })
+    };
+    // The route's layer runs inside the router's: both name `account:a`.
+    let app = Router::new()
+        .route(
+            "/accounts",
+            post(|Extension(leases): Extension<RequestLeases>| async move {
+                leases.iter().count().to_string()
+            })
+            .route_layer(layer()),
+        )
+        .layer(layer());
+    let before = locker.metrics().acquired;
+    let request = Request::post("/accounts")
+        .header("x-account", "a")
+        .body(Body::empty())
+        .unwrap();
+    let answer = send(&app, request).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.json);
+    assert_eq!(answer.json, 1, "one lease in the request");
+    assert_eq!(locker.metrics().acquired - before, 1, "one acquisition");
+    // The header is the layer's single-resource form, once.
+    assert_eq!(answer.fencing_tokens().len(), 1);
+}
