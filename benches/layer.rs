@@ -11,9 +11,14 @@
 //!   locker has ttl 30 s, the watchdog on (the default), a 500 ms node timeout. The
 //!   lease is released in the background when the response body ends.
 //! - **raw**: the same route without the layer; its handler does by hand, per node
-//!   concurrently (`join_all`) over one multiplexed redis-rs connection per node,
-//!   `SET key owner NX PX 30000`, counts a quorum (N/2+1), then the compare-and-delete
-//!   `EVALSHA` (`redis::Script`) on the nodes that granted it, and answers `"ok"`.
+//!   concurrently (`join_all`) over one multiplexed redis-rs connection per node, the
+//!   same Redis work as the layer's fenced lock: the crate's own `acquire.lua` (lock
+//!   key plus fence counter floored by the clock), counts a quorum (N/2+1), then the
+//!   crate's `release.lua` (compare-and-delete, `PUBLISH`) on the nodes that granted
+//!   it, both as `EVALSHA` (`redis::Script`), and answers `"ok"`. (Until 2026-11-23 the
+//!   raw handler did a bare `SET NX PX` and an unfenced compare-and-delete: 4 Redis
+//!   commands per request against the layer's 9, which measured fencing, not the
+//!   layer.)
 //!   Same TCP settings as the crate (`TCP_NODELAY`).
 //!
 //! Load: a client in the same process, no sockets: `tasks` (64) tokio tasks send
@@ -61,7 +66,8 @@ use common::{median, ms, percentile, thousands};
 
 const TTL: Duration = Duration::from_secs(30);
 /// The compare-and-delete of the anchors' raw client.
-const UNLOCK: &str = r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+/// The fence counter's ttl: the crate's default (`LockOptions::fence_ttl`).
+const FENCE_TTL: Duration = Duration::from_secs(3600);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Flavor {
@@ -270,7 +276,8 @@ struct Target {
 struct RawState {
     conns: Arc<[MultiplexedConnection]>,
     quorum: usize,
-    unlock: Arc<redis::Script>,
+    acquire: Arc<redis::Script>,
+    release: Arc<redis::Script>,
 }
 
 /// `POST /work` without the layer; the handler locks by hand.
@@ -291,7 +298,12 @@ async fn raw_router(servers: &[RedisServer]) -> Router {
     let state = RawState {
         quorum: conns.len() / 2 + 1,
         conns: conns.into(),
-        unlock: Arc::new(redis::Script::new(UNLOCK)),
+        acquire: Arc::new(redis::Script::new(include_str!(
+            "../src/node/redis/scripts/acquire.lua"
+        ))),
+        release: Arc::new(redis::Script::new(include_str!(
+            "../src/node/redis/scripts/release.lua"
+        ))),
     };
     Router::new()
         .route("/work", post(raw_handler))
@@ -308,19 +320,25 @@ async fn raw_handler(
     // The same resource name and owner value as the layer's.
     let key = format!("raw:{{POST:/work:{key}}}");
     let owner = owner();
+    let floor = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64 * 1024);
     let granted = join_all(state.conns.iter().map(|conn| {
         let mut conn = conn.clone();
-        let (key, owner) = (&key, &owner);
+        let (key, owner, acquire) = (&key, &owner, &state.acquire);
         async move {
-            let reply: redis::RedisResult<Option<String>> = redis::cmd("SET")
-                .arg(key)
+            // The crate's own acquire script: lock key and floored fence counter.
+            let reply: redis::RedisResult<(i64, redis::Value)> = acquire
+                .key(key)
+                .key(format!("{key}:fence"))
                 .arg(owner)
-                .arg("NX")
-                .arg("PX")
                 .arg(TTL.as_millis() as u64)
-                .query_async(&mut conn)
+                .arg(FENCE_TTL.as_millis() as u64)
+                .arg(floor)
+                .arg("0")
+                .invoke_async(&mut conn)
                 .await;
-            matches!(reply, Ok(Some(_)))
+            matches!(reply, Ok((1, _)))
         }
     }))
     .await;
@@ -338,10 +356,15 @@ async fn raw_handler(
             .filter(|(_, granted)| **granted)
             .map(|(conn, _)| {
                 let mut conn = conn.clone();
-                let (key, owner, unlock) = (&key, &owner, &state.unlock);
+                let (key, owner, release) = (&key, &owner, &state.release);
                 async move {
-                    let _: redis::RedisResult<i64> =
-                        unlock.key(key).arg(owner).invoke_async(&mut conn).await;
+                    // The crate's release script: compare-and-delete, then PUBLISH.
+                    let _: redis::RedisResult<i64> = release
+                        .key(key)
+                        .arg(owner)
+                        .arg(format!("{key}:released"))
+                        .invoke_async(&mut conn)
+                        .await;
                 }
             }),
     )
