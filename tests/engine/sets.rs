@@ -11,8 +11,11 @@ use std::time::Duration;
 
 use support::history::History;
 use support::{eventually, RedisServer};
+use tower_redlock::node::{
+    AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner, ReleaseSignal,
+};
 use tower_redlock::{
-    LockError, LockOptions, LostCause, MemoryNode, Redlock, ReleaseOutcome, Resource,
+    LockError, LockOptions, LostCause, MemoryNode, Node, Redlock, ReleaseOutcome, Resource,
     MAX_RESOURCES_PER_LEASE,
 };
 
@@ -89,14 +92,13 @@ async fn a_set_is_taken_whole_or_not_at_all_on_memory_nodes() {
     assert_eq!(lease.fencing_tokens().len(), 3);
     for (resource, token) in lease.fencing_tokens() {
         assert_eq!(lease.fencing_token_of(resource), Some(token));
-        // A majority at least: the round is decided there.
-        let holding = (0..nodes.len())
-            .filter(|&i| {
-                nodes[i].get(&lock_key(resource.as_str())).as_deref()
-                    == Some(lease.owner_on(i).as_str())
-            })
-            .count();
-        assert!(holding >= 2, "{resource} held on {holding} nodes");
+        // On every node: a `MemoryNode` acts when called, in one step for the set.
+        for (i, node) in nodes.iter().enumerate() {
+            assert_eq!(
+                node.get(&lock_key(resource.as_str())).as_deref(),
+                Some(lease.owner_on(i).as_str())
+            );
+        }
     }
     assert_eq!(lease.fencing_token_of(&Resource::new("d")), None);
     assert_eq!(
@@ -368,4 +370,151 @@ async fn a_set_whose_member_is_gone_on_a_majority_is_lost_on_redis() {
     }
     lease.release().await;
     no_lock_keys_left(&servers).await;
+}
+
+/// Script calls (`EVALSHA`, and `EVAL` after `NOSCRIPT`) a server has run.
+fn script_calls(server: &RedisServer) -> u64 {
+    server.command_calls("evalsha") + server.command_calls("eval")
+}
+
+/// One script per node for the whole set: acquiring, extending and releasing five
+/// members cost one call each per node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_costs_one_call_per_node_and_operation_on_redis() {
+    let servers = RedisServer::start_many(3);
+    let locker = redis_locker(&servers, support::patient().watchdog(false));
+    // Loads the scripts and opens the connections.
+    let warm = locker.try_acquire_all(["w1", "w2"]).await.unwrap();
+    warm.extend().await.unwrap();
+    warm.release().await;
+    no_lock_keys_left(&servers).await;
+    for server in &servers {
+        server.reset_stats();
+    }
+    let members = ["m1", "m2", "m3", "m4", "m5"];
+    let lease = locker.try_acquire_all(members).await.unwrap();
+    lease.extend().await.unwrap();
+    assert_eq!(lease.release().await, ReleaseOutcome::Released);
+    // An extend call may still be on its way to the slowest node.
+    eventually("three script calls on every node", LIMIT, || {
+        servers.iter().all(|s| script_calls(s) >= 3)
+    })
+    .await;
+    for server in &servers {
+        assert_eq!(script_calls(server), 3, "port {}", server.port());
+    }
+}
+
+/// A member held by someone else: the set is refused naming it, and no other member is
+/// ever written on any node (the script checks every member before it writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_member_refuses_the_whole_set_on_redis() {
+    let servers = RedisServer::start_many(3);
+    let holder = redis_locker(&servers, support::patient());
+    let locker = redis_locker(&servers, support::patient());
+    let b = holder.try_acquire("b").await.unwrap();
+    match locker.try_acquire_all(["c", "b", "a"]).await {
+        Err(LockError::Held {
+            resource,
+            holder_ttl,
+        }) => {
+            assert_eq!(resource.as_str(), "b");
+            assert!(holder_ttl.is_some());
+        }
+        other => panic!("expected b held, got {other:?}"),
+    }
+    for server in &servers {
+        assert!(
+            !server.exists(&lock_key("a")),
+            "a written on {}",
+            server.port()
+        );
+        assert!(
+            !server.exists(&lock_key("c")),
+            "c written on {}",
+            server.port()
+        );
+    }
+    b.release().await;
+    let lease = locker.try_acquire_all(["c", "b", "a"]).await.unwrap();
+    assert_eq!(names(lease.resources()), ["a", "b", "c"]);
+    let b_token = lease.fencing_token_of(&"b".into()).unwrap();
+    lease.release().await;
+    let b_again = holder.try_acquire("b").await.unwrap();
+    assert!(b_again.fencing_token() > b_token);
+    b_again.release().await;
+    no_lock_keys_left(&servers).await;
+}
+
+/// A node kind of one's own with the per-key calls only: the default set calls.
+#[derive(Clone)]
+struct PerKey(MemoryNode);
+
+impl Node for PerKey {
+    fn name(&self) -> &str {
+        "per-key"
+    }
+
+    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+        self.0.acquire(request)
+    }
+
+    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        self.0.extend(keys, owner, ttl)
+    }
+
+    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+        self.0.release(keys, owner)
+    }
+
+    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+        self.0.raise_fence(keys, token, fence_ttl)
+    }
+
+    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+        self.0.subscribe(keys)
+    }
+}
+
+#[tokio::test]
+async fn the_default_set_calls_take_all_or_nothing() {
+    let memory = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];
+    let nodes: Vec<PerKey> = memory.iter().cloned().map(PerKey).collect();
+    let locker = Redlock::new(nodes.clone(), LockOptions::default().watchdog(false)).unwrap();
+    let other = Redlock::new(nodes, LockOptions::default()).unwrap();
+    let b = other.try_acquire("b").await.unwrap();
+    match locker.try_acquire_all(["c", "b", "a"]).await {
+        Err(LockError::Held { resource, .. }) => assert_eq!(resource.as_str(), "b"),
+        other => panic!("expected b held, got {other:?}"),
+    }
+    // `a` was taken on each node before `b` was found held, and given back.
+    eventually("the set's first member given back", LIMIT, || {
+        memory.iter().all(|n| n.get(&lock_key("a")).is_none())
+    })
+    .await;
+    assert!(memory.iter().all(|n| n.get(&lock_key("c")).is_none()));
+    b.release().await;
+
+    let lease = locker.try_acquire_all(["c", "b", "a"]).await.unwrap();
+    let tokens: Vec<_> = lease.fencing_tokens().map(|(_, t)| t).collect();
+    assert!(lease.extend().await.is_ok());
+    memory[0].delete(&lock_key("c"));
+    memory[2].delete(&lock_key("c"));
+    assert!(matches!(
+        lease.extend().await,
+        Err(LockError::Lost {
+            cause: LostCause::KeyLost,
+            ..
+        })
+    ));
+    lease.release().await;
+    for node in &memory {
+        for member in ["a", "b", "c"] {
+            assert_eq!(node.get(&lock_key(member)), None, "{member} left behind");
+        }
+    }
+    let again = locker.try_acquire_all(["a", "b", "c"]).await.unwrap();
+    for ((_, token), before) in again.fencing_tokens().zip(tokens) {
+        assert!(token > before);
+    }
 }

@@ -12,10 +12,12 @@ use crate::error::NodeError;
 use crate::node::LockKeys;
 use crate::node::RecordStore;
 use crate::node::{
-    AcquireReply, AcquireRequest, ExtendEntry, Node, NodeFuture, Owner, ReleaseSignal,
+    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node,
+    NodeFuture, Owner, ReleaseSignal,
 };
 
 mod records;
+mod set;
 
 /// Sweep expired keys after this many writes, so unique resources (idempotency keys)
 /// never accumulate.
@@ -430,6 +432,31 @@ impl Node for MemoryNode {
             }
             Ok(())
         })
+    }
+
+    // The set calls (in `set.rs`): each atomic under the store's lock.
+    fn acquire_set(
+        self: Arc<Self>,
+        request: &AcquireSetRequest<'_>,
+    ) -> NodeFuture<AcquireSetReply> {
+        self.acquire_all_now(request)
+    }
+
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        self.extend_all_now(keys, owner, ttl)
+    }
+
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+        self.release_all_now(keys, owner)
+    }
+
+    fn raise_fences(
+        &self,
+        keys: &[LockKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        self.raise_all_now(keys, tokens, fence_ttl)
     }
 
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {

@@ -9,6 +9,7 @@ use redis::{Client, IntoConnectionInfo};
 
 use crate::error::ConfigError;
 use crate::node::identity;
+use crate::node::redis::call::set::{self, SetCall};
 use crate::node::redis::call::{
     self, Acquire, CallError, ExtendCall, ExtendManyCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
 };
@@ -17,7 +18,8 @@ use crate::node::redis::pubsub::Hub;
 use crate::node::redis::records;
 use crate::node::LockKeys;
 use crate::node::{
-    AcquireReply, AcquireRequest, ExtendEntry, Node, NodeError, NodeFuture, Owner, ReleaseSignal,
+    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node, NodeError,
+    NodeFuture, Owner, ReleaseSignal,
 };
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
@@ -145,6 +147,16 @@ impl RedisNode {
         self
     }
 
+    fn run_set<T: Send + 'static>(&self, call: SetCall<T>) -> NodeFuture<T> {
+        let mut conn = self.inner.conn.clone();
+        let wait = self.wait;
+        Box::pin(async move {
+            call.run(&mut conn, wait)
+                .await
+                .map_err(CallError::into_node_error)
+        })
+    }
+
     /// The command connection (for [`SentinelNode`](crate::SentinelNode)).
     pub(crate) fn connection(&self) -> Resending {
         self.inner.conn.clone()
@@ -226,6 +238,31 @@ impl Node for RedisNode {
                 .await
                 .map_err(CallError::into_node_error)
         })
+    }
+
+    // The set calls: one script each (`call/set.rs`).
+    fn acquire_set(
+        self: Arc<Self>,
+        request: &AcquireSetRequest<'_>,
+    ) -> NodeFuture<AcquireSetReply> {
+        self.run_set(set::acquire_set(request))
+    }
+
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        self.run_set(set::extend_set(keys, owner, ttl))
+    }
+
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+        self.run_set(set::release_set(keys, owner, false))
+    }
+
+    fn raise_fences(
+        &self,
+        keys: &[LockKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        self.run_set(set::raise_fences(keys, tokens, fence_ttl))
     }
 
     // The subscriptions are kept by one upkeep task per node (see `pubsub`): they

@@ -548,6 +548,7 @@ pub(crate) fn parse_flag(value: Value) -> Result<bool, NodeError> {
 }
 
 mod extend_many;
+pub(crate) mod set;
 #[cfg(test)]
 mod tests;
 

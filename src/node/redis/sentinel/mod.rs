@@ -14,7 +14,9 @@ use tokio::sync::{watch, Mutex as AsyncMutex};
 use tokio::time::Instant;
 
 mod channel;
+mod check;
 mod record_store;
+mod set;
 
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
@@ -27,7 +29,8 @@ use crate::node::redis::standalone::RedisNode;
 use crate::node::LockKeys;
 use crate::node::RecordStore;
 use crate::node::{
-    AcquireReply, AcquireRequest, ExtendEntry, Node, NodeFuture, Owner, ReleaseSignal,
+    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node,
+    NodeFuture, Owner, ReleaseSignal,
 };
 use channel::HubChannel;
 
@@ -197,7 +200,7 @@ impl SentinelNode {
         // The first lookup starts at once, in the background.
         let first = spawn_lookup(&runtime, Arc::downgrade(&inner), None, None);
         inner.state.lock().unwrap_or_else(|p| p.into_inner()).lookup = first;
-        runtime.spawn(check_task(Arc::downgrade(&inner)));
+        runtime.spawn(check::check_task(Arc::downgrade(&inner)));
         Ok(SentinelNode { inner, wait: None })
     }
 
@@ -412,52 +415,6 @@ impl Inner {
     }
 }
 
-/// Asks the sentinels every `check_interval` whether the master changed.
-async fn check_task(inner: Weak<Inner>) {
-    loop {
-        let interval = match inner.upgrade() {
-            Some(inner) => inner.check_interval_ms.load(Ordering::Relaxed),
-            None => return,
-        };
-        tokio::time::sleep(Duration::from_millis(if interval == 0 {
-            millis(DEFAULT_CHECK_INTERVAL)
-        } else {
-            interval
-        }))
-        .await;
-        let Some(inner) = inner.upgrade() else {
-            return;
-        };
-        if inner.check_interval_ms.load(Ordering::Relaxed) == 0 {
-            continue;
-        }
-        let (generation, current) = {
-            let state = inner.state.lock().unwrap_or_else(|p| p.into_inner());
-            (state.generation, state.lookup.peek().cloned())
-        };
-        match current {
-            // A lookup is in progress.
-            None => {}
-            // The last lookup failed and no command asked again since: retry.
-            Some(Err(_)) => inner.invalidate(generation),
-            Some(Ok(master)) => {
-                let found = tokio::time::timeout(RESOLVE_TIMEOUT, async {
-                    let mut sentinel = inner.sentinel.lock().await;
-                    sentinel
-                        .async_master_for(&inner.service, Some(&inner.master_info))
-                        .await
-                })
-                .await;
-                if let Ok(Ok(client)) = found {
-                    if client.get_connection_info().addr().to_string() != master.addr {
-                        inner.invalidate(generation);
-                    }
-                }
-            }
-        }
-    }
-}
-
 impl Node for SentinelNode {
     fn name(&self) -> &str {
         &self.inner.name
@@ -528,6 +485,31 @@ impl Node for SentinelNode {
                 )
                 .await
         })
+    }
+
+    // The set calls: one script each on the master (`set.rs`, `call/set.rs`).
+    fn acquire_set(
+        self: Arc<Self>,
+        request: &AcquireSetRequest<'_>,
+    ) -> NodeFuture<AcquireSetReply> {
+        self.run_set(call::set::acquire_set(request))
+    }
+
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        self.run_set(call::set::extend_set(keys, owner, ttl))
+    }
+
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+        self.run_set(call::set::release_set(keys, owner, false))
+    }
+
+    fn raise_fences(
+        &self,
+        keys: &[LockKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        self.run_set(call::set::raise_fences(keys, tokens, fence_ttl))
     }
 
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {

@@ -1,0 +1,174 @@
+//! The set calls of the standalone and Sentinel nodes: one script per call for the
+//! whole set ([`Node::acquire_set`](crate::node::Node::acquire_set) and the others).
+//! A cluster cannot run them (the members' keys are in different slots) and keeps the
+//! per-key defaults.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::Value;
+
+use super::{int, parse_flag, Call, CallError, Lua, ReplicaWait, EXTEND_MANY};
+use crate::error::NodeError;
+use crate::node::redis::millis_ceil;
+use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Owner};
+
+static ACQUIRE_SET: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../scripts/acquire_set.lua")));
+static RELEASE_SET: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../scripts/release_set.lua")));
+static RAISE_FENCES: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../scripts/raise_fences.lua")));
+
+/// One prepared set call, answering `T`: the script, whether a replica acknowledgement
+/// applies to it, and how to read its reply.
+pub(crate) struct SetCall<T> {
+    call: Call,
+    /// `WAIT` applies (not to a release: a lost release only delays the next holder).
+    waits: bool,
+    wrote: fn(&Value) -> bool,
+    parse: fn(&Value) -> Result<T, NodeError>,
+}
+
+impl<T> SetCall<T> {
+    /// Runs the script (see `Call::run`); with `wait`, an answer that wrote counts only
+    /// once enough replicas acknowledged it.
+    pub(crate) async fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<T, CallError> {
+        let wait = wait.filter(|_| self.waits);
+        let value = self.call.run(conn, wait, self.wrote).await?;
+        (self.parse)(&value).map_err(CallError::Reply)
+    }
+}
+
+/// The acquire-set script: every member checked, then all set or none.
+pub(crate) fn acquire_set(request: &AcquireSetRequest<'_>) -> SetCall<AcquireSetReply> {
+    let keys = request
+        .keys
+        .iter()
+        .flat_map(|keys| [keys.lock.clone(), keys.fence.clone()])
+        .collect();
+    let flag = |on: bool| if on { "1" } else { "0" }.to_owned();
+    SetCall {
+        call: Call {
+            lua: &ACQUIRE_SET,
+            keys,
+            args: vec![
+                request.owner.as_str().to_owned(),
+                millis_ceil(request.ttl).to_string(),
+                millis_ceil(request.fence_ttl).to_string(),
+                // A decimal string: Lua would format a number this large as a float.
+                request.fence_floor.to_string(),
+                flag(request.seed_only_when_missing),
+                flag(request.fencing),
+            ],
+        },
+        waits: true,
+        wrote: |value| matches!(value, Value::Array(items) if items.first().and_then(int) == Some(1)),
+        parse: parse_acquire_set,
+    }
+}
+
+/// `{1, token_1, …, token_n}` or `{0, member (1-based), pttl}`.
+fn parse_acquire_set(value: &Value) -> Result<AcquireSetReply, NodeError> {
+    let bad = || NodeError::Protocol(format!("acquire-set script returned {value:?}").into());
+    let Value::Array(items) = value else {
+        return Err(bad());
+    };
+    match items.split_first() {
+        Some((flag, tokens)) if int(flag) == Some(1) => {
+            let fences = tokens
+                .iter()
+                .map(|token| {
+                    int(token)
+                        .and_then(|t| u64::try_from(t).ok())
+                        .ok_or_else(bad)
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(AcquireSetReply::Acquired { fences })
+        }
+        Some((flag, [member, pttl])) if int(flag) == Some(0) => {
+            let member = int(member)
+                .and_then(|m| usize::try_from(m).ok())
+                .and_then(|m| m.checked_sub(1))
+                .ok_or_else(bad)?;
+            Ok(AcquireSetReply::Held {
+                member,
+                // -1: the key has no ttl.
+                pttl: int(pttl)
+                    .and_then(|p| u64::try_from(p).ok())
+                    .map(Duration::from_millis),
+            })
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// The extend-many script with one owner for every member: yes only if every member
+/// was still ours (and so extended).
+pub(crate) fn extend_set(keys: &[LockKeys], owner: &Owner, ttl: Duration) -> SetCall<bool> {
+    let mut args = Vec::with_capacity(keys.len() + 1);
+    args.push(millis_ceil(ttl).to_string());
+    args.extend(keys.iter().map(|_| owner.as_str().to_owned()));
+    SetCall {
+        call: Call {
+            lua: &EXTEND_MANY,
+            keys: keys.iter().map(|k| k.lock.clone()).collect(),
+            args,
+        },
+        waits: true,
+        wrote: |value| matches!(value, Value::Array(flags) if flags.iter().any(|f| int(f) == Some(1))),
+        parse: |value| match value {
+            Value::Array(flags) if flags.iter().all(|f| matches!(int(f), Some(0 | 1))) => {
+                Ok(flags.iter().all(|f| int(f) == Some(1)))
+            }
+            other => Err(NodeError::Protocol(
+                format!("extend-many script returned {other:?}").into(),
+            )),
+        },
+    }
+}
+
+/// The release-set script: compare-and-delete every member, publishing on each
+/// member's channel (`SPUBLISH` when `sharded`).
+pub(crate) fn release_set(keys: &[LockKeys], owner: &Owner, sharded: bool) -> SetCall<bool> {
+    let mut args = Vec::with_capacity(keys.len() + 2);
+    args.push(owner.as_str().to_owned());
+    args.push(if sharded { "1" } else { "0" }.to_owned());
+    args.extend(keys.iter().map(|k| k.channel.clone()));
+    SetCall {
+        call: Call {
+            lua: &RELEASE_SET,
+            keys: keys.iter().map(|k| k.lock.clone()).collect(),
+            args,
+        },
+        waits: false,
+        wrote: |_| false,
+        parse: |value| parse_flag(value.clone()),
+    }
+}
+
+/// The raise-fences script: each member's counter to at least its token.
+pub(crate) fn raise_fences(keys: &[LockKeys], tokens: &[u64], fence_ttl: Duration) -> SetCall<()> {
+    let mut args = Vec::with_capacity(keys.len() + 1);
+    args.push(millis_ceil(fence_ttl).to_string());
+    args.extend(tokens.iter().map(u64::to_string));
+    SetCall {
+        call: Call {
+            lua: &RAISE_FENCES,
+            keys: keys.iter().map(|k| k.fence.clone()).collect(),
+            args,
+        },
+        waits: true,
+        wrote: |value| int(value).is_some_and(|raised| raised > 0),
+        parse: |value| {
+            int(value).map(|_| ()).ok_or_else(|| {
+                NodeError::Protocol(format!("raise-fences script returned {value:?}").into())
+            })
+        },
+    }
+}

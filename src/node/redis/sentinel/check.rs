@@ -1,0 +1,53 @@
+//! The periodic check of a [`SentinelNode`](crate::SentinelNode): has the master changed?
+
+use std::sync::atomic::Ordering;
+use std::sync::Weak;
+use std::time::Duration;
+
+use super::{millis, Inner, DEFAULT_CHECK_INTERVAL, RESOLVE_TIMEOUT};
+
+/// Asks the sentinels every `check_interval` whether the master changed.
+pub(super) async fn check_task(inner: Weak<Inner>) {
+    loop {
+        let interval = match inner.upgrade() {
+            Some(inner) => inner.check_interval_ms.load(Ordering::Relaxed),
+            None => return,
+        };
+        tokio::time::sleep(Duration::from_millis(if interval == 0 {
+            millis(DEFAULT_CHECK_INTERVAL)
+        } else {
+            interval
+        }))
+        .await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.check_interval_ms.load(Ordering::Relaxed) == 0 {
+            continue;
+        }
+        let (generation, current) = {
+            let state = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+            (state.generation, state.lookup.peek().cloned())
+        };
+        match current {
+            // A lookup is in progress.
+            None => {}
+            // The last lookup failed and no command asked again since: retry.
+            Some(Err(_)) => inner.invalidate(generation),
+            Some(Ok(master)) => {
+                let found = tokio::time::timeout(RESOLVE_TIMEOUT, async {
+                    let mut sentinel = inner.sentinel.lock().await;
+                    sentinel
+                        .async_master_for(&inner.service, Some(&inner.master_info))
+                        .await
+                })
+                .await;
+                if let Ok(Ok(client)) = found {
+                    if client.get_connection_info().addr().to_string() != master.addr {
+                        inner.invalidate(generation);
+                    }
+                }
+            }
+        }
+    }
+}
