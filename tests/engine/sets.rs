@@ -222,7 +222,7 @@ async fn a_waiting_set_wakes_when_any_member_is_released() {
         let locker = waiter_locker.clone();
         tokio::spawn(async move {
             locker
-                .acquire_all(["a", "b"], Duration::from_secs(300))
+                .acquire_all(["a", "b"], Duration::from_secs(10))
                 .await
         })
     };
