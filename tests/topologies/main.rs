@@ -9,3 +9,4 @@ mod support;
 mod cluster;
 #[cfg(all(feature = "etcd", feature = "axum"))]
 mod etcd;
+mod sets;

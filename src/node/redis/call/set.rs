@@ -47,26 +47,20 @@ impl<T> SetCall<T> {
 
 /// The acquire-set script: every member checked, then all set or none.
 pub(crate) fn acquire_set(request: &AcquireSetRequest<'_>) -> SetCall<AcquireSetReply> {
-    let keys = request
-        .keys
-        .iter()
-        .flat_map(|keys| [keys.lock.clone(), keys.fence.clone()])
-        .collect();
-    let flag = |on: bool| if on { "1" } else { "0" }.to_owned();
+    let flag = |on: bool| if on { "1" } else { "0" };
+    let mut call = Call::new(&ACQUIRE_SET, 2 * request.keys.len());
+    for keys in request.keys {
+        call = call.arg(&keys.lock).arg(&keys.fence);
+    }
     SetCall {
-        call: Call {
-            lua: &ACQUIRE_SET,
-            keys,
-            args: vec![
-                request.owner.as_str().to_owned(),
-                millis_ceil(request.ttl).to_string(),
-                millis_ceil(request.fence_ttl).to_string(),
-                // A decimal string: Lua would format a number this large as a float.
-                request.fence_floor.to_string(),
-                flag(request.seed_only_when_missing),
-                flag(request.fencing),
-            ],
-        },
+        call: call
+            .arg(request.owner.as_str())
+            .arg(millis_ceil(request.ttl))
+            .arg(millis_ceil(request.fence_ttl))
+            // A decimal string: Lua would format a number this large as a float.
+            .arg(request.fence_floor.to_string())
+            .arg(flag(request.seed_only_when_missing))
+            .arg(flag(request.fencing)),
         waits: true,
         wrote: |value| matches!(value, Value::Array(items) if items.first().and_then(int) == Some(1)),
         parse: parse_acquire_set,
@@ -111,15 +105,16 @@ fn parse_acquire_set(value: &Value) -> Result<AcquireSetReply, NodeError> {
 /// The extend-many script with one owner for every member: yes only if every member
 /// was still ours (and so extended).
 pub(crate) fn extend_set(keys: &[LockKeys], owner: &Owner, ttl: Duration) -> SetCall<bool> {
-    let mut args = Vec::with_capacity(keys.len() + 1);
-    args.push(millis_ceil(ttl).to_string());
-    args.extend(keys.iter().map(|_| owner.as_str().to_owned()));
+    let mut call = Call::new(&EXTEND_MANY, keys.len());
+    for member in keys {
+        call = call.arg(&member.lock);
+    }
+    call = call.arg(millis_ceil(ttl));
+    for _ in keys {
+        call = call.arg(owner.as_str());
+    }
     SetCall {
-        call: Call {
-            lua: &EXTEND_MANY,
-            keys: keys.iter().map(|k| k.lock.clone()).collect(),
-            args,
-        },
+        call,
         waits: true,
         wrote: |value| matches!(value, Value::Array(flags) if flags.iter().any(|f| int(f) == Some(1))),
         parse: |value| match value {
@@ -136,16 +131,18 @@ pub(crate) fn extend_set(keys: &[LockKeys], owner: &Owner, ttl: Duration) -> Set
 /// The release-set script: compare-and-delete every member, publishing on each
 /// member's channel (`SPUBLISH` when `sharded`).
 pub(crate) fn release_set(keys: &[LockKeys], owner: &Owner, sharded: bool) -> SetCall<bool> {
-    let mut args = Vec::with_capacity(keys.len() + 2);
-    args.push(owner.as_str().to_owned());
-    args.push(if sharded { "1" } else { "0" }.to_owned());
-    args.extend(keys.iter().map(|k| k.channel.clone()));
+    let mut call = Call::new(&RELEASE_SET, keys.len());
+    for member in keys {
+        call = call.arg(&member.lock);
+    }
+    call = call
+        .arg(owner.as_str())
+        .arg(if sharded { "1" } else { "0" });
+    for member in keys {
+        call = call.arg(&member.channel);
+    }
     SetCall {
-        call: Call {
-            lua: &RELEASE_SET,
-            keys: keys.iter().map(|k| k.lock.clone()).collect(),
-            args,
-        },
+        call,
         waits: false,
         wrote: |_| false,
         parse: |value| parse_flag(value.clone()),
@@ -154,15 +151,16 @@ pub(crate) fn release_set(keys: &[LockKeys], owner: &Owner, sharded: bool) -> Se
 
 /// The raise-fences script: each member's counter to at least its token.
 pub(crate) fn raise_fences(keys: &[LockKeys], tokens: &[u64], fence_ttl: Duration) -> SetCall<()> {
-    let mut args = Vec::with_capacity(keys.len() + 1);
-    args.push(millis_ceil(fence_ttl).to_string());
-    args.extend(tokens.iter().map(u64::to_string));
+    let mut call = Call::new(&RAISE_FENCES, keys.len());
+    for member in keys {
+        call = call.arg(&member.fence);
+    }
+    call = call.arg(millis_ceil(fence_ttl));
+    for token in tokens {
+        call = call.arg(token.to_string());
+    }
     SetCall {
-        call: Call {
-            lua: &RAISE_FENCES,
-            keys: keys.iter().map(|k| k.fence.clone()).collect(),
-            args,
-        },
+        call,
         waits: true,
         wrote: |value| int(value).is_some_and(|raised| raised > 0),
         parse: |value| {
