@@ -28,6 +28,13 @@
 //! counters it keeps stay too). Redis memory is `INFO memory` `used_memory`, summed over
 //! nodes, while held and after (the fence counters stay for `fence_ttl`, 7 days).
 //! Repeated 3 times (`-- --reps N`); medians.
+//!
+//! Client work per acquisition (issue 16), in a second table: N `try_acquire` +
+//! `release` cycles on distinct resources, one after the other (watchdog on), counting
+//! allocator calls (`alloc` and `realloc`, whatever is freed again) and the tasks the
+//! engine spawned ([`tower_redlock::metrics::tasks_spawned`]) per cycle; and the tokio
+//! tasks alive per held lease (`num_alive_tasks`, held-lease rows, watchdog on).
+//! `-- --cycles-only` runs that table alone.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -49,6 +56,8 @@ struct Counting;
 
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
 static LIVE_ALLOCS: AtomicIsize = AtomicIsize::new(0);
+/// Allocator calls that hand out memory (`alloc`, `alloc_zeroed`, `realloc`), ever.
+static ALLOC_CALLS: AtomicIsize = AtomicIsize::new(0);
 
 // SAFETY: every call is forwarded to `System` with the same arguments; the counters
 // are only observed.
@@ -58,6 +67,7 @@ unsafe impl GlobalAlloc for Counting {
         if !p.is_null() {
             LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
             LIVE_ALLOCS.fetch_add(1, Ordering::Relaxed);
+            ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
         }
         p
     }
@@ -67,6 +77,7 @@ unsafe impl GlobalAlloc for Counting {
         if !p.is_null() {
             LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
             LIVE_ALLOCS.fetch_add(1, Ordering::Relaxed);
+            ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
         }
         p
     }
@@ -80,6 +91,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let p = System.realloc(ptr, layout, new_size);
         if !p.is_null() {
+            ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
             LIVE_BYTES.fetch_add(
                 new_size as isize - layout.size() as isize,
                 Ordering::Relaxed,
@@ -173,6 +185,8 @@ struct Sample {
     retry: Option<(f64, f64)>,
     /// Redis memory per item once everything was released (fence counters stay).
     redis_left: Option<f64>,
+    /// Held leases: tokio tasks alive per lease.
+    tasks_alive: Option<f64>,
 }
 
 fn used_memory(servers: &[RedisServer]) -> Option<f64> {
@@ -220,12 +234,25 @@ fn main() {
         };
         sizes
     });
+    let cycles_only = common::switch("--cycles-only");
     let mut samples = Vec::new();
+    let mut cycle_rows = Vec::new();
     for backend in [Backend::Memory, Backend::Redis(1), Backend::Redis(3)] {
         let servers = match backend {
             Backend::Memory => Vec::new(),
             Backend::Redis(nodes) => RedisServer::start_many(nodes),
         };
+        let per_cycle: Vec<(f64, f64)> = (0..reps)
+            .map(|rep| runtime.block_on(cycles(backend, &servers, n, rep)))
+            .collect();
+        cycle_rows.push((
+            backend,
+            median(per_cycle.iter().map(|c| c.0)),
+            median(per_cycle.iter().map(|c| c.1)),
+        ));
+        if cycles_only {
+            continue;
+        }
         for rep in 0..reps {
             for scenario in [
                 Scenario::Held { watchdog: true },
@@ -247,7 +274,37 @@ fn main() {
             }
         }
     }
-    print_table(&samples, n, reps, &load_before, futures);
+    if !cycles_only {
+        print_table(&samples, n, reps, &load_before, futures);
+    }
+    println!();
+    println!(
+        "Client work per acquisition: {} sequential try_acquire + release cycles, medians of {reps}; \
+         tasks alive per held lease from the held-lease rows (watchdog on).",
+        common::thousands(n as f64)
+    );
+    println!();
+    println!("| backend | allocator calls per acquire + release | engine tasks spawned per acquire + release | tokio tasks alive per held lease |");
+    println!("|---|---|---|---|");
+    for (backend, allocs, tasks) in cycle_rows {
+        let alive = median(
+            samples
+                .iter()
+                .filter(|s| {
+                    s.backend == backend && s.scenario == (Scenario::Held { watchdog: true })
+                })
+                .filter_map(|s| s.tasks_alive),
+        );
+        let alive = if alive.is_nan() {
+            "–".to_owned()
+        } else {
+            format!("{alive:.2}")
+        };
+        println!(
+            "| {} | {allocs:.1} | {tasks:.2} | {alive} |",
+            backend.name()
+        );
+    }
 }
 
 async fn measure(
@@ -286,8 +343,12 @@ async fn measure(
     let redis0 = used_memory(servers);
     let (bytes1, allocs1, redis1);
     let mut retry = None;
+    let mut tasks_alive = None;
     match scenario {
         Scenario::Held { .. } => {
+            let alive0 = tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks();
             let mut leases: Vec<Lease> = Vec::with_capacity(n);
             for i in 0..n {
                 leases.push(
@@ -299,6 +360,10 @@ async fn measure(
             }
             (bytes1, allocs1) = settled().await;
             redis1 = used_memory(servers);
+            let alive1 = tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks();
+            tasks_alive = Some((alive1 as f64 - alive0 as f64) / n as f64);
             for lease in leases {
                 lease.release().await;
             }
@@ -405,7 +470,36 @@ async fn measure(
             (Some(a), Some(b)) => Some((b - a) / n as f64),
             _ => None,
         },
+        tasks_alive,
     }
+}
+
+/// Client work of one acquire + release: allocator calls and engine tasks spawned per
+/// cycle, over `n` sequential cycles on distinct resources.
+async fn cycles(backend: Backend, servers: &[RedisServer], n: usize, rep: usize) -> (f64, f64) {
+    let node = MemoryNode::new();
+    let locker = locker(backend, &node, servers, true);
+    let prefix = format!("cycle:{rep}");
+    // Warm-up: connections and scripts.
+    for i in 0..100 {
+        let lease = locker
+            .try_acquire(format!("{prefix}:warm:{i}"))
+            .await
+            .expect("warm");
+        lease.release().await;
+    }
+    let allocs0 = ALLOC_CALLS.load(Ordering::Relaxed);
+    let tasks0 = tower_redlock::metrics::tasks_spawned();
+    for i in 0..n {
+        let lease = locker
+            .try_acquire(format!("{prefix}:{i}"))
+            .await
+            .expect("uncontended acquire");
+        lease.release().await;
+    }
+    let allocs = ALLOC_CALLS.load(Ordering::Relaxed) - allocs0;
+    let tasks = tower_redlock::metrics::tasks_spawned() - tasks0;
+    (allocs as f64 / n as f64, tasks as f64 / n as f64)
 }
 
 /// Another locker over the same nodes: "another process" to the nodes.

@@ -334,7 +334,7 @@ impl Drop for Unfinished {
         };
         let held = self.held.take();
         let runtime = inner.locker.runtime.clone();
-        runtime.spawn(async move {
+        metrics::spawn(&runtime, async move {
             release(&inner).await;
             drop(held);
         });
@@ -379,7 +379,7 @@ impl Drop for Lease {
         let runtime = inner.locker.runtime.clone();
         // Never block in drop: release in the background, and keep the local queue's
         // permit until the nodes answered, so the next local waiter does not find our key.
-        runtime.spawn(async move {
+        metrics::spawn(&runtime, async move {
             release(&inner).await;
             drop(held);
         });

@@ -22,10 +22,13 @@
 //! | `tower_redlock_http_replays_total` | counter | `outcome`: `replayed`, `key-reused`, `recorded`, `not-recorded` | [idempotent replay](crate::http::replay): responses replayed, keys reused for another request, responses recorded or not | `not-recorded` rising: the store failed after the handler ran, retries will run the handler again |
 //!
 //! The per-locker counters of [`Redlock::metrics`](crate::Redlock::metrics) are
-//! always kept, with or without this feature.
+//! always kept, with or without this feature, and so is [`tasks_spawned`]: the
+//! background tasks the engine started, for benchmarks that count client work per
+//! acquisition.
 
 #[cfg(feature = "metrics")]
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -205,4 +208,39 @@ pub(crate) fn replay(outcome: &'static str) {
     let _ = outcome;
     #[cfg(feature = "metrics")]
     ::metrics::counter!(HTTP_REPLAYS, "outcome" => outcome).increment(1);
+}
+
+static TASKS_SPAWNED: AtomicU64 = AtomicU64::new(0);
+
+/// Tokio tasks the lock engine has spawned in this process so far, over every locker
+/// (the renewal of leases, releases, the calls that outlive a decided round). The
+/// nodes' own connection and subscription tasks are not counted. Benchmarks read it
+/// before and after a run to count tasks per acquisition.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let before = tower_redlock::metrics::tasks_spawned();
+/// let locker = tower_redlock::Redlock::in_memory();
+/// let lease = locker.try_acquire("r").await.unwrap();
+/// lease.release().await;
+/// let per_acquisition = tower_redlock::metrics::tasks_spawned() - before;
+/// # let _ = per_acquisition;
+/// # }
+/// ```
+pub fn tasks_spawned() -> u64 {
+    TASKS_SPAWNED.load(Ordering::Relaxed)
+}
+
+/// Spawns `task` on `runtime`, counted by [`tasks_spawned`].
+pub(crate) fn spawn<F>(
+    runtime: &tokio::runtime::Handle,
+    task: F,
+) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    TASKS_SPAWNED.fetch_add(1, Ordering::Relaxed);
+    runtime.spawn(task)
 }

@@ -63,6 +63,7 @@ use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeFailure};
 use crate::lock::lease::{Lease, LeaseHandle, LeaseInner, LostCause};
+use crate::lock::metrics;
 use crate::lock::round::Nodes;
 use crate::lock::LockError;
 use crate::lock::Redlock;
@@ -501,7 +502,7 @@ fn discard_in_background(inner: &LeaseInner) {
             tokio::time::timeout(nodes.timeout(), call)
         })
         .collect();
-    inner.locker.runtime.spawn(async move {
+    metrics::spawn(&inner.locker.runtime, async move {
         futures_util::future::join_all(calls).await;
     });
 }

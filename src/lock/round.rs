@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeFailure};
 use crate::lock::health::{Health, NodeState};
-use crate::lock::metrics::observe;
+use crate::lock::metrics::{self, observe};
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner};
 
@@ -42,7 +42,7 @@ impl<R: Send + 'static> Stragglers<R> {
         }
         let (done, settled) = tokio::sync::watch::channel(());
         let calls: FuturesUnordered<_> = self.calls.drain(..).collect();
-        tokio::spawn(async move {
+        metrics::spawn(&tokio::runtime::Handle::current(), async move {
             calls.for_each(|_| async {}).await;
             drop(done);
         });
@@ -63,7 +63,10 @@ impl<R: Send + 'static> Drop for Stragglers<R> {
         // Without a runtime (it is shutting down) the calls are dropped with it.
         if !self.calls.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
             let calls: FuturesUnordered<_> = self.calls.drain(..).collect();
-            tokio::spawn(calls.for_each(|_| async {}));
+            metrics::spawn(
+                &tokio::runtime::Handle::current(),
+                calls.for_each(|_| async {}),
+            );
         }
     }
 }
@@ -335,7 +338,7 @@ impl Nodes {
         if work.is_empty() {
             return;
         }
-        tokio::spawn(async move {
+        metrics::spawn(&tokio::runtime::Handle::current(), async move {
             let cleanup = &cleanup;
             let steps: FuturesUnordered<_> =
                 work.into_iter().map(|step| cleanup.run(step)).collect();
@@ -418,7 +421,10 @@ impl Nodes {
         match keep {
             Some(keep) => keep.extend(pending.into_iter().map(|call| Box::pin(call) as Pending<T>)),
             None => {
-                tokio::spawn(pending.for_each(|_| async {}));
+                metrics::spawn(
+                    &tokio::runtime::Handle::current(),
+                    pending.for_each(|_| async {}),
+                );
             }
         }
     }

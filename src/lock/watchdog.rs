@@ -9,12 +9,13 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::lock::lease::{ExtendFailure, LeaseInner, LostCause};
+use crate::lock::metrics;
 
 /// Starts the watchdog of a fresh lease; dropping the returned sender stops it.
 pub(crate) fn spawn(inner: Arc<LeaseInner>) -> oneshot::Sender<()> {
     let (stop, stopped) = oneshot::channel();
     let runtime = inner.locker.runtime.clone();
-    runtime.spawn(async move {
+    metrics::spawn(&runtime, async move {
         tokio::select! {
             _ = stopped => {}
             () = renew(&inner) => {}

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeFailure};
 use crate::lock::health::Health;
+use crate::lock::metrics;
 use crate::lock::round::{watched, Nodes, OwnerTally, Stragglers};
 use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Node, NodeFuture, Owner};
 
@@ -184,7 +185,7 @@ impl Nodes {
         if now.is_empty() && late.is_empty() {
             return;
         }
-        tokio::spawn(async move {
+        metrics::spawn(&tokio::runtime::Handle::current(), async move {
             let cleanup = &cleanup;
             let wanted = &wanted;
             let steps: FuturesUnordered<_> = now
