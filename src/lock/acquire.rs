@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::lease::{LeaseInner, Status};
 use super::round::{Nodes, Stragglers};
 use super::wait::{next_release, QueueRef};
-use super::{fencing, watchdog, Lease, LockError, Redlock};
+use super::{fencing, renewal, Lease, LockError, Redlock};
 use crate::node::{AcquireRequest, LockKeys, Owner, ReleaseSignal, Resource};
 use fencing::FencingToken;
 
@@ -115,7 +115,8 @@ impl Redlock {
         Ok(self.finish(inner, permit, queue))
     }
 
-    /// Turns a won round into a [`Lease`]: starts its watchdog and records the local holder.
+    /// Turns a won round into a [`Lease`]: puts it on the renewal schedule and records the
+    /// local holder.
     pub(super) fn finish(
         &self,
         inner: Arc<LeaseInner>,
@@ -123,12 +124,12 @@ impl Redlock {
         queue: QueueRef,
     ) -> Lease {
         queue.set_holder(&inner);
-        let stop = self
+        let renewal = self
             .shared
             .options
             .watchdog
-            .then(|| watchdog::spawn(inner.clone()));
-        Lease::new(inner, permit, queue, stop)
+            .then(|| renewal::register(&inner));
+        Lease::new(inner, permit, queue, renewal)
     }
 
     /// One Redlock round (plus the fence write-back when needed).

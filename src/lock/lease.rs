@@ -4,11 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch, OwnedSemaphorePermit};
+use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use crate::lock::fencing::FencingToken;
 use crate::lock::metrics;
+use crate::lock::renewal::Registration;
+use crate::lock::round::OwnerTally;
 use crate::lock::set::Members;
 use crate::lock::LockError;
 use crate::lock::Shared;
@@ -108,6 +110,14 @@ impl LeaseInner {
         marked
     }
 
+    /// The lock keys of this lease, one per resource.
+    pub(crate) fn lock_keys(&self) -> &[LockKeys] {
+        match &self.set {
+            None => std::slice::from_ref(&self.keys),
+            Some(set) => &set.keys,
+        }
+    }
+
     /// Extends the lease on a majority; see [`Lease::extend`].
     #[tracing::instrument(name = "redlock.extend", level = "debug", skip_all, fields(resource = %self.resource, token = %self.token))]
     pub(crate) async fn extend(&self, deadline: Instant) -> Result<Instant, ExtendFailure> {
@@ -132,12 +142,23 @@ impl LeaseInner {
                     .await
             }
         };
+        self.settle_extend(start, tally)
+    }
+
+    /// Applies the answers of an extend round that started at `start` (this lease's
+    /// own, or a batch of the renewal scheduler): the new validity, or why not.
+    pub(crate) fn settle_extend(
+        &self,
+        start: Instant,
+        tally: OwnerTally,
+    ) -> Result<Instant, ExtendFailure> {
+        let locker = &self.locker;
         let quorum = locker.nodes.quorum();
         if tally.no >= quorum {
             metrics::renewal("key_lost");
             return Err(ExtendFailure::KeyLost);
         }
-        let valid_until = start + ttl - locker.options.drift();
+        let valid_until = start + locker.options.ttl - locker.options.drift();
         if tally.yes >= quorum && Instant::now() < valid_until {
             let applied = self.status.send_if_modified(|s| {
                 if s.lost.is_none() && !s.released {
@@ -202,7 +223,7 @@ pub struct Lease {
 }
 
 /// What a live lease owns besides its handle: its place at the head of the local
-/// queue, and the watchdog's stop signal.
+/// queue, and its place in the renewal schedule.
 struct Held {
     // `None` for a lease over a set: its permits are among `_queue`'s guards.
     _permit: Option<OwnedSemaphorePermit>,
@@ -210,7 +231,7 @@ struct Held {
     // lease. Type-erased so that the lease does not depend on the queue it sits in, as
     // the queue depends on the lease (it reads its holder's status).
     _queue: Box<dyn Send + Sync>,
-    _stop_watchdog: Option<oneshot::Sender<()>>,
+    _renewal: Option<Registration>,
 }
 
 impl Lease {
@@ -218,14 +239,14 @@ impl Lease {
         inner: Arc<LeaseInner>,
         permit: OwnedSemaphorePermit,
         queue: impl Send + Sync + 'static,
-        stop_watchdog: Option<oneshot::Sender<()>>,
+        renewal: Option<Registration>,
     ) -> Self {
         Lease {
             handle: LeaseHandle { inner },
             held: Some(Held {
                 _permit: Some(permit),
                 _queue: Box::new(queue),
-                _stop_watchdog: stop_watchdog,
+                _renewal: renewal,
             }),
         }
     }
@@ -235,14 +256,14 @@ impl Lease {
     pub(crate) fn with_guards(
         inner: Arc<LeaseInner>,
         guards: impl Send + Sync + 'static,
-        stop_watchdog: Option<oneshot::Sender<()>>,
+        renewal: Option<Registration>,
     ) -> Self {
         Lease {
             handle: LeaseHandle { inner },
             held: Some(Held {
                 _permit: None,
                 _queue: Box::new(guards),
-                _stop_watchdog: stop_watchdog,
+                _renewal: renewal,
             }),
         }
     }

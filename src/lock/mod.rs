@@ -25,10 +25,10 @@ mod lease;
 pub mod metrics;
 mod options;
 pub mod record;
+mod renewal;
 mod round;
 mod set;
 mod wait;
-mod watchdog;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -101,6 +101,7 @@ pub(crate) struct Shared {
     pub(crate) options: LockOptions,
     pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) metrics: Metrics,
+    pub(crate) renewals: renewal::Renewals,
     queues: Arc<Queues>,
 }
 
@@ -155,6 +156,7 @@ impl Redlock {
                 options,
                 runtime,
                 metrics: Metrics::default(),
+                renewals: renewal::Renewals::default(),
                 queues: Arc::default(),
             }),
         })

@@ -156,7 +156,7 @@ impl Nodes {
 
     /// `call` to node `index`, bounded by `timeout`, its answer recorded in the node's
     /// health. Owns what it needs, so it can finish in the background.
-    fn watched<T: Send + 'static>(
+    pub(crate) fn watched<T: Send + 'static>(
         &self,
         index: usize,
         timeout: Duration,

@@ -1,6 +1,9 @@
-//! `Node::extend_many`, the batched renewal of many keys in one call (issue 16): one
-//! answer per entry, in order, on every node kind; one round trip to a Redis server
-//! however many keys (one script per 256, pipelined); the `NOSCRIPT` fallback.
+//! Batched renewal (issue 16). `Node::extend_many`: one answer per entry, in order, on
+//! every node kind; one round trip to a Redis server however many keys (one script per
+//! 256, pipelined); the `NOSCRIPT` fallback. The renewal scheduler: one task per
+//! locker, however many leases it holds, gone once none is left; leases renewed in
+//! batches, not one extend each. (Renewal outcomes, losses and `max_hold` are in
+//! `watchdog.rs`.)
 use crate::support;
 
 use std::sync::Arc;
@@ -202,4 +205,74 @@ async fn the_default_batch_extends_key_by_key() {
     }];
     let answers = node.extend_many(&entries, EXTENDED_TTL).await.unwrap();
     assert!(matches!(answers[..], [Err(_)]), "{answers:?}");
+}
+
+// ---- The renewal scheduler -----------------------------------------------------------
+
+/// Tokio tasks alive in this test's runtime (each `#[tokio::test]` has its own).
+fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_leases_share_one_renewal_task_that_ends_with_the_last_lease() {
+    // A memory node has no connection tasks: every task alive is the engine's.
+    let locker = Redlock::new([MemoryNode::new()], LockOptions::default()).unwrap();
+    assert_eq!(alive_tasks(), 0);
+    let mut leases = Vec::new();
+    for i in 0..200 {
+        leases.push(locker.try_acquire(format!("one-task-{i}")).await.unwrap());
+    }
+    assert_eq!(alive_tasks(), 1, "one renewal task for 200 leases");
+    // Dropping all but one keeps the task; releasing the last one ends it.
+    let last = leases.pop().unwrap();
+    drop(leases);
+    assert_eq!(
+        last.release().await,
+        tower_redlock::ReleaseOutcome::Released
+    );
+    support::eventually("the renewal task ended", Duration::from_secs(15), || {
+        alive_tasks() == 0
+    })
+    .await;
+    // A new lease starts a new one.
+    let again = locker.try_acquire("one-task-again").await.unwrap();
+    assert_eq!(alive_tasks(), 1);
+    drop(again);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_renew_in_batches_not_one_extend_each() {
+    const LEASES: u64 = 300;
+    let server = RedisServer::start();
+    let locker = Redlock::from_urls(
+        [server.url()],
+        LockOptions::default()
+            .ttl(Duration::from_millis(1500))
+            .node_timeout(Duration::from_millis(300)),
+    )
+    .unwrap();
+    let mut leases = Vec::new();
+    for i in 0..LEASES {
+        leases.push(locker.try_acquire(format!("batched-{i}")).await.unwrap());
+    }
+    server.reset_stats();
+    let renewals = locker.metrics().renewals;
+    // Every lease renewed at least twice.
+    support::eventually(
+        "two renewals of every lease",
+        Duration::from_secs(15),
+        || locker.metrics().renewals >= renewals + 2 * LEASES,
+    )
+    .await;
+    let renewed = locker.metrics().renewals - renewals;
+    let scripts = server.command_calls("evalsha") + server.command_calls("eval");
+    // One extend each would be one script per renewal; batches are a few per tick.
+    assert!(
+        scripts * 10 <= renewed,
+        "{scripts} scripts for {renewed} renewals"
+    );
+    assert!(leases.iter().all(|lease| lease.is_held()));
 }

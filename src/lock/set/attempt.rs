@@ -11,7 +11,7 @@ use crate::lock::fencing::{self, FencingToken};
 use crate::lock::lease::{LeaseInner, Status};
 use crate::lock::round::{Nodes, Stragglers};
 use crate::lock::wait::QueueRef;
-use crate::lock::{watchdog, Lease, LockError, Redlock};
+use crate::lock::{renewal, Lease, LockError, Redlock};
 use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Owner};
 
 /// The local places a set holds: each member's permit and queue, in canonical order.
@@ -37,18 +37,18 @@ impl Redlock {
         Ok(self.finish_set(inner, guards))
     }
 
-    /// Turns a won set round into a [`Lease`]: starts its watchdog and records the
+    /// Turns a won set round into a [`Lease`]: puts it on the renewal schedule and records the
     /// local holder of every member.
     pub(super) fn finish_set(&self, inner: Arc<LeaseInner>, guards: Guards) -> Lease {
         for (_, queue) in &guards {
             queue.set_holder(&inner);
         }
-        let stop = self
+        let renewal = self
             .shared
             .options
             .watchdog
-            .then(|| watchdog::spawn(inner.clone()));
-        Lease::with_guards(inner, guards, stop)
+            .then(|| renewal::register(&inner));
+        Lease::with_guards(inner, guards, renewal)
     }
 
     /// One Redlock round over a set (plus the fence write-back when needed). The caller

@@ -1,0 +1,434 @@
+//! Renewal: one scheduler per locker keeps every held lease alive. Each lease with the
+//! watchdog on registers its next renewal; one task per locker (spawned when the first
+//! lease registers, ended when none is left) sleeps until the earliest one is due,
+//! takes every lease due within a short window, and extends them all with one batched
+//! call per node ([`Node::extend_many`](crate::node::Node::extend_many)): ten thousand
+//! leases cost one task and a few scripts per node per tick, not ten thousand tasks
+//! and ten thousand round trips.
+//!
+//! Each lease's outcome is decided as a watchdog of its own would: renewed (next
+//! renewal when a third of the validity is used up, less a random twelfth); its key
+//! lost on a majority ([`LostCause::KeyLost`]); no quorum (retried soon, until its
+//! validity runs out: [`LostCause::RenewalFailed`]); or
+//! [`max_hold`](crate::LockOptions::max_hold) reached (no more renewals, lost at the
+//! end of the last validity). The schedule holds no reference that keeps a lease
+//! alive, and a released or dropped lease leaves it at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::{NodeError, NodeFailure};
+use crate::lock::lease::{ExtendFailure, LeaseInner, LostCause};
+use crate::lock::round::OwnerTally;
+use crate::lock::{metrics, Shared};
+use crate::node::ExtendEntry;
+
+/// The renewal schedule of one locker.
+#[derive(Default)]
+pub(crate) struct Renewals {
+    schedule: Mutex<Schedule>,
+    /// Wakes the scheduler when a lease registers ahead of its next wake-up.
+    earlier: Notify,
+}
+
+#[derive(Default)]
+struct Schedule {
+    /// What is due when, in order; the `u64` is the registration.
+    due: BTreeMap<(Instant, u64), Step>,
+    /// Every registered lease: where it is in `due` (`None` while a round extends it).
+    registered: HashMap<u64, Option<Instant>>,
+    next_id: u64,
+    /// The scheduler task is running.
+    running: bool,
+}
+
+struct Step {
+    lease: Weak<LeaseInner>,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    /// The regular renewal.
+    Renew,
+    /// Again after a round without quorum.
+    Retry,
+    /// Mark the lease lost: its validity ran out without renewal.
+    Expire(LostCause),
+}
+
+/// A lease's place in its locker's renewal schedule; dropping it (the lease is
+/// released or dropped) takes the lease out at once.
+pub(crate) struct Registration {
+    locker: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut schedule = self.locker.renewals.lock();
+        if let Some(Some(at)) = schedule.registered.remove(&self.id) {
+            schedule.due.remove(&(at, self.id));
+        }
+    }
+}
+
+impl Renewals {
+    fn lock(&self) -> MutexGuard<'_, Schedule> {
+        // Every update below is a few inserts and removes that leave the maps
+        // consistent at each step, so a poisoned lock is safe to use.
+        self.schedule
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Puts a fresh lease on its locker's schedule, starting the scheduler if it is idle.
+pub(crate) fn register(inner: &Arc<LeaseInner>) -> Registration {
+    let locker = &inner.locker;
+    let at = renew_at(locker, inner.status().valid_until);
+    let mut schedule = locker.renewals.lock();
+    let id = schedule.next_id;
+    schedule.next_id += 1;
+    schedule.registered.insert(id, Some(at));
+    let first = schedule
+        .due
+        .first_key_value()
+        .is_none_or(|(&(next, _), _)| at < next);
+    schedule.due.insert(
+        (at, id),
+        Step {
+            lease: Arc::downgrade(inner),
+            kind: Kind::Renew,
+        },
+    );
+    if !schedule.running {
+        schedule.running = true;
+        metrics::spawn(&locker.runtime, run(locker.clone()));
+    } else if first {
+        locker.renewals.earlier.notify_one();
+    }
+    Registration {
+        locker: locker.clone(),
+        id,
+    }
+}
+
+/// When a lease valid until `deadline` is renewed: once a third of its validity is used
+/// up, less a random twelfth, so that leases taken together (a burst of requests) do
+/// not stay in lockstep forever.
+fn renew_at(locker: &Shared, deadline: Instant) -> Instant {
+    let options = &locker.options;
+    let validity = options.ttl.saturating_sub(options.drift());
+    let left = validity.mul_f64(2.0 / 3.0 + rand::random::<f64>() / 12.0);
+    deadline
+        .checked_sub(left)
+        .unwrap_or(deadline)
+        .max(Instant::now())
+}
+
+/// A batch round, and the node calls still running once it was decided.
+type Round = Pin<Box<dyn Future<Output = Settled> + Send>>;
+type Leftover = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+struct Settled {
+    leases: Vec<(u64, Arc<LeaseInner>)>,
+    start: Instant,
+    tallies: Vec<OwnerTally>,
+    leftovers: Vec<Leftover>,
+}
+
+/// The scheduler of one locker: runs until no lease is registered and nothing it
+/// started is in flight.
+async fn run(locker: Arc<Shared>) {
+    let renewals = &locker.renewals;
+    let mut rounds: FuturesUnordered<Round> = FuturesUnordered::new();
+    let mut leftovers: FuturesUnordered<Leftover> = FuturesUnordered::new();
+    loop {
+        let next = {
+            let mut schedule = renewals.lock();
+            if schedule.registered.is_empty() && rounds.is_empty() && leftovers.is_empty() {
+                // Checked and cleared under the lock `register` takes: a lease that
+                // registers from now on starts a new scheduler.
+                schedule.running = false;
+                return;
+            }
+            schedule.due.first_key_value().map(|(&(at, _), _)| at)
+        };
+        tokio::select! {
+            Some(settled) = rounds.next(), if !rounds.is_empty() => {
+                leftovers.extend(apply(&locker, settled));
+            }
+            Some(()) = leftovers.next(), if !leftovers.is_empty() => {}
+            () = sleep_until(next) => {
+                if let Some(round) = take_due(&locker) {
+                    rounds.push(round);
+                }
+            }
+            () = renewals.earlier.notified() => {}
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Takes what is due (renewals a little early: within a tenth of the ttl), marks the
+/// leases that ran out, and returns the round that extends the others, if any.
+fn take_due(locker: &Arc<Shared>) -> Option<Round> {
+    let options = &locker.options;
+    let now = Instant::now();
+    let horizon = now + options.ttl / 10;
+    let taken: Vec<(u64, Step)> = {
+        let mut schedule = locker.renewals.lock();
+        let keys: Vec<(Instant, u64)> = schedule
+            .due
+            .range(..=(horizon, u64::MAX))
+            .filter(|&(&(at, _), step)| at <= now || !matches!(step.kind, Kind::Expire(_)))
+            .map(|(&key, _)| key)
+            .collect();
+        keys.into_iter()
+            .filter_map(|key| {
+                let step = schedule.due.remove(&key)?;
+                schedule.registered.insert(key.1, None);
+                Some((key.1, step))
+            })
+            .collect()
+    };
+    let hold_until = |inner: &LeaseInner| options.max_hold.map(|max| inner.acquired_at + max);
+    let mut batch = Vec::with_capacity(taken.len());
+    for (id, step) in taken {
+        let Some(inner) = step.lease.upgrade() else {
+            forget(locker, id);
+            continue;
+        };
+        let status = inner.status();
+        if status.lost.is_some() || status.released {
+            forget(locker, id);
+            continue;
+        }
+        match step.kind {
+            Kind::Expire(cause) => {
+                inner.mark_lost(cause);
+                forget(locker, id);
+            }
+            Kind::Renew if hold_until(&inner).is_some_and(|until| now + options.ttl > until) => {
+                // No renewal may carry the lease past `max_hold`: let the last validity
+                // run out.
+                schedule(
+                    locker,
+                    id,
+                    &inner,
+                    status.valid_until,
+                    Kind::Expire(LostCause::MaxHoldReached),
+                );
+            }
+            Kind::Renew | Kind::Retry => batch.push((id, inner)),
+        }
+    }
+    (!batch.is_empty()).then(|| extend(locker.clone(), batch))
+}
+
+/// Puts lease `id` back on the schedule, unless it left meanwhile.
+fn schedule(locker: &Shared, id: u64, inner: &Arc<LeaseInner>, at: Instant, kind: Kind) {
+    let mut schedule = locker.renewals.lock();
+    let Some(place) = schedule.registered.get_mut(&id) else {
+        return;
+    };
+    *place = Some(at);
+    let first = schedule
+        .due
+        .first_key_value()
+        .is_none_or(|(&(next, _), _)| at < next);
+    schedule.due.insert(
+        (at, id),
+        Step {
+            lease: Arc::downgrade(inner),
+            kind,
+        },
+    );
+    drop(schedule);
+    if first {
+        locker.renewals.earlier.notify_one();
+    }
+}
+
+/// Takes lease `id` off the schedule for good (lost, released or dropped).
+fn forget(locker: &Shared, id: u64) {
+    locker.renewals.lock().registered.remove(&id);
+}
+
+/// One extend round for a batch of leases: one batched call per node, decided once
+/// every lease of the batch is (a majority extended it, or said its key is gone, or
+/// neither can happen any more).
+fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -> Round {
+    Box::pin(async move {
+        let nodes = &locker.nodes;
+        let quorum = nodes.quorum();
+        let ttl = locker.options.ttl;
+        let start = Instant::now();
+        // No lease may be reported renewed past its deadline: the round ends there.
+        let deadline = leases
+            .iter()
+            .map(|(_, inner)| inner.status().valid_until)
+            .min()
+            .unwrap_or(start);
+        let timeout = nodes
+            .timeout()
+            .min(deadline.saturating_duration_since(start));
+        let mut calls: FuturesUnordered<_> = nodes
+            .each()
+            .enumerate()
+            .map(|(index, node)| {
+                let owners: Vec<_> = leases
+                    .iter()
+                    .map(|(_, inner)| inner.owner.for_node(index))
+                    .collect();
+                let entries: Vec<ExtendEntry<'_>> = leases
+                    .iter()
+                    .zip(&owners)
+                    .flat_map(|((_, inner), owner)| {
+                        inner.lock_keys().iter().map(|keys| ExtendEntry {
+                            keys,
+                            owner: owner.clone(),
+                        })
+                    })
+                    .collect();
+                let call = nodes.watched(index, timeout, node.extend_many(&entries, ttl));
+                Box::pin(async move { (index, call.await) })
+            })
+            .collect();
+        let mut tallies: Vec<OwnerTally> = std::iter::repeat_with(OwnerTally::default)
+            .take(leases.len())
+            .collect();
+        while let Some((index, answer)) = calls.next().await {
+            add_answers(&locker, &leases, &mut tallies, index, answer);
+            let pending = calls.len();
+            let decided = |t: &OwnerTally| {
+                t.yes >= quorum
+                    || t.no >= quorum
+                    || (t.yes + pending < quorum && t.no + pending < quorum)
+            };
+            if tallies.iter().all(decided) {
+                break;
+            }
+        }
+        // The calls still running finish in the scheduler's task: every node that can
+        // answer gets every extend.
+        let leftovers = calls
+            .into_iter()
+            .map(|call| {
+                Box::pin(async move {
+                    let _ = call.await;
+                }) as Leftover
+            })
+            .collect();
+        Settled {
+            leases,
+            start,
+            tallies,
+            leftovers,
+        }
+    })
+}
+
+/// One node's answers to a batch: a lease counts as extended on that node only when
+/// every key of it is.
+fn add_answers(
+    locker: &Shared,
+    leases: &[(u64, Arc<LeaseInner>)],
+    tallies: &mut [OwnerTally],
+    index: usize,
+    answer: Result<Vec<Result<bool, NodeError>>, NodeError>,
+) {
+    let node = || locker.nodes.name(index);
+    let answers = match answer {
+        Ok(answers) => answers,
+        Err(error) => {
+            for tally in tallies.iter_mut() {
+                tally.failures.push(NodeFailure {
+                    node: node(),
+                    error: error.clone(),
+                });
+            }
+            return;
+        }
+    };
+    let mut answers = answers.into_iter();
+    for ((_, inner), tally) in leases.iter().zip(tallies.iter_mut()) {
+        let mut extended = true;
+        let mut lost = false;
+        let mut failure = None;
+        for _ in inner.lock_keys() {
+            match answers.next() {
+                Some(Ok(true)) => {}
+                Some(Ok(false)) => lost = true,
+                Some(Err(error)) => failure = Some(error),
+                None => {
+                    failure = Some(NodeError::Protocol(
+                        "fewer answers than keys to extend".into(),
+                    ))
+                }
+            }
+            extended &= !lost && failure.is_none();
+        }
+        if lost {
+            tally.no += 1;
+        } else if let Some(error) = failure {
+            tally.failures.push(NodeFailure {
+                node: node(),
+                error,
+            });
+        } else if extended {
+            tally.yes += 1;
+        }
+    }
+}
+
+/// Applies a decided round to each of its leases, puts each back on the schedule as
+/// its outcome says, and hands back the node calls still running.
+fn apply(locker: &Arc<Shared>, settled: Settled) -> Vec<Leftover> {
+    let options = &locker.options;
+    // After a failed round, try again soon: the lease is only lost at the deadline.
+    let retry_every =
+        (options.ttl / 30).clamp(Duration::from_millis(10), Duration::from_millis(500));
+    for ((id, inner), tally) in settled.leases.iter().zip(settled.tallies) {
+        match inner.settle_extend(settled.start, tally) {
+            Ok(valid_until) => {
+                let at = renew_at(locker, valid_until);
+                schedule(locker, *id, inner, at, Kind::Renew);
+            }
+            Err(ExtendFailure::KeyLost) => {
+                inner.mark_lost(LostCause::KeyLost);
+                forget(locker, *id);
+            }
+            Err(ExtendFailure::NoQuorum) => {
+                let deadline = inner.status().valid_until;
+                let next = Instant::now() + retry_every;
+                if next >= deadline {
+                    schedule(
+                        locker,
+                        *id,
+                        inner,
+                        deadline,
+                        Kind::Expire(LostCause::RenewalFailed),
+                    );
+                } else {
+                    schedule(locker, *id, inner, next, Kind::Retry);
+                }
+            }
+        }
+    }
+    settled.leftovers
+}
