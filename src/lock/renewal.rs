@@ -134,6 +134,9 @@ fn renew_at(locker: &Shared, deadline: Instant) -> Instant {
         .max(Instant::now())
 }
 
+/// Keys of a batch that one node timeout covers (a Redis node's script chunk).
+const KEYS_PER_TIMEOUT: usize = 256;
+
 /// A batch round, and the node calls still running once it was decided.
 type Round = Pin<Box<dyn Future<Output = Settled> + Send>>;
 type Leftover = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -284,8 +287,14 @@ fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -> Round {
             .map(|(_, inner)| inner.status().valid_until)
             .min()
             .unwrap_or(start);
+        // A batch is many commands on one connection: each node gets the node timeout
+        // per `KEYS_PER_TIMEOUT` keys (the validity counts from `start` whenever the
+        // answer comes, so waiting longer is safe), never past the first deadline.
+        let keys: usize = leases.iter().map(|(_, inner)| inner.lock_keys().len()).sum();
+        let per_keys = u32::try_from(keys.div_ceil(KEYS_PER_TIMEOUT)).unwrap_or(u32::MAX);
         let timeout = nodes
             .timeout()
+            .saturating_mul(per_keys.max(1))
             .min(deadline.saturating_duration_since(start));
         let mut calls: FuturesUnordered<_> = nodes
             .each()
