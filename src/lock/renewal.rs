@@ -290,7 +290,10 @@ fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -> Round {
         // A batch is many commands on one connection: each node gets the node timeout
         // per `KEYS_PER_TIMEOUT` keys (the validity counts from `start` whenever the
         // answer comes, so waiting longer is safe), never past the first deadline.
-        let keys: usize = leases.iter().map(|(_, inner)| inner.lock_keys().len()).sum();
+        let keys: usize = leases
+            .iter()
+            .map(|(_, inner)| inner.lock_keys().len())
+            .sum();
         let per_keys = u32::try_from(keys.div_ceil(KEYS_PER_TIMEOUT)).unwrap_or(u32::MAX);
         let timeout = nodes
             .timeout()
@@ -376,7 +379,6 @@ fn add_answers(
     };
     let mut answers = answers.into_iter();
     for ((_, inner), tally) in leases.iter().zip(tallies.iter_mut()) {
-        let mut extended = true;
         let mut lost = false;
         let mut failure = None;
         for _ in inner.lock_keys() {
@@ -390,7 +392,6 @@ fn add_answers(
                     ))
                 }
             }
-            extended &= !lost && failure.is_none();
         }
         if lost {
             tally.no += 1;
@@ -399,7 +400,7 @@ fn add_answers(
                 node: node(),
                 error,
             });
-        } else if extended {
+        } else {
             tally.yes += 1;
         }
     }

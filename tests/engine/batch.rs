@@ -276,3 +276,37 @@ async fn leases_renew_in_batches_not_one_extend_each() {
     );
     assert!(leases.iter().all(|lease| lease.is_held()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_counts_as_renewed_on_a_node_only_when_every_member_is() {
+    let nodes = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];
+    let locker = Redlock::new(
+        nodes.clone(),
+        LockOptions::default().ttl(Duration::from_millis(600)),
+    )
+    .unwrap();
+    let set = locker.try_acquire_all(["set-a", "set-b"]).await.unwrap();
+    let single = locker.try_acquire("single").await.unwrap();
+    let renewals = locker.metrics().renewals;
+    support::eventually("renewals of both leases", Duration::from_secs(15), || {
+        locker.metrics().renewals >= renewals + 4
+    })
+    .await;
+    // One member gone on a majority: the set is lost, though its other member is
+    // still extended on every node; the single lease of the same batches goes on.
+    nodes[0].delete("redlock:{set-b}");
+    nodes[1].delete("redlock:{set-b}");
+    let cause = tokio::time::timeout(Duration::from_secs(15), set.lost())
+        .await
+        .expect("the set was never reported lost");
+    assert_eq!(cause, tower_redlock::LostCause::KeyLost);
+    let renewals = locker.metrics().renewals;
+    support::eventually(
+        "renewals of the single lease",
+        Duration::from_secs(15),
+        || locker.metrics().renewals >= renewals + 2,
+    )
+    .await;
+    assert!(single.is_held());
+    assert_eq!(single.lost_cause(), None);
+}
