@@ -909,7 +909,7 @@ impl From<LedgerError> for ApiProblem {
                         "Stale fencing token",
                         format!(
                             "the write with fencing token {token} was refused: the ledger already \
-                             accepted token {last} for this order, so this request's lock ended \
+                             accepted token {last} for this order (or account), so this request's lock ended \
                              and another holder wrote since"
                         ),
                     )

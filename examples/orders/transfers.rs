@@ -8,6 +8,12 @@
 //! The handler then moves the amount, writing each balance only with that account's
 //! fencing token, as the orders ledger writes with its token.
 //!
+//! The two writes are separate steps (the accounts may live on different shards of a
+//! Cluster): should the second be refused as stale — this request's lease ended and
+//! another holder wrote since — the first stays applied and the client gets 409
+//! `stale-fencing-token`. Your database would commit both in one transaction, each row
+//! checked against its own token.
+//!
 //! The request is checked before anything is locked (`check_transfer`, a middleware in
 //! front of the lock layer): the same account twice, a missing account, an amount that
 //! is not a positive whole number or an invalid `work_ms` get 400

@@ -230,3 +230,57 @@ async fn redis_bad_transfers_are_refused_and_lock_nothing() {
         assert_eq!(status["transfers"], 0);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_stale_account_token_is_refused() {
+    let servers = RedisServer::start_many(3);
+    let config = config(&servers);
+    let locker = tower_redlock::Redlock::connect(&config.redis_urls, support::patient())
+        .await
+        .unwrap();
+    let ledger = orders::Ledger::redis(&config.redis_urls[0]).unwrap();
+    let app = orders::app(locker.clone(), ledger.clone(), &config);
+    let first = send(
+        &app,
+        transfer(r#"{"from":"a","to":"b","amount":3}"#, "?work_ms=0"),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.json);
+    let token_of_a: u64 = first.json["fencing_tokens"]["a"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    // A writer with a newer token for `a` got there first.
+    let accounts = orders::Accounts::beside(&ledger);
+    let newer = token_of_a + (1 << 40);
+    let mut visit = accounts.enter(&["a"]).await.unwrap();
+    let balance = visit
+        .write("a", -1, tower_redlock::FencingToken::new(newer))
+        .await
+        .unwrap();
+    assert_eq!(balance, -4);
+    drop(visit);
+
+    // The lease of the first transfer is released in the background after its response.
+    support::eventually("the first lease is released", RESPONSE_LIMIT, || {
+        locker.local_resources() == 0
+    })
+    .await;
+    let stale = send(
+        &app,
+        transfer(r#"{"from":"a","to":"b","amount":3}"#, "?work_ms=0"),
+    )
+    .await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.json);
+    assert!(stale.json["type"]
+        .as_str()
+        .unwrap()
+        .ends_with("#stale-fencing-token"));
+    assert_eq!(stale.json["last_fencing_token"], newer.to_string());
+    // Refused writes leave the in-flight counts; the balance is the newer writer's.
+    let status = account(&app, "a").await;
+    assert_eq!(status["balance"], -4, "{status}");
+    assert_eq!(status["max_in_flight"], 1, "{status}");
+}
