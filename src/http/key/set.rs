@@ -49,6 +49,62 @@ pub type BoxKeySetFuture<B> = Pin<Box<dyn Future<Output = KeySetResult<B>> + Sen
 /// rejects a request that carries some and not others
 /// ([`KeyRejection::missing`], naming the missing ones): a partial set cannot be locked.
 /// The layer checks every key as it checks one (see [`key`](crate::http::key)).
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::Request;
+/// use http_body_util::{BodyExt, Full};
+/// use tower_redlock::http::{
+///     BoxKeySetFuture, KeyRejection, KeySetExtractor, Keys, LockLayer, Scope,
+/// };
+/// use tower_redlock::Redlock;
+///
+/// /// Every `sku` of an order's lines, `{"lines": [{"sku": "a"}, {"sku": "b"}]}`: the
+/// /// stock of each is locked, as one lease.
+/// #[derive(Clone)]
+/// struct Skus;
+///
+/// impl KeySetExtractor<Full<Bytes>> for Skus {
+///     type Future = BoxKeySetFuture<Full<Bytes>>;
+///
+///     fn extract_keys(&self, request: Request<Full<Bytes>>) -> Self::Future {
+///         Box::pin(async move {
+///             let (parts, body) = request.into_parts();
+///             let bytes = body
+///                 .collect()
+///                 .await
+///                 .map_err(|e| KeyRejection::body_unreadable(e.to_string()))?
+///                 .to_bytes();
+///             let order: serde_json::Value = serde_json::from_slice(&bytes)
+///                 .map_err(|e| KeyRejection::body_not_json(e.to_string()))?;
+///             let skus: Vec<String> = order["lines"]
+///                 .as_array()
+///                 .into_iter()
+///                 .flatten()
+///                 .filter_map(|line| line["sku"].as_str().map(str::to_owned))
+///                 .collect();
+///             let keys = (!skus.is_empty()).then_some(Keys::Many(skus));
+///             // The handler gets the same bytes.
+///             Ok((Request::from_parts(parts, Full::new(bytes)), keys))
+///         })
+///     }
+///
+///     fn describe_keys(&self) -> String {
+///         "the `sku` of every line of the body".to_owned()
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let request = Request::new(Full::new(Bytes::from(
+///     r#"{"lines": [{"sku": "a"}, {"sku": "b"}]}"#,
+/// )));
+/// let (_, keys) = Skus.extract_keys(request).await.unwrap();
+/// assert_eq!(keys, Some(Keys::Many(vec!["a".to_owned(), "b".to_owned()])));
+/// let layer = LockLayer::new(Redlock::in_memory(), Skus).scope(Scope::shared("stock"));
+/// # let _ = layer;
+/// # }
+/// ```
 pub trait KeySetExtractor<B>: Clone + Send + Sync + 'static {
     /// The future [`extract_keys`](KeySetExtractor::extract_keys) returns.
     type Future: Future<Output = KeySetResult<B>> + Send;
@@ -73,6 +129,48 @@ pub trait KeySetExtractor<B>: Clone + Send + Sync + 'static {
 ///
 /// Implemented by every [`KeyFromParts`] (one key) and by [`Each`](super::Each) of head
 /// extractors and [`KeysFn`](super::KeysFn).
+///
+/// ```
+/// use http::request::Parts;
+/// use tower_redlock::axum::{LockKey, Locked};
+/// use tower_redlock::http::{KeyRejection, KeySetFromParts, Keys, Scope};
+///
+/// /// The accounts in the `x-from` and `x-to` headers; both or neither.
+/// #[derive(Clone)]
+/// struct FromTo;
+///
+/// impl KeySetFromParts for FromTo {
+///     fn keys(&self, parts: &mut Parts) -> Result<Option<Keys>, KeyRejection> {
+///         let header = |name: &str| {
+///             let value = parts.headers.get(name)?.to_str().ok()?;
+///             Some(value.to_owned())
+///         };
+///         match (header("x-from"), header("x-to")) {
+///             (Some(from), Some(to)) => Ok(Some(Keys::Many(vec![from, to]))),
+///             (None, None) => Ok(None),
+///             _ => Err(KeyRejection::missing("no lock key: both `x-from` and `x-to` are needed")),
+///         }
+///     }
+/// }
+///
+/// struct Accounts;
+///
+/// impl LockKey for Accounts {
+///     type Extractor = FromTo;
+///
+///     fn extractor() -> FromTo {
+///         FromTo
+///     }
+///
+///     fn scope() -> Scope {
+///         Scope::shared("account")
+///     }
+/// }
+///
+/// async fn transfer(accounts: Locked<Accounts>) -> String {
+///     format!("{} accounts locked", accounts.resources().len())
+/// }
+/// ```
 pub trait KeySetFromParts: Clone + Send + Sync + 'static {
     /// The keys of the request with head `parts`: `Ok(None)` when it has none.
     fn keys(&self, parts: &mut Parts) -> Result<Option<Keys>, KeyRejection>;
