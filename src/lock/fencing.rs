@@ -25,6 +25,13 @@
 //!    within the validity. When all acquiring nodes answered the same value there is
 //!    nothing to raise and acquisition stays one round trip.
 //!
+//! A lease over a set of resources ([`Redlock::try_acquire_all`](crate::Redlock::try_acquire_all))
+//! runs the same steps per member, inside one call per node: every member's counter
+//! gets the round's one floor and the `max(counter + 1, floor)` rule, the member's token
+//! is the maximum among the acquiring majority, and the write-back raises each member's
+//! counter. Nothing in the argument below depends on the other members, so it holds
+//! for each member as it does for a single resource.
+//!
 //! ## Whose clock, and why a floor
 //!
 //! A counter that is merely *missing* could be re-created from a clock, but a counter

@@ -11,6 +11,7 @@
 //! | [`NodeFuture`] | the boxed future every operation returns |
 //! | [`ExtendEntry`] | one key of a batched renewal ([`Node::extend_many`]) |
 //! | [`AcquireRequest`] / [`AcquireReply`] | one acquire: keys, owner, ttl, fence settings; granted with the node's fence counter, or held with the holder's ttl |
+//! | [`AcquireSetRequest`] / [`AcquireSetReply`] | one acquire of a set of resources, all or nothing on the node (see [`Node::acquire_set`]) |
 //! | [`Resource`] / [`LockKeys`] | a lock's name, and its keys (lock, fence counter, record, wake-up channel) |
 //! | [`Owner`] | the random value that identifies one acquisition |
 //! | [`ReleaseSignal`] | what a subscription hands waiters: wakes them when the resource is released |

@@ -36,6 +36,27 @@
 //!   every caller takes them in the same global order and no two wait for each other
 //!   in a circle.
 //!
+//! # One call per node, where the store allows it
+//!
+//! Each node kind does the set operations of [`Node`](crate::Node) as well as it can:
+//!
+//! | node | acquire / extend / release of a set |
+//! |---|---|
+//! | [`MemoryNode`](crate::MemoryNode) | one step under its lock |
+//! | [`RedisNode`](crate::RedisNode), [`SentinelNode`](crate::SentinelNode) | one Lua script each (`acquire_set.lua` checks every member before it writes any, then sets them all with one fence counter per member, floored as `acquire.lua` floors one) |
+//! | [`ClusterNode`](crate::ClusterNode) | the per-key calls, member after member in canonical order |
+//! | [`EtcdNode`](crate::EtcdNode), node kinds of your own | the per-key calls, as the cluster |
+//!
+//! A Redis Cluster cannot run one script over the members: each resource is its own
+//! hash tag, so the members live in different slots (on different masters), and a
+//! script may only touch keys of one slot. Grouping the members per slot would make
+//! each group atomic but not the set, which still needs the undo path below, so the
+//! cluster keeps the default: it acquires the members in canonical order and, at the
+//! first one held, releases those it took (without waking anyone) and answers held.
+//! The node's answer is all or nothing all the same; what it loses is atomicity during
+//! the call (another client may see a member taken for a round trip) and one round trip
+//! per member. etcd keeps the default for now, for the same result.
+//!
 //! Waiting ([`Redlock::acquire_all`]) subscribes to the release channel of every
 //! member and retries when any of them is released, under the same
 //! [`RetryPolicy`](crate::RetryPolicy) as a single resource.
