@@ -119,3 +119,73 @@ async fn a_set_across_cluster_slots_is_all_or_nothing() {
         assert!(!on(member).exists(&lock_key(member)));
     }
 }
+
+/// etcd: one transaction for the whole set, the members on one etcd lease.
+#[cfg(feature = "etcd")]
+mod etcd {
+    use super::*;
+    use support::etcd::EtcdCluster;
+    use tower_redlock::{LostCause, Resource};
+
+    fn key(resource: &str) -> String {
+        format!("s/redlock:{{{}}}", Resource::new(resource).as_str())
+    }
+
+    async fn exists(client: &mut etcd_client::Client, resource: &str) -> bool {
+        let reply = client.get(key(resource), None).await.unwrap();
+        !reply.kvs().is_empty()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_set_on_etcd_is_one_transaction() {
+        let cluster = blocking(|| EtcdCluster::start(1)).await;
+        let options = LockOptions::default()
+            .ttl(Duration::from_secs(5))
+            .node_timeout(Duration::from_secs(2))
+            .watchdog(false);
+        let locker = Redlock::from_urls([cluster.url("s")], options.clone()).unwrap();
+        let other = Redlock::from_urls([cluster.url("s")], options).unwrap();
+        let endpoints: Vec<String> = cluster
+            .endpoints()
+            .into_iter()
+            .map(|e| format!("http://{e}"))
+            .collect();
+        let mut client = etcd_client::Client::connect(endpoints, None).await.unwrap();
+
+        let held = other.try_acquire("e2").await.unwrap();
+        match locker.try_acquire_all(["e3", "e2", "e1"]).await {
+            Err(LockError::Held {
+                resource,
+                holder_ttl,
+            }) => {
+                assert_eq!(resource.as_str(), "e2");
+                assert!(holder_ttl.is_some());
+            }
+            other => panic!("expected e2 held, got {other:?}"),
+        }
+        assert!(!exists(&mut client, "e1").await && !exists(&mut client, "e3").await);
+        let e2_token = held.fencing_token();
+        held.release().await;
+
+        let lease = locker.try_acquire_all(["e3", "e2", "e1"]).await.unwrap();
+        assert!(lease.fencing_token_of(&"e2".into()).unwrap() > e2_token);
+        for member in ["e1", "e2", "e3"] {
+            assert!(exists(&mut client, member).await, "{member} missing");
+        }
+        lease.extend().await.unwrap();
+        client.delete(key("e3"), None).await.unwrap();
+        match lease.extend().await {
+            Err(LockError::Lost { cause, .. }) => assert_eq!(cause, LostCause::KeyLost),
+            other => panic!("expected the set lost, got {other:?}"),
+        }
+        lease.release().await;
+        for member in ["e1", "e2", "e3"] {
+            assert!(!exists(&mut client, member).await, "{member} left behind");
+        }
+        let again = locker.try_acquire_all(["e1", "e2"]).await.unwrap();
+        assert_eq!(again.release().await, ReleaseOutcome::Released);
+        for member in ["e1", "e2"] {
+            assert!(!exists(&mut client, member).await, "{member} left behind");
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! [`EtcdNode`]: one etcd cluster as a lock node, with fencing tokens that need no clock.
 
 mod calls;
+mod set;
 mod stored;
 
 use calls::*;
@@ -22,6 +23,7 @@ use crate::node::percent::percent_decode;
 use crate::node::FencingToken;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::node::{AcquireSetReply, AcquireSetRequest};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
 /// How often a record operation re-reads after another writer changed the record key
@@ -406,6 +408,49 @@ impl Node for EtcdNode {
         // The revision is the token; nothing can or need be raised. A locker with an
         // etcd node has no other node, so the engine never asks.
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    // The set calls: one transaction each, the members on one lease (`set.rs`).
+    fn acquire_set(
+        self: Arc<Self>,
+        request: &AcquireSetRequest<'_>,
+    ) -> NodeFuture<AcquireSetReply> {
+        let (keys, owner): (Arc<[LockKeys]>, _) = (request.keys.into(), request.owner.clone());
+        let (ttl, fencing) = (request.ttl, request.fencing);
+        Box::pin(async move {
+            let inner = &self.inner;
+            pinned!(inner, |client| inner.acquire_set(
+                client,
+                keys.clone(),
+                owner.clone(),
+                ttl,
+                fencing
+            ))
+        })
+    }
+
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, _ttl: Duration) -> NodeFuture<bool> {
+        let (inner, keys, owner): (_, Arc<[LockKeys]>, _) =
+            (self.inner.clone(), keys.into(), owner.clone());
+        Box::pin(async move {
+            pinned!(inner, |client| inner.extend_set(
+                client,
+                keys.clone(),
+                owner.clone()
+            ))
+        })
+    }
+
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+        let (inner, keys, owner): (_, Arc<[LockKeys]>, _) =
+            (self.inner.clone(), keys.into(), owner.clone());
+        Box::pin(async move {
+            pinned!(inner, |client| inner.release_set(
+                client,
+                keys.clone(),
+                owner.clone()
+            ))
+        })
     }
 
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {

@@ -1,0 +1,169 @@
+//! The set calls of [`EtcdNode`](super::EtcdNode): one transaction for the whole set.
+//!
+//! The members share one etcd lease, drawn for this acquisition alone: a keep-alive of
+//! it renews every member, and revoking it deletes whatever member is left.
+
+use super::*;
+
+impl Inner {
+    /// Grants a lease, then one transaction: `if create_revision(key) == 0` for every
+    /// member `then put(key, owner, lease)` for every member `else get(key)` for each.
+    /// Every member's token is the transaction's revision (as one key's is).
+    pub(super) async fn acquire_set(
+        &self,
+        mut client: Client,
+        keys: Arc<[LockKeys]>,
+        owner: Owner,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<AcquireSetReply, NodeError> {
+        let names: Vec<Vec<u8>> = keys.iter().map(|k| self.key(&k.lock)).collect();
+        let lease = client
+            .lease_grant(whole_seconds(ttl), None)
+            .await
+            .map_err(node_error)?
+            .id();
+        let put = PutOptions::new().with_lease(lease);
+        let txn = Txn::new()
+            .when(
+                names
+                    .iter()
+                    .map(|key| Compare::create_revision(key.clone(), CompareOp::Equal, 0))
+                    .collect::<Vec<_>>(),
+            )
+            .and_then(
+                names
+                    .iter()
+                    .map(|key| TxnOp::put(key.clone(), owner.as_str(), Some(put.clone())))
+                    .collect::<Vec<_>>(),
+            )
+            .or_else(
+                names
+                    .iter()
+                    .map(|key| TxnOp::get(key.clone(), None))
+                    .collect::<Vec<_>>(),
+            );
+        // On an error the puts may have landed: the locker's cleanup deletes the keys by
+        // owner and revokes their lease. Otherwise the lease expires with its ttl.
+        let reply = client.txn(txn).await.map_err(node_error)?;
+        let token = |revision: i64| {
+            u64::try_from(revision)
+                .ok()
+                .filter(|&r| r > 0)
+                .ok_or_else(|| NodeError::Protocol("etcd answered without a revision".into()))
+        };
+        if reply.succeeded() {
+            let fence = token(reply.header().map_or(0, |h| h.revision()))?;
+            return Ok(AcquireSetReply::Acquired {
+                fences: vec![if fencing { fence } else { 0 }; names.len()],
+            });
+        }
+        revoke_in_background(&client, lease);
+        // Each member's holder, in the request's order (`None`: free).
+        let holders: Vec<Option<(Vec<u8>, i64, i64)>> = reply
+            .op_responses()
+            .into_iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(get) => get
+                    .kvs()
+                    .first()
+                    .map(|kv| (kv.value().to_vec(), kv.lease(), kv.create_revision())),
+                _ => None,
+            })
+            .collect();
+        let ours = |holder: &Option<(Vec<u8>, i64, i64)>| {
+            holder
+                .as_ref()
+                .is_some_and(|(value, ..)| value.as_slice() == owner.as_str().as_bytes())
+        };
+        if holders.len() == names.len() && holders.iter().all(ours) {
+            // Our own keys: an earlier run of this very acquire landed (its answer was
+            // lost with the connection). Acquired, with that run's revision.
+            let created = holders[0].as_ref().map_or(0, |(_, _, created)| *created);
+            let fence = if fencing { token(created)? } else { 0 };
+            return Ok(AcquireSetReply::Acquired {
+                fences: vec![fence; names.len()],
+            });
+        }
+        // Held by someone else (a member's key exists and is not ours). A member of our
+        // own among them cannot be: a set is put whole or not at all.
+        let Some(member) = holders.iter().position(|h| h.is_some() && !ours(h)) else {
+            // Every key vanished between the compare and the get (they cannot, in one
+            // transaction): nothing to tell but that it was held.
+            return Ok(AcquireSetReply::Held {
+                member: 0,
+                pttl: None,
+            });
+        };
+        let pttl = match holders[member].as_ref().map(|(_, lease, _)| *lease) {
+            Some(lease) if lease != 0 => Some(lease_ttl(&mut client, lease).await?),
+            _ => None,
+        };
+        Ok(AcquireSetReply::Held { member, pttl })
+    }
+
+    /// `if value(key) == owner` for every member `then get(first key)`, then one
+    /// keep-alive of the set's lease.
+    pub(super) async fn extend_set(
+        &self,
+        mut client: Client,
+        keys: Arc<[LockKeys]>,
+        owner: Owner,
+    ) -> Result<bool, NodeError> {
+        let names: Vec<Vec<u8>> = keys.iter().map(|k| self.key(&k.lock)).collect();
+        let txn = Txn::new()
+            .when(
+                names
+                    .iter()
+                    .map(|key| Compare::value(key.clone(), CompareOp::Equal, owner.as_str()))
+                    .collect::<Vec<_>>(),
+            )
+            .and_then([TxnOp::get(names[0].clone(), None)]);
+        let reply = client.txn(txn).await.map_err(node_error)?;
+        let Some((_, lease, _)) = reply.succeeded().then(|| first_kv(&reply)).flatten() else {
+            return Ok(false);
+        };
+        match client.lease_keep_alive(lease).await {
+            Ok(_) => Ok(true),
+            Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+            Err(e) => Err(node_error(e)),
+        }
+    }
+
+    /// `if value(key) == owner` for every member `then get(first key)` and delete every
+    /// member, then revoke the set's lease. When some member is no longer ours, the
+    /// members still ours are released one by one and the answer is no.
+    pub(super) async fn release_set(
+        &self,
+        mut client: Client,
+        keys: Arc<[LockKeys]>,
+        owner: Owner,
+    ) -> Result<bool, NodeError> {
+        let names: Vec<Vec<u8>> = keys.iter().map(|k| self.key(&k.lock)).collect();
+        let txn = Txn::new()
+            .when(
+                names
+                    .iter()
+                    .map(|key| Compare::value(key.clone(), CompareOp::Equal, owner.as_str()))
+                    .collect::<Vec<_>>(),
+            )
+            .and_then(
+                std::iter::once(TxnOp::get(names[0].clone(), None))
+                    .chain(names.iter().map(|key| TxnOp::delete(key.clone(), None)))
+                    .collect::<Vec<_>>(),
+            );
+        let reply = client.txn(txn).await.map_err(node_error)?;
+        if reply.succeeded() {
+            if let Some((_, lease, _)) = first_kv(&reply) {
+                // Only tidies up: the keys are gone already.
+                let _ = client.lease_revoke(lease).await;
+            }
+            return Ok(true);
+        }
+        for member in keys.iter() {
+            self.release(client.clone(), member.clone(), owner.clone())
+                .await?;
+        }
+        Ok(false)
+    }
+}
