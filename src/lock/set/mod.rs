@@ -44,8 +44,8 @@
 //! |---|---|
 //! | [`MemoryNode`](crate::MemoryNode) | one step under its lock |
 //! | [`RedisNode`](crate::RedisNode), [`SentinelNode`](crate::SentinelNode) | one Lua script each (`acquire_set.lua` checks every member before it writes any, then sets them all with one fence counter per member, floored as `acquire.lua` floors one) |
-//! | [`ClusterNode`](crate::ClusterNode) | the per-key calls, member after member in canonical order |
-//! | [`EtcdNode`](crate::EtcdNode), node kinds of your own | the per-key calls, as the cluster |
+//! | `EtcdNode` (feature `etcd`) | one transaction each (`create_revision == 0` compared on every member), the members on one etcd lease |
+//! | [`ClusterNode`](crate::ClusterNode), node kinds of your own | the per-key calls, member after member in canonical order |
 //!
 //! A Redis Cluster cannot run one script over the members: each resource is its own
 //! hash tag, so the members live in different slots (on different masters), and a
@@ -55,7 +55,7 @@
 //! first one held, releases those it took (without waking anyone) and answers held.
 //! The node's answer is all or nothing all the same; what it loses is atomicity during
 //! the call (another client may see a member taken for a round trip) and one round trip
-//! per member. etcd keeps the default for now, for the same result.
+//! per member.
 //!
 //! Waiting ([`Redlock::acquire_all`]) subscribes to the release channel of every
 //! member and retries when any of them is released, under the same
