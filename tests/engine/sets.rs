@@ -562,3 +562,43 @@ async fn each_members_token_grows_after_a_restart_from_an_rdb_snapshot() {
         check(set_tokens(&locker).await, "after the restart");
     }
 }
+
+/// An `acquire_all` dropped while its round is in flight: the keys that land after the
+/// drop are released once they do, and no local place is left behind.
+#[tokio::test]
+async fn a_cancelled_set_attempt_leaves_nothing_behind() {
+    let nodes = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];
+    for node in &nodes {
+        // The operation lands when the delay has passed, whether or not anyone waits.
+        node.set_delay(Duration::from_millis(200));
+    }
+    let locker = memory_locker(
+        &nodes,
+        LockOptions::default().node_timeout(Duration::from_secs(1)),
+    );
+    let attempt = locker.acquire_all(["a", "b", "c"], Duration::from_secs(5));
+    // Given up before any node answered.
+    assert!(tokio::time::timeout(Duration::from_millis(20), attempt)
+        .await
+        .is_err());
+    assert_eq!(locker.local_resources(), 0);
+    // The grants land (the operations apply in the order they were issued)...
+    eventually("the late grants land", LIMIT, || {
+        nodes.iter().any(|n| n.get(&lock_key("a")).is_some())
+    })
+    .await;
+    // ...then the cleanup, issued after them, takes them back (well before the ttl).
+    eventually("the late grants given back", LIMIT, || {
+        nodes.iter().all(|n| {
+            ["a", "b", "c"]
+                .iter()
+                .all(|m| n.get(&lock_key(m)).is_none())
+        })
+    })
+    .await;
+    for node in &nodes {
+        node.set_delay(Duration::ZERO);
+    }
+    let lease = locker.try_acquire_all(["a", "b", "c"]).await.unwrap();
+    lease.release().await;
+}
