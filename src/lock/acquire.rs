@@ -266,7 +266,7 @@ impl Redlock {
             set: None,
             acquired_at: start,
             status,
-            stragglers: stragglers.detach(),
+            stragglers: stragglers.detach(nodes),
         }))
     }
 }

@@ -18,6 +18,7 @@
 //! [`LockError::ValidityExpired`] (a majority granted it too slowly).
 
 mod acquire;
+mod background;
 mod error;
 pub mod fencing;
 mod health;

@@ -1,7 +1,8 @@
 //! Fan-out to the nodes: every operation goes to all nodes at once, each bounded by
 //! the per-node timeout, and the caller stops listening as soon as the outcome is
 //! decided rather than waiting for the slowest node. The calls still running then
-//! finish in the background (each within its timeout), so every node that can answer
+//! finish in the background (each within its timeout, in the locker's driver task:
+//! see `background.rs`), so every node that can answer
 //! gets every command: a lease is held, renewed and released on all healthy nodes, not
 //! only on the fastest majority (redis-rs does not even send a request whose future
 //! was dropped before the connection picked it up).
@@ -15,6 +16,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeFailure};
+use crate::lock::background::{Background, Leftover};
 use crate::lock::health::{Health, NodeState};
 use crate::lock::metrics::{self, observe};
 use crate::node::LockKeys;
@@ -34,18 +36,28 @@ pub(crate) struct Stragglers<R: Send + 'static = AcquireReply> {
 }
 
 impl<R: Send + 'static> Stragglers<R> {
-    /// Lets the calls finish in the background (a won round); the receiver, if any
-    /// call is left, sees its sender dropped once they all have.
-    pub(crate) fn detach(mut self) -> Option<tokio::sync::watch::Receiver<()>> {
+    /// Lets the calls finish in the background (a won round), in the locker's driver
+    /// task; the receiver, if any call is left, sees its sender dropped once they all
+    /// have.
+    pub(crate) fn detach(mut self, nodes: &Nodes) -> Option<tokio::sync::watch::Receiver<()>> {
         if self.calls.is_empty() {
             return None;
         }
         let (done, settled) = tokio::sync::watch::channel(());
-        let calls: FuturesUnordered<_> = self.calls.drain(..).collect();
-        metrics::spawn(&tokio::runtime::Handle::current(), async move {
-            calls.for_each(|_| async {}).await;
-            drop(done);
-        });
+        let finish: Leftover = if self.calls.len() == 1 {
+            let call = self.calls.pop()?;
+            Box::pin(async move {
+                let _ = call.await;
+                drop(done);
+            })
+        } else {
+            let calls: FuturesUnordered<_> = self.calls.drain(..).collect();
+            Box::pin(async move {
+                calls.for_each(|_| async {}).await;
+                drop(done);
+            })
+        };
+        nodes.background.finish(finish);
         Some(settled)
     }
 
@@ -78,6 +90,8 @@ pub(crate) struct Nodes {
     pub(crate) health: Box<[Arc<Health>]>,
     quorum: usize,
     timeout: Duration,
+    /// Finishes the calls no caller waits for any more.
+    pub(crate) background: Background,
 }
 
 /// The per-node answers of one acquire round.
@@ -126,6 +140,7 @@ impl Nodes {
             health,
             quorum,
             timeout,
+            background: Background::default(),
         }
     }
 
@@ -338,12 +353,12 @@ impl Nodes {
         if work.is_empty() {
             return;
         }
-        metrics::spawn(&tokio::runtime::Handle::current(), async move {
+        self.background.finish(Box::pin(async move {
             let cleanup = &cleanup;
             let steps: FuturesUnordered<_> =
                 work.into_iter().map(|step| cleanup.run(step)).collect();
             steps.for_each(|()| async {}).await;
-        });
+        }));
     }
 
     pub(crate) async fn owner_round(
@@ -420,12 +435,9 @@ impl Nodes {
         }
         match keep {
             Some(keep) => keep.extend(pending.into_iter().map(|call| Box::pin(call) as Pending<T>)),
-            None => {
-                metrics::spawn(
-                    &tokio::runtime::Handle::current(),
-                    pending.for_each(|_| async {}),
-                );
-            }
+            None => self
+                .background
+                .finish(Box::pin(pending.for_each(|_| async {}))),
         }
     }
 }

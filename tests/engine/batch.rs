@@ -2,7 +2,8 @@
 //! every node kind; one round trip to a Redis server however many keys (one script per
 //! 256, pipelined); the `NOSCRIPT` fallback. The renewal scheduler: one task per
 //! locker, however many leases it holds, gone once none is left; leases renewed in
-//! batches, not one extend each. (Renewal outcomes, losses and `max_hold` are in
+//! batches, not one extend each. The calls a won round leaves behind: finished without a
+//! task each. (Renewal outcomes, losses and `max_hold` are in
 //! `watchdog.rs`.)
 use crate::support;
 
@@ -309,4 +310,44 @@ async fn a_set_counts_as_renewed_on_a_node_only_when_every_member_is() {
     .await;
     assert!(single.is_held());
     assert_eq!(single.lost_cause(), None);
+}
+
+// ---- Calls left behind by a decided round ----------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_left_behind_by_won_rounds_cost_no_task_each() {
+    let mut servers = RedisServer::start_many(3);
+    let locker = Redlock::from_urls(
+        servers.iter().map(RedisServer::url),
+        support::patient().watchdog(false),
+    )
+    .unwrap();
+    // Connections and scripts in place, and the driver of left-behind calls started.
+    locker.try_acquire("warm").await.unwrap().release().await;
+    let before = alive_tasks();
+    // A paused third node: every round is won by the other two, and its call stays in
+    // flight (up to the node timeout) after the acquisition returned.
+    servers[2].pause();
+    let mut leases = Vec::new();
+    for i in 0..50 {
+        leases.push(locker.try_acquire(format!("left-{i}")).await.unwrap());
+    }
+    let during = alive_tasks();
+    servers[2].resume();
+    assert!(
+        during <= before + 1,
+        "{before} tasks before, {during} with 50 calls left behind"
+    );
+    for lease in leases {
+        assert_eq!(
+            lease.release().await,
+            tower_redlock::ReleaseOutcome::Released
+        );
+    }
+    for server in &servers {
+        assert!(
+            server.keys("redlock:{left-*}").is_empty(),
+            "a key left behind"
+        );
+    }
 }

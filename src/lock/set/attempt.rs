@@ -193,7 +193,7 @@ impl Redlock {
             })),
             acquired_at: start,
             status,
-            stragglers: stragglers.detach(),
+            stragglers: stragglers.detach(nodes),
         }))
     }
 }

@@ -9,7 +9,6 @@ use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeFailure};
 use crate::lock::health::Health;
-use crate::lock::metrics;
 use crate::lock::round::{watched, Nodes, OwnerTally, Stragglers};
 use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Node, NodeFuture, Owner};
 
@@ -185,7 +184,7 @@ impl Nodes {
         if now.is_empty() && late.is_empty() {
             return;
         }
-        metrics::spawn(&tokio::runtime::Handle::current(), async move {
+        self.background.finish(Box::pin(async move {
             let cleanup = &cleanup;
             let wanted = &wanted;
             let steps: FuturesUnordered<_> = now
@@ -209,7 +208,7 @@ impl Nodes {
                 }))
                 .collect();
             steps.for_each(|()| async {}).await;
-        });
+        }));
     }
 }
 
