@@ -62,7 +62,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`lock`] | the lock engine: [`Redlock`] over N nodes, [`Lease`], [`LockOptions`], waiting, the watchdog, outcome records ([`lock::record`]). Knows nothing of HTTP nor Redis. |
+//! | [`lock`] | the lock engine: [`Redlock`] over N nodes, [`Lease`], [`LockOptions`], waiting, the watchdog, outcome records ([`lock::record`]), many resources in one lease ([`Redlock::try_acquire_all`]). Knows nothing of HTTP nor Redis. |
 //! | [`fencing`] | [`FencingToken`]: how tokens are made across a quorum, why they increase, and the assumptions |
 //! | [`http`] | [`LockLayer`] and [`LockService`]: the tower middleware and its policies |
 //! | [`http::key`] | where a request's key comes from: [`KeyFromParts`], [`KeyExtractor`], the built-ins and the webhook presets |
