@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
-use crate::error::{NodeError, NodeFailure};
+use crate::error::NodeFailure;
 use crate::lock::health::Health;
 use crate::lock::round::{watched, Nodes, OwnerTally, Stragglers};
 use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Node, NodeFuture, Owner};
@@ -187,32 +188,30 @@ impl Nodes {
         self.background.finish(Box::pin(async move {
             let cleanup = &cleanup;
             let wanted = &wanted;
-            let steps: FuturesUnordered<_> = now
+            let released_now = now
                 .into_iter()
-                .map(|(index, release)| {
-                    Box::pin(async move { cleanup.finish(index, release).await })
-                        as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-                })
-                .chain(late.into_iter().map(|acquire| {
-                    Box::pin(async move {
-                        match acquire.await {
-                            // Someone else's key: nothing of ours to release.
-                            (_, Ok(AcquireSetReply::Held { .. })) => {}
-                            (index, _) if wanted[index] => {
-                                cleanup.finish(index, cleanup.call(index)).await;
-                            }
-                            _ => {}
+                .map(|(index, release)| cleanup.finish(index, release).boxed());
+            // A straggler's node is released (or not) once its acquire has finished.
+            let released_late = late.into_iter().map(|acquire| {
+                async move {
+                    match acquire.await {
+                        // Someone else's key: nothing of ours to release.
+                        (_, Ok(AcquireSetReply::Held { .. })) => {}
+                        (index, _) if wanted[index] => {
+                            cleanup.finish(index, cleanup.call(index)).await;
                         }
-                    })
-                        as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-                }))
-                .collect();
+                        _ => {}
+                    }
+                }
+                .boxed()
+            });
+            let steps: FuturesUnordered<_> = released_now.chain(released_late).collect();
             steps.for_each(|()| async {}).await;
         }));
     }
 }
 
-/// What a failed set attempt's cleanup needs, owned by its task.
+/// What a failed set attempt's cleanup needs, owned by its future.
 struct SetCleanup {
     nodes: Box<[Arc<dyn Node>]>,
     health: Box<[Arc<Health>]>,
@@ -226,14 +225,10 @@ impl SetCleanup {
         self.nodes[index].release_set(&self.keys, &self.owner.for_node(index))
     }
 
+    /// Awaits one node's release, bounded by the node timeout, its answer recorded in
+    /// the node's health (the outcome itself changes nothing: the keys expire anyway).
     async fn finish(&self, index: usize, release: NodeFuture<bool>) {
-        let answer: Result<bool, NodeError> = watched(
-            &self.nodes[index],
-            self.health[index].clone(),
-            self.timeout,
-            release,
-        )
-        .await;
-        let _ = answer;
+        let node = &self.nodes[index];
+        let _ = watched(node, self.health[index].clone(), self.timeout, release).await;
     }
 }
