@@ -1,16 +1,14 @@
 //! One lease over a set of resources (issue 17): all or nothing on every node, one
 //! token per member, lost and released as a whole, no deadlock between overlapping
-//! sets whatever order they are named in. On `MemoryNode`s and on real `redis-server`s.
+//! sets whatever order they are named in. On `MemoryNode`s here, on real
+//! `redis-server`s in `redis.rs`.
 //!
-//! No test sleeps to synchronise: outcomes are awaited, and Redis is polled with a bound.
+//! No test sleeps to synchronise: outcomes are awaited, and nodes are polled with a bound.
 use crate::support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use support::history::History;
-use support::{eventually, RedisServer};
+use support::eventually;
 use tower_redlock::node::{
     AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner, ReleaseSignal,
 };
@@ -19,8 +17,10 @@ use tower_redlock::{
     MAX_RESOURCES_PER_LEASE,
 };
 
-/// Bound of the polls of Redis: half the default ttl, so that a key that vanishes
-/// within it was deleted, not expired.
+mod redis;
+
+/// Bound of the polls: half the default ttl, so that a key that vanishes within it was
+/// deleted, not expired.
 const LIMIT: Duration = Duration::from_secs(5);
 
 fn lock_key(resource: &str) -> String {
@@ -34,32 +34,6 @@ fn names(resources: &[Resource]) -> Vec<&str> {
 fn memory_locker(nodes: &[MemoryNode], options: LockOptions) -> Redlock {
     Redlock::new(nodes.iter().cloned(), options).unwrap()
 }
-
-/// A locker over the servers: a separate "process" with its own connections.
-fn redis_locker(servers: &[RedisServer], options: LockOptions) -> Redlock {
-    Redlock::from_urls(servers.iter().map(RedisServer::url), options).unwrap()
-}
-
-/// The lock keys on a server (fence counters may stay: they are not locks).
-fn lock_keys(server: &RedisServer) -> Vec<String> {
-    server
-        .keys("redlock:*")
-        .into_iter()
-        .filter(|k| !k.ends_with(":fence"))
-        .collect()
-}
-
-async fn no_lock_keys_left(servers: &[RedisServer]) {
-    eventually("no lock key left on any node", LIMIT, || {
-        servers
-            .iter()
-            .filter(|s| s.is_running())
-            .all(|s| lock_keys(s).is_empty())
-    })
-    .await;
-}
-
-// In-process nodes ---------------------------------------------------------------
 
 #[tokio::test]
 async fn a_set_is_taken_whole_or_not_at_all_on_memory_nodes() {
@@ -260,202 +234,6 @@ async fn a_set_is_lost_as_a_whole_when_one_member_is_gone_on_a_majority() {
     }
 }
 
-// Real redis-server nodes -----------------------------------------------------------
-
-/// Overlapping sets over four accounts, named in opposite orders by many tasks on two
-/// lockers (two "processes"): every task finishes, no two sections overlap on any
-/// member, and each member's tokens grow (the history checker).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn overlapping_sets_in_opposite_orders_never_deadlock_or_overlap() {
-    const TASKS: usize = 16;
-    const ROUNDS: usize = 10;
-    let servers = RedisServer::start_many(3);
-    let lockers = [
-        redis_locker(&servers, support::patient()),
-        redis_locker(&servers, support::patient()),
-    ];
-    // The last one is a single resource (the ordinary path), meeting the sets on `acct:2`.
-    let sets: [&[&str]; 5] = [
-        &["acct:1", "acct:2"],
-        &["acct:2", "acct:1"],
-        &["acct:3", "acct:2", "acct:1"],
-        &["acct:1", "acct:4", "acct:3"],
-        &["acct:2", "acct:2"],
-    ];
-    let history = History::new("overlapping sets");
-    let done = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for i in 0..TASKS {
-        let locker = lockers[i % 2].clone();
-        let set = sets[i % sets.len()];
-        let (history, done) = (history.clone(), done.clone());
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
-                let lease = locker
-                    .acquire_all(set.iter().copied(), Duration::from_secs(60))
-                    .await
-                    .unwrap();
-                let mut sections: Vec<_> = lease
-                    .fencing_tokens()
-                    .map(|(resource, token)| {
-                        history.begin(resource.as_str(), token.get(), format!("task {i}"))
-                    })
-                    .collect();
-                tokio::task::yield_now().await;
-                for section in &mut sections {
-                    assert!(section.write(), "a member's write was refused");
-                }
-                let held = lease.is_held();
-                for section in sections {
-                    section.end(!held);
-                }
-                assert_eq!(lease.release().await, ReleaseOutcome::Released);
-            }
-            done.fetch_add(1, Ordering::SeqCst);
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
-    assert_eq!(done.load(Ordering::SeqCst), TASKS);
-    let summary = history.check();
-    let sections: usize = (0..TASKS)
-        .map(|i| {
-            let mut members = sets[i % sets.len()].to_vec();
-            members.sort_unstable();
-            members.dedup();
-            members.len() * ROUNDS
-        })
-        .sum();
-    assert_eq!(summary.cycles, sections as u64);
-    for locker in &lockers {
-        assert_eq!(locker.local_resources(), 0);
-    }
-    no_lock_keys_left(&servers).await;
-}
-
-/// One node down: the set is granted by the other two; two down: refused as
-/// unavailable, and nothing of it stays on the node that answered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_set_survives_a_node_down_and_is_refused_without_a_majority() {
-    let mut servers = RedisServer::start_many(3);
-    let locker = redis_locker(&servers, support::patient());
-    servers[0].kill();
-    let lease = locker.try_acquire_all(["x", "y", "z"]).await.unwrap();
-    for server in &servers[1..] {
-        for member in ["x", "y", "z"] {
-            assert!(server.exists(&lock_key(member)), "{member} missing");
-        }
-    }
-    assert_eq!(lease.release().await, ReleaseOutcome::Released);
-    no_lock_keys_left(&servers).await;
-
-    servers[1].kill();
-    match locker.try_acquire_all(["x", "y", "z"]).await {
-        Err(LockError::Unavailable {
-            answered, quorum, ..
-        }) => {
-            assert_eq!((answered, quorum), (1, 2));
-        }
-        other => panic!("expected unavailable, got {other:?}"),
-    }
-    // The one node that answered granted the set; the failed attempt takes it back.
-    no_lock_keys_left(&servers).await;
-    assert_eq!(locker.local_resources(), 0);
-}
-
-/// One member's key deleted on a majority: the whole lease is lost, and its release
-/// leaves nothing on any node.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_set_whose_member_is_gone_on_a_majority_is_lost_on_redis() {
-    let servers = RedisServer::start_many(3);
-    let locker = redis_locker(&servers, support::patient().watchdog(false));
-    let lease = locker.try_acquire_all(["p", "q"]).await.unwrap();
-    assert!(lease.extend().await.is_ok());
-    servers[0].cmd(&["DEL", &lock_key("q")]);
-    servers[2].cmd(&["DEL", &lock_key("q")]);
-    match lease.extend().await {
-        Err(LockError::Lost { cause, .. }) => assert_eq!(cause, LostCause::KeyLost),
-        other => panic!("expected the set lost, got {other:?}"),
-    }
-    lease.release().await;
-    no_lock_keys_left(&servers).await;
-}
-
-/// Script calls (`EVALSHA`, and `EVAL` after `NOSCRIPT`) a server has run.
-fn script_calls(server: &RedisServer) -> u64 {
-    server.command_calls("evalsha") + server.command_calls("eval")
-}
-
-/// One script per node for the whole set: acquiring, extending and releasing five
-/// members cost one call each per node.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_set_costs_one_call_per_node_and_operation_on_redis() {
-    let servers = RedisServer::start_many(3);
-    let locker = redis_locker(&servers, support::patient().watchdog(false));
-    // Loads the scripts and opens the connections.
-    let warm = locker.try_acquire_all(["w1", "w2"]).await.unwrap();
-    warm.extend().await.unwrap();
-    warm.release().await;
-    no_lock_keys_left(&servers).await;
-    for server in &servers {
-        server.reset_stats();
-    }
-    let members = ["m1", "m2", "m3", "m4", "m5"];
-    let lease = locker.try_acquire_all(members).await.unwrap();
-    lease.extend().await.unwrap();
-    assert_eq!(lease.release().await, ReleaseOutcome::Released);
-    // An extend call may still be on its way to the slowest node.
-    eventually("three script calls on every node", LIMIT, || {
-        servers.iter().all(|s| script_calls(s) >= 3)
-    })
-    .await;
-    for server in &servers {
-        assert_eq!(script_calls(server), 3, "port {}", server.port());
-    }
-}
-
-/// A member held by someone else: the set is refused naming it, and no other member is
-/// ever written on any node (the script checks every member before it writes).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_member_refuses_the_whole_set_on_redis() {
-    let servers = RedisServer::start_many(3);
-    let holder = redis_locker(&servers, support::patient());
-    let locker = redis_locker(&servers, support::patient());
-    let b = holder.try_acquire("b").await.unwrap();
-    match locker.try_acquire_all(["c", "b", "a"]).await {
-        Err(LockError::Held {
-            resource,
-            holder_ttl,
-        }) => {
-            assert_eq!(resource.as_str(), "b");
-            assert!(holder_ttl.is_some());
-        }
-        other => panic!("expected b held, got {other:?}"),
-    }
-    for server in &servers {
-        assert!(
-            !server.exists(&lock_key("a")),
-            "a written on {}",
-            server.port()
-        );
-        assert!(
-            !server.exists(&lock_key("c")),
-            "c written on {}",
-            server.port()
-        );
-    }
-    b.release().await;
-    let lease = locker.try_acquire_all(["c", "b", "a"]).await.unwrap();
-    assert_eq!(names(lease.resources()), ["a", "b", "c"]);
-    let b_token = lease.fencing_token_of(&"b".into()).unwrap();
-    lease.release().await;
-    let b_again = holder.try_acquire("b").await.unwrap();
-    assert!(b_again.fencing_token() > b_token);
-    b_again.release().await;
-    no_lock_keys_left(&servers).await;
-}
-
 /// A node kind of one's own with the per-key calls only: the default set calls.
 #[derive(Clone)]
 struct PerKey(MemoryNode);
@@ -526,50 +304,6 @@ async fn the_default_set_calls_take_all_or_nothing() {
     let again = locker.try_acquire_all(["a", "b", "c"]).await.unwrap();
     for ((_, token), before) in again.fencing_tokens().zip(tokens) {
         assert!(token > before);
-    }
-}
-
-/// Acquires and releases the set `{p, q}` once; returns each member's token.
-async fn set_tokens(locker: &Redlock) -> Vec<u64> {
-    let lease = locker.try_acquire_all(["q", "p"]).await.unwrap();
-    let tokens = lease.fencing_tokens().map(|(_, t)| t.get()).collect();
-    assert_eq!(lease.release().await, ReleaseOutcome::Released);
-    tokens
-}
-
-/// A node restarted from an RDB snapshot comes back with every member's fence counter
-/// behind: each member's token must still exceed all its earlier ones (the clock floor
-/// applies per member, as in tests/engine/persistence.rs for one resource).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_members_token_grows_after_a_restart_from_an_rdb_snapshot() {
-    let mut servers = vec![RedisServer::start()];
-    let locker = redis_locker(&servers, support::patient());
-    let mut seen: Vec<Vec<u64>> = Vec::new();
-    let mut check = |tokens: Vec<u64>, after: &str| {
-        for (member, &token) in tokens.iter().enumerate() {
-            let max = seen.iter().map(|t| t[member]).max().unwrap_or(0);
-            assert!(token > max, "{after}: member {member}: {token} after {max}");
-        }
-        seen.push(tokens);
-    };
-    for _ in 0..3 {
-        check(set_tokens(&locker).await, "first acquisitions");
-    }
-    servers[0].save();
-    for _ in 0..3 {
-        check(set_tokens(&locker).await, "after SAVE");
-    }
-    // SIGKILL and start: the server loads the RDB file, three grants behind.
-    servers[0].restart();
-    support::eventually_async("the node votes again", LIMIT, || async {
-        match locker.try_acquire_all(["probe-1", "probe-2"]).await {
-            Ok(lease) => lease.release().await == ReleaseOutcome::Released,
-            Err(_) => false,
-        }
-    })
-    .await;
-    for _ in 0..2 {
-        check(set_tokens(&locker).await, "after the restart");
     }
 }
 
