@@ -251,6 +251,7 @@ impl TestStore {
             fencing: options.fencing,
             fence_floor: crate::lock::fencing::floor(crate::lock::fencing::unix_ms()),
             seed_only_when_missing: options.seed_only_when_missing,
+            waiter: None,
         };
         let mut taken = Vec::new();
         let mut held = false;

@@ -9,9 +9,10 @@ use tokio::time::Instant;
 
 use super::lease::{LeaseInner, Status};
 use super::round::{Nodes, Stragglers};
-use super::wait::{next_release, QueueRef};
+use super::wait::{next_release, QueueRef, QUEUE_TTL};
 use super::{fencing, renewal, Lease, LockError, Redlock};
-use crate::node::{AcquireRequest, LockKeys, Owner, ReleaseSignal, Resource};
+use crate::node::HANDOFF_TTL;
+use crate::node::{AcquireRequest, LockKeys, Owner, ReleaseSignal, Resource, Waiter};
 use fencing::FencingToken;
 
 impl Redlock {
@@ -51,15 +52,43 @@ impl Redlock {
             }
         };
         let keys = LockKeys::new(&shared.options.key_prefix, &resource);
-        let mut signals: Option<Vec<ReleaseSignal>> = None;
+        // This process's place in the nodes' wait queues: its head's arrival (see `wait`).
+        let waiter = Waiter {
+            id: shared.waiter_id.clone(),
+            ticket: unix_micros(),
+            queue_ttl: QUEUE_TTL,
+        };
+        // Subscriptions a recent wait left: live before the first attempt, so that
+        // attempt may join the queue at once. Otherwise the waiter joins only once it
+        // is subscribed, and no hand-off to it can go unheard.
+        let mut signals: Option<Vec<ReleaseSignal>> = queue.live_signals();
+        // Whether a majority of the nodes keep a wait queue (else every release wakes
+        // every waiter, and the retry policy's backoff applies).
+        let queues =
+            shared.nodes.each().filter(|node| node.wait_queue()).count() >= shared.nodes.quorum();
+        let mut queued = LeaveIfGivenUp {
+            nodes: &shared.nodes,
+            keys: &keys,
+            waiter: &waiter,
+            queue: &queue,
+            armed: false,
+        };
         let mut attempt = 0;
         loop {
             attempt += 1;
             if let Some(signals) = signals.as_mut() {
                 signals.iter_mut().for_each(ReleaseSignal::mark_seen);
             }
-            let holder_ttl = match self.attempt_keeping_permit(&resource, &keys, &permit).await {
+            let joining = signals.is_some().then_some(&waiter);
+            queued.armed |= joining.is_some();
+            let holder_ttl = match self
+                .attempt_keeping_permit(&resource, &keys, &permit, joining)
+                .await
+            {
                 Ok(inner) => {
+                    // A granted head left the queue (the grant took it off).
+                    queued.armed = false;
+                    drop(queued);
                     drop(waiting);
                     return Ok(self.finish(inner, permit, queue));
                 }
@@ -75,16 +104,26 @@ impl Redlock {
                 return Err(timeout(holder_ttl));
             }
             if signals.is_none() {
-                // Subscribe, then try once more at once: the release may have been
-                // published between our attempt and the subscription.
-                signals = Some(queue.signals(&shared.nodes, &keys).await);
+                // Subscribe, then try once more at once, now joining the queue.
+                signals = Some(queue.signals(&shared.nodes, &keys, &waiter).await);
                 if !waited {
                     waited = true;
                     shared.metrics.waits.inc();
                 }
                 continue;
             }
-            let delay = shared.options.retry.delay(attempt, holder_ttl);
+            let mut delay = shared.options.retry.delay(attempt, holder_ttl);
+            if queues {
+                // In the queues, a release hands us the key and wakes us: an attempt
+                // before the key (or another waiter's reservation) runs out, as a
+                // crashed holder's or a frozen waiter's does, would only be refused, as
+                // we are not at the head yet. Still at least every quarter of
+                // `QUEUE_TTL`, which keeps our place alive.
+                let runs_out = holder_ttl
+                    .map_or(HANDOFF_TTL, |ttl| ttl + Duration::from_millis(1))
+                    .min(HANDOFF_TTL);
+                delay = delay.max(runs_out).min(QUEUE_TTL / 4);
+            }
             let retry_at = (Instant::now() + delay).min(deadline);
             let woken = tokio::select! {
                 () = next_release(signals.as_mut().map_or(&mut [][..], Vec::as_mut_slice)) => true,
@@ -92,9 +131,10 @@ impl Redlock {
             };
             if woken {
                 shared.metrics.wakeups.inc();
-                // A release starts a new race: should this waiter lose it (a split vote
-                // among the woken), its next try comes after a short random delay,
-                // not after the long one its earlier waiting had grown to.
+                // A wake-up starts a new race: should this waiter lose it (a split vote,
+                // or a node without a queue that woke every waiter), its next try comes
+                // after a short random delay, not after the long one its earlier waiting
+                // had grown to.
                 attempt = 0;
             } else if Instant::now() >= deadline {
                 return Err(timeout(holder_ttl));
@@ -110,7 +150,7 @@ impl Redlock {
         queue: QueueRef,
     ) -> Result<Lease, LockError> {
         let inner = self
-            .attempt_keeping_permit(&resource, &keys, &permit)
+            .attempt_keeping_permit(&resource, &keys, &permit, None)
             .await?;
         Ok(self.finish(inner, permit, queue))
     }
@@ -132,13 +172,15 @@ impl Redlock {
         Lease::new(inner, permit, queue, renewal)
     }
 
-    /// One Redlock round (plus the fence write-back when needed).
+    /// One Redlock round (plus the fence write-back when needed); `waiter`: the caller
+    /// waits, and joins the wait queues if refused.
     #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %resource))]
     pub(super) async fn attempt_keeping_permit(
         &self,
         resource: &Resource,
         keys: &LockKeys,
         _permit: &OwnedSemaphorePermit,
+        waiter: Option<&Waiter>,
     ) -> Result<Arc<LeaseInner>, LockError> {
         let shared = &self.shared;
         let options = &shared.options;
@@ -157,6 +199,7 @@ impl Redlock {
                 // Once per round: equal floors keep the nodes' counters equal.
                 fence_floor: fencing::floor(fencing::unix_ms()),
                 seed_only_when_missing: options.seed_only_when_missing,
+                waiter,
             })
             .await;
         in_flight.disarm();
@@ -166,7 +209,7 @@ impl Redlock {
         // it (a straggler saying so is skipped when it answers).
         let cleanup = |stragglers: Stragglers| {
             let targets = (0..nodes.len()).filter(|i| !tally.held.contains(i));
-            nodes.release_after(stragglers, targets, keys, &owner);
+            nodes.release_after(stragglers, targets, keys, &owner, waiter);
         };
         if tally.won.len() < quorum {
             let answered = tally.won.len() + tally.held.len();
@@ -267,6 +310,10 @@ impl Redlock {
             acquired_at: start,
             status,
             stragglers: stragglers.detach(nodes),
+            // Where our attempt did not win (refused, or not answered in time), it may
+            // have reached the node before the previous holder's release: that release
+            // then queued or reserved us there too late, and ours undoes it.
+            waiter: waiter.filter(|_| tally.won.len() < nodes.len()).cloned(),
         }))
     }
 }
@@ -308,11 +355,50 @@ impl Drop for ReleaseIfDropped<'_> {
         // Without a runtime (it is shutting down) nothing can be sent; the keys expire.
         if let Some(stragglers) = self.stragglers.take() {
             if tokio::runtime::Handle::try_current().is_ok() {
-                self.nodes
-                    .release_after(stragglers, 0..self.nodes.len(), self.keys, self.owner);
+                self.nodes.release_after(
+                    stragglers,
+                    0..self.nodes.len(),
+                    self.keys,
+                    self.owner,
+                    None,
+                );
             }
         }
     }
+}
+
+/// A waiter that may be in the nodes' wait queues and gives up (timeout, error,
+/// cancellation) leaves them on every node, in the background, and drops its
+/// subscriptions rather than leaving them for a next wait: an entry a node still holds
+/// (a leave that was lost or overtaken by a late attempt) then has nobody listening, and
+/// the next hand-off skips it.
+struct LeaveIfGivenUp<'a> {
+    nodes: &'a Nodes,
+    keys: &'a LockKeys,
+    waiter: &'a Waiter,
+    queue: &'a QueueRef,
+    armed: bool,
+}
+
+impl Drop for LeaveIfGivenUp<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.queue.forget_signals();
+        // Without a runtime (it is shutting down) nothing can be sent; the queues expire.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.nodes.leave_all(self.keys, self.waiter);
+        }
+    }
+}
+
+/// The wall clock in µs since the Unix epoch (below 2⁵³ until the year 2255: a Redis
+/// score holds it exactly).
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 pub(super) fn far_future() -> Instant {

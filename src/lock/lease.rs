@@ -15,7 +15,7 @@ use crate::lock::set::Members;
 use crate::lock::LockError;
 use crate::lock::Shared;
 use crate::node::Owner;
-use crate::node::{LockKeys, Resource};
+use crate::node::{LockKeys, Resource, Waiter};
 
 /// Why a lease was lost. Reported once, by [`LeaseHandle::lost`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,6 +83,10 @@ pub(crate) struct LeaseInner {
     /// (`None`: there were none). The release waits for it: an acquire retried after
     /// `NOSCRIPT` could otherwise land behind our own release and keep the key there.
     pub(crate) stragglers: Option<watch::Receiver<()>>,
+    /// The waiter whose attempt won the lease, when that attempt joined the wait
+    /// queues and some node did not grant it in time: its release also takes the
+    /// waiter off those queues (see `wait`).
+    pub(crate) waiter: Option<Waiter>,
 }
 
 impl LeaseInner {
@@ -371,7 +375,12 @@ async fn release(inner: &LeaseInner) -> ReleaseOutcome {
         let _ = settled.changed().await;
     }
     let tally = match &inner.set {
-        None => locker.nodes.release(&inner.keys, &inner.owner).await,
+        None => {
+            locker
+                .nodes
+                .release(&inner.keys, &inner.owner, inner.waiter.as_ref())
+                .await
+        }
         Some(set) => locker.nodes.release_set(&set.keys, &inner.owner).await,
     };
     let quorum = locker.nodes.quorum();

@@ -104,6 +104,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     pub(crate) renewals: renewal::Renewals,
     queues: Arc<Queues>,
+    /// This locker's id in the nodes' wait queues (see `wait`).
+    pub(crate) waiter_id: String,
 }
 
 impl Redlock {
@@ -159,6 +161,7 @@ impl Redlock {
                 metrics: Metrics::default(),
                 renewals: renewal::Renewals::default(),
                 queues: Arc::default(),
+                waiter_id: format!("{:016x}", rand::random::<u64>()),
             }),
         })
     }

@@ -20,7 +20,7 @@ use crate::lock::background::{Background, Leftover};
 use crate::lock::health::{Health, NodeState};
 use crate::lock::metrics::{self, observe};
 use crate::node::LockKeys;
-use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner};
+use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, Waiter};
 
 /// A call still in flight when its round was decided, with its node's index.
 pub(crate) type Pending<T> = Pin<Box<dyn Future<Output = (usize, Result<T, NodeError>)> + Send>>;
@@ -292,12 +292,23 @@ impl Nodes {
     /// connection, e.g. when the script is reloaded after `NOSCRIPT` while the next
     /// acquire goes out; one node down then turns that leftover key into a spurious
     /// [`Held`](crate::LockError::Held).
-    pub(crate) async fn release(&self, keys: &LockKeys, owner: &Owner) -> OwnerTally {
+    ///
+    /// `waiter`: the lease was won by this waiter's attempt (see
+    /// [`Node::release_as_waiter`]).
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: Option<&Waiter>,
+    ) -> OwnerTally {
         let mut tally = OwnerTally::default();
         self.fan_out(
             0..self.list.len(),
             self.timeout,
-            |index, node| node.release(keys, &owner.for_node(index)),
+            |index, node| match waiter {
+                Some(waiter) => node.release_as_waiter(keys, &owner.for_node(index), waiter),
+                None => node.release(keys, &owner.for_node(index)),
+            },
             |index, answer, _| {
                 tally.add(answer, || self.name(index));
                 false
@@ -312,12 +323,16 @@ impl Nodes {
     /// that overtook it would find nothing, and the late acquire would then hold the
     /// key until its ttl. One task per attempt; every step is bounded by the node
     /// timeout, so a frozen node keeps it for two timeouts at most.
+    ///
+    /// `waiter`: the attempt was a waiter's, which keeps its turn: its key goes back to
+    /// it ([`Node::hand_back`]) rather than on to the next waiter.
     pub(crate) fn release_after(
         &self,
         mut stragglers: Stragglers,
         targets: impl IntoIterator<Item = usize>,
         keys: &LockKeys,
         owner: &Owner,
+        waiter: Option<&Waiter>,
     ) {
         let mut wanted = vec![false; self.list.len()].into_boxed_slice();
         for index in targets {
@@ -332,22 +347,18 @@ impl Nodes {
             nodes: self.list.clone(),
             health: self.health.clone(),
             timeout: self.timeout,
-            // Nothing was granted to anyone here: wake no waiter (see release.lua).
-            keys: LockKeys {
-                channel: String::new(),
-                ..keys.clone()
-            },
+            // Released as a lease is: on a node with a wait queue, a key taken from
+            // the queue's head goes on to the next waiter.
+            keys: keys.clone(),
             owner: owner.clone(),
+            waiter: waiter.cloned(),
             wanted,
         };
         // The calls are made here, not in the task: a node may act when called
         // (`MemoryNode` does), and the attempt's caller may look right after it returns.
         let work: Vec<Step> = now
             .into_iter()
-            .map(|index| {
-                let release = self.list[index].release(&cleanup.keys, &owner.for_node(index));
-                Step::Now(index, release)
-            })
+            .map(|index| Step::Now(index, cleanup.release(index)))
             .chain(late.into_iter().map(Step::After))
             .collect();
         if work.is_empty() {
@@ -473,11 +484,22 @@ struct Cleanup {
     timeout: Duration,
     keys: LockKeys,
     owner: Owner,
+    /// The waiter whose attempt it was, if it waits.
+    waiter: Option<Waiter>,
     /// The nodes that may hold the attempt's key.
     wanted: Box<[bool]>,
 }
 
 impl Cleanup {
+    fn release(&self, index: usize) -> NodeFuture<bool> {
+        let node = &self.nodes[index];
+        let owner = self.owner.for_node(index);
+        match &self.waiter {
+            Some(waiter) => node.hand_back(&self.keys, &owner, waiter),
+            None => node.release(&self.keys, &owner),
+        }
+    }
+
     async fn run(&self, step: Step) {
         let (index, release) = match step {
             Step::Now(index, release) => (index, Some(release)),
@@ -490,9 +512,8 @@ impl Cleanup {
         if !self.wanted.get(index).copied().unwrap_or(false) {
             return;
         }
+        let release = release.unwrap_or_else(|| self.release(index));
         let node = &self.nodes[index];
-        let release =
-            release.unwrap_or_else(|| node.release(&self.keys, &self.owner.for_node(index)));
         let _ = watched(node, self.health[index].clone(), self.timeout, release).await;
     }
 }

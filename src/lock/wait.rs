@@ -1,28 +1,75 @@
-//! Waiting for a held resource without polling.
+//! Waiting for a held resource without polling, and in arrival order across processes.
 //!
 //! Inside a process, callers that want the same resource queue FIFO on a one-permit
 //! semaphore: only the head of the queue (or the holder) talks to the nodes, and a
 //! release of this process hands the resource to the next local waiter at once.
 //!
-//! Across processes, the head waiter subscribes to the resource's release channel on
-//! every node (one shared pub/sub connection per node) and retries as soon as a
-//! release is published. A fallback retry with exponential backoff and full jitter,
-//! capped by the holder's remaining ttl, covers lost messages and crashed holders.
+//! Across processes, the head waiter joins the resource's **wait queue** on every node
+//! that keeps one ([`Node::wait_queue`](crate::Node::wait_queue): Redis and memory
+//! nodes), so that a release wakes only the next waiter, as ZooKeeper and etcd waiters
+//! watch only their predecessor:
+//!
+//! - The queue is a sorted set per resource (`<lock key>:queue`) of waiter ids, one per
+//!   locker (drawn when it is built), scored by the **ticket**: the wall clock (µs)
+//!   when this process's head began to contend. The ticket and id travel with every
+//!   attempt to every node, so every node orders the queue the same way; nodes that each
+//!   favoured another head would split the votes forever. Clock skew between processes
+//!   only shifts their places, never that agreement.
+//! - An attempt that is refused adds the waiter, or keeps its place (same ticket), and
+//!   keeps the queue alive for [`QUEUE_TTL`] more; a waiter attempts again at least
+//!   every quarter of it, so a queue whose waiters all died expires by itself.
+//! - A caller finding the lock free is granted only if the queue is empty or it is the
+//!   head; otherwise the lock is handed to the head and the caller refused as held: no
+//!   barging, also for `try_acquire` from another process.
+//! - A release hands the lock to the next waiter: it takes waiters off the queue's head
+//!   until one listens on its own channel (`<channel>:<id>`), **reserves** the lock for
+//!   it for [`HANDOFF_TTL`](crate::node::HANDOFF_TTL) and publishes to it alone. A
+//!   waiter whose process died has no subscription and is skipped at once; one whose
+//!   process is frozen is skipped when its reservation expires; a live waiter skipped
+//!   because its subscription was down joins again at its old place on its next attempt.
+//! - A waiter subscribes to its own channel *before* it joins: a release can then never
+//!   hand it the lock unheard. Its subscriptions outlive the wait by [`LINGER`], so a
+//!   process that waits again soon (the usual case under contention) joins with its
+//!   first attempt and costs no `SUBSCRIBE`.
+//! - A waiter that gives up (timeout, error, cancellation) leaves the queue on every
+//!   node, in the background; a lock reserved for it meanwhile goes to the next waiter.
+//!   A node that missed the leave drops the entry when it reaches the head (nobody
+//!   listens) or when the queue expires.
+//!
+//! The queue decides only who may *try*: a grant is still one node's vote, a lease a
+//! majority of votes, and fencing tokens are untouched, so mutual exclusion and the
+//! token order never depend on it. A node that restarted without its queue orders no
+//! one until the waiters' next attempts add them again; a waiter registered on some
+//! nodes only (a timed-out call) is added by its next attempt. Nodes without a queue
+//! (etcd) keep the broadcast wake-up: every waiter of the resource retries. Waiting for
+//! sets of resources keeps the broadcast wake-up too.
+//!
+//! A fallback retry with exponential backoff and full jitter, capped by the holder's
+//! remaining ttl (or the reservation's) and by a quarter of [`QUEUE_TTL`], covers lost
+//! messages and crashed holders.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use futures_util::future::select_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::lock::lease::LeaseInner;
 use crate::lock::metrics;
 use crate::lock::round::Nodes;
 use crate::node::ReleaseSignal;
-use crate::node::{LockKeys, Resource};
+use crate::node::{LockKeys, Resource, Waiter};
+
+/// How long a resource's wait queue lives after a waiter's latest attempt.
+pub(crate) const QUEUE_TTL: Duration = Duration::from_secs(10);
+/// How long a waiter's subscriptions are kept after its wait ended, for its next wait.
+pub(crate) const LINGER: Duration = Duration::from_secs(2);
+/// Most resources whose subscriptions linger at once.
+const MAX_PARKED: usize = 1024;
 
 /// The waiters and the holder of one resource inside this process.
 pub(crate) struct LocalQueue {
@@ -35,9 +82,10 @@ pub(crate) struct LocalQueue {
     /// When another process's hold ends, as last reported to the head waiter: what
     /// the callers queued behind the head wait for.
     remote_until: Mutex<Option<Instant>>,
-    /// Release subscriptions on the nodes, made by the first waiter that needed them
-    /// and kept while the queue lives.
-    signals: OnceCell<Vec<ReleaseSignal>>,
+    /// Subscriptions to this locker's wake-up channels on the nodes, made by the first
+    /// waiter that needed them (or taken over from a recent wait) and kept while the
+    /// queue lives, then for [`LINGER`].
+    signals: Mutex<Option<Vec<ReleaseSignal>>>,
 }
 
 /// All local queues of a locker, one per resource in use.
@@ -47,6 +95,8 @@ pub(crate) struct Queues {
     /// `Arc`'s own count drops only after a `QueueRef`'s drop has let go of the lock, so
     /// two refs dropping at once could each see the other and leave the entry behind).
     map: Mutex<HashMap<Resource, (Arc<LocalQueue>, usize)>>,
+    /// Subscriptions of queues that ended lately, with when they ended.
+    parked: Mutex<HashMap<Resource, (Vec<ReleaseSignal>, Instant)>>,
 }
 
 /// A counted reference to a resource's local queue. The queue is removed from the map
@@ -66,7 +116,7 @@ impl Queues {
                 waiting: AtomicUsize::new(0),
                 holder: Mutex::new(Weak::new()),
                 remote_until: Mutex::new(None),
-                signals: OnceCell::new(),
+                signals: Mutex::new(self.unpark(resource)),
             });
             (queue, 0)
         });
@@ -83,15 +133,74 @@ impl Queues {
     pub(crate) fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
+
+    /// The subscriptions a recent wait for `resource` left, if they are recent enough.
+    fn unpark(&self, resource: &Resource) -> Option<Vec<ReleaseSignal>> {
+        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        let (signals, at) = parked.remove(resource)?;
+        (at.elapsed() < LINGER).then_some(signals)
+    }
+
+    /// Keeps the subscriptions of a wait that ended for [`LINGER`]; a sweeper task runs
+    /// while any are kept, so an idle locker unsubscribes too.
+    fn park(self: &Arc<Self>, resource: Resource, signals: Vec<ReleaseSignal>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        parked.retain(|_, (_, at)| now.duration_since(*at) < LINGER);
+        if parked.len() >= MAX_PARKED {
+            return;
+        }
+        let first = parked.is_empty();
+        parked.insert(resource, (signals, now));
+        if first {
+            let queues = Arc::downgrade(self);
+            runtime.spawn(async move {
+                loop {
+                    tokio::time::sleep(LINGER).await;
+                    let Some(queues) = queues.upgrade() else {
+                        return;
+                    };
+                    let mut parked = queues.parked.lock().unwrap_or_else(|p| p.into_inner());
+                    let now = Instant::now();
+                    parked.retain(|_, (_, at)| now.duration_since(*at) < LINGER);
+                    if parked.is_empty() {
+                        return;
+                    }
+                }
+            });
+        }
+    }
 }
 
 impl Drop for QueueRef {
     fn drop(&mut self) {
-        let mut map = self.queues.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, refs)) = map.get_mut(&self.resource) {
-            *refs -= 1;
-            if *refs == 0 {
-                map.remove(&self.resource);
+        let ended = {
+            let mut map = self.queues.map.lock().unwrap_or_else(|p| p.into_inner());
+            match map.get_mut(&self.resource) {
+                Some((_, refs)) => {
+                    *refs -= 1;
+                    if *refs == 0 {
+                        map.remove(&self.resource);
+                        true
+                    } else {
+                        false
+                    }
+                }
+                None => false,
+            }
+        };
+        if ended {
+            let signals = self
+                .queue
+                .signals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(signals) = signals {
+                self.queues.park(self.resource.clone(), signals);
             }
         }
     }
@@ -168,23 +277,100 @@ impl LocalQueue {
             ttl.map(|ttl| Instant::now() + ttl);
     }
 
-    /// The release subscriptions on every node that answered, made on first use.
-    pub(crate) async fn signals(&self, nodes: &Nodes, keys: &LockKeys) -> Vec<ReleaseSignal> {
+    /// The wake-up subscriptions, if they are already made: a waiter holding them
+    /// before its attempt cannot miss a wake-up published after it.
+    pub(crate) fn live_signals(&self) -> Option<Vec<ReleaseSignal>> {
         self.signals
-            .get_or_init(|| nodes.subscribe_all(keys))
-            .await
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Drops the wake-up subscriptions (a waiter that gave up).
+    pub(crate) fn forget_signals(&self) {
+        self.signals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+
+    /// The wake-up subscriptions on every node that answered, made on first use (only
+    /// the head of the local queue calls it).
+    pub(crate) async fn signals(
+        &self,
+        nodes: &Nodes,
+        keys: &LockKeys,
+        waiter: &Waiter,
+    ) -> Vec<ReleaseSignal> {
+        if let Some(signals) = self.live_signals() {
+            return signals;
+        }
+        let signals = nodes.subscribe_all(keys, waiter).await;
+        if !signals.is_empty() {
+            *self.signals.lock().unwrap_or_else(|p| p.into_inner()) = Some(signals.clone());
+        }
+        signals
     }
 }
 
 impl Nodes {
-    /// Subscribes to the resource's release channel on every node, concurrently;
-    /// nodes that fail or time out are left out (the fallback retry covers them).
-    pub(crate) async fn subscribe_all(&self, keys: &LockKeys) -> Vec<ReleaseSignal> {
+    /// Takes `waiter` out of the wait queue of every node that keeps one, in the
+    /// background, each call bounded by the node timeout. The calls are made here: a
+    /// node may act when called.
+    pub(crate) fn leave_all(&self, keys: &LockKeys, waiter: &Waiter) {
+        self.leave(self.each(), keys, waiter);
+    }
+
+    fn leave<'a>(
+        &self,
+        nodes: impl Iterator<Item = &'a Arc<dyn crate::node::Node>>,
+        keys: &LockKeys,
+        waiter: &Waiter,
+    ) {
+        let timeout = self.timeout();
+        let calls: FuturesUnordered<_> = nodes
+            .filter(|node| node.wait_queue())
+            .map(|node| tokio::time::timeout(timeout, node.leave_queue(keys, waiter)))
+            .collect();
+        if !calls.is_empty() {
+            tokio::spawn(calls.for_each(|_| async {}));
+        }
+    }
+
+    /// Subscribes to the resource's own channel on every node, concurrently (the
+    /// broadcast wake-up: what waiting for a set of resources uses); nodes that fail or
+    /// time out are left out.
+    pub(crate) async fn subscribe_broadcast(&self, keys: &LockKeys) -> Vec<ReleaseSignal> {
         let timeout = self.timeout();
         let calls: FuturesUnordered<_> = self
             .each()
             .map(|node| tokio::time::timeout(timeout, node.subscribe(keys)))
+            .collect();
+        calls
+            .filter_map(|answer| async move { answer.ok().and_then(Result::ok) })
+            .collect()
+            .await
+    }
+
+    /// Subscribes to the waiter's own channel on every node that keeps a wait queue,
+    /// and to the resource's channel on the others, concurrently; nodes that fail or
+    /// time out are left out (the fallback retry covers them).
+    pub(crate) async fn subscribe_all(
+        &self,
+        keys: &LockKeys,
+        waiter: &Waiter,
+    ) -> Vec<ReleaseSignal> {
+        let timeout = self.timeout();
+        let own = LockKeys {
+            channel: waiter.channel(keys),
+            ..keys.clone()
+        };
+        let calls: FuturesUnordered<_> = self
+            .each()
+            .map(|node| {
+                let keys = if node.wait_queue() { &own } else { keys };
+                tokio::time::timeout(timeout, node.subscribe(keys))
+            })
             .collect();
         calls
             .filter_map(|answer| async move { answer.ok().and_then(Result::ok) })

@@ -14,6 +14,7 @@
 //! | [`AcquireSetRequest`] / [`AcquireSetReply`] | one acquire of a set of resources, all or nothing on the node (see [`Node::acquire_set`]) |
 //! | [`Resource`] / [`LockKeys`] | a lock's name, and its keys (lock, fence counter, record, wake-up channel) |
 //! | [`Owner`] | the random value that identifies one acquisition |
+//! | [`Waiter`] | one process's place in a resource's cross-process wait queue |
 //! | [`ReleaseSignal`] | what a subscription hands waiters: wakes them when the resource is released |
 //! | [`RecordStore`] | the capability of storing outcome records, which [`Node::records`] hands out |
 //! | [`Record`], [`ClaimRequest`] / [`ClaimReply`], [`StoreRequest`] / [`StoreReply`] | outcome records of idempotent replay (see [`lock::record`](crate::lock::record)) |
@@ -125,6 +126,10 @@ pub trait Node: Send + Sync + 'static {
     /// Subscribes to the release notifications of one resource. The subscription is
     /// active when the future resolves; it ends when the last clone of the returned
     /// [`ReleaseSignal`] is dropped.
+    ///
+    /// A node that keeps the wait queue ([`wait_queue`](Node::wait_queue)) is called
+    /// with `keys.channel` set to the waiter's own channel,
+    /// [`Waiter::channel`]`(keys)`, and wakes only that waiter there.
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal>;
 
     /// Acquires every member of a set, **all or nothing on this node**: when one member
@@ -166,6 +171,65 @@ pub trait Node: Send + Sync + 'static {
         fence_ttl: Duration,
     ) -> NodeFuture<()> {
         set::raise_each(self, keys, tokens, fence_ttl)
+    }
+
+    /// Whether this node keeps a cross-process wait queue per resource (default
+    /// `false`). Such a node, atomically with each operation:
+    ///
+    /// - **acquire** with a [`waiter`](AcquireRequest::waiter) or without: grants only
+    ///   a caller that finds the lock free *and* is the queue's head or finds the queue
+    ///   empty, or that finds the lock reserved for its waiter (see release). A free
+    ///   lock with another waiter at the head is reserved for that head instead (as a
+    ///   release does), and the caller is refused. A refused caller with a waiter joins
+    ///   the queue (or keeps its place), ordered by [`Waiter::ticket`] then
+    ///   [`Waiter::id`], and the queue lives [`Waiter::queue_ttl`] more. A granted head
+    ///   leaves the queue.
+    /// - **release**: after deleting its own key, takes waiters off the queue's head
+    ///   until one is subscribed to its own channel, reserves the lock for it for
+    ///   [`HANDOFF_TTL`] and wakes it alone; the lock is deleted when nobody listens.
+    ///   An empty `keys.channel` (a test kit's undo) only deletes the key.
+    /// - [`leave_queue`](Node::leave_queue): the waiter leaves the queue, and a lock
+    ///   reserved for it is handed to the next waiter.
+    ///
+    /// A node without a queue (the default) ignores the waiter and wakes every waiter
+    /// of the resource on `keys.channel` at each release.
+    fn wait_queue(&self) -> bool {
+        false
+    }
+
+    /// [`release`](Node::release) of a lease won by `waiter`'s attempt: the waiter also
+    /// leaves the queue, and a key reserved for it counts as the lease's. Its attempt
+    /// may have reached this node before the previous holder's release did, which then
+    /// handed it the key here too late; this release hands it on. The default, for
+    /// nodes without a queue, is `release`.
+    fn release_as_waiter(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+    ) -> NodeFuture<bool> {
+        let _ = waiter;
+        self.release(keys, owner)
+    }
+
+    /// Like [`release`](Node::release), but a key that still holds `owner` is reserved
+    /// again for `waiter` (see [`wait_queue`](Node::wait_queue)) instead of handed to
+    /// the next waiter: the cleanup of a waiter's failed attempt, which keeps its turn.
+    /// Its attempt may have reached this node before the previous holder's release
+    /// reached the others; it is woken again when those releases hand it the lock.
+    /// The default, for nodes without a queue, is `release`.
+    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+        let _ = waiter;
+        self.release(keys, owner)
+    }
+
+    /// Takes `waiter` out of the resource's wait queue, and hands a lock reserved for
+    /// it to the next waiter (see [`wait_queue`](Node::wait_queue)). The locker calls
+    /// it when a waiter that may be queued gives up: timeout, error or cancellation.
+    /// The default, for nodes without a queue, does nothing.
+    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+        let _ = (keys, waiter);
+        Box::pin(std::future::ready(Ok(())))
     }
 
     /// Where this node's servers are, in a canonical form (lower-case host, explicit
@@ -230,6 +294,58 @@ pub struct AcquireRequest<'a> {
     /// `LockOptions::unsafe_fence_seed_only_when_missing`; never set it otherwise.
     #[doc(hidden)]
     pub seed_only_when_missing: bool,
+    /// The waiting caller's place in the wait queue, when it waits
+    /// ([`Redlock::acquire`](crate::Redlock::acquire)); `None` for
+    /// [`try_acquire`](crate::Redlock::try_acquire), which never queues. Nodes without
+    /// a queue ignore it (see [`Node::wait_queue`]).
+    pub waiter: Option<&'a Waiter>,
+}
+
+/// How long a lock released to the next waiter stays reserved for it (see
+/// [`Node::wait_queue`]): a woken waiter claims it within a round trip; one that is
+/// frozen (its process stopped, its network cut) is skipped once this passed.
+pub const HANDOFF_TTL: Duration = Duration::from_secs(1);
+
+/// One process's place in a resource's cross-process wait queue (see
+/// [`Node::wait_queue`]): only the head waiter of a process joins it; the callers
+/// behind it wait in the process.
+///
+/// Every node gets the same `ticket` and `id`, so every node orders the queue the
+/// same way: nodes that each favoured another head would split the votes forever.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiter {
+    /// The locker's waiter id: 16 hex digits, drawn once per locker.
+    pub id: String,
+    /// The place in the queue: the waiting caller's wall clock (µs since the Unix
+    /// epoch) when it began to contend. Ties are broken by `id`.
+    pub ticket: u64,
+    /// How long the queue lives after this waiter's latest attempt (the locker
+    /// attempts again well within it while it waits).
+    pub queue_ttl: Duration,
+}
+
+impl Waiter {
+    /// The waiter's own wake-up channel: the resource's channel, `:` and the id.
+    pub fn channel(&self, keys: &LockKeys) -> String {
+        format!("{}:{}", keys.channel, self.id)
+    }
+
+    /// The value a lock key holds while it is reserved for this waiter:
+    /// `~<id>:<ticket>`. It can never equal an [`Owner`] (those are hex digits only).
+    /// A waiter takes a key reserved for itself (whatever the ticket) or for a waiter
+    /// that comes after it in the queue's order, on every node alike: a node that
+    /// handed the key on while the waiter was served elsewhere cannot split the votes.
+    pub fn reservation(&self) -> String {
+        format!("~{}:{}", self.id, self.ticket)
+    }
+
+    /// Whether `value` (a lock key's) is a reservation for this waiter.
+    pub fn is_reserved_in(&self, value: &str) -> bool {
+        value
+            .strip_prefix('~')
+            .and_then(|rest| rest.strip_prefix(self.id.as_str()))
+            .is_some_and(|rest| rest.starts_with(':'))
+    }
 }
 
 /// One entry of [`Node::extend_many`]: a resource's keys and the owner value its lock

@@ -113,6 +113,12 @@ pub struct LockKeys {
 }
 
 impl LockKeys {
+    /// The wait queue's key (a sorted set of waiter ids, see
+    /// [`Node::wait_queue`](crate::Node::wait_queue)): the lock key and `:queue`.
+    pub fn queue(&self) -> String {
+        format!("{}:queue", self.lock)
+    }
+
     pub(crate) fn new(prefix: &str, resource: &Resource) -> Self {
         // Built by hand: `format!` costs several times as much, on every acquisition.
         let name = resource.as_str();

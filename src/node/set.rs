@@ -46,6 +46,7 @@ impl<'a> AcquireSetRequest<'a> {
             fencing: self.fencing,
             fence_floor: self.fence_floor,
             seed_only_when_missing: self.seed_only_when_missing,
+            waiter: None,
         }
     }
 }
@@ -95,6 +96,7 @@ pub(crate) fn acquire_each<N: Node + ?Sized>(
                     fencing,
                     fence_floor,
                     seed_only_when_missing,
+                    waiter: None,
                 })
                 .await;
             let failure = match answer {

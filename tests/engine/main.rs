@@ -16,6 +16,8 @@ mod batch;
 #[cfg(feature = "redis")]
 mod engine;
 #[cfg(feature = "redis")]
+mod fair;
+#[cfg(feature = "redis")]
 mod persistence;
 #[cfg(feature = "redis")]
 mod reconnect;

@@ -49,10 +49,15 @@ fn channel(resource: &str) -> String {
     format!("{}:released", lock_key(resource))
 }
 
-fn subscribers(server: &RedisServer, channel: &str) -> i64 {
-    match server.cmd(&["PUBSUB", "NUMSUB", channel]) {
-        RespValue::Array(items) => items.get(1).and_then(RespValue::as_int).unwrap(),
-        other => panic!("PUBSUB NUMSUB: {other:?}"),
+/// The wake-up channels of the waiters of `resource` subscribed on `server`: each
+/// waiting process listens on its own (`<channel>:<waiter id>`, see the wait queue).
+fn waiter_channels(server: &RedisServer, resource: &str) -> Vec<String> {
+    match server.cmd(&["PUBSUB", "CHANNELS", &format!("{}:*", channel(resource))]) {
+        RespValue::Array(items) => items
+            .iter()
+            .map(|item| item.to_string_lossy().expect("a channel name"))
+            .collect(),
+        other => panic!("PUBSUB CHANNELS: {other:?}"),
     }
 }
 
@@ -498,11 +503,11 @@ async fn a_release_wakes_a_waiter_of_another_process_on_redis() {
     let a = locker(&servers, support::patient());
     let b = locker(&servers, no_fallback());
     release_wakes_the_other_locker(&a, &b).await;
-    // The waiter's subscriptions ended with its queue.
+    // The waiter's subscriptions ended with its queue (after a short linger).
     eventually("unsubscribed", LIMIT, || {
         servers
             .iter()
-            .all(|s| subscribers(s, &channel("wake")) == 0)
+            .all(|s| waiter_channels(s, "wake").is_empty())
     })
     .await;
 }
@@ -544,7 +549,7 @@ async fn a_waiter_that_subscribes_again_at_once_is_still_woken() {
     eventually("unsubscribed", LIMIT, || {
         servers
             .iter()
-            .all(|s| subscribers(s, &channel("resubscribe")) == 0)
+            .all(|s| waiter_channels(s, "resubscribe").is_empty())
     })
     .await;
 }
@@ -574,7 +579,7 @@ async fn a_subscription_that_timed_out_is_not_left_on_the_node() {
     eventually("no subscription left on any node", LIMIT, || {
         servers
             .iter()
-            .all(|s| subscribers(s, &channel("sub-timeout")) == 0)
+            .all(|s| waiter_channels(s, "sub-timeout").is_empty())
     })
     .await;
 }
@@ -599,7 +604,7 @@ async fn dropped_waiters_leave_nothing_behind() {
     eventually("the other process's head waiter subscribed", LIMIT, || {
         servers
             .iter()
-            .all(|s| subscribers(s, &channel("dropped")) == 1)
+            .all(|s| waiter_channels(s, "dropped").len() == 1)
     })
     .await;
     for waiter in &waiters {
@@ -616,7 +621,7 @@ async fn dropped_waiters_leave_nothing_behind() {
     eventually("no lock key and no subscription left", LIMIT, || {
         servers
             .iter()
-            .all(|s| !s.exists(&key) && subscribers(s, &channel("dropped")) == 0)
+            .all(|s| !s.exists(&key) && waiter_channels(s, "dropped").is_empty())
     })
     .await;
     b.try_acquire("dropped").await.unwrap();
@@ -860,7 +865,7 @@ async fn a_waiter_is_woken_through_a_node_that_was_down_for_long() {
     eventually("the waiter subscribed on every node", LIMIT, || {
         servers
             .iter()
-            .all(|s| subscribers(s, &channel(resource)) == 1)
+            .all(|s| waiter_channels(s, resource).len() == 1)
     })
     .await;
 
@@ -872,7 +877,7 @@ async fn a_waiter_is_woken_through_a_node_that_was_down_for_long() {
     eventually(
         "the subscription is back on the restarted node",
         LIMIT,
-        || subscribers(&servers[2], &channel(resource)) == 1,
+        || waiter_channels(&servers[2], resource).len() == 1,
     )
     .await;
 
@@ -903,7 +908,8 @@ async fn a_waiter_is_woken_through_a_node_that_was_down_for_long() {
     // releases on C, publishing only there: only the subscription on C can wake the
     // waiter before its hour-long fallback.
     assert_eq!(servers[0].cmd(&["DEL", &key]), RespValue::Integer(1));
-    servers[2].cmd(&["PUBLISH", &channel(resource), ""]);
+    let own = waiter_channels(&servers[2], resource).remove(0);
+    servers[2].cmd(&["PUBLISH", &own, ""]);
     let lease = tokio::time::timeout(LIMIT, waiter)
         .await
         .expect("the waiter was not woken through the restarted node")

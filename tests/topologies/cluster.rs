@@ -91,16 +91,35 @@ impl FencedStorage {
     }
 }
 
-/// Waits until `count` clients are subscribed to `channel` (sharded or not) on `server`.
+/// Waits until `count` waiters are subscribed to their wake-up channels for the
+/// resource of `channel` (sharded or not) on `server`: each waiting process listens on
+/// its own, `<channel>:<waiter id>` (the wait queue).
 async fn subscribed(server: &RedisServer, channel: &str, sharded: bool, count: i64) {
-    let command = if sharded { "SHARDNUMSUB" } else { "NUMSUB" };
     eventually("the waiter to subscribe", LIMIT, || {
-        match server.cmd(&["PUBSUB", command, channel]) {
-            RespValue::Array(items) => items.get(1).and_then(RespValue::as_int) == Some(count),
-            _ => false,
-        }
+        waiters_subscribed(server, channel, sharded) == count
     })
     .await;
+}
+
+/// Clients subscribed to the waiters' channels of the resource of `channel` on `server`.
+fn waiters_subscribed(server: &RedisServer, channel: &str, sharded: bool) -> i64 {
+    let (list, count) = if sharded {
+        ("SHARDCHANNELS", "SHARDNUMSUB")
+    } else {
+        ("CHANNELS", "NUMSUB")
+    };
+    let pattern = format!("{channel}:*");
+    let RespValue::Array(names) = server.cmd(&["PUBSUB", list, &pattern]) else {
+        return 0;
+    };
+    names
+        .iter()
+        .filter_map(RespValue::to_string_lossy)
+        .map(|name| match server.cmd(&["PUBSUB", count, &name]) {
+            RespValue::Array(items) => items.get(1).and_then(RespValue::as_int).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Blocking set-up work (starting servers, failovers) off the async workers.
@@ -189,12 +208,9 @@ async fn cluster_waiters_giving_up_on_a_frozen_master_pile_nothing_up() {
 
     cluster.node_mut(frozen).resume();
     eventually("every sharded subscription ended", LIMIT, || {
-        resources.iter().all(|r| {
-            matches!(
-                cluster.node(frozen).cmd(&["PUBSUB", "SHARDNUMSUB", &channel(r)]),
-                RespValue::Array(ref items) if items.get(1).and_then(RespValue::as_int) == Some(0)
-            )
-        })
+        resources
+            .iter()
+            .all(|r| waiters_subscribed(cluster.node(frozen), &channel(r), true) == 0)
     })
     .await;
     eventually("everything drained", LIMIT, || {
@@ -390,12 +406,7 @@ async fn cluster_failover_keeps_the_lease_or_loses_it_never_two_holders() {
             cluster
                 .nodes
                 .iter()
-                .filter_map(
-                    |n| match n.cmd(&["PUBSUB", "SHARDNUMSUB", &channel(resource)]) {
-                        RespValue::Array(items) => items.get(1).and_then(RespValue::as_int),
-                        _ => None,
-                    },
-                )
+                .map(|n| waiters_subscribed(n, &channel(resource), true))
                 .sum::<i64>()
                 == 1
         },

@@ -194,6 +194,7 @@ impl Redlock {
             acquired_at: start,
             status,
             stragglers: stragglers.detach(nodes),
+            waiter: None,
         }))
     }
 }

@@ -90,9 +90,10 @@ impl Redlock {
             if signals.is_none() {
                 // Subscribe to every member, then try once more at once: a release may
                 // have been published between our attempt and the subscriptions.
+                // (Sets keep the broadcast wake-up on each member's channel.)
                 let mut all = Vec::new();
-                for (queue, keys) in queues.iter().zip(set.keys.iter()) {
-                    all.extend(queue.signals(&shared.nodes, keys).await);
+                for keys in set.keys.iter() {
+                    all.extend(shared.nodes.subscribe_broadcast(keys).await);
                 }
                 signals = Some(all);
                 if !waited {

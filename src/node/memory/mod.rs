@@ -15,16 +15,21 @@ use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node,
     NodeFuture, Owner, ReleaseSignal,
 };
+use crate::node::{Waiter, HANDOFF_TTL};
 
+mod queue;
 mod records;
 mod set;
+
+use queue::{reservation, HandOff, Queue};
 
 /// Sweep expired keys after this many writes, so unique resources (idempotency keys)
 /// never accumulate.
 const SWEEP_EVERY: u32 = 1024;
 
 /// A lock node that lives in this process, with the semantics of [`RedisNode`]:
-/// key expiry, owner checks, fence counters and release notifications.
+/// key expiry, owner checks, fence counters, the wait queue (see
+/// [`Node::wait_queue`]) and release notifications.
 ///
 /// It is the embedded default: the examples run on it without Redis, and it serves
 /// single-process deployments and users' own tests. It is **not** distributed: two
@@ -110,6 +115,8 @@ impl Drop for Ticket {
 #[derive(Default)]
 struct Store {
     entries: HashMap<String, Entry>,
+    /// The wait queues, by queue key.
+    queues: HashMap<String, Queue>,
     writes: u32,
 }
 
@@ -245,14 +252,25 @@ impl MemoryNode {
 }
 
 impl Shared {
+    /// Wakes the subscribers of `channel` (the broadcast wake-up of a set's release).
     fn notify(&self, channel: &str) {
+        self.wake(channel);
+    }
+
+    /// Wakes the subscribers of `channel`; whether anyone listened (as `PUBLISH`
+    /// answers).
+    fn wake(&self, channel: &str) -> bool {
         let mut channels = lock(&self.channels);
-        if let Some(tx) = channels.get(channel) {
-            if tx.receiver_count() == 0 {
-                channels.remove(channel);
-            } else {
+        match channels.get(channel) {
+            Some(tx) if tx.receiver_count() > 0 => {
                 tx.send_modify(|n| *n = n.wrapping_add(1));
+                true
             }
+            Some(_) => {
+                channels.remove(channel);
+                false
+            }
+            None => false,
         }
     }
 }
@@ -276,6 +294,7 @@ impl Store {
             self.writes = 0;
             self.entries
                 .retain(|_, e| e.expires.is_none_or(|at| at > now));
+            self.queues.retain(|_, q| q.expires > now);
         }
     }
 }
@@ -291,37 +310,90 @@ impl Node for MemoryNode {
         "memory"
     }
 
+    // As `acquire.lua`, step by step.
     fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
-        let lock_key = request.keys.lock.clone();
-        let fence_key = request.keys.fence.clone();
+        let keys = request.keys.clone();
         let owner = request.owner.as_str().to_owned();
         let (ttl, fence_ttl, fencing) = (request.ttl, request.fence_ttl, request.fencing);
         let (floor, seed_only_when_missing) = (request.fence_floor, request.seed_only_when_missing);
+        let waiter = request.waiter.cloned();
         self.run(move |shared| {
             let now = Instant::now();
             let mut store = lock(&shared.store);
-            // As the Redis script: the counter is checked before anything is written.
-            let current = match store.live(&fence_key, now) {
-                Some(entry) if fencing => Some(entry.value.parse::<u64>().map_err(|_| {
-                    NodeError::Server(
-                        format!("ERR fence counter {fence_key} is not an integer").into(),
-                    )
-                })?),
+            let me = waiter.as_ref().map_or("", |w| w.id.as_str());
+            let queue_key = keys.queue();
+            let refuse = |store: &mut Store| {
+                if let Some(waiter) = &waiter {
+                    store.join(&queue_key, waiter, now);
+                }
+                let pttl = store.pttl(&keys.lock, now);
+                Ok(AcquireReply::Held { pttl })
+            };
+            let mine = waiter.as_ref().map(|w| (w.ticket, w.id.clone()));
+            match store.live(&keys.lock, now).map(|e| e.value.clone()) {
+                None => {
+                    // The key is free; the queue's head still comes first, unless we
+                    // come before it.
+                    match store.head(&queue_key, now) {
+                        Some(head) if head.1 == me => store.remove_waiter(&queue_key, me, now),
+                        Some(head) if mine.as_ref().is_none_or(|mine| *mine > head) => {
+                            store.entries.insert(
+                                keys.lock.clone(),
+                                Entry {
+                                    value: owner.clone(),
+                                    expires: Some(now + ttl),
+                                },
+                            );
+                            if shared.hand_off(&mut store, &keys, me, now) == HandOff::Reserved {
+                                return refuse(&mut store);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Some(holder) if holder == owner => {}
+                Some(holder) => {
+                    // Reserved for us, or for a later waiter (which keeps its place).
+                    let (Some(waiter), Some((id, ticket))) = (&waiter, reservation(&holder)) else {
+                        return refuse(&mut store);
+                    };
+                    if id != waiter.id {
+                        if (waiter.ticket, waiter.id.as_str()) > (ticket, id) {
+                            return refuse(&mut store);
+                        }
+                        let until = now + waiter.queue_ttl;
+                        store.enqueue(&queue_key, id, ticket, until, now);
+                        store.remove_waiter(&queue_key, me, now);
+                    }
+                }
+            }
+            // Granted: the counter is checked before anything of ours stays written.
+            let current = match store.live(&keys.fence, now) {
+                Some(entry) if fencing => match entry.value.parse::<u64>() {
+                    Ok(n) => Some(n),
+                    Err(_) => {
+                        if store
+                            .live(&keys.lock, now)
+                            .is_some_and(|e| e.value == owner)
+                        {
+                            store.entries.remove(&keys.lock);
+                        }
+                        return Err(NodeError::Server(
+                            format!("ERR fence counter {} is not an integer", keys.fence).into(),
+                        ));
+                    }
+                },
                 _ => None,
             };
-            if let Some(entry) = store.live(&lock_key, now) {
-                let pttl = entry.expires.map(|at| at.saturating_duration_since(now));
-                return Ok(AcquireReply::Held { pttl });
-            }
+            store.entries.insert(
+                keys.lock.clone(),
+                Entry {
+                    value: owner,
+                    expires: Some(now + ttl),
+                },
+            );
+            store.wrote(now);
             if !fencing {
-                store.entries.insert(
-                    lock_key,
-                    Entry {
-                        value: owner,
-                        expires: Some(now + ttl),
-                    },
-                );
-                store.wrote(now);
                 return Ok(AcquireReply::Acquired { fence: 0 });
             }
             let fence = match current {
@@ -330,20 +402,12 @@ impl Node for MemoryNode {
                 None => floor,
             };
             store.entries.insert(
-                fence_key,
+                keys.fence.clone(),
                 Entry {
                     value: fence.to_string(),
                     expires: Some(now + fence_ttl),
                 },
             );
-            store.entries.insert(
-                lock_key,
-                Entry {
-                    value: owner,
-                    expires: Some(now + ttl),
-                },
-            );
-            store.wrote(now);
             Ok(AcquireReply::Acquired { fence })
         })
     }
@@ -391,23 +455,51 @@ impl Node for MemoryNode {
     }
 
     fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
-        let lock_key = keys.lock.clone();
-        let channel = keys.channel.clone();
+        let keys = keys.clone();
         let owner = owner.as_str().to_owned();
+        self.run(move |shared| Ok(shared.release(&keys, &owner, None)))
+    }
+
+    fn wait_queue(&self) -> bool {
+        true
+    }
+
+    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+        let keys = keys.clone();
+        let owner = owner.as_str().to_owned();
+        let waiter = waiter.clone();
         self.run(move |shared| {
             let now = Instant::now();
-            let released = {
-                let mut store = lock(&shared.store);
-                let ours = store.live(&lock_key, now).is_some_and(|e| e.value == owner);
-                if ours {
-                    store.entries.remove(&lock_key);
+            let mut store = lock(&shared.store);
+            match store.live(&keys.lock, now) {
+                Some(entry) if entry.value == owner => {
+                    entry.value = waiter.reservation();
+                    entry.expires = Some(now + HANDOFF_TTL);
+                    Ok(true)
                 }
-                ours
-            };
-            if released {
-                shared.notify(&channel);
+                _ => Ok(false),
             }
-            Ok(released)
+        })
+    }
+
+    fn release_as_waiter(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+    ) -> NodeFuture<bool> {
+        let keys = keys.clone();
+        let owner = owner.as_str().to_owned();
+        let waiter = waiter.clone();
+        self.run(move |shared| Ok(shared.release(&keys, &owner, Some(&waiter))))
+    }
+
+    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+        let keys = keys.clone();
+        let waiter = waiter.clone();
+        self.run(move |shared| {
+            shared.release(&keys, "", Some(&waiter));
+            Ok(())
         })
     }
 

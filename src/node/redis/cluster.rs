@@ -19,7 +19,7 @@ use crate::node::redis::pubsub::{ClusterBuilder, Hub};
 use crate::node::redis::records;
 use crate::node::redis::seeds;
 use crate::node::LockKeys;
-use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
+use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal, Waiter};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
 type Configure = dyn Fn(ClusterClientBuilder) -> ClusterClientBuilder + Send + Sync;
@@ -249,7 +249,7 @@ impl Node for ClusterNode {
     }
 
     fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
-        let call = Acquire::new(request);
+        let call = Acquire::new(request, true);
         let inner = self.inner.clone();
         let wait = self.wait;
         Box::pin(async move {
@@ -276,6 +276,45 @@ impl Node for ClusterNode {
         Box::pin(async move {
             let mut conn = inner.connection().await?;
             call::release(&mut conn, &call).await.map_err(node_error)
+        })
+    }
+
+    fn wait_queue(&self) -> bool {
+        true
+    }
+
+    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+        let call = ReleaseCall::hand_back(keys, owner, waiter, true);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            call::release(&mut conn, &call).await.map_err(node_error)
+        })
+    }
+
+    fn release_as_waiter(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+    ) -> NodeFuture<bool> {
+        let call = ReleaseCall::as_waiter(keys, owner, waiter, true);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            call::release(&mut conn, &call).await.map_err(node_error)
+        })
+    }
+
+    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+        let call = ReleaseCall::leave(keys, waiter, true);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            call::release(&mut conn, &call)
+                .await
+                .map(|_| ())
+                .map_err(node_error)
         })
     }
 

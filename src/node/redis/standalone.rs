@@ -17,6 +17,7 @@ use crate::node::redis::conn::Resending;
 use crate::node::redis::pubsub::Hub;
 use crate::node::redis::records;
 use crate::node::LockKeys;
+use crate::node::Waiter;
 use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node, NodeError,
     NodeFuture, Owner, ReleaseSignal,
@@ -183,7 +184,7 @@ impl Node for RedisNode {
     // The commands themselves are in `redis_call`, shared with the cluster and
     // sentinel nodes.
     fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
-        let call = Acquire::new(request);
+        let call = Acquire::new(request, false);
         let mut conn = self.inner.conn.clone();
         let wait = self.wait;
         Box::pin(async move {
@@ -225,6 +226,46 @@ impl Node for RedisNode {
         Box::pin(async move {
             call::release(&mut conn, &call)
                 .await
+                .map_err(CallError::into_node_error)
+        })
+    }
+
+    fn wait_queue(&self) -> bool {
+        true
+    }
+
+    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+        let call = ReleaseCall::hand_back(keys, owner, waiter, false);
+        let mut conn = self.inner.conn.clone();
+        Box::pin(async move {
+            call::release(&mut conn, &call)
+                .await
+                .map_err(CallError::into_node_error)
+        })
+    }
+
+    fn release_as_waiter(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+    ) -> NodeFuture<bool> {
+        let call = ReleaseCall::as_waiter(keys, owner, waiter, false);
+        let mut conn = self.inner.conn.clone();
+        Box::pin(async move {
+            call::release(&mut conn, &call)
+                .await
+                .map_err(CallError::into_node_error)
+        })
+    }
+
+    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+        let call = ReleaseCall::leave(keys, waiter, false);
+        let mut conn = self.inner.conn.clone();
+        Box::pin(async move {
+            call::release(&mut conn, &call)
+                .await
+                .map(|_| ())
                 .map_err(CallError::into_node_error)
         })
     }

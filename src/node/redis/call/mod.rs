@@ -12,7 +12,7 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Va
 use crate::error::NodeError;
 use crate::node::redis::millis_ceil;
 use crate::node::LockKeys;
-use crate::node::{AcquireReply, AcquireRequest, Owner};
+use crate::node::{AcquireReply, AcquireRequest, Owner, HANDOFF_TTL};
 
 /// One Lua script: its source (for `EVAL` after `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Lua {
@@ -39,11 +39,24 @@ impl Lua {
 /// outlived the round, and a cancelled attempt drops its calls, which are then never
 /// resent. The alternative, `EVAL` every time, costs the server a SHA1 of the
 /// script per acquisition.
-static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/acquire.lua")));
+///
+/// The acquire and release scripts both hand a free lock to the wait queue's next
+/// waiter: they share `hand_off.lua`, prepended to each.
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../scripts/hand_off.lua"),
+        include_str!("../scripts/acquire.lua")
+    ))
+});
 static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/extend.lua")));
 static EXTEND_MANY: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../scripts/extend_many.lua")));
-static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/release.lua")));
+static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../scripts/hand_off.lua"),
+        include_str!("../scripts/release.lua")
+    ))
+});
 static RAISE_FENCE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../scripts/raise_fence.lua")));
 
@@ -152,6 +165,9 @@ pub(crate) fn node_error(e: RedisError) -> NodeError {
         || matches!(e.kind(), ErrorKind::Server(ServerErrorKind::NoPerm))
         || e.code()
             .is_some_and(|code| code == "WRONGPASS" || code == "NOAUTH")
+        // A server refuses a long command (the acquire script's) from a client that has
+        // not authenticated with "Protocol error: unauthenticated multibulk length".
+        || e.to_string().contains("unauthenticated")
     {
         NodeError::Connection(format!("authentication failed: {e}").into())
     } else if matches!(
@@ -182,9 +198,9 @@ pub(crate) struct Call {
 impl Call {
     /// `EVALSHA sha keys…`; add the keys first, then the arguments.
     fn new(lua: &'static Lua, keys: usize) -> Self {
-        // Sized for the largest call (acquire: 2 keys of a few dozen bytes, 5
+        // Sized for the largest call (acquire: 3 keys of a few dozen bytes, 12
         // arguments), so that building it never reallocates.
-        let mut evalsha = Cmd::with_capacity(10, 256);
+        let mut evalsha = Cmd::with_capacity(18, 384);
         evalsha.arg("EVALSHA").arg(lua.script.get_hash()).arg(keys);
         Call { lua, evalsha }
     }
@@ -213,12 +229,6 @@ impl Call {
         } else {
             self.eval()
         }
-    }
-
-    /// Number of arguments after the script and the key count (for tests).
-    #[cfg(test)]
-    fn arity(&self) -> usize {
-        self.evalsha.args_iter().count() - 3
     }
 
     /// Runs the script with `EVALSHA`, or with `EVAL` after `NOSCRIPT` (which also caches
@@ -311,39 +321,56 @@ pub(crate) fn check_acks(
 
 /// The owned arguments of one acquire call (the call outlives the request).
 pub(crate) enum Acquire {
-    /// [`LockOptions::fencing(false)`](crate::LockOptions::fencing): one `SET NX PX`.
+    /// [`LockOptions::fencing(false)`](crate::LockOptions::fencing) and no waiter: one
+    /// `SET NX PX`. It skips the wait queue's check: a lock handed to the next waiter
+    /// is reserved (the key exists), so it barges in only where a holder's key expired
+    /// and the queue's head has not retried yet.
     Plain {
         lock: String,
         owner: String,
         ttl_ms: u64,
     },
-    /// The acquire script: the lock key and the floored fence counter, atomically.
+    /// The acquire script: the lock key behind the wait queue and, with fencing, the
+    /// floored fence counter, atomically.
     Fenced(Call),
 }
 
 impl Acquire {
-    pub(crate) fn new(request: &AcquireRequest<'_>) -> Self {
+    /// `sharded`: the node publishes on sharded channels (Redis Cluster).
+    pub(crate) fn new(request: &AcquireRequest<'_>, sharded: bool) -> Self {
         let ttl_ms = millis_ceil(request.ttl);
-        if !request.fencing {
+        if !request.fencing && request.waiter.is_none() {
             return Acquire::Plain {
                 lock: request.keys.lock.clone(),
                 owner: request.owner.as_str().to_owned(),
                 ttl_ms,
             };
         }
-        let mut call = Call::new(&ACQUIRE, 2)
+        let flag = |on: bool| if on { "1" } else { "0" };
+        let call = Call::new(&ACQUIRE, 3)
             .arg(&request.keys.lock)
             .arg(&request.keys.fence)
+            .arg(request.keys.queue())
             .arg(request.owner.as_str())
             .arg(ttl_ms)
             .arg(millis_ceil(request.fence_ttl))
             // Sent as a decimal string (as every argument is): Lua would format a
             // number this large as a float.
-            .arg(request.fence_floor);
-        if request.seed_only_when_missing {
-            call = call.arg("1");
-        }
-        Acquire::Fenced(call)
+            .arg(request.fence_floor)
+            .arg(flag(request.seed_only_when_missing))
+            .arg(flag(request.fencing));
+        let call = match request.waiter {
+            Some(waiter) => call
+                .arg(&waiter.id)
+                .arg(waiter.ticket)
+                .arg(millis_ceil(waiter.queue_ttl)),
+            None => call.arg("").arg(0).arg(0),
+        };
+        Acquire::Fenced(
+            call.arg(&request.keys.channel)
+                .arg(flag(sharded))
+                .arg(millis_ceil(HANDOFF_TTL)),
+        )
     }
 
     /// With `wait`, a grant counts only once enough replicas acknowledged the key and
@@ -474,30 +501,6 @@ impl ExtendCall {
     }
 }
 
-/// The owned arguments of one release call: compare-and-delete, then `PUBLISH` on the
-/// resource's channel, or `SPUBLISH` when `sharded` (Redis Cluster).
-pub(crate) struct ReleaseCall(Call);
-
-impl ReleaseCall {
-    pub(crate) fn new(keys: &LockKeys, owner: &Owner, sharded: bool) -> Self {
-        let call = Call::new(&RELEASE, 1)
-            .arg(&keys.lock)
-            .arg(owner.as_str())
-            .arg(&keys.channel);
-        ReleaseCall(if sharded { call.arg("1") } else { call })
-    }
-}
-
-/// The release script. Never waits for replicas: a release lost in a failover only
-/// delays the next holder until the key expires.
-pub(crate) async fn release<C: ConnectionLike + Send>(
-    conn: &mut C,
-    call: &ReleaseCall,
-) -> Result<bool, CallError> {
-    let value = call.0.run(conn, None, |_| false).await?;
-    parse_flag(value).map_err(CallError::Reply)
-}
-
 /// The owned arguments of one raise-fence call.
 pub(crate) struct RaiseFenceCall(Call);
 
@@ -548,8 +551,10 @@ pub(crate) fn parse_flag(value: Value) -> Result<bool, NodeError> {
 }
 
 mod extend_many;
+mod release;
 pub(crate) mod set;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use extend_many::{extend_many, ExtendManyCall};
+pub(crate) use release::{release, ReleaseCall};

@@ -13,8 +13,9 @@ fn acquire_goes_by_hash_with_exact_arguments() {
         fencing: true,
         fence_floor: 1_838_556_217_040_896,
         seed_only_when_missing: false,
+        waiter: None,
     };
-    let Acquire::Fenced(call) = Acquire::new(&request) else {
+    let Acquire::Fenced(call) = Acquire::new(&request, false) else {
         panic!("fencing on: the script");
     };
     // The floor goes out as the exact decimal string, never through a float.
@@ -23,13 +24,22 @@ fn acquire_goes_by_hash_with_exact_arguments() {
     assert_eq!(
         sent[2..],
         [
-            "2",
+            "3",
             &keys.lock,
             &keys.fence,
+            &keys.queue(),
             owner.as_str(),
             "1500",
             "60000",
-            "1838556217040896"
+            "1838556217040896",
+            "0",
+            "1",
+            "",
+            "0",
+            "0",
+            &keys.channel,
+            "0",
+            "1000"
         ]
     );
 }
@@ -80,13 +90,11 @@ fn parses_flags() {
 fn release_publishes_sharded_only_when_asked() {
     let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
     let owner = Owner::random();
-    assert_eq!(ReleaseCall::new(&keys, &owner, false).0.arity(), 3);
-    let sharded = ReleaseCall::new(&keys, &owner, true);
-    assert_eq!(sharded.0.arity(), 4);
-    assert!(matches!(
-        sharded.0.evalsha.args_iter().last(),
-        Some(redis::Arg::Simple(b"1"))
-    ));
+    let plain = words(&ReleaseCall::new(&keys, &owner, false).0.evalsha);
+    let sharded = words(&ReleaseCall::new(&keys, &owner, true).0.evalsha);
+    // EVALSHA sha 2 lock queue owner channel sharded hold leaving back_to
+    assert_eq!((plain[7].as_str(), sharded[7].as_str()), ("0", "1"));
+    assert_eq!(sharded[9..], ["", ""], "a plain release names no waiter");
 }
 
 #[test]

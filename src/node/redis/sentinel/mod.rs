@@ -28,6 +28,7 @@ use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
 use crate::node::LockKeys;
 use crate::node::RecordStore;
+use crate::node::Waiter;
 use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node,
     NodeFuture, Owner, ReleaseSignal,
@@ -421,7 +422,7 @@ impl Node for SentinelNode {
     }
 
     fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
-        let call = Acquire::new(request);
+        let call = Acquire::new(request, false);
         let inner = self.inner.clone();
         let wait = self.wait;
         Box::pin(async move {
@@ -470,6 +471,49 @@ impl Node for SentinelNode {
             inner
                 .with_master(|mut conn| async move { call::release(&mut conn, call).await })
                 .await
+        })
+    }
+
+    fn wait_queue(&self) -> bool {
+        true
+    }
+
+    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+        let call = ReleaseCall::hand_back(keys, owner, waiter, false);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move { call::release(&mut conn, call).await })
+                .await
+        })
+    }
+
+    fn release_as_waiter(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+    ) -> NodeFuture<bool> {
+        let call = ReleaseCall::as_waiter(keys, owner, waiter, false);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move { call::release(&mut conn, call).await })
+                .await
+        })
+    }
+
+    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+        let call = ReleaseCall::leave(keys, waiter, false);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move { call::release(&mut conn, call).await })
+                .await
+                .map(|_| ())
         })
     }
 

@@ -1,0 +1,71 @@
+//! The release script's calls: a lease's release, a waiter leaving the wait queue, and
+//! the cleanup of a waiter's failed attempt (see [`Node::wait_queue`](crate::node::Node::wait_queue)).
+
+use redis::aio::ConnectionLike;
+
+use super::{parse_flag, Call, CallError, RELEASE};
+use crate::node::redis::millis_ceil;
+use crate::node::{LockKeys, Owner, Waiter, HANDOFF_TTL};
+
+/// The owned arguments of one release call: compare-and-delete, then the hand-off to
+/// the wait queue's next waiter, woken by `PUBLISH` on its own channel, or `SPUBLISH`
+/// when `sharded` (Redis Cluster).
+pub(crate) struct ReleaseCall(pub(super) Call);
+
+impl ReleaseCall {
+    pub(crate) fn new(keys: &LockKeys, owner: &Owner, sharded: bool) -> Self {
+        Self::of(keys, owner.as_str(), sharded, "", "")
+    }
+
+    /// A waiter leaving the queue: it is taken off, and a lock reserved for it is
+    /// handed to the next waiter (the release of its reservation).
+    pub(crate) fn leave(keys: &LockKeys, waiter: &Waiter, sharded: bool) -> Self {
+        Self::of(keys, "", sharded, &waiter.id, "")
+    }
+
+    /// The release of a lease won by `waiter`'s attempt (see
+    /// [`Node::release_as_waiter`](crate::node::Node::release_as_waiter)).
+    pub(crate) fn as_waiter(
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+        sharded: bool,
+    ) -> Self {
+        Self::of(keys, owner.as_str(), sharded, &waiter.id, "")
+    }
+
+    /// The cleanup of a waiter's failed attempt: the key goes back to the waiter.
+    pub(crate) fn hand_back(
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+        sharded: bool,
+    ) -> Self {
+        let back_to = format!("{}:{}", waiter.id, waiter.ticket);
+        Self::of(keys, owner.as_str(), sharded, "", &back_to)
+    }
+
+    fn of(keys: &LockKeys, owner: &str, sharded: bool, leaving: &str, back_to: &str) -> Self {
+        ReleaseCall(
+            Call::new(&RELEASE, 2)
+                .arg(&keys.lock)
+                .arg(keys.queue())
+                .arg(owner)
+                .arg(&keys.channel)
+                .arg(if sharded { "1" } else { "0" })
+                .arg(millis_ceil(HANDOFF_TTL))
+                .arg(leaving)
+                .arg(back_to),
+        )
+    }
+}
+
+/// The release script. Never waits for replicas: a release lost in a failover only
+/// delays the next holder until the key expires.
+pub(crate) async fn release<C: ConnectionLike + Send>(
+    conn: &mut C,
+    call: &ReleaseCall,
+) -> Result<bool, CallError> {
+    let value = call.0.run(conn, None, |_| false).await?;
+    parse_flag(value).map_err(CallError::Reply)
+}

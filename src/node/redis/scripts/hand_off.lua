@@ -1,0 +1,41 @@
+-- Shared prelude of the acquire and release scripts (the wait queue, see `Node::wait_queue`).
+-- Hands a free lock to the queue's next waiter that listens: takes waiters off the head
+-- of the queue (a sorted set of waiter ids, scored by ticket) until one is subscribed to
+-- its own channel (`prefix:id`), reserves the lock for it ('~id:ticket', for `hold` ms)
+-- and wakes it alone. A waiter nobody listens for (its process died, its subscription is down) is
+-- skipped: a live one joins again, at its old place, on its next attempt.
+-- Returns 'reserved', 'me' when the head is `me` (taken off the queue, nothing written),
+-- or 'none' when nobody listens (the queue is gone; nothing written).
+local function hand_off(lock, queue, prefix, sharded, hold, me)
+  while true do
+    local top = redis.call('ZPOPMIN', queue)
+    local head = top[1]
+    if not head then
+      return 'none'
+    end
+    if head == me then
+      return 'me'
+    end
+    local heard
+    if sharded == '1' then
+      heard = redis.call('SPUBLISH', prefix .. ':' .. head, '')
+    else
+      heard = redis.call('PUBLISH', prefix .. ':' .. head, '')
+    end
+    if heard > 0 then
+      redis.call('SET', lock, '~' .. head .. ':' .. top[2], 'PX', hold)
+      return 'reserved'
+    end
+  end
+end
+
+-- Whether a reservation ('~id:ticket') is for waiter `id`.
+local function reserved_for(value, id)
+  return id ~= '' and value and string.sub(value, 1, #id + 2) == '~' .. id .. ':'
+end
+
+-- Whether waiter (t1, id1) comes before waiter (t2, id2): the queue's own order.
+local function before(t1, id1, t2, id2)
+  local a, b = tonumber(t1), tonumber(t2)
+  return a < b or (a == b and id1 < id2)
+end
