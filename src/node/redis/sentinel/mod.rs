@@ -416,6 +416,19 @@ impl Inner {
     }
 }
 
+impl SentinelNode {
+    /// One call of the release script (a release, a hand-back, a waiter leaving).
+    fn release_call(&self, call: ReleaseCall) -> NodeFuture<bool> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move { call::release(&mut conn, call).await })
+                .await
+        })
+    }
+}
+
 impl Node for SentinelNode {
     fn name(&self) -> &str {
         &self.inner.name
@@ -464,14 +477,7 @@ impl Node for SentinelNode {
     }
 
     fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
-        let call = ReleaseCall::new(keys, owner, false);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { call::release(&mut conn, call).await })
-                .await
-        })
+        self.release_call(ReleaseCall::new(keys, owner, false))
     }
 
     fn wait_queue(&self) -> bool {
@@ -479,14 +485,7 @@ impl Node for SentinelNode {
     }
 
     fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        let call = ReleaseCall::hand_back(keys, owner, waiter, false);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { call::release(&mut conn, call).await })
-                .await
-        })
+        self.release_call(ReleaseCall::hand_back(keys, owner, waiter, false))
     }
 
     fn release_as_waiter(
@@ -495,26 +494,12 @@ impl Node for SentinelNode {
         owner: &Owner,
         waiter: &Waiter,
     ) -> NodeFuture<bool> {
-        let call = ReleaseCall::as_waiter(keys, owner, waiter, false);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { call::release(&mut conn, call).await })
-                .await
-        })
+        self.release_call(ReleaseCall::as_waiter(keys, owner, waiter, false))
     }
 
     fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let call = ReleaseCall::leave(keys, waiter, false);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { call::release(&mut conn, call).await })
-                .await
-                .map(|_| ())
-        })
+        let leave = self.release_call(ReleaseCall::leave(keys, waiter, false));
+        Box::pin(async move { leave.await.map(|_| ()) })
     }
 
     fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
