@@ -22,18 +22,23 @@ local function refuse()
   return {0, redis.call('PTTL', KEYS[1])}
 end
 
--- The counter, checked before the grant is kept: a counter of the wrong type fails every
--- attempt with the server's error and leaves no lock key of ours behind.
+-- The counter, checked before the grant is kept: a counter of the wrong type (a string
+-- that is no integer, or another type, which GET refuses: pcall, so that the refusal
+-- does not end the script after our SET) fails every attempt with the server's error
+-- and leaves no lock key of ours behind.
 local function counter()
   if ARGV[6] ~= '1' then
     return true, nil
   end
-  local cur = redis.call('GET', KEYS[2])
+  local cur = redis.pcall('GET', KEYS[2])
+  if type(cur) == 'table' and cur.err then
+    return false, cur
+  end
   local n = cur and tonumber(cur)
-  return not (cur and not n), n
-end
-local function bad_counter()
-  return redis.error_reply('ERR fence counter ' .. KEYS[2] .. ' is not an integer')
+  if cur and not n then
+    return false, redis.error_reply('ERR fence counter ' .. KEYS[2] .. ' is not an integer')
+  end
+  return true, n
 end
 
 local ok, n
@@ -52,7 +57,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   ok, n = counter()
   if not ok then
     redis.call('DEL', KEYS[1])
-    return bad_counter()
+    return n
   end
 else
   local holder = redis.call('GET', KEYS[1])
@@ -83,7 +88,7 @@ else
     end
   end
   if not ok then
-    return bad_counter()
+    return n
   end
 end
 if ARGV[6] ~= '1' then
