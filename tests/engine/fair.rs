@@ -13,7 +13,7 @@ use std::time::Duration;
 use support::proxy::Proxy;
 use support::{eventually, RedisServer};
 use tokio::task::JoinHandle;
-use tower_redlock::{LockError, LockOptions, Redlock};
+use tower_redlock::{LockError, LockOptions, MemoryNode, Redlock};
 
 /// Bound of every wait on the servers and of every acquire.
 const LIMIT: Duration = Duration::from_secs(10);
@@ -242,4 +242,34 @@ async fn a_killed_waiters_turn_is_skipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_waiters_turn_is_skipped_after_its_reservation() {
     a_stopped_waiters_turn_is_skipped(false).await;
+}
+
+/// The same order over in-process nodes: `MemoryNode` keeps the same queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_nodes_serve_waiters_in_arrival_order_too() {
+    const WAITERS: usize = 4;
+    let resource = "fair-memory";
+    let nodes = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];
+    let locker = || Redlock::new(nodes.clone(), options()).unwrap();
+    let holder = locker();
+    let lease = holder.try_acquire(resource).await.unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for number in 0..WAITERS {
+        let waiting = locker();
+        tasks.push(waiter(waiting.clone(), resource, number, served.clone()));
+        // In line once refused twice: the first attempt, then the one that joined
+        // (after subscribing).
+        eventually("the waiter joined", LIMIT, || {
+            waiting.metrics().contended >= 2
+        })
+        .await;
+    }
+    lease.release().await;
+    for task in tasks {
+        tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
+    let key = format!("redlock:{{{resource}}}");
+    assert!(nodes.iter().all(|n| n.get(&key).is_none()), "no lock left");
 }
