@@ -99,6 +99,9 @@ impl From<&Resource> for Resource {
     }
 }
 
+/// What the wait queue's key adds to the lock key.
+pub(crate) const QUEUE_SUFFIX: &str = ":queue";
+
 /// The keys a node uses for one resource: `{prefix}{<resource>}` for the lock,
 /// `…:fence` for the fence counter and `…:released` for the wake-up channel.
 /// The braces form a Redis Cluster hash tag, so all three map to one slot.
@@ -116,7 +119,7 @@ impl LockKeys {
     /// The wait queue's key (a sorted set of waiter ids, see
     /// [`Node::wait_queue`](crate::Node::wait_queue)): the lock key and `:queue`.
     pub fn queue(&self) -> String {
-        format!("{}:queue", self.lock)
+        [self.lock.as_str(), QUEUE_SUFFIX].concat()
     }
 
     pub(crate) fn new(prefix: &str, resource: &Resource) -> Self {

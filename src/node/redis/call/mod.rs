@@ -12,7 +12,7 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Va
 use crate::error::NodeError;
 use crate::node::redis::millis_ceil;
 use crate::node::LockKeys;
-use crate::node::{AcquireReply, AcquireRequest, Owner, HANDOFF_TTL};
+use crate::node::{AcquireReply, AcquireRequest, Owner, HANDOFF_TTL, QUEUE_SUFFIX};
 
 /// One Lua script: its source (for `EVAL` after `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Lua {
@@ -187,6 +187,20 @@ pub(crate) fn node_error(e: RedisError) -> NodeError {
     }
 }
 
+/// A key made of a base and a suffix (the wait queue's `lock:queue`), written into the
+/// command as one argument without a string of its own: it goes out on every call.
+pub(crate) struct Suffixed<'a>(pub(crate) &'a str, pub(crate) &'static str);
+
+impl redis::ToRedisArgs for Suffixed<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
+        // Writing into the command's buffer cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(self.1.as_bytes());
+    }
+}
+
 /// One prepared script call: the `EVALSHA` command, built once with its keys and
 /// arguments (numbers are written straight into the command, with no string of their
 /// own). The `EVAL` form is built from it only after `NOSCRIPT`.
@@ -350,7 +364,7 @@ impl Acquire {
         let call = Call::new(&ACQUIRE, 3)
             .arg(&request.keys.lock)
             .arg(&request.keys.fence)
-            .arg(request.keys.queue())
+            .arg(Suffixed(&request.keys.lock, QUEUE_SUFFIX))
             .arg(request.owner.as_str())
             .arg(ttl_ms)
             .arg(millis_ceil(request.fence_ttl))

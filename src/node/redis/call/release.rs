@@ -3,9 +3,9 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{parse_flag, Call, CallError, RELEASE};
+use super::{parse_flag, Call, CallError, Suffixed, RELEASE};
 use crate::node::redis::millis_ceil;
-use crate::node::{LockKeys, Owner, Waiter, HANDOFF_TTL};
+use crate::node::{LockKeys, Owner, Waiter, HANDOFF_TTL, QUEUE_SUFFIX};
 
 /// The owned arguments of one release call: compare-and-delete, then the hand-off to
 /// the wait queue's next waiter, woken by `PUBLISH` on its own channel, or `SPUBLISH`
@@ -49,7 +49,7 @@ impl ReleaseCall {
         ReleaseCall(
             Call::new(&RELEASE, 2)
                 .arg(&keys.lock)
-                .arg(keys.queue())
+                .arg(Suffixed(&keys.lock, QUEUE_SUFFIX))
                 .arg(owner)
                 .arg(&keys.channel)
                 .arg(if sharded { "1" } else { "0" })
