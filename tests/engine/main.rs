@@ -12,6 +12,8 @@ mod quorum_memory;
 mod support_selftest;
 
 #[cfg(feature = "redis")]
+mod acquire_script;
+#[cfg(feature = "redis")]
 mod batch;
 #[cfg(feature = "redis")]
 mod engine;

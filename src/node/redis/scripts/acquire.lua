@@ -31,11 +31,13 @@ local function counter()
     return true, nil
   end
   local cur = redis.pcall('GET', KEYS[2])
-  if type(cur) == 'table' and cur.err then
+  -- `cur.err` is nil on a string (strings index the string library); globals such as
+  -- `type` or `math` cost more in Redis's sandbox than the rest of the check.
+  if cur and cur.err then
     return false, cur
   end
   local n = cur and tonumber(cur)
-  if cur and not n then
+  if cur and not (n and n >= 0 and n % 1 == 0) then
     return false, redis.error_reply('ERR fence counter ' .. KEYS[2] .. ' is not an integer')
   end
   return true, n
@@ -94,14 +96,14 @@ end
 if ARGV[6] ~= '1' then
   return {1, 0}
 end
-local token
--- Tokens stay below 2^53, so tonumber is exact; the +1 itself is done by INCR, and the
--- floor is stored as the caller's string, so no large number is ever formatted by Lua.
+-- max(counter + 1, floor). Tokens stay below 2^53, so tonumber is exact; the +1 itself
+-- is done by INCR, and the floor is stored as the caller's string, so no large number
+-- is ever formatted by Lua. At the floor (the usual case: the last grant was more than
+-- a millisecond ago) one SET writes the counter and its ttl.
 if n and (ARGV[5] == '1' or n + 1 >= tonumber(ARGV[4])) then
-  token = redis.call('INCR', KEYS[2])
-else
-  redis.call('SET', KEYS[2], ARGV[4])
-  token = ARGV[4]
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  return {1, token}
 end
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return {1, token}
+redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3])
+return {1, ARGV[4]}
