@@ -54,11 +54,11 @@
 //! holders.
 //!
 //! Cost, from `benches/handoff.rs` (Redis commands per acquisition, `INFO
-//! commandstats`): an uncontended acquire and release are two commands more than
-//! without the queue (the queue's check in the acquire script, `ZPOPMIN` in the
-//! release); 16 processes of one waiter each cost 18.9 on 1 node and 60.3 on 3 nodes,
-//! 1.7× and 1.8× what 16 waiters in one process cost (11.0 and 33.1), down from 104
-//! and 542 with the broadcast wake-up.
+//! commandstats`): an uncontended acquire and release are one command more than
+//! without the queue (its check in the acquire script and `ZPOPMIN` in the release,
+//! less a `PEXPIRE` the fence counter no longer needs); 16 processes of one waiter each
+//! cost 18.0 on 1 node and 56.8 on 3 nodes, 1.8× and 1.9× what 16 waiters in one
+//! process cost (10.1 and 30.1), down from 104 and 542 with the broadcast wake-up.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
