@@ -34,7 +34,7 @@ use crate::node::ExtendEntry;
 #[derive(Default)]
 pub(crate) struct Renewals {
     schedule: Mutex<Schedule>,
-    /// Wakes the scheduler when a lease registers ahead of its next wake-up.
+    /// Wakes the scheduler when a lease registers well ahead of its next wake-up.
     earlier: Notify,
 }
 
@@ -47,6 +47,8 @@ struct Schedule {
     next_id: u64,
     /// The scheduler task is running.
     running: bool,
+    /// When the scheduler wakes up next (`None`: only when woken).
+    wake_at: Option<Instant>,
 }
 
 struct Step {
@@ -98,10 +100,6 @@ pub(crate) fn register(inner: &Arc<LeaseInner>) -> Registration {
     let id = schedule.next_id;
     schedule.next_id += 1;
     schedule.registered.insert(id, Some(at));
-    let first = schedule
-        .due
-        .first_key_value()
-        .is_none_or(|(&(next, _), _)| at < next);
     schedule.due.insert(
         (at, id),
         Step {
@@ -109,10 +107,15 @@ pub(crate) fn register(inner: &Arc<LeaseInner>) -> Registration {
             kind: Kind::Renew,
         },
     );
+    // Waking the scheduler costs more than the rest of a registration; a renewal may
+    // come a tenth of the ttl late (it is due when a quarter to a third of the validity
+    // is used up), so only a lease due earlier than that before the scheduler's next
+    // wake-up wakes it. With one lease at a time (sequential requests) it never does.
+    let slack = locker.options.ttl / 10;
     if !schedule.running {
         schedule.running = true;
         metrics::spawn(&locker.runtime, run(locker.clone()));
-    } else if first {
+    } else if schedule.wake_at.is_none_or(|wake_at| at + slack < wake_at) {
         locker.renewals.earlier.notify_one();
     }
     Registration {
@@ -163,7 +166,8 @@ async fn run(locker: Arc<Shared>) {
                 schedule.running = false;
                 return;
             }
-            schedule.due.first_key_value().map(|(&(at, _), _)| at)
+            schedule.wake_at = schedule.due.first_key_value().map(|(&(at, _), _)| at);
+            schedule.wake_at
         };
         tokio::select! {
             Some(settled) = rounds.next(), if !rounds.is_empty() => {
@@ -250,10 +254,8 @@ fn schedule(locker: &Shared, id: u64, inner: &Arc<LeaseInner>, at: Instant, kind
         return;
     };
     *place = Some(at);
-    let first = schedule
-        .due
-        .first_key_value()
-        .is_none_or(|(&(next, _), _)| at < next);
+    // Only the scheduler task puts leases back: its loop looks at the schedule again
+    // before it sleeps, so it needs no wake-up.
     schedule.due.insert(
         (at, id),
         Step {
@@ -261,10 +263,6 @@ fn schedule(locker: &Shared, id: u64, inner: &Arc<LeaseInner>, at: Instant, kind
             kind,
         },
     );
-    drop(schedule);
-    if first {
-        locker.renewals.earlier.notify_one();
-    }
 }
 
 /// Takes lease `id` off the schedule for good (lost, released or dropped).
