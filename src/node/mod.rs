@@ -59,6 +59,7 @@ pub use etcd::EtcdNode;
 pub use memory::MemoryNode;
 pub(crate) use records::unsupported;
 pub use records::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
+#[cfg(feature = "redis")]
 pub(crate) use resource::QUEUE_SUFFIX;
 pub use resource::{LockKeys, Resource};
 pub use set::{AcquireSetReply, AcquireSetRequest};
