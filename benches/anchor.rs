@@ -10,8 +10,8 @@
 //! acquired (strict hand-off); S3ffa the same without that rule.
 //!
 //! `--baseline fenced` (S1/S2 only) runs, instead of the crate, the same round trips
-//! written by hand with redis-rs: the crate's acquire script (`acquire.lua`) on every
-//! node, a quorum, then the release script. The anchors' raw
+//! written by hand with redis-rs: the crate's acquire script (`acquire.lua` with its
+//! wait-queue prelude) on every node, a quorum, then the crate's release script. The anchors' raw
 //! limit does less work (a bare `SET NX PX`, no fence); this baseline separates what
 //! the crate costs from what fencing costs Redis.
 
@@ -214,8 +214,8 @@ impl Subject {
 }
 
 /// The crate's round trips by hand: one multiplexed connection per node, the crate's
-/// own acquire script (`acquire.lua`: lock key, fence counter floored by the clock) on
-/// every node at once, return at a quorum (stragglers finish in the background), then
+/// own acquire script (`hand_off.lua` + `acquire.lua`: the wait queue's check, lock
+/// key, fence counter floored by the clock) on every node at once, return at a quorum (stragglers finish in the background), then
 /// the release script on every node. The same server work as the crate, none of its
 /// client work.
 struct FencedRaw {
@@ -228,7 +228,11 @@ struct FencedRaw {
 
 impl FencedRaw {
     async fn connect(ports: &[u16]) -> FencedRaw {
-        let acquire = redis::Script::new(include_str!("../src/node/redis/scripts/acquire.lua"));
+        // The crate's scripts as the crate sends them: the wait queue's prelude first.
+        let acquire = redis::Script::new(concat!(
+            include_str!("../src/node/redis/scripts/hand_off.lua"),
+            include_str!("../src/node/redis/scripts/acquire.lua")
+        ));
         let mut conns = Vec::new();
         for port in ports {
             let client = redis::Client::open(format!("redis://127.0.0.1:{port}/0")).expect("url");
@@ -248,10 +252,10 @@ impl FencedRaw {
             quorum: conns.len() / 2 + 1,
             conns,
             acquire,
-            release: redis::Script::new(
-                "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) \
-                 redis.call('PUBLISH', ARGV[2], '') return 1 end return 0",
-            ),
+            release: redis::Script::new(concat!(
+                include_str!("../src/node/redis/scripts/hand_off.lua"),
+                include_str!("../src/node/redis/scripts/release.lua")
+            )),
             next: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -273,16 +277,25 @@ impl FencedRaw {
             .map(|conn| {
                 let mut conn = conn.clone();
                 let mut evalsha = redis::cmd("EVALSHA");
+                // The arguments of a caller that does not wait (`try_acquire`).
                 evalsha
                     .arg(self.acquire.get_hash())
-                    .arg(2)
+                    .arg(3)
                     .arg(format!("{{{key}}}"))
                     .arg(format!("{{{key}}}:fence"))
+                    .arg(format!("{{{key}}}:queue"))
                     .arg(&owner)
                     .arg(30_000)
                     .arg(3_600_000)
                     .arg(&floor)
-                    .arg("0");
+                    .arg("0")
+                    .arg("1")
+                    .arg("")
+                    .arg(0)
+                    .arg(0)
+                    .arg(format!("{{{key}}}:released"))
+                    .arg("0")
+                    .arg(1_000);
                 async move {
                     let reply: redis::RedisResult<(i64, redis::Value)> =
                         evalsha.query_async(&mut conn).await;
@@ -310,8 +323,13 @@ impl FencedRaw {
             let mut invocation = self.release.prepare_invoke();
             invocation
                 .key(format!("{{{key}}}"))
+                .key(format!("{{{key}}}:queue"))
                 .arg(owner)
-                .arg(format!("{{{key}}}:released"));
+                .arg(format!("{{{key}}}:released"))
+                .arg("0")
+                .arg(1_000)
+                .arg("")
+                .arg("");
             async move {
                 let _: redis::RedisResult<i64> = invocation.invoke_async(&mut conn).await;
             }

@@ -298,11 +298,14 @@ async fn raw_router(servers: &[RedisServer]) -> Router {
     let state = RawState {
         quorum: conns.len() / 2 + 1,
         conns: conns.into(),
-        acquire: Arc::new(redis::Script::new(include_str!(
-            "../src/node/redis/scripts/acquire.lua"
+        // The crate's scripts as the crate sends them: the wait queue's prelude first.
+        acquire: Arc::new(redis::Script::new(concat!(
+            include_str!("../src/node/redis/scripts/hand_off.lua"),
+            include_str!("../src/node/redis/scripts/acquire.lua")
         ))),
-        release: Arc::new(redis::Script::new(include_str!(
-            "../src/node/redis/scripts/release.lua"
+        release: Arc::new(redis::Script::new(concat!(
+            include_str!("../src/node/redis/scripts/hand_off.lua"),
+            include_str!("../src/node/redis/scripts/release.lua")
         ))),
     };
     Router::new()
@@ -327,15 +330,24 @@ async fn raw_handler(
         let mut conn = conn.clone();
         let (key, owner, acquire) = (&key, &owner, &state.acquire);
         async move {
-            // The crate's own acquire script: lock key and floored fence counter.
+            // The crate's own acquire script, as a caller that does not wait: the wait
+            // queue's check, lock key and floored fence counter.
             let reply: redis::RedisResult<(i64, redis::Value)> = acquire
                 .key(key)
                 .key(format!("{key}:fence"))
+                .key(format!("{key}:queue"))
                 .arg(owner)
                 .arg(TTL.as_millis() as u64)
                 .arg(FENCE_TTL.as_millis() as u64)
                 .arg(floor)
                 .arg("0")
+                .arg("1")
+                .arg("")
+                .arg(0)
+                .arg(0)
+                .arg(format!("{key}:released"))
+                .arg("0")
+                .arg(1_000)
                 .invoke_async(&mut conn)
                 .await;
             matches!(reply, Ok((1, _)))
@@ -358,11 +370,17 @@ async fn raw_handler(
                 let mut conn = conn.clone();
                 let (key, owner, release) = (&key, &owner, &state.release);
                 async move {
-                    // The crate's release script: compare-and-delete, then PUBLISH.
+                    // The crate's release script: compare-and-delete, then the hand-off
+                    // to the queue (empty here) and PUBLISH.
                     let _: redis::RedisResult<i64> = release
                         .key(key)
+                        .key(format!("{key}:queue"))
                         .arg(owner)
                         .arg(format!("{key}:released"))
+                        .arg("0")
+                        .arg(1_000)
+                        .arg("")
+                        .arg("")
                         .invoke_async(&mut conn)
                         .await;
                 }

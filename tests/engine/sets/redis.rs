@@ -141,6 +141,14 @@ async fn a_set_whose_member_is_gone_on_a_majority_is_lost_on_redis() {
     let servers = RedisServer::start_many(3);
     let locker = redis_locker(&servers, support::patient().watchdog(false));
     let lease = locker.try_acquire_all(["p", "q"]).await.unwrap();
+    // The acquire returns at a majority; the third node's call may still be on its way,
+    // and landing after the DELs below it would put `q` back there.
+    eventually("the set on every node", LIMIT, || {
+        servers
+            .iter()
+            .all(|s| s.exists(&lock_key("p")) && s.exists(&lock_key("q")))
+    })
+    .await;
     assert!(lease.extend().await.is_ok());
     servers[0].cmd(&["DEL", &lock_key("q")]);
     servers[2].cmd(&["DEL", &lock_key("q")]);
