@@ -1,6 +1,7 @@
 //! [`RedisNode`]: one Redis server as a lock node, over redis-rs.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -148,14 +149,20 @@ impl RedisNode {
         self
     }
 
+    /// One call on the node's connection, as every operation makes it: `call` gets a
+    /// clone of the connection and the replica acknowledgement to ask for, and its error
+    /// becomes a [`NodeError`].
+    fn run<T, F, Fut>(&self, call: F) -> NodeFuture<T>
+    where
+        F: FnOnce(Resending, Option<ReplicaWait>) -> Fut,
+        Fut: Future<Output = Result<T, CallError>> + Send + 'static,
+    {
+        let call = call(self.inner.conn.clone(), self.wait);
+        Box::pin(async move { call.await.map_err(CallError::into_node_error) })
+    }
+
     fn run_set<T: Send + 'static>(&self, call: SetCall<T>) -> NodeFuture<T> {
-        let mut conn = self.inner.conn.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            call.run(&mut conn, wait)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(move |mut conn, wait| async move { call.run(&mut conn, wait).await })
     }
 
     /// The command connection (for [`SentinelNode`](crate::SentinelNode)).
@@ -185,24 +192,12 @@ impl Node for RedisNode {
     // sentinel nodes.
     fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
         let call = Acquire::new(request, false);
-        let mut conn = self.inner.conn.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            call.run(&mut conn, wait)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(move |mut conn, wait| async move { call.run(&mut conn, wait).await })
     }
 
     fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         let call = ExtendCall::new(keys, owner, ttl);
-        let mut conn = self.inner.conn.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            call::extend(&mut conn, &call, wait)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(move |mut conn, wait| async move { call::extend(&mut conn, &call, wait).await })
     }
 
     fn extend_many(
@@ -211,23 +206,14 @@ impl Node for RedisNode {
         ttl: Duration,
     ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
         let call = ExtendManyCall::new(entries, ttl);
-        let mut conn = self.inner.conn.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            call::extend_many(&mut conn, &call, wait)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(
+            move |mut conn, wait| async move { call::extend_many(&mut conn, &call, wait).await },
+        )
     }
 
     fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
         let call = ReleaseCall::new(keys, owner, false);
-        let mut conn = self.inner.conn.clone();
-        Box::pin(async move {
-            call::release(&mut conn, &call)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(move |mut conn, _| async move { call::release(&mut conn, &call).await })
     }
 
     fn wait_queue(&self) -> bool {
@@ -236,12 +222,7 @@ impl Node for RedisNode {
 
     fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
         let call = ReleaseCall::hand_back(keys, owner, waiter, false);
-        let mut conn = self.inner.conn.clone();
-        Box::pin(async move {
-            call::release(&mut conn, &call)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(move |mut conn, _| async move { call::release(&mut conn, &call).await })
     }
 
     fn release_as_waiter(
@@ -251,34 +232,21 @@ impl Node for RedisNode {
         waiter: &Waiter,
     ) -> NodeFuture<bool> {
         let call = ReleaseCall::as_waiter(keys, owner, waiter, false);
-        let mut conn = self.inner.conn.clone();
-        Box::pin(async move {
-            call::release(&mut conn, &call)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(move |mut conn, _| async move { call::release(&mut conn, &call).await })
     }
 
     fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
         let call = ReleaseCall::leave(keys, waiter, false);
-        let mut conn = self.inner.conn.clone();
-        Box::pin(async move {
-            call::release(&mut conn, &call)
-                .await
-                .map(|_| ())
-                .map_err(CallError::into_node_error)
-        })
+        self.run(
+            move |mut conn, _| async move { call::release(&mut conn, &call).await.map(|_| ()) },
+        )
     }
 
     fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         let call = RaiseFenceCall::new(keys, token, fence_ttl);
-        let mut conn = self.inner.conn.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            call::raise_fence(&mut conn, &call, wait)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(
+            move |mut conn, wait| async move { call::raise_fence(&mut conn, &call, wait).await },
+        )
     }
 
     // The set calls: one script each (`call/set.rs`).
@@ -332,44 +300,22 @@ impl RecordStore for RedisNode {
     // Outcome records (idempotent replay): the commands are in `records.rs`.
     fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
         let keys = keys.clone();
-        let mut conn = self.inner.conn.clone();
-        Box::pin(async move {
-            records::read(&mut conn, &keys)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(move |mut conn, _| async move { records::read(&mut conn, &keys).await })
     }
 
     fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
         let call = records::ClaimCall::new(request);
-        let mut conn = self.inner.conn.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            records::claim(&mut conn, &call, wait)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(move |mut conn, wait| async move { records::claim(&mut conn, &call, wait).await })
     }
 
     fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
         let call = records::StoreCall::new(request);
-        let mut conn = self.inner.conn.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            records::store(&mut conn, &call, wait)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(move |mut conn, wait| async move { records::store(&mut conn, &call, wait).await })
     }
 
     fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
         let call = records::DiscardCall::new(keys, token);
-        let mut conn = self.inner.conn.clone();
-        Box::pin(async move {
-            records::discard(&mut conn, &call)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+        self.run(move |mut conn, _| async move { records::discard(&mut conn, &call).await })
     }
 }
 
