@@ -57,6 +57,15 @@ async fn until_queued(servers: &[RedisServer], resource: &str, n: i64) {
     .await;
 }
 
+/// Waiters subscribed to their own wake-up channel of `resource` on `server`.
+fn waiters_listening(server: &RedisServer, resource: &str) -> usize {
+    let pattern = format!("redlock:{{{resource}}}:released:*");
+    match server.cmd(&["PUBSUB", "CHANNELS", &pattern]) {
+        support::RespValue::Array(channels) => channels.len(),
+        other => panic!("PUBSUB CHANNELS answered {other:?}"),
+    }
+}
+
 /// A waiter in its own locker: acquires, records its number, releases.
 fn waiter(
     locker: Redlock,
@@ -220,6 +229,13 @@ async fn a_stopped_waiters_turn_is_skipped(kill: bool) {
     proxy.blackhole();
     if kill {
         proxy.reset_connections();
+        // The server must have seen the killed waiter's subscription go before the
+        // release looks for a listener (else it reserves the key for a dead waiter and
+        // the next one gets it only after the reservation runs out).
+        eventually("the killed waiter no longer listens", LIMIT, || {
+            waiters_listening(&server, resource) == 1
+        })
+        .await;
     }
 
     lease.release().await;
