@@ -228,8 +228,9 @@ struct FencedRaw {
 
 impl FencedRaw {
     async fn connect(ports: &[u16]) -> FencedRaw {
-        // The crate's scripts as the crate sends them: the wait queue's prelude first.
+        // The crate's scripts as the crate sends them: fast path, wait-queue prelude, queue case.
         let acquire = redis::Script::new(concat!(
+            include_str!("../src/node/redis/scripts/acquire_fast.lua"),
             include_str!("../src/node/redis/scripts/hand_off.lua"),
             include_str!("../src/node/redis/scripts/acquire.lua")
         ));
@@ -253,6 +254,7 @@ impl FencedRaw {
             conns,
             acquire,
             release: redis::Script::new(concat!(
+                include_str!("../src/node/redis/scripts/release_fast.lua"),
                 include_str!("../src/node/redis/scripts/hand_off.lua"),
                 include_str!("../src/node/redis/scripts/release.lua")
             )),
@@ -287,15 +289,7 @@ impl FencedRaw {
                     .arg(&owner)
                     .arg(30_000)
                     .arg(3_600_000)
-                    .arg(&floor)
-                    .arg("0")
-                    .arg("1")
-                    .arg("")
-                    .arg(0)
-                    .arg(0)
-                    .arg(format!("{{{key}}}:released"))
-                    .arg("0")
-                    .arg(1_000);
+                    .arg(&floor);
                 async move {
                     let reply: redis::RedisResult<(i64, redis::Value)> =
                         evalsha.query_async(&mut conn).await;
@@ -325,11 +319,7 @@ impl FencedRaw {
                 .key(format!("{{{key}}}"))
                 .key(format!("{{{key}}}:queue"))
                 .arg(owner)
-                .arg(format!("{{{key}}}:released"))
-                .arg("0")
-                .arg(1_000)
-                .arg("")
-                .arg("");
+                .arg(format!("{{{key}}}:released"));
             async move {
                 let _: redis::RedisResult<i64> = invocation.invoke_async(&mut conn).await;
             }

@@ -298,12 +298,14 @@ async fn raw_router(servers: &[RedisServer]) -> Router {
     let state = RawState {
         quorum: conns.len() / 2 + 1,
         conns: conns.into(),
-        // The crate's scripts as the crate sends them: the wait queue's prelude first.
+        // The crate's scripts as the crate sends them: fast path, wait-queue prelude, queue case.
         acquire: Arc::new(redis::Script::new(concat!(
+            include_str!("../src/node/redis/scripts/acquire_fast.lua"),
             include_str!("../src/node/redis/scripts/hand_off.lua"),
             include_str!("../src/node/redis/scripts/acquire.lua")
         ))),
         release: Arc::new(redis::Script::new(concat!(
+            include_str!("../src/node/redis/scripts/release_fast.lua"),
             include_str!("../src/node/redis/scripts/hand_off.lua"),
             include_str!("../src/node/redis/scripts/release.lua")
         ))),
@@ -340,14 +342,6 @@ async fn raw_handler(
                 .arg(TTL.as_millis() as u64)
                 .arg(FENCE_TTL.as_millis() as u64)
                 .arg(floor)
-                .arg("0")
-                .arg("1")
-                .arg("")
-                .arg(0)
-                .arg(0)
-                .arg(format!("{key}:released"))
-                .arg("0")
-                .arg(1_000)
                 .invoke_async(&mut conn)
                 .await;
             matches!(reply, Ok((1, _)))
@@ -377,10 +371,6 @@ async fn raw_handler(
                         .key(format!("{key}:queue"))
                         .arg(owner)
                         .arg(format!("{key}:released"))
-                        .arg("0")
-                        .arg(1_000)
-                        .arg("")
-                        .arg("")
                         .invoke_async(&mut conn)
                         .await;
                 }

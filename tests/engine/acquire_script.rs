@@ -1,6 +1,8 @@
 //! The fenced acquire script's server work (issue 16): when granted at the floor, one
-//! SET NX, one GET of the counter and one SET of the counter with its ttl (no INCR, no
-//! PEXPIRE); when held, SET NX, GET holder, PTTL (the counter is not read); the counter's rule
+//! EXISTS of the wait queue, one SET NX, one GET of the counter and one SET of the counter
+//! with its ttl (no INCR, no PEXPIRE, none of the queue's commands); when held, EXISTS,
+//! SET NX, GET holder, PTTL (the counter is not read); a release with nobody queued, GET,
+//! EXISTS, DEL and the broadcast PUBLISH; the counter's rule
 //! `max(counter + 1, floor)` exact up to 2^53; a counter that is not a whole number
 //! fails the attempt and leaves no key.
 use crate::support;
@@ -15,12 +17,17 @@ fn locker(server: &RedisServer) -> Redlock {
 }
 
 /// Calls of each command the script runs, since the last reset.
-fn calls(server: &RedisServer) -> [u64; 5] {
-    ["set", "get", "pttl", "incr", "pexpire"].map(|name| server.command_calls(name))
+fn calls(server: &RedisServer) -> [u64; 6] {
+    ["set", "get", "pttl", "incr", "pexpire", "exists"].map(|name| server.command_calls(name))
+}
+
+/// Calls of the wait queue's commands and of the release's, since the last reset.
+fn queue_and_release_calls(server: &RedisServer) -> [u64; 6] {
+    ["zrange", "zpopmin", "zadd", "del", "publish", "exists"].map(|name| server.command_calls(name))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fenced_acquire_runs_three_commands_granted_or_held() {
+async fn a_fenced_acquire_and_its_release_run_the_fewest_commands() {
     let server = RedisServer::start();
     let holder = locker(&server);
     let other = locker(&server);
@@ -30,15 +37,21 @@ async fn a_fenced_acquire_runs_three_commands_granted_or_held() {
 
     server.reset_stats();
     let lease = holder.try_acquire("three").await.unwrap();
-    // set: the lock key, then the counter; get: the counter.
-    assert_eq!(calls(&server), [2, 1, 0, 0, 0]);
+    // set: the lock key, then the counter; get: the counter; exists: the queue.
+    assert_eq!(calls(&server), [2, 1, 0, 0, 0, 1]);
+    assert_eq!(queue_and_release_calls(&server)[..3], [0, 0, 0]);
 
     server.reset_stats();
     let err = other.try_acquire("three").await.unwrap_err();
     assert!(matches!(err, LockError::Held { .. }), "{err}");
     // set: refused; get: the holder; pttl: its ttl.
-    assert_eq!(calls(&server), [1, 1, 1, 0, 0]);
+    assert_eq!(calls(&server), [1, 1, 1, 0, 0, 1]);
+
+    server.reset_stats();
     lease.release().await;
+    // get: the holder; exists: the queue; del; publish: the broadcast wake-up.
+    assert_eq!(queue_and_release_calls(&server), [0, 0, 0, 1, 1, 1]);
+    assert_eq!(server.command_calls("get"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,8 +63,8 @@ async fn a_counter_ahead_of_the_floor_grows_by_one_exactly() {
     server.set(fence, "9007199254740000");
     server.reset_stats();
     let lease = locker.try_acquire("ahead").await.unwrap();
-    // set: the lock key; get: the counter; incr and pexpire: the counter.
-    assert_eq!(calls(&server), [1, 1, 0, 1, 1]);
+    // set: the lock key; get: the counter; incr and pexpire: the counter; exists: the queue.
+    assert_eq!(calls(&server), [1, 1, 0, 1, 1, 1]);
     assert_eq!(lease.fencing_token().get(), 9_007_199_254_740_001);
     assert_eq!(server.get(fence).as_deref(), Some("9007199254740001"));
     // The counter keeps its own ttl (the fence ttl), not the lock's.

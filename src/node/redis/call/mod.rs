@@ -41,9 +41,14 @@ impl Lua {
 /// script per acquisition.
 ///
 /// The acquire and release scripts both hand a free lock to the wait queue's next
-/// waiter: they share `hand_off.lua`, prepended to each.
+/// waiter: they share `hand_off.lua`. Each is one script in three parts: its fast path
+/// (the common case: a caller that does not wait, nobody queued), which returns before
+/// any of the wait queue's functions is built, then `hand_off.lua`, then the wait
+/// queue's case. Redis charges a script per argument and per `redis.call`, and a Lua
+/// closure per call of the script (see BENCHMARKS.md): the fast path has the fewest.
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
+        include_str!("../scripts/acquire_fast.lua"),
         include_str!("../scripts/hand_off.lua"),
         include_str!("../scripts/acquire.lua")
     ))
@@ -53,6 +58,7 @@ static EXTEND_MANY: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../scripts/extend_many.lua")));
 static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
+        include_str!("../scripts/release_fast.lua"),
         include_str!("../scripts/hand_off.lua"),
         include_str!("../scripts/release.lua")
     ))
@@ -360,7 +366,6 @@ impl Acquire {
                 ttl_ms,
             };
         }
-        let flag = |on: bool| if on { "1" } else { "0" };
         let call = Call::new(&ACQUIRE, 3)
             .arg(&request.keys.lock)
             .arg(&request.keys.fence)
@@ -370,21 +375,35 @@ impl Acquire {
             .arg(millis_ceil(request.fence_ttl))
             // Sent as a decimal string (as every argument is): Lua would format a
             // number this large as a float.
-            .arg(request.fence_floor)
-            .arg(flag(request.seed_only_when_missing))
-            .arg(flag(request.fencing));
-        let call = match request.waiter {
+            .arg(request.fence_floor);
+        // The script charges every argument: the common call (fenced, no waiter, a
+        // standalone server) leaves out those whose default the script knows.
+        if request.fencing
+            && !request.seed_only_when_missing
+            && !sharded
+            && request.waiter.is_none()
+        {
+            return Acquire::Fenced(call);
+        }
+        let fence_mode = match (request.fencing, request.seed_only_when_missing) {
+            (false, _) => "0",
+            (true, false) => "1",
+            (true, true) => "s",
+        };
+        let call = call
+            .arg(fence_mode)
+            .arg(&request.keys.channel)
+            .arg(if sharded { "1" } else { "0" })
+            .arg(millis_ceil(HANDOFF_TTL));
+        // The waiter's arguments are also what keeps the script off its fast path,
+        // which is for callers that do not wait.
+        Acquire::Fenced(match request.waiter {
             Some(waiter) => call
                 .arg(&waiter.id)
                 .arg(waiter.ticket)
                 .arg(millis_ceil(waiter.queue_ttl)),
-            None => call.arg("").arg(0).arg(0),
-        };
-        Acquire::Fenced(
-            call.arg(&request.keys.channel)
-                .arg(flag(sharded))
-                .arg(millis_ceil(HANDOFF_TTL)),
-        )
+            None => call,
+        })
     }
 
     /// With `wait`, a grant counts only once enough replicas acknowledged the key and

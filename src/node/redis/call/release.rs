@@ -14,7 +14,14 @@ pub(crate) struct ReleaseCall(pub(super) Call);
 
 impl ReleaseCall {
     pub(crate) fn new(keys: &LockKeys, owner: &Owner, sharded: bool) -> Self {
-        Self::of(keys, owner.as_str(), sharded, "", "")
+        let call = Self::common(keys, owner.as_str());
+        // The script charges every argument: a lease's own release on a standalone
+        // server leaves out those whose default the script knows.
+        ReleaseCall(if sharded {
+            Self::with_defaults(call, sharded)
+        } else {
+            call
+        })
     }
 
     /// A waiter leaving the queue: it is taken off, and a lock reserved for it is
@@ -46,17 +53,21 @@ impl ReleaseCall {
     }
 
     fn of(keys: &LockKeys, owner: &str, sharded: bool, leaving: &str, back_to: &str) -> Self {
-        ReleaseCall(
-            Call::new(&RELEASE, 2)
-                .arg(&keys.lock)
-                .arg(Suffixed(&keys.lock, QUEUE_SUFFIX))
-                .arg(owner)
-                .arg(&keys.channel)
-                .arg(if sharded { "1" } else { "0" })
-                .arg(millis_ceil(HANDOFF_TTL))
-                .arg(leaving)
-                .arg(back_to),
-        )
+        let call = Self::with_defaults(Self::common(keys, owner), sharded);
+        ReleaseCall(call.arg(leaving).arg(back_to))
+    }
+
+    fn common(keys: &LockKeys, owner: &str) -> Call {
+        Call::new(&RELEASE, 2)
+            .arg(&keys.lock)
+            .arg(Suffixed(&keys.lock, QUEUE_SUFFIX))
+            .arg(owner)
+            .arg(&keys.channel)
+    }
+
+    fn with_defaults(call: Call, sharded: bool) -> Call {
+        call.arg(if sharded { "1" } else { "0" })
+            .arg(millis_ceil(HANDOFF_TTL))
     }
 }
 

@@ -32,15 +32,33 @@ fn acquire_goes_by_hash_with_exact_arguments() {
             "1500",
             "60000",
             "1838556217040896",
-            "0",
-            "1",
-            "",
-            "0",
-            "0",
-            &keys.channel,
-            "0",
-            "1000"
-        ]
+        ],
+        "the common call leaves out every argument whose default the script knows"
+    );
+    let Acquire::Fenced(call) = Acquire::new(&request, true) else {
+        panic!("fencing on: the script");
+    };
+    assert_eq!(
+        words(&call.evalsha)[10..],
+        ["1", &keys.channel, "1", "1000"]
+    );
+    let waiter = crate::node::Waiter {
+        id: "w1".into(),
+        ticket: 7,
+        queue_ttl: Duration::from_secs(2),
+    };
+    let waiting = AcquireRequest {
+        waiter: Some(&waiter),
+        seed_only_when_missing: true,
+        ..request
+    };
+    let Acquire::Fenced(call) = Acquire::new(&waiting, true) else {
+        panic!("a waiter: the script");
+    };
+    let sent = words(&call.evalsha);
+    assert_eq!(
+        sent[10..],
+        ["s", &keys.channel, "1", "1000", "w1", "7", "2000"]
     );
 }
 
@@ -92,9 +110,13 @@ fn release_publishes_sharded_only_when_asked() {
     let owner = Owner::random();
     let plain = words(&ReleaseCall::new(&keys, &owner, false).0.evalsha);
     let sharded = words(&ReleaseCall::new(&keys, &owner, true).0.evalsha);
-    // EVALSHA sha 2 lock queue owner channel sharded hold leaving back_to
-    assert_eq!((plain[7].as_str(), sharded[7].as_str()), ("0", "1"));
-    assert_eq!(sharded[9..], ["", ""], "a plain release names no waiter");
+    // EVALSHA sha 2 lock queue owner channel [sharded hold [leaving back_to]]
+    assert_eq!(
+        plain.len(),
+        7,
+        "the script's defaults: not sharded, HANDOFF_TTL"
+    );
+    assert_eq!(sharded[7..], ["1", "1000"]);
 }
 
 #[test]
@@ -125,4 +147,17 @@ fn errors_say_why() {
         "You can't write against a read only replica.",
     )));
     assert!(readonly.master_may_have_moved() && readonly.certainly_not_run());
+}
+
+#[test]
+fn the_scripts_defaults_are_the_crates_constants() {
+    // What the acquire and release scripts assume for the arguments a common call
+    // leaves out.
+    assert_eq!(HANDOFF_TTL, Duration::from_millis(1000));
+    for lua in [&*ACQUIRE, &*RELEASE] {
+        assert!(lua.code.contains("or '1000'"));
+    }
+    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    assert_eq!(keys.channel, format!("{}:released", keys.lock));
+    assert!(ACQUIRE.code.contains("(KEYS[1] .. ':released')"));
 }
