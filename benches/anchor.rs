@@ -10,8 +10,9 @@
 //! acquired (strict hand-off); S3ffa the same without that rule.
 //!
 //! `--baseline fenced` (S1/S2 only) runs, instead of the crate, the same round trips
-//! written by hand with redis-rs: the crate's acquire script (`acquire.lua` with its
-//! wait-queue prelude) on every node, a quorum, then the crate's release script. The anchors' raw
+//! written by hand with redis-rs: what the crate pipelines for a caller that does not
+//! wait (`SET NX PX`, `EXISTS` of the wait queue, the fence script) on every node, a
+//! quorum, then the crate's release script. The anchors' raw
 //! limit does less work (a bare `SET NX PX`, no fence); this baseline separates what
 //! the crate costs from what fencing costs Redis.
 
@@ -214,8 +215,9 @@ impl Subject {
 }
 
 /// The crate's round trips by hand: one multiplexed connection per node, the crate's
-/// own acquire script (`hand_off.lua` + `acquire.lua`: the wait queue's check, lock
-/// key, fence counter floored by the clock) on every node at once, return at a quorum (stragglers finish in the background), then
+/// pipeline for a caller that does not wait (lock key, the wait queue's check, the fence
+/// script: the counter floored by the clock) on every node at once, return at a quorum
+/// (stragglers finish in the background), then
 /// the release script on every node. The same server work as the crate, none of its
 /// client work.
 struct FencedRaw {
@@ -228,11 +230,11 @@ struct FencedRaw {
 
 impl FencedRaw {
     async fn connect(ports: &[u16]) -> FencedRaw {
-        // The crate's scripts as the crate sends them: fast path, wait-queue prelude, queue case.
+        // The crate's scripts as the crate sends them: the fence script pipelined behind
+        // SET NX PX and EXISTS of the queue; the release script.
         let acquire = redis::Script::new(concat!(
-            include_str!("../src/node/redis/scripts/acquire_fast.lua"),
-            include_str!("../src/node/redis/scripts/hand_off.lua"),
-            include_str!("../src/node/redis/scripts/acquire.lua")
+            include_str!("../src/node/redis/scripts/fence_rule.lua"),
+            include_str!("../src/node/redis/scripts/fence.lua")
         ));
         let mut conns = Vec::new();
         for port in ports {
@@ -278,22 +280,26 @@ impl FencedRaw {
             .iter()
             .map(|conn| {
                 let mut conn = conn.clone();
-                let mut evalsha = redis::cmd("EVALSHA");
-                // The arguments of a caller that does not wait (`try_acquire`).
-                evalsha
-                    .arg(self.acquire.get_hash())
-                    .arg(3)
+                // What the crate sends for a caller that does not wait (`try_acquire`).
+                let mut pipe = redis::pipe();
+                pipe.cmd("SET")
                     .arg(format!("{{{key}}}"))
-                    .arg(format!("{{{key}}}:fence"))
-                    .arg(format!("{{{key}}}:queue"))
                     .arg(&owner)
+                    .arg("NX")
+                    .arg("PX")
                     .arg(30_000)
-                    .arg(3_600_000)
-                    .arg(&floor);
+                    .cmd("EXISTS")
+                    .arg(format!("{{{key}}}:queue"))
+                    .cmd("EVALSHA")
+                    .arg(self.acquire.get_hash())
+                    .arg(1)
+                    .arg(format!("{{{key}}}:fence"))
+                    .arg(&floor)
+                    .arg(3_600_000);
                 async move {
-                    let reply: redis::RedisResult<(i64, redis::Value)> =
-                        evalsha.query_async(&mut conn).await;
-                    matches!(reply, Ok((1, _)))
+                    let reply: redis::RedisResult<(Option<String>, i64, u64)> =
+                        pipe.query_async(&mut conn).await;
+                    matches!(reply, Ok((Some(_), 0, _)))
                 }
             })
             .collect();

@@ -12,10 +12,11 @@
 //!   lease is released in the background when the response body ends.
 //! - **raw**: the same route without the layer; its handler does by hand, per node
 //!   concurrently (`join_all`) over one multiplexed redis-rs connection per node, the
-//!   same Redis work as the layer's fenced lock: the crate's own `acquire.lua` (lock
-//!   key plus fence counter floored by the clock), counts a quorum (N/2+1), then the
-//!   crate's `release.lua` (compare-and-delete, `PUBLISH`) on the nodes that granted
-//!   it, both as `EVALSHA` (`redis::Script`), and answers `"ok"`. (Until 2026-11-23 the
+//!   same Redis work as the layer's fenced lock: what the crate pipelines for a caller
+//!   that does not wait (`SET NX PX`, `EXISTS` of the wait queue, the crate's fence
+//!   script `fence.lua`: the counter floored by the clock), counts a quorum (N/2+1),
+//!   then the crate's release script (compare-and-delete, `PUBLISH`) on the nodes that
+//!   granted it, both as `EVALSHA`, and answers `"ok"`. (Until 2026-11-23 the
 //!   raw handler did a bare `SET NX PX` and an unfenced compare-and-delete: 4 Redis
 //!   commands per request against the layer's 9, which measured fencing, not the
 //!   layer.)
@@ -282,28 +283,34 @@ struct RawState {
 
 /// `POST /work` without the layer; the handler locks by hand.
 async fn raw_router(servers: &[RedisServer]) -> Router {
+    let fence = Arc::new(redis::Script::new(concat!(
+        include_str!("../src/node/redis/scripts/fence_rule.lua"),
+        include_str!("../src/node/redis/scripts/fence.lua")
+    )));
     let mut conns = Vec::new();
     for server in servers {
         let client = redis::Client::open(server.url()).expect("url");
         let info = client.get_connection_info().clone();
         let tcp = info.tcp_settings().clone().set_nodelay(true);
         let client = redis::Client::open(info.set_tcp_settings(tcp)).expect("settings");
-        conns.push(
-            client
-                .get_multiplexed_async_connection()
-                .await
-                .expect("connect"),
-        );
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        // Loaded once, so that every acquire pipelines a plain EVALSHA.
+        let _: String = fence
+            .prepare_invoke()
+            .load_async(&mut conn)
+            .await
+            .expect("SCRIPT LOAD");
+        conns.push(conn);
     }
     let state = RawState {
         quorum: conns.len() / 2 + 1,
         conns: conns.into(),
-        // The crate's scripts as the crate sends them: fast path, wait-queue prelude, queue case.
-        acquire: Arc::new(redis::Script::new(concat!(
-            include_str!("../src/node/redis/scripts/acquire_fast.lua"),
-            include_str!("../src/node/redis/scripts/hand_off.lua"),
-            include_str!("../src/node/redis/scripts/acquire.lua")
-        ))),
+        // The crate's scripts as the crate sends them: the fence script pipelined behind
+        // SET NX PX and EXISTS of the queue; the release script.
+        acquire: fence,
         release: Arc::new(redis::Script::new(concat!(
             include_str!("../src/node/redis/scripts/release_fast.lua"),
             include_str!("../src/node/redis/scripts/hand_off.lua"),
@@ -332,19 +339,26 @@ async fn raw_handler(
         let mut conn = conn.clone();
         let (key, owner, acquire) = (&key, &owner, &state.acquire);
         async move {
-            // The crate's own acquire script, as a caller that does not wait: the wait
-            // queue's check, lock key and floored fence counter.
-            let reply: redis::RedisResult<(i64, redis::Value)> = acquire
-                .key(key)
-                .key(format!("{key}:fence"))
-                .key(format!("{key}:queue"))
+            // What the crate sends for a caller that does not wait: lock key, the wait
+            // queue's check and the floored fence counter, pipelined.
+            let reply: redis::RedisResult<(Option<String>, i64, u64)> = redis::pipe()
+                .cmd("SET")
+                .arg(key)
                 .arg(owner)
+                .arg("NX")
+                .arg("PX")
                 .arg(TTL.as_millis() as u64)
-                .arg(FENCE_TTL.as_millis() as u64)
+                .cmd("EXISTS")
+                .arg(format!("{key}:queue"))
+                .cmd("EVALSHA")
+                .arg(acquire.get_hash())
+                .arg(1)
+                .arg(format!("{key}:fence"))
                 .arg(floor)
-                .invoke_async(&mut conn)
+                .arg(FENCE_TTL.as_millis() as u64)
+                .query_async(&mut conn)
                 .await;
-            matches!(reply, Ok((1, _)))
+            matches!(reply, Ok((Some(_), 0, _)))
         }
     }))
     .await;

@@ -59,9 +59,9 @@ pub use etcd::EtcdNode;
 pub use memory::MemoryNode;
 pub(crate) use records::unsupported;
 pub use records::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
-#[cfg(feature = "redis")]
-pub(crate) use resource::QUEUE_SUFFIX;
 pub use resource::{LockKeys, Resource};
+#[cfg(feature = "redis")]
+pub(crate) use resource::{CHANNEL_SUFFIX, QUEUE_SUFFIX};
 pub use set::{AcquireSetReply, AcquireSetRequest};
 pub use token::FencingToken;
 

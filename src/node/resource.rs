@@ -101,6 +101,9 @@ impl From<&Resource> for Resource {
 
 /// What the wait queue's key adds to the lock key.
 pub(crate) const QUEUE_SUFFIX: &str = ":queue";
+/// The suffix of the release channel's name (`LockKeys::channel`); the acquire script
+/// knows it too.
+pub(crate) const CHANNEL_SUFFIX: &str = ":released";
 
 /// The keys a node uses for one resource: `{prefix}{<resource>}` for the lock,
 /// `…:fence` for the fence counter and `…:released` for the wake-up channel.
@@ -138,7 +141,7 @@ impl LockKeys {
         };
         LockKeys {
             fence: with_suffix(":fence"),
-            channel: with_suffix(":released"),
+            channel: with_suffix(CHANNEL_SUFFIX),
             lock,
         }
     }

@@ -12,7 +12,7 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Va
 use crate::error::NodeError;
 use crate::node::redis::millis_ceil;
 use crate::node::LockKeys;
-use crate::node::{AcquireReply, AcquireRequest, Owner, HANDOFF_TTL, QUEUE_SUFFIX};
+use crate::node::{AcquireReply, AcquireRequest, Owner, CHANNEL_SUFFIX, HANDOFF_TTL, QUEUE_SUFFIX};
 
 /// One Lua script: its source (for `EVAL` after `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Lua {
@@ -48,9 +48,18 @@ impl Lua {
 /// closure per call of the script (see BENCHMARKS.md): the fast path has the fewest.
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
+        include_str!("../scripts/fence_rule.lua"),
         include_str!("../scripts/acquire_fast.lua"),
         include_str!("../scripts/hand_off.lua"),
         include_str!("../scripts/acquire.lua")
+    ))
+});
+/// The fence counter's rule alone, pipelined behind a plain `SET NX PX` (see
+/// [`Acquire::Pipelined`]).
+static FENCE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../scripts/fence_rule.lua"),
+        include_str!("../scripts/fence.lua")
     ))
 });
 static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/extend.lua")));
@@ -242,6 +251,11 @@ impl Call {
         eval
     }
 
+    /// Its `EVALSHA` command (to be pipelined).
+    fn into_command(self) -> Cmd {
+        self.evalsha
+    }
+
     /// The command to send: `EVALSHA`, or `EVAL` after `NOSCRIPT`.
     fn command(&self, by_hash: bool) -> Cmd {
         if by_hash {
@@ -350,22 +364,34 @@ pub(crate) enum Acquire {
         owner: String,
         ttl_ms: u64,
     },
+    /// Fenced, no waiter, a standalone server: see [`Pipelined`].
+    Pipelined(Pipelined),
     /// The acquire script: the lock key behind the wait queue and, with fencing, the
     /// floored fence counter, atomically.
-    Fenced(Call),
+    Script(Call),
 }
 
 impl Acquire {
     /// `sharded`: the node publishes on sharded channels (Redis Cluster).
     pub(crate) fn new(request: &AcquireRequest<'_>, sharded: bool) -> Self {
         let ttl_ms = millis_ceil(request.ttl);
-        if !request.fencing && request.waiter.is_none() {
+        let common = !request.seed_only_when_missing && request.waiter.is_none();
+        if common && !request.fencing {
             return Acquire::Plain {
                 lock: request.keys.lock.clone(),
                 owner: request.owner.as_str().to_owned(),
                 ttl_ms,
             };
         }
+        // A cluster's pipeline would be split by redis-rs's routing: one script there.
+        if common && !sharded {
+            return Acquire::Pipelined(Pipelined::new(request, ttl_ms));
+        }
+        let fence_mode = match (request.fencing, request.seed_only_when_missing) {
+            (false, _) => "0",
+            (true, false) => "1",
+            (true, true) => "s",
+        };
         let call = Call::new(&ACQUIRE, 3)
             .arg(&request.keys.lock)
             .arg(&request.keys.fence)
@@ -375,29 +401,14 @@ impl Acquire {
             .arg(millis_ceil(request.fence_ttl))
             // Sent as a decimal string (as every argument is): Lua would format a
             // number this large as a float.
-            .arg(request.fence_floor);
-        // The script charges every argument: the common call (fenced, no waiter, a
-        // standalone server) leaves out those whose default the script knows.
-        if request.fencing
-            && !request.seed_only_when_missing
-            && !sharded
-            && request.waiter.is_none()
-        {
-            return Acquire::Fenced(call);
-        }
-        let fence_mode = match (request.fencing, request.seed_only_when_missing) {
-            (false, _) => "0",
-            (true, false) => "1",
-            (true, true) => "s",
-        };
-        let call = call
+            .arg(request.fence_floor)
             .arg(fence_mode)
             .arg(&request.keys.channel)
             .arg(if sharded { "1" } else { "0" })
             .arg(millis_ceil(HANDOFF_TTL));
         // The waiter's arguments are also what keeps the script off its fast path,
         // which is for callers that do not wait.
-        Acquire::Fenced(match request.waiter {
+        Acquire::Script(match request.waiter {
             Some(waiter) => call
                 .arg(&waiter.id)
                 .arg(waiter.ticket)
@@ -419,11 +430,179 @@ impl Acquire {
                 owner,
                 ttl_ms,
             } => acquire_plain(conn, lock, owner, *ttl_ms, wait).await,
-            Acquire::Fenced(call) => {
+            Acquire::Pipelined(pipelined) => pipelined.run(conn, wait).await,
+            Acquire::Script(call) => {
                 let value = call.run(conn, wait, acquire_granted).await?;
                 parse_acquire(&value).map_err(CallError::Reply)
             }
         }
+    }
+}
+
+/// A fenced caller that does not wait, on a standalone server (or a Sentinel's master):
+/// the lock's `SET NX PX`, an `EXISTS` of its wait queue and the fence script
+/// (`fence.lua`: the counter's rule, `max(counter + 1, floor)`), pipelined. Redis
+/// charges a command inside a script far more than the same command sent plainly, and
+/// a script per argument (callgrind on redis-server 7.0, per acquire + release: the
+/// acquire script alone 95k instructions, this pipeline 78k; see BENCHMARKS.md).
+///
+/// The fence script runs whether or not the `SET` took the key: a refused caller moves
+/// the counter up, never down, so every later token is still above every earlier one
+/// (the counter's guarantee is about order, not about gaps). Where the `SET` took the
+/// key while waiters are queued (a holder's key expired before the queue's head
+/// retried), the acquire script finishes the call (its `ARGV[12]`): the queue's head
+/// comes first, as for any key found free, so no caller barges in.
+pub(crate) struct Pipelined {
+    /// `SET lock owner NX PX ttl`, `EXISTS queue`, `EVALSHA fence 1 counter floor ttl`.
+    pipe: redis::Pipeline,
+}
+
+impl Pipelined {
+    fn new(request: &AcquireRequest<'_>, ttl_ms: u64) -> Self {
+        let lock = &request.keys.lock;
+        let fence = Call::new(&FENCE, 1)
+            .arg(&request.keys.fence)
+            .arg(request.fence_floor)
+            .arg(millis_ceil(request.fence_ttl));
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(lock)
+            .arg(request.owner.as_str())
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .cmd("EXISTS")
+            .arg(Suffixed(lock, QUEUE_SUFFIX))
+            .add_command(fence.into_command())
+            .ignore_errors();
+        Pipelined { pipe }
+    }
+
+    /// Argument `index` of command `command` of the pipeline.
+    fn arg(&self, command: usize, index: usize) -> &[u8] {
+        self.pipe
+            .cmd_iter()
+            .nth(command)
+            .and_then(|cmd| cmd.args_iter().nth(index))
+            .map_or(&[], |arg| match arg {
+                redis::Arg::Simple(bytes) => bytes,
+                _ => &[],
+            })
+    }
+
+    async fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<AcquireReply, CallError> {
+        let replies: Vec<RedisResult<Value>> = match wait {
+            None => self.pipe.query_async(conn).await?,
+            Some(_) => query(conn, self.pipe.clone(), 3, wait).await?,
+        };
+        let mut replies = replies.into_iter();
+        let mut next = || {
+            replies.next().ok_or_else(|| {
+                CallError::Reply(NodeError::Protocol("too few replies to the acquire".into()))
+            })
+        };
+        let (set, queued, fence, acks) = (next()?, next()?, next()?, replies.next());
+        let set = set?;
+        let queued = queued?;
+        let fence = match fence {
+            // A server that has not seen the fence script yet: the SET and EXISTS ran,
+            // the counter's step follows alone (with its own WAIT).
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                let call = Call {
+                    lua: &FENCE,
+                    evalsha: self.pipe.cmd_iter().nth(2).cloned().unwrap_or_default(),
+                };
+                call.once(conn, &call.eval(), wait, |_| true).await
+            }
+            fence => fence.map_err(CallError::from),
+        };
+        let fence = match fence {
+            Err(e) if !matches!(set, Value::Nil) => {
+                // A counter of the wrong type: no lock key of ours is left behind.
+                self.release_taken(conn).await?;
+                return Err(e);
+            }
+            fence => fence?,
+        };
+        let token = int(&fence)
+            .and_then(|token| u64::try_from(token).ok())
+            .ok_or_else(|| {
+                CallError::Reply(NodeError::Protocol(
+                    format!("fence script returned {fence:?}").into(),
+                ))
+            })?;
+        if matches!(set, Value::Nil) {
+            let (lock, owner) = (self.arg(0, 1), self.arg(0, 2));
+            let (holder, pttl): (Option<Vec<u8>>, i64) = redis::pipe()
+                .cmd("GET")
+                .arg(lock)
+                .cmd("PTTL")
+                .arg(lock)
+                .query_async(conn)
+                .await?;
+            if holder.as_deref() != Some(owner) {
+                // -1: the key has no ttl; -2: it vanished in between.
+                return Ok(AcquireReply::Held {
+                    pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+                });
+            }
+            // Our own key: an earlier send of this very call landed before its
+            // connection broke (see `acquire_plain`). The counter's write follows that
+            // SET on the server, so this send's `WAIT` covers it too.
+        } else if int(&queued) == Some(1) {
+            return self.behind_the_queue(conn, wait).await;
+        }
+        check_acks(acks, wait)?;
+        Ok(AcquireReply::Acquired { fence: token })
+    }
+
+    /// Releases the key the `SET` took (the release script, as a lease's release).
+    async fn release_taken<C: ConnectionLike + Send>(&self, conn: &mut C) -> Result<(), CallError> {
+        let lock = self.arg(0, 1);
+        let call = Call::new(&RELEASE, 2)
+            .arg(lock)
+            .arg(self.arg(1, 1))
+            .arg(self.arg(0, 2))
+            .arg([lock, CHANNEL_SUFFIX.as_bytes()].concat());
+        call.run(conn, None, |_| false).await.map(drop)
+    }
+
+    /// The acquire script's call for [`Self::behind_the_queue`]: this call's arguments,
+    /// a caller that does not wait, and `ARGV[12]`.
+    fn queued_call(&self) -> Call {
+        let lock = self.arg(0, 1);
+        Call::new(&ACQUIRE, 3)
+            .arg(lock)
+            .arg(self.arg(2, 3))
+            .arg(self.arg(1, 1))
+            .arg(self.arg(0, 2))
+            .arg(self.arg(0, 5))
+            .arg(self.arg(2, 5))
+            .arg(self.arg(2, 4))
+            .arg("1")
+            .arg([lock, CHANNEL_SUFFIX.as_bytes()].concat())
+            .arg("0")
+            .arg(millis_ceil(HANDOFF_TTL))
+            .arg("")
+            .arg(0)
+            .arg(0)
+            .arg("1")
+    }
+
+    /// The `SET` took a free key while waiters are queued: the acquire script decides
+    /// (the queue's head first), with this call's arguments.
+    async fn behind_the_queue<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<AcquireReply, CallError> {
+        let call = self.queued_call();
+        let value = call.run(conn, wait, acquire_granted).await?;
+        parse_acquire(&value).map_err(CallError::Reply)
     }
 }
 

@@ -2,7 +2,7 @@ use super::*;
 
 #[test]
 fn acquire_goes_by_hash_with_exact_arguments() {
-    assert!(ACQUIRE.code.contains("redis.call('INCR', KEYS[2])"));
+    assert!(ACQUIRE.code.contains("redis.call('INCR', key)"));
     let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
     let owner = Owner::random();
     let request = AcquireRequest {
@@ -15,14 +15,27 @@ fn acquire_goes_by_hash_with_exact_arguments() {
         seed_only_when_missing: false,
         waiter: None,
     };
-    let Acquire::Fenced(call) = Acquire::new(&request, false) else {
-        panic!("fencing on: the script");
+    let Acquire::Pipelined(pipelined) = Acquire::new(&request, false) else {
+        panic!("fencing on, no waiter, standalone: the pipeline");
     };
-    // The floor goes out as the exact decimal string, never through a float.
-    let sent = words(&call.evalsha);
-    assert_eq!(sent[0], "EVALSHA");
+    let sent: Vec<Vec<String>> = pipelined.pipe.cmd_iter().map(words).collect();
     assert_eq!(
-        sent[2..],
+        sent[0],
+        ["SET", &keys.lock, owner.as_str(), "NX", "PX", "1500"]
+    );
+    assert_eq!(sent[1], ["EXISTS", keys.queue().as_str()]);
+    // The floor goes out as the exact decimal string, never through a float.
+    assert_eq!(
+        sent[2][2..],
+        ["1", keys.fence.as_str(), "1838556217040896", "60000"]
+    );
+    assert_eq!(sent[2][0], "EVALSHA");
+    // Behind waiters, the acquire script finishes the call, as a caller that does not
+    // wait sends it, plus ARGV[12].
+    let queued = words(&pipelined.queued_call().evalsha);
+    assert_eq!(queued[0], "EVALSHA");
+    assert_eq!(
+        queued[2..],
         [
             "3",
             &keys.lock,
@@ -32,11 +45,19 @@ fn acquire_goes_by_hash_with_exact_arguments() {
             "1500",
             "60000",
             "1838556217040896",
+            "1",
+            &keys.channel,
+            "0",
+            "1000",
+            "",
+            "0",
+            "0",
+            "1"
         ],
         "the common call leaves out every argument whose default the script knows"
     );
-    let Acquire::Fenced(call) = Acquire::new(&request, true) else {
-        panic!("fencing on: the script");
+    let Acquire::Script(call) = Acquire::new(&request, true) else {
+        panic!("a cluster: the script");
     };
     assert_eq!(
         words(&call.evalsha)[10..],
@@ -52,7 +73,7 @@ fn acquire_goes_by_hash_with_exact_arguments() {
         seed_only_when_missing: true,
         ..request
     };
-    let Acquire::Fenced(call) = Acquire::new(&waiting, true) else {
+    let Acquire::Script(call) = Acquire::new(&waiting, true) else {
         panic!("a waiter: the script");
     };
     let sent = words(&call.evalsha);

@@ -1,6 +1,6 @@
--- The wait queue's case of the acquire script (after `acquire_fast.lua`, which holds
--- its arguments and `counter`/`grant`, and `hand_off.lua`): a caller that waits, or a
--- queue with waiters in it.
+-- The wait queue's case of the acquire script (after `fence_rule.lua`,
+-- `acquire_fast.lua`, which holds its arguments, and `hand_off.lua`): a caller that
+-- waits, or a queue with waiters in it.
 -- Waiters are ordered by (ticket, id) on every node alike: the queue's order, and the
 -- order in which a waiter may take a key reserved for a later one.
 local me = ARGV[9] or ''
@@ -16,20 +16,34 @@ local function refuse()
   return {0, redis.call('PTTL', KEYS[1])}
 end
 
-local ok, n
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  -- The key was free; the queue's head still comes first (no barging), unless we come
-  -- before it (a waiter taken off this queue earlier, whose turn it still is).
+-- We hold a key that was free: the queue's head still comes first (no barging), unless
+-- we come before it (a waiter taken off this queue earlier, whose turn it still is).
+-- True when the key went to the head instead.
+local function yields()
   local top = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   local head = top[1]
   if head == me then
     redis.call('ZREM', KEYS[3], me)
-  elseif head and not (me ~= '' and before(ARGV[10], me, top[2], head)) then
-    if hand_off(KEYS[1], KEYS[3], channel, sharded, hold, me) == 'reserved' then
-      return refuse()
-    end
+    return false
   end
-  ok, n = counter()
+  return head ~= nil and not (me ~= '' and before(ARGV[10], me, top[2], head))
+    and hand_off(KEYS[1], KEYS[3], channel, sharded, hold, me) == 'reserved'
+end
+
+-- The counter (none without fencing).
+local function fence_counter()
+  if mode == '0' then
+    return true, nil
+  end
+  return counter(KEYS[2])
+end
+
+local ok, n
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if yields() then
+    return refuse()
+  end
+  ok, n = fence_counter()
   if not ok then
     redis.call('DEL', KEYS[1])
     return n
@@ -37,8 +51,12 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 else
   local holder = redis.call('GET', KEYS[1])
   if holder == ARGV[1] then
-    -- Our own key: the resend of an earlier send (see the fast path).
-    ok, n = counter()
+    -- Our own key: the resend of an earlier send (see the fast path), or the key our
+    -- own pipelined SET NX just took (ARGV[12]), which the queue's head may come before.
+    if ARGV[12] == '1' and yields() then
+      return refuse()
+    end
+    ok, n = fence_counter()
   else
     local id, ticket = string.match(holder, '^~([^:]*):(.*)$')
     if not id or me == '' then
@@ -55,7 +73,7 @@ else
       redis.call('PEXPIRE', KEYS[3], ARGV[11])
     end
     -- Handed to us: take it.
-    ok, n = counter()
+    ok, n = fence_counter()
     if ok then
       redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     end
@@ -64,4 +82,7 @@ else
     return n
   end
 end
-return grant(n)
+if mode == '0' then
+  return {1, 0}
+end
+return {1, next_token(KEYS[2], n, ARGV[4], ARGV[3], mode == 's')}
