@@ -15,10 +15,16 @@
 //!
 //! 1. The locker reads the acquiring client's clock **once per round** and sends every
 //!    node the same *floor*: `floor = clock_ms × 2¹⁰`.
-//! 2. Every node runs, atomically (one Lua script on Redis): `SET lock owner NX PX ttl`;
-//!    if it was set, the counter becomes `max(counter + 1, floor)` (just `floor` when
-//!    missing), its ttl is refreshed to `fence_ttl`, and the node answers that value.
-//!    A node that finds the key held touches no counter and answers the holder's ttl.
+//! 2. Every node runs `SET lock owner NX PX ttl` and the counter's step: the counter
+//!    becomes `max(counter + 1, floor)` (just `floor` when missing), its ttl is
+//!    refreshed to `fence_ttl`, and a node that set the key answers that value; one
+//!    that finds the key held answers the holder's ttl. On Redis a caller that does not
+//!    wait pipelines the `SET` and a small script for the step (plain commands cost the
+//!    server far less than the same commands inside a script), so a refused caller's
+//!    step moves the counter too: only up, and by no more than a grant would, so every
+//!    argument below holds as it is (the "< 1,024 per millisecond" assumption then
+//!    counts attempts, which a Redis server could not serve anyway). Waiters and Redis
+//!    Cluster use one script that steps the counter only for a grant.
 //! 3. The token is the maximum of the values answered by the acquiring majority.
 //! 4. Write-back: the counter of every acquiring node that answered less is raised to
 //!    the token (`raise_fence`), and the lease counts only if a majority holds the token
@@ -59,16 +65,16 @@
 //! ≥ counter + 1 > `t`, and the later token, a maximum, is > `t`.
 //!
 //! *Floor.* If that node lost its counter or came back with an older one, the later
-//! round there still answers ≥ its floor. Counters only move by `+1` per granted
-//! acquisition or by a jump to a floor, so with fewer than 2¹⁰ = 1,024 acquisitions per
-//! millisecond on a resource every token issued up to clock millisecond `m` is below
+//! round there still answers ≥ its floor. Counters only move by `+1` per attempt (a
+//! grant, or a refused caller's pipelined step) or by a jump to a floor, so with fewer
+//! than 2¹⁰ = 1,024 attempts per millisecond on a resource every token issued up to clock millisecond `m` is below
 //! `(m + 1) × 2¹⁰`, the floor of every round whose clock reads later than `m`. So the
 //! later token is > `t` as long as the later round's clock reads past the millisecond in
 //! which `t` was issued.
 //!
 //! Tokens stay below 2⁵³ until the year 2248, so they are exact in Lua's numbers and in
-//! JavaScript/JSON consumers. The script compares numbers below 2⁵³ only; it increments
-//! with `INCR` and stores the floor as the decimal string it was sent, so Lua never
+//! JavaScript/JSON consumers. The scripts compare numbers below 2⁵³ only; they increment
+//! with `INCR` and store the floor as the decimal string they were sent, so Lua never
 //! formats a large number.
 //!
 //! # Assumptions and failure modes
@@ -85,10 +91,13 @@
 //!   that lost writes must not answer again within one node timeout of losing them
 //!   (else a round whose floor was read just before the loss may be answered with a
 //!   token the lost tail held; seen in the fault suite with an instant restart).
-//! - **Fewer than 1,024 acquisitions per millisecond per resource**, on average since the
-//!   counter last jumped to a floor. A single lock cannot come near that: each
-//!   acquisition is a network round trip under mutual exclusion. Above it the counters run
-//!   ahead of the clock; that is safe, but a counter lost then may restart below them.
+//! - **Fewer than 1,024 attempts per millisecond per resource and node**, on average
+//!   since the counter last jumped to a floor. A single lock cannot come near that: each
+//!   grant is a network round trip under mutual exclusion, and refused attempts are
+//!   bounded by the server (a Redis server serves a few hundred thousand commands a
+//!   second in all, three per attempt; 1,024 per millisecond would be a million). Above
+//!   it the counters run ahead of the clock; that is safe, but a counter lost then may
+//!   restart below them.
 //! - **A clock stepped back** by δ lowers its floors by δ × 2¹⁰. Counters that were kept
 //!   still give `counter + 1`, larger than every earlier token: only a round in which a
 //!   stale node is the sole intersection with an earlier majority, and whose tokens were

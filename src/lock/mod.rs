@@ -4,8 +4,9 @@
 //!
 //! 1. Draw a fresh owner value (152 random bits, plus the node's index on each node:
 //!    see [`Owner::for_node`]) and note the monotonic start time.
-//! 2. Send the acquire script to **all nodes at once**, each call bounded by the
-//!    per-node timeout; stop listening as soon as the outcome is decided.
+//! 2. Send the acquire (on Redis: `SET NX PX` with the fence counter's step, see
+//!    [`fencing`]) to **all nodes at once**, each call bounded by the per-node
+//!    timeout; stop listening as soon as the outcome is decided.
 //! 3. `validity = ttl − elapsed − (ttl × drift_factor + 2 ms)`.
 //! 4. Success iff a majority (`N/2 + 1`) granted the lock and the validity exceeds
 //!    [`LockOptions::min_validity`]. The fencing token is then made from the nodes'

@@ -22,12 +22,12 @@
 //! connection tolerates that, because each checks the owner value that only this
 //! acquisition knows:
 //!
-//! * **acquire** (the acquire script: `SET key owner NX PX`, then the floored fence
-//!   counter; or one `SET NX PX` without fencing): a second run finds the key holding
-//!   its own owner value, which is the same grant, not a second one (see
-//!   `acquire.lua`): nobody else can have been granted the key in between, since it
-//!   held our value all along. The extra counter step only makes later tokens larger,
-//!   which fencing allows.
+//! * **acquire** (`SET key owner NX PX` pipelined with the fence script, or the
+//!   acquire script doing both; one `SET NX PX` without fencing): a second run finds
+//!   the key holding its own owner value, which is the same grant, not a second one
+//!   (see `acquire_fast.lua` and `Acquire::Pipelined`): nobody else can have been
+//!   granted the key in between, since it held our value all along. The extra counter
+//!   step only makes later tokens larger, which fencing allows.
 //! * **extend** (compare-and-`PEXPIRE`) and **raise fence** (`if cur < t then set t`)
 //!   reach the same state however often they run. A second extend counts the ttl from
 //!   a later moment, so the key lives a little longer than the validity the locker
