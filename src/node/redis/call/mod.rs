@@ -536,19 +536,8 @@ impl Pipelined {
                 ))
             })?;
         if matches!(set, Value::Nil) {
-            let (lock, owner) = (self.arg(0, 1), self.arg(0, 2));
-            let (holder, pttl): (Option<Vec<u8>>, i64) = redis::pipe()
-                .cmd("GET")
-                .arg(lock)
-                .cmd("PTTL")
-                .arg(lock)
-                .query_async(conn)
-                .await?;
-            if holder.as_deref() != Some(owner) {
-                // -1: the key has no ttl; -2: it vanished in between.
-                return Ok(AcquireReply::Held {
-                    pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-                });
+            if let Some(held) = held_by_another(conn, self.arg(0, 1), self.arg(0, 2)).await? {
+                return Ok(held);
             }
             // Our own key: an earlier send of this very call landed before its
             // connection broke (see `acquire_plain`). The counter's write follows that
@@ -632,6 +621,29 @@ fn parse_acquire(value: &Value) -> Result<AcquireReply, NodeError> {
     }
 }
 
+/// After a `SET NX` that did not set: `Held` when another owner has the key, `None`
+/// when it is ours (the resend of a call whose first send landed).
+async fn held_by_another<C: ConnectionLike + Send>(
+    conn: &mut C,
+    lock: &[u8],
+    owner: &[u8],
+) -> Result<Option<AcquireReply>, CallError> {
+    let (holder, pttl): (Option<Vec<u8>>, i64) = redis::pipe()
+        .cmd("GET")
+        .arg(lock)
+        .cmd("PTTL")
+        .arg(lock)
+        .query_async(conn)
+        .await?;
+    if holder.as_deref() == Some(owner) {
+        return Ok(None);
+    }
+    // -1: the key has no ttl; -2: it vanished in between.
+    Ok(Some(AcquireReply::Held {
+        pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+    }))
+}
+
 /// Without fencing: one `SET NX PX`, the least a Redlock can do; `GET` and `PTTL`
 /// follow only when the key exists.
 async fn acquire_plain<C: ConnectionLike + Send>(
@@ -659,18 +671,8 @@ async fn acquire_plain<C: ConnectionLike + Send>(
         }
     };
     if matches!(set, Value::Nil) {
-        let (holder, pttl): (Option<String>, i64) = redis::pipe()
-            .cmd("GET")
-            .arg(lock)
-            .cmd("PTTL")
-            .arg(lock)
-            .query_async(conn)
-            .await?;
-        if holder.as_deref() != Some(owner) {
-            // -1: the key has no ttl; -2: it vanished in between.
-            return Ok(AcquireReply::Held {
-                pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-            });
+        if let Some(held) = held_by_another(conn, lock.as_bytes(), owner.as_bytes()).await? {
+            return Ok(held);
         }
         // Our own key: an earlier send of this very call landed before its connection
         // broke, and this is the resend (`redis_conn`, or redis-rs's cluster client).
