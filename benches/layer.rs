@@ -61,7 +61,7 @@ use redis::aio::MultiplexedConnection;
 use support::RedisServer;
 use tower::ServiceExt;
 use tower_redlock::http::{header, LockLayer};
-use tower_redlock::{LockOptions, MemoryNode, Redlock};
+use tower_redlock::{LockOptions, MemoryNode, Redlock, Resource};
 
 use common::{median, ms, percentile, thousands};
 
@@ -95,6 +95,9 @@ enum Variant {
     LayerMemory,
     /// Context: the bare route, no lock at all.
     Bare,
+    /// Context: the same locker as the layer's, called by hand in the handler (no
+    /// layer): what the lock costs without the middleware around it.
+    Direct,
 }
 
 impl Variant {
@@ -105,6 +108,7 @@ impl Variant {
             Variant::Raw => "raw",
             Variant::LayerMemory => "memory",
             Variant::Bare => "bare",
+            Variant::Direct => "direct",
         }
     }
 
@@ -114,6 +118,7 @@ impl Variant {
             Variant::Raw => "raw redis-rs in handler",
             Variant::LayerMemory => "LockLayer over MemoryNode",
             Variant::Bare => "bare route, no lock",
+            Variant::Direct => "Redlock by hand in handler",
         }
     }
 }
@@ -189,6 +194,7 @@ async fn measure(
     let only = std::env::args()
         .position(|a| a == "--only")
         .and_then(|i| std::env::args().nth(i + 1));
+    let with_direct = common::switch("--direct") || only.as_deref() == Some("direct");
     for servers in clusters {
         let nodes = servers.len();
         let layer = layer_target(
@@ -200,18 +206,27 @@ async fn measure(
             router: raw_router(servers).await,
             locker: None,
         };
+        let direct = direct_target(
+            Redlock::connect(servers.iter().map(|s| s.url()), options())
+                .await
+                .expect("locker"),
+        );
+        let mut variants = vec![Variant::Layer, Variant::Raw];
+        if with_direct {
+            variants.push(Variant::Direct);
+        }
         for rep in 0..config.reps {
-            let order = if rep % 2 == 0 {
-                [Variant::Layer, Variant::Raw]
-            } else {
-                [Variant::Raw, Variant::Layer]
-            };
+            // Each variant goes first in turn: a drift of the machine's load over a
+            // repetition then favours none of them.
+            let mut order = variants.clone();
+            order.rotate_left(rep % variants.len());
             for variant in order {
                 if only.as_deref().is_some_and(|o| o != variant.flag()) {
                     continue;
                 }
                 let target = match variant {
                     Variant::Layer => &layer,
+                    Variant::Direct => &direct,
                     _ => &raw,
                 };
                 let sample = run(flavor, servers, variant, rep, target, config).await;
@@ -262,6 +277,31 @@ fn layer_target(locker: Redlock) -> Target {
         router: Router::new()
             .route("/work", post(|| async { "ok" }))
             .route_layer(LockLayer::new(locker.clone(), header("Idempotency-Key"))),
+        locker: Some(locker),
+    }
+}
+
+/// `POST /work` without the layer; the handler takes the same lock as the layer's
+/// through the locker's API and drops the lease (released in the background, as the
+/// layer's is when the body ends).
+fn direct_target(locker: Redlock) -> Target {
+    let handler = {
+        let locker = locker.clone();
+        move |headers: HeaderMap| async move {
+            let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
+                return (StatusCode::BAD_REQUEST, "no key");
+            };
+            match locker
+                .try_acquire(Resource::new("POST").join("/work").join(key))
+                .await
+            {
+                Ok(_lease) => (StatusCode::OK, "ok"),
+                Err(_) => (StatusCode::CONFLICT, "held"),
+            }
+        }
+    };
+    Target {
+        router: Router::new().route("/work", post(handler)),
         locker: Some(locker),
     }
 }
@@ -540,8 +580,10 @@ fn print_tables(samples: &[Sample], loads: &[(Flavor, String, String)], config: 
         for (nodes, variant) in [
             (1, Variant::Layer),
             (1, Variant::Raw),
+            (1, Variant::Direct),
             (3, Variant::Layer),
             (3, Variant::Raw),
+            (3, Variant::Direct),
             (0, Variant::LayerMemory),
             (0, Variant::Bare),
         ] {
