@@ -110,9 +110,16 @@ where
             return Ok(refuse(settings, span, rejection.into()));
         }
     };
+    // The paths off the common one (one key, locked now) are boxed: inline, the
+    // largest of their futures would set the size of the future every request
+    // allocates (4.1 kB with them inline, 3.1 kB without; most of the rest is the
+    // locker's acquire future).
     let found = match found {
         Some(Keys::Many(keys)) => {
-            return many::respond(settings, span, &extractor, inner, request, keys).await
+            return Box::pin(many::respond(
+                settings, span, &extractor, inner, request, keys,
+            ))
+            .await
         }
         Some(Keys::One(key)) => Some(key),
         None => None,
@@ -126,7 +133,14 @@ where
         Ok(None) => {
             span.record("outcome", "bypassed");
             tracing::debug!("no lock key: running without a lock");
-            return call_unlocked(settings, span, inner, request, Unlocked::MissingKey).await;
+            return Box::pin(call_unlocked(
+                settings,
+                span,
+                inner,
+                request,
+                Unlocked::MissingKey,
+            ))
+            .await;
         }
         Err(problem) => return Ok(refuse(settings, span, problem)),
     };
@@ -139,7 +153,7 @@ where
         let resource = replaying.scope(resource);
         span.record("resource", resource.as_str());
         let fingerprint = replaying.fingerprint;
-        return replay::respond(
+        return Box::pin(replay::respond(
             settings,
             policy,
             span,
@@ -147,7 +161,7 @@ where
             request,
             resource,
             fingerprint,
-        )
+        ))
         .await;
     }
     span.record("resource", resource.as_str());
@@ -157,13 +171,20 @@ where
         .and_then(|leases| leases.covering(&settings.locker, std::slice::from_ref(&resource)))
         .cloned()
     {
-        return call_reentrant(settings, span, inner, request, held).await;
+        return Box::pin(call_reentrant(settings, span, inner, request, held)).await;
     }
     let lease = match lock(settings, span, &resource, false).await {
         Ok(lease) => lease,
         Err(NotLocked::Refused(problem)) => return Ok(refuse(settings, span, problem)),
         Err(NotLocked::FailOpen) => {
-            return call_unlocked(settings, span, inner, request, Unlocked::StoreUnavailable).await
+            return Box::pin(call_unlocked(
+                settings,
+                span,
+                inner,
+                request,
+                Unlocked::StoreUnavailable,
+            ))
+            .await
         }
     };
     let handle = lease.handle();
