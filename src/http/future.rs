@@ -17,7 +17,7 @@ use super::body::LeaseBody;
 use super::extensions::{RequestKey, RequestLeases, Unlocked};
 use super::key::{KeySetExtractor, Keys};
 use super::many;
-use super::policy::MissingKey;
+use super::policy::{MissingKey, ScopePrefix};
 use super::replay::{self, ReplayRequest};
 use super::run::{
     call_locked, call_reentrant, call_unlocked, finish, lock, refuse, Called, NotLocked,
@@ -51,7 +51,13 @@ where
     B: Send + 'static,
     RB: Body + Send + 'static,
 {
-    pub(crate) fn new(inner: S, key: K, settings: Arc<Settings>, request: Request<B>) -> Self {
+    pub(crate) fn new(
+        inner: S,
+        key: K,
+        settings: Arc<Settings>,
+        prefix: Arc<ScopePrefix>,
+        request: Request<B>,
+    ) -> Self {
         let span = tracing::debug_span!(
             "redlock",
             resource = tracing::field::Empty,
@@ -61,7 +67,8 @@ where
         );
         // The extractor starts at once, as the service is called.
         let extracted = span.in_scope(|| key.extract_keys(request));
-        let future = respond(inner, key, settings, extracted, span.clone()).instrument(span);
+        let future =
+            respond(inner, key, settings, prefix, extracted, span.clone()).instrument(span);
         ResponseFuture {
             future: Box::pin(future),
             key: PhantomData,
@@ -94,6 +101,7 @@ async fn respond<S, K, B, RB>(
     inner: S,
     extractor: K,
     settings: Arc<Settings>,
+    prefix: Arc<ScopePrefix>,
     extracted: K::Future,
     span: Span,
 ) -> Output<RB, S::Error>
@@ -147,7 +155,13 @@ where
     request
         .extensions_mut()
         .insert(RequestKey(Arc::from(key.as_str())));
-    let resource = settings.scope.resource(&request, &key);
+    let resource = settings.scope.resource_cached(
+        &prefix,
+        request.method(),
+        request.uri(),
+        request.extensions(),
+        &key,
+    );
     let replaying = request.extensions_mut().remove::<ReplayRequest>();
     if let (Some(policy), Some(replaying)) = (settings.replay.as_deref(), replaying) {
         let resource = replaying.scope(resource);

@@ -2,7 +2,7 @@
 //! key, when the lease is lost, when the lock store cannot decide, and which requests
 //! share a lock.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::{Extensions, Method, Request, Uri};
@@ -111,6 +111,79 @@ impl Scope {
     }
 }
 
+/// The resource of a [`Scope`] without its last part (the key), kept by a
+/// [`LockService`](super::LockService) for the first route it served: behind
+/// `route_layer` a service serves one method and route, and building the same prefix
+/// for each request cost two of the three resource names (and four of six
+/// allocations) a request's resource took.
+#[derive(Debug, Default)]
+pub(crate) struct ScopePrefix(OnceLock<Resource>);
+
+impl Scope {
+    /// [`resource_of`](Scope::resource_of), the prefix from `cache` when it was made
+    /// for the same method and route (else built here, as `resource_of` does).
+    pub(crate) fn resource_cached(
+        &self,
+        cache: &ScopePrefix,
+        method: &Method,
+        uri: &Uri,
+        extensions: &Extensions,
+        key: &str,
+    ) -> Resource {
+        let (method, route) = match self {
+            Scope::Route => (
+                Some(method.as_str()),
+                matched_path_in(extensions).unwrap_or_else(|| uri.path()),
+            ),
+            Scope::Shared(name) => (None, &**name),
+        };
+        let prefix = || match method {
+            Some(method) => Resource::new(method).join(route),
+            None => Resource::new(route),
+        };
+        let cached = cache.0.get_or_init(prefix);
+        let same = match method {
+            Some(method) => is_escaped(cached.as_str(), &[method, route]),
+            None => is_escaped(cached.as_str(), &[route]),
+        };
+        if same {
+            cached.join(key)
+        } else {
+            prefix().join(key)
+        }
+    }
+}
+
+/// Whether `text` is `parts` as [`Resource`] names them: each escaped (`%`, `:`, `{`,
+/// `}` as `%25`, `%3A`, `%7B`, `%7D`), joined by `:`. Compared in place, as building
+/// the name is what the cache saves. (A shared name's prefix, without a bare `:`,
+/// never passes for a route's, with one.)
+fn is_escaped(text: &str, parts: &[&str]) -> bool {
+    let mut rest = text.as_bytes();
+    for (index, part) in parts.iter().enumerate() {
+        if index > 0 {
+            match rest.split_first() {
+                Some((b':', tail)) => rest = tail,
+                _ => return false,
+            }
+        }
+        for byte in part.as_bytes() {
+            let escaped: &[u8] = match byte {
+                b'%' => b"%25",
+                b':' => b"%3A",
+                b'{' => b"%7B",
+                b'}' => b"%7D",
+                byte => std::slice::from_ref(byte),
+            };
+            match rest.strip_prefix(escaped) {
+                Some(tail) => rest = tail,
+                None => return false,
+            }
+        }
+    }
+    rest.is_empty()
+}
+
 /// The route axum matched (`MatchedPath`), when the layer runs after routing.
 #[cfg(feature = "axum")]
 pub(crate) fn matched_path_in(extensions: &Extensions) -> Option<&str> {
@@ -146,9 +219,105 @@ mod tests {
             Resource::new("order").join("7")
         );
         // A shared scope never collides with a route scope: different part counts.
+        // (Checked below with the cache too.)
         assert_ne!(
             Scope::shared("PUT").resource(&request, "/orders/7"),
             Scope::Route.resource(&request, "")
         );
+    }
+
+    #[test]
+    fn cached_prefixes_name_the_same_resources() {
+        let request = |method: Method, uri: &str| {
+            Request::builder().method(method).uri(uri).body(()).unwrap()
+        };
+        let cached = |scope: &Scope, cache: &ScopePrefix, request: &Request<()>, key: &str| {
+            scope.resource_cached(
+                cache,
+                request.method(),
+                request.uri(),
+                request.extensions(),
+                key,
+            )
+        };
+        // Each request fills a cache of its own; every request then hits it or differs
+        // from it by method, by route, or by both.
+        let routes = [
+            (Method::PUT, "/orders/7", "k:1"),
+            (Method::PUT, "/orders/7", "k{2}"),
+            (Method::POST, "/orders/7", "k:1"),
+            (Method::GET, "/orders/7", "k:1"),
+            (Method::PUT, "/orders/8", "k:1"),
+            (Method::PUT, "/orders/7:", "k"),
+            (Method::PUT, "/orders", "7:k"),
+            (Method::DELETE, "/x", "1"),
+            (Method::PUT, "/orders/{7}", "k"),
+            (Method::PUT, "/orders/{8}", "k"),
+            (Method::PUT, "/orders/{7", "k"),
+            (Method::PUT, "/orders/7}", "k"),
+            (Method::PUT, "/orders%2F7", "k"),
+            (Method::PUT, "/orders%7", "k"),
+            (Method::PUT, "/o", "rders/7:k"),
+        ];
+        for (method, uri, key) in &routes {
+            let cache = ScopePrefix::default();
+            cached(&Scope::Route, &cache, &request(method.clone(), uri), key);
+            for (method, uri, key) in &routes {
+                let request = request(method.clone(), uri);
+                assert_eq!(
+                    cached(&Scope::Route, &cache, &request, key),
+                    Scope::Route.resource(&request, key),
+                    "{request:?} {key}"
+                );
+            }
+        }
+        let names = [
+            ("order", "7"),
+            ("order", "8:1"),
+            ("PUT", "/orders/7"),
+            ("or:der", "7"),
+            ("order:", "7"),
+            ("orde", "r:7"),
+            ("{order}", "7"),
+        ];
+        let put = request(Method::PUT, "/orders/7");
+        for (name, key) in &names {
+            let cache = ScopePrefix::default();
+            cached(&Scope::shared(*name), &cache, &put, key);
+            for (name, key) in &names {
+                let scope = Scope::shared(*name);
+                assert_eq!(cached(&scope, &cache, &put, key), scope.resource(&put, key));
+            }
+        }
+        // A cache filled by a route scope never names a shared scope's resource.
+        let cache = ScopePrefix::default();
+        let put = request(Method::PUT, "/orders/7");
+        cached(&Scope::Route, &cache, &put, "");
+        assert_eq!(
+            cached(&Scope::shared("PUT"), &cache, &put, "/orders/7"),
+            Scope::shared("PUT").resource(&put, "/orders/7")
+        );
+    }
+
+    #[test]
+    fn escaped_parts_compare_in_place() {
+        for parts in [
+            &["PUT", "/orders/{id}"][..],
+            &["PUT", "/a%b:c"],
+            &["order"],
+            &["{order}:%"],
+            &["a", "", "b"],
+        ] {
+            let (first, rest) = parts.split_first().unwrap();
+            let resource = rest
+                .iter()
+                .fold(Resource::new(first), |resource, part| resource.join(part));
+            assert!(is_escaped(resource.as_str(), parts), "{parts:?}");
+        }
+        assert!(!is_escaped("PUT/x", &["PUT", "x"]));
+        assert!(!is_escaped("PUT:/x:", &["PUT", "/x"]));
+        assert!(!is_escaped("PUT:/x", &["PUT", "/x", ""]));
+        assert!(!is_escaped("PUT:/x", &["PUT:/x"]));
+        assert!(!is_escaped("a%3A", &["a%3A"]));
     }
 }

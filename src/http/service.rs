@@ -12,6 +12,7 @@ use tower_service::Service;
 use super::body::LeaseBody;
 use super::future::ResponseFuture;
 use super::key::KeySetExtractor;
+use super::policy::ScopePrefix;
 use super::settings::Settings;
 use crate::lock::Redlock;
 
@@ -28,6 +29,8 @@ pub struct LockService<S, K> {
     inner: S,
     key: K,
     settings: Arc<Settings>,
+    /// Shared by the clones the router makes for each request.
+    prefix: Arc<ScopePrefix>,
 }
 
 impl<S, K> LockService<S, K> {
@@ -36,6 +39,7 @@ impl<S, K> LockService<S, K> {
             inner,
             key,
             settings,
+            prefix: Arc::default(),
         }
     }
 
@@ -68,6 +72,7 @@ impl<S: Clone, K: Clone> Clone for LockService<S, K> {
             inner: self.inner.clone(),
             key: self.key.clone(),
             settings: self.settings.clone(),
+            prefix: self.prefix.clone(),
         }
     }
 }
@@ -103,6 +108,12 @@ where
         // the next call (the clone may not be ready).
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(inner, self.key.clone(), self.settings.clone(), request)
+        ResponseFuture::new(
+            inner,
+            self.key.clone(),
+            self.settings.clone(),
+            self.prefix.clone(),
+            request,
+        )
     }
 }
