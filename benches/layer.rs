@@ -252,7 +252,9 @@ async fn measure(
     // Context, without Redis: what the layer itself and the load driver cost.
     let memory = layer_target(Redlock::new([MemoryNode::new()], options()).expect("locker"));
     let bare = Target {
-        router: Router::new().route("/work", post(|| async { "ok" })),
+        router: Router::new()
+            .route("/work", post(|| async { "ok" }))
+            .with_state(()),
         locker: None,
     };
     for rep in 0..config.reps {
@@ -276,7 +278,8 @@ fn layer_target(locker: Redlock) -> Target {
     Target {
         router: Router::new()
             .route("/work", post(|| async { "ok" }))
-            .route_layer(LockLayer::new(locker.clone(), header("Idempotency-Key"))),
+            .route_layer(LockLayer::new(locker.clone(), header("Idempotency-Key")))
+            .with_state(()),
         locker: Some(locker),
     }
 }
@@ -301,12 +304,18 @@ fn direct_target(locker: Redlock) -> Target {
         }
     };
     Target {
-        router: Router::new().route("/work", post(handler)),
+        router: Router::new().route("/work", post(handler)).with_state(()),
         locker: Some(locker),
     }
 }
 
 /// A router to drive, and the locker behind its layer, if any.
+///
+/// Every router is made with `with_state`, as `axum::serve` makes it (through
+/// `into_make_service`): the handlers, and the layers around them, become routes once.
+/// A router without it turns each handler into a route, and builds its layers, on
+/// every request (until 2026-11-24 the layer's router paid that and the hand-written
+/// one, made with its state, did not).
 struct Target {
     router: Router,
     locker: Option<Redlock>,
