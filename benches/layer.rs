@@ -21,6 +21,13 @@
 //!   commands per request against the layer's 9, which measured fencing, not the
 //!   layer.)
 //!   Same TCP settings as the crate (`TCP_NODELAY`).
+//! - **direct** (with `-- --direct`): the same route without the layer; its handler
+//!   takes the layer's lock through the locker's API (`try_acquire` of the same
+//!   resource, the lease dropped before answering, so released in the background):
+//!   the lock engine without the middleware, to tell their costs apart.
+//!
+//! Every router is made with `with_state`, as `axum::serve` (`into_make_service`) makes
+//! it, so handlers and their layers become routes once, not on every request.
 //!
 //! Load: a client in the same process, no sockets: `tasks` (64) tokio tasks send
 //! `requests` (50,000: long enough for the 10 ms resolution of the CPU counters)
@@ -30,8 +37,8 @@
 //! response was read and, for the layer, every lease released (the locker holds no
 //! resource any more), so background releases are inside the time.
 //!
-//! Each (runtime, nodes) pair is measured `reps` (4) times, layer and raw alternating
-//! which goes first, each row on freshly flushed nodes; the tables show medians, and
+//! Each (runtime, nodes) pair is measured `reps` (4) times, the variants taking turns
+//! at going first, each row on freshly flushed nodes; the tables show medians, and
 //! the ratio is the median of the per-repetition ratios. Redis commands per request
 //! come from `INFO commandstats`; CPU per request from `/proc/PID/stat` of this process
 //! and of the servers.
@@ -39,7 +46,8 @@
 //! Options: `-- --requests N`, `-- --tasks N`, `-- --reps N`, `-- --quick` (2,000
 //! requests, one repetition, for a smoke run); for profiling one row: `-- --nodes 1`
 //! (or `3`, default `1,3`), `-- --runtime current_thread` (or `multi-thread`),
-//! `-- --no-context` (skip the rows without Redis), `-- --only layer` (or `raw`).
+//! `-- --no-context` (skip the rows without Redis), `-- --only layer` (or `raw`,
+//! `direct`).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
