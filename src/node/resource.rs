@@ -25,19 +25,13 @@ pub struct Resource(Arc<str>);
 impl Resource {
     /// A resource of one part.
     pub fn new(part: impl AsRef<str>) -> Self {
-        let mut encoded = String::with_capacity(part.as_ref().len());
-        escape_into(&mut encoded, part.as_ref());
-        Resource(encoded.into())
+        Resource(encode(None, part.as_ref()))
     }
 
     /// This resource with one more part appended.
     #[must_use]
     pub fn join(&self, part: impl AsRef<str>) -> Self {
-        let mut encoded = String::with_capacity(self.0.len() + 1 + part.as_ref().len());
-        encoded.push_str(&self.0);
-        encoded.push(':');
-        escape_into(&mut encoded, part.as_ref());
-        Resource(encoded.into())
+        Resource(encode(Some(&self.0), part.as_ref()))
     }
 
     /// The encoded name, as it appears inside the Redis keys.
@@ -46,18 +40,71 @@ impl Resource {
     }
 }
 
+/// The characters a part may not contain as they are.
+fn is_escaped(byte: u8) -> bool {
+    matches!(byte, b'%' | b':' | b'{' | b'}')
+}
+
+/// `parent` and `:`, then `part` escaped (only `part`, escaped, for a resource of one
+/// part). A resource is built on every acquisition: this allocates once, the
+/// `Arc<str>` itself.
+fn encode(parent: Option<&str>, part: &str) -> Arc<str> {
+    // Names up to this long are escaped on the stack, then copied into the `Arc`.
+    const INLINE: usize = 256;
+    let escapes = part.bytes().filter(|&b| is_escaped(b)).count();
+    if escapes == 0 && parent.is_none() {
+        return Arc::from(part);
+    }
+    let head = parent.map_or(0, |parent| parent.len() + 1);
+    let len = head + part.len() + 2 * escapes;
+    if len > INLINE {
+        let mut encoded = String::with_capacity(len);
+        if let Some(parent) = parent {
+            encoded.push_str(parent);
+            encoded.push(':');
+        }
+        escape_into(&mut encoded, part);
+        return encoded.into();
+    }
+    let mut buf = [0u8; INLINE];
+    if let Some(parent) = parent {
+        buf[..parent.len()].copy_from_slice(parent.as_bytes());
+        buf[parent.len()] = b':';
+    }
+    let mut at = head;
+    for &byte in part.as_bytes() {
+        if is_escaped(byte) {
+            buf[at..at + 3].copy_from_slice(escape(byte).as_bytes());
+            at += 3;
+        } else {
+            buf[at] = byte;
+            at += 1;
+        }
+    }
+    // Only ASCII bytes were replaced, by ASCII, so the buffer is as valid as the input
+    // and the lossy branch never runs.
+    match std::str::from_utf8(&buf[..at]) {
+        Ok(encoded) => Arc::from(encoded),
+        Err(_) => Arc::from(String::from_utf8_lossy(&buf[..at]).as_ref()),
+    }
+}
+
+fn escape(byte: u8) -> &'static str {
+    match byte {
+        b'%' => "%25",
+        b':' => "%3A",
+        b'{' => "%7B",
+        _ => "%7D",
+    }
+}
+
 fn escape_into(out: &mut String, part: &str) {
     // Copies the runs between the escaped characters whole (all four are ASCII, so
     // every split lands on a character boundary).
     let mut rest = part;
-    while let Some(at) = rest.find(['%', ':', '{', '}']) {
+    while let Some(at) = rest.bytes().position(is_escaped) {
         out.push_str(&rest[..at]);
-        out.push_str(match rest.as_bytes()[at] {
-            b'%' => "%25",
-            b':' => "%3A",
-            b'{' => "%7B",
-            _ => "%7D",
-        });
+        out.push_str(escape(rest.as_bytes()[at]));
         rest = &rest[at + 1..];
     }
     out.push_str(rest);
@@ -182,6 +229,51 @@ mod tests {
                     assert_ne!(a, b, "{:?} and {:?} collide", lists[i], lists[j]);
                 }
             }
+        }
+    }
+
+    /// The encoding as documented, written the plain way.
+    fn reference(parts: &[&str]) -> String {
+        parts
+            .iter()
+            .map(|part| {
+                part.chars()
+                    .map(|c| match c {
+                        '%' => "%25".to_owned(),
+                        ':' => "%3A".to_owned(),
+                        '{' => "%7B".to_owned(),
+                        '}' => "%7D".to_owned(),
+                        c => c.to_string(),
+                    })
+                    .collect::<String>()
+            })
+            .collect::<Vec<_>>()
+            .join(":")
+    }
+
+    #[test]
+    fn encoding_on_and_off_the_stack() {
+        let long_plain = "é".repeat(200);
+        let long_escaped = ":{x}%".repeat(60);
+        let nearly_inline = "x".repeat(250);
+        let parts: &[&[&str]] = &[
+            &["plain"],
+            &["a:b"],
+            &["é{ü}:%"],
+            &[""],
+            &["a", ""],
+            &[&long_plain],
+            &[&long_escaped],
+            &["a", &long_escaped],
+            &[&long_plain, "b:c"],
+            &[&nearly_inline, ":"],
+        ];
+        for list in parts {
+            let mut resource = Resource::new(list[0]);
+            for part in &list[1..] {
+                resource = resource.join(part);
+            }
+            assert_eq!(resource.as_str(), reference(list));
         }
     }
 
