@@ -396,8 +396,10 @@ impl Owner {
     pub(crate) const MAX_NODES: usize = 256;
 
     pub(crate) fn random() -> Self {
-        // 19 random bytes; the 20th is the node index, 0 here (see `for_node`).
-        let bytes: [u8; 19] = rand::random();
+        // 19 random bytes; the 20th is the node index, 0 here (see `for_node`). Filled
+        // in one call: `rand::random::<[u8; 19]>()` draws each byte on its own.
+        let mut bytes = [0u8; 19];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
         let mut out = [b'0'; 40];
         for (i, b) in bytes.iter().enumerate() {
             out[2 * i] = HEX[usize::from(b >> 4)];
