@@ -91,6 +91,11 @@ impl Health {
         }
     }
 
+    /// The node's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Records the answer of a call that started at `started`, and logs a change.
     pub(crate) fn observe<T>(&self, started: Instant, answer: &Result<T, NodeError>) {
         let seen = match answer {

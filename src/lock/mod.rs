@@ -284,9 +284,9 @@ impl Redlock {
     /// One attempt, no waiting: a lease, or [`LockError::Held`] when someone holds the
     /// resource (also when a caller of this process holds it or queues for it).
     pub async fn try_acquire(&self, resource: impl Into<Resource>) -> Result<Lease, LockError> {
-        let started = Instant::now();
+        let started = metrics::Started::now();
         let result = self.try_once(resource.into()).await;
-        metrics::acquisition(&result, started.elapsed());
+        metrics::acquisition(&result, started);
         result
     }
 
@@ -334,7 +334,7 @@ impl Redlock {
         let result = self
             .queue_and_acquire(resource.into(), started, deadline)
             .await;
-        metrics::acquisition(&result, started.elapsed());
+        metrics::acquisition(&result, metrics::Started::at(started));
         result
     }
 }

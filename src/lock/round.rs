@@ -18,12 +18,38 @@ use tokio::time::Instant;
 use crate::error::{NodeError, NodeFailure};
 use crate::lock::background::{Background, Leftover};
 use crate::lock::health::{Health, NodeState};
-use crate::lock::metrics::{self, observe};
+use crate::lock::metrics;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, Waiter};
 
 /// A call still in flight when its round was decided, with its node's index.
 pub(crate) type Pending<T> = Pin<Box<dyn Future<Output = (usize, Result<T, NodeError>)> + Send>>;
+
+/// A set of node indices (a locker has at most `Owner::MAX_NODES`), kept inline: a
+/// round notes in it which nodes answered, on every acquisition.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct NodeSet([u64; Owner::MAX_NODES / 64]);
+
+impl NodeSet {
+    /// Nodes `0..nodes`.
+    pub(crate) fn all(nodes: usize) -> Self {
+        let mut set = NodeSet::default();
+        (0..nodes).for_each(|index| set.insert(index));
+        set
+    }
+
+    pub(crate) fn insert(&mut self, index: usize) {
+        if let Some(word) = self.0.get_mut(index / 64) {
+            *word |= 1 << (index % 64);
+        }
+    }
+
+    pub(crate) fn contains(&self, index: usize) -> bool {
+        self.0
+            .get(index / 64)
+            .is_some_and(|word| word & (1 << (index % 64)) != 0)
+    }
+}
 
 /// The calls of an acquire round still in flight when it was decided. Dropped, they
 /// finish in the background; a failed attempt hands them to
@@ -32,7 +58,7 @@ pub(crate) type Pending<T> = Pin<Box<dyn Future<Output = (usize, Result<T, NodeE
 pub(crate) struct Stragglers<R: Send + 'static = AcquireReply> {
     pub(crate) calls: Vec<Pending<R>>,
     /// Per node: its answer is in (it is not among `calls`).
-    pub(crate) answered: Box<[bool]>,
+    pub(crate) answered: NodeSet,
 }
 
 impl<R: Send + 'static> Stragglers<R> {
@@ -65,7 +91,7 @@ impl<R: Send + 'static> Stragglers<R> {
     pub(crate) fn settled(nodes: usize) -> Self {
         Stragglers {
             calls: Vec::new(),
-            answered: vec![true; nodes].into_boxed_slice(),
+            answered: NodeSet::all(nodes),
         }
     }
 }
@@ -177,7 +203,7 @@ impl Nodes {
         timeout: Duration,
         call: NodeFuture<T>,
     ) -> impl Future<Output = Result<T, NodeError>> + Send + 'static {
-        watched(&self.list[index], self.health[index].clone(), timeout, call)
+        watched(self.health[index].clone(), timeout, call)
     }
 
     /// One acquire round on every node. Returns once a majority granted the lock, or
@@ -193,7 +219,7 @@ impl Nodes {
         let quorum = self.quorum;
         let mut stragglers = Stragglers {
             calls: Vec::new(),
-            answered: vec![false; self.list.len()].into_boxed_slice(),
+            answered: NodeSet::default(),
         };
         let seen = &mut stragglers.answered;
         let calls = &mut stragglers.calls;
@@ -210,7 +236,7 @@ impl Nodes {
                 })
             },
             |index, answer, pending| {
-                seen[index] = true;
+                seen.insert(index);
                 match answer {
                     Ok(AcquireReply::Acquired { fence }) => tally.won.push((index, fence)),
                     Ok(AcquireReply::Held { pttl }) => {
@@ -341,7 +367,7 @@ impl Nodes {
         let late = std::mem::take(&mut stragglers.calls);
         // A straggler's node is released (or not) once its acquire has finished.
         let now: Vec<usize> = (0..self.list.len())
-            .filter(|&index| wanted[index] && stragglers.answered[index])
+            .filter(|&index| wanted[index] && stragglers.answered.contains(index))
             .collect();
         let cleanup = Cleanup {
             nodes: self.list.clone(),
@@ -453,18 +479,20 @@ impl Nodes {
     }
 }
 
-/// `call` to `node`, bounded by `timeout`, its answer recorded in the node's `health`.
+/// `call` to a node, bounded by `timeout`, its answer recorded in the node's `health`
+/// (and, when it failed, in the metrics, under the node's name the health keeps).
 pub(crate) fn watched<T: Send + 'static>(
-    node: &Arc<dyn Node>,
     health: Arc<Health>,
     timeout: Duration,
     call: NodeFuture<T>,
 ) -> impl Future<Output = Result<T, NodeError>> + Send + 'static {
-    let call = observe(node, bounded(timeout, call));
     async move {
         let started = std::time::Instant::now();
-        let answer = call.await;
+        let answer = bounded(timeout, call).await;
         health.observe(started, &answer);
+        if let Err(error) = &answer {
+            metrics::node_error(health.name(), error);
+        }
         answer
     }
 }
@@ -513,8 +541,7 @@ impl Cleanup {
             return;
         }
         let release = release.unwrap_or_else(|| self.release(index));
-        let node = &self.nodes[index];
-        let _ = watched(node, self.health[index].clone(), self.timeout, release).await;
+        let _ = watched(self.health[index].clone(), self.timeout, release).await;
     }
 }
 

@@ -163,9 +163,9 @@ impl Redlock {
         if set.len() == 1 {
             return self.try_acquire(set.remove(0)).await;
         }
-        let started = Instant::now();
+        let started = metrics::Started::now();
         let result = self.try_set_once(self.set_of(set)).await;
-        metrics::acquisition(&result, started.elapsed());
+        metrics::acquisition(&result, started);
         result
     }
 
@@ -224,7 +224,7 @@ impl Redlock {
         let result = self
             .queue_and_acquire_set(self.set_of(set), started, deadline)
             .await;
-        metrics::acquisition(&result, started.elapsed());
+        metrics::acquisition(&result, metrics::Started::at(started));
         result
     }
 }

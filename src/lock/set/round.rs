@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::error::NodeFailure;
 use crate::lock::health::Health;
-use crate::lock::round::{watched, Nodes, OwnerTally, Stragglers};
+use crate::lock::round::{watched, NodeSet, Nodes, OwnerTally, Stragglers};
 use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Node, NodeFuture, Owner};
 
 /// The per-node answers of one set acquire round.
@@ -42,7 +42,7 @@ impl Nodes {
         let quorum = self.quorum();
         let mut stragglers = Stragglers {
             calls: Vec::new(),
-            answered: vec![false; self.len()].into_boxed_slice(),
+            answered: NodeSet::default(),
         };
         let seen = &mut stragglers.answered;
         let calls = &mut stragglers.calls;
@@ -58,7 +58,7 @@ impl Nodes {
                 })
             },
             |index, answer, pending| {
-                seen[index] = true;
+                seen.insert(index);
                 match answer {
                     Ok(AcquireSetReply::Acquired { fences }) => tally.won.push((index, fences)),
                     Ok(AcquireSetReply::Held { member, pttl }) => {
@@ -179,7 +179,7 @@ impl Nodes {
         };
         // The calls are made here, as `release_after`'s are: a node may act when called.
         let now: Vec<(usize, NodeFuture<bool>)> = (0..self.len())
-            .filter(|&index| wanted[index] && stragglers.answered[index])
+            .filter(|&index| wanted[index] && stragglers.answered.contains(index))
             .map(|index| (index, cleanup.call(index)))
             .collect();
         if now.is_empty() && late.is_empty() {
@@ -228,7 +228,6 @@ impl SetCleanup {
     /// Awaits one node's release, bounded by the node timeout, its answer recorded in
     /// the node's health (the outcome itself changes nothing: the keys expire anyway).
     async fn finish(&self, index: usize, release: NodeFuture<bool>) {
-        let node = &self.nodes[index];
-        let _ = watched(node, self.health[index].clone(), self.timeout, release).await;
+        let _ = watched(self.health[index].clone(), self.timeout, release).await;
     }
 }
