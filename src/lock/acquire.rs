@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::lease::{LeaseInner, Status};
 use super::round::{Nodes, Stragglers};
 use super::wait::{next_release, QueueRef, QUEUE_TTL};
-use super::{fencing, renewal, Lease, LockError, Redlock};
+use super::{fencing, renewal, Lease, LockError, Redlock, Shared};
 use crate::node::HANDOFF_TTL;
 use crate::node::{AcquireRequest, LockKeys, Owner, ReleaseSignal, Resource, Waiter};
 use fencing::FencingToken;
@@ -85,11 +85,12 @@ impl Redlock {
                 .attempt_keeping_permit(&resource, &keys, &permit, joining)
                 .await
             {
-                Ok(inner) => {
+                Ok(won) => {
                     // A granted head left the queue (the grant took it off).
                     queued.armed = false;
                     drop(queued);
                     drop(waiting);
+                    let inner = won.into_lease(shared, resource, keys);
                     return Ok(self.finish(inner, permit, queue));
                 }
                 Err(LockError::Held { holder_ttl, .. }) => {
@@ -149,10 +150,10 @@ impl Redlock {
         permit: OwnedSemaphorePermit,
         queue: QueueRef,
     ) -> Result<Lease, LockError> {
-        let inner = self
+        let won = self
             .attempt_keeping_permit(&resource, &keys, &permit, None)
             .await?;
-        Ok(self.finish(inner, permit, queue))
+        Ok(self.finish(won.into_lease(&self.shared, resource, keys), permit, queue))
     }
 
     /// Turns a won round into a [`Lease`]: puts it on the renewal schedule and records the
@@ -181,7 +182,7 @@ impl Redlock {
         keys: &LockKeys,
         _permit: &OwnedSemaphorePermit,
         waiter: Option<&Waiter>,
-    ) -> Result<Arc<LeaseInner>, LockError> {
+    ) -> Result<Won, LockError> {
         let shared = &self.shared;
         let options = &shared.options;
         let nodes = &shared.nodes;
@@ -295,26 +296,55 @@ impl Redlock {
         }
         shared.metrics.acquired.inc();
         tracing::debug!(%resource, votes = tally.won.len(), %token, elapsed = ?start.elapsed(), "lease acquired");
-        let (status, _) = watch::channel(Status {
-            valid_until,
-            lost: None,
-            released: false,
-        });
-        Ok(Arc::new(LeaseInner {
-            locker: shared.clone(),
-            resource: resource.clone(),
-            keys: keys.clone(),
+        Ok(Won {
             owner,
-            token: FencingToken::new(token),
-            set: None,
+            token,
             acquired_at: start,
-            status,
+            valid_until,
             stragglers: stragglers.detach(nodes),
             // Where our attempt did not win (refused, or not answered in time), it may
             // have reached the node before the previous holder's release: that release
             // then queued or reserved us there too late, and ours undoes it.
             waiter: waiter.filter(|_| tally.won.len() < nodes.len()).cloned(),
-        }))
+        })
+    }
+}
+
+/// A won round, not yet a lease: the caller adds the resource and its keys, which it
+/// owns and hands over rather than have them copied.
+pub(super) struct Won {
+    owner: Owner,
+    token: u64,
+    acquired_at: Instant,
+    valid_until: Instant,
+    stragglers: Option<watch::Receiver<()>>,
+    waiter: Option<Waiter>,
+}
+
+impl Won {
+    fn into_lease(
+        self,
+        shared: &Arc<Shared>,
+        resource: Resource,
+        keys: LockKeys,
+    ) -> Arc<LeaseInner> {
+        let (status, _) = watch::channel(Status {
+            valid_until: self.valid_until,
+            lost: None,
+            released: false,
+        });
+        Arc::new(LeaseInner {
+            locker: shared.clone(),
+            resource,
+            keys,
+            owner: self.owner,
+            token: FencingToken::new(self.token),
+            set: None,
+            acquired_at: self.acquired_at,
+            status,
+            stragglers: self.stragglers,
+            waiter: self.waiter,
+        })
     }
 }
 
