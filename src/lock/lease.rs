@@ -368,7 +368,13 @@ impl Drop for Unfinished {
 
 #[tracing::instrument(name = "redlock.release", level = "debug", skip_all, fields(resource = %inner.resource, token = %inner.token))]
 async fn release(inner: &LeaseInner) -> ReleaseOutcome {
-    inner.status.send_modify(|s| s.released = true);
+    // Marked without waking the receivers: they only wait in `lost()`, which never
+    // resolves for a released lease, so a wake-up would put each back to sleep (and
+    // costs the release more than the rest of its bookkeeping).
+    inner.status.send_if_modified(|s| {
+        s.released = true;
+        false
+    });
     let locker = &inner.locker;
     if let Some(mut settled) = inner.stragglers.clone() {
         // Bounded: every straggler is bounded by the node timeout.
@@ -395,7 +401,7 @@ async fn release(inner: &LeaseInner) -> ReleaseOutcome {
         }
     };
     locker.metrics.released.inc();
-    metrics::hold(inner.acquired_at.elapsed());
+    metrics::hold(inner.acquired_at);
     tracing::debug!(resource = %inner.resource, token = %inner.token, ?outcome, held_for = ?inner.acquired_at.elapsed(), "lease released");
     outcome
 }
