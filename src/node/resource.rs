@@ -51,14 +51,11 @@ fn is_escaped(byte: u8) -> bool {
 fn encode(parent: Option<&str>, part: &str) -> Arc<str> {
     // Names up to this long are escaped on the stack, then copied into the `Arc`.
     const INLINE: usize = 256;
-    let escapes = part.bytes().filter(|&b| is_escaped(b)).count();
-    if escapes == 0 && parent.is_none() {
-        return Arc::from(part);
-    }
     let head = parent.map_or(0, |parent| parent.len() + 1);
-    let len = head + part.len() + 2 * escapes;
-    if len > INLINE {
-        let mut encoded = String::with_capacity(len);
+    // Escaping at most triples a part, so this bound needs no counting pass.
+    if head + 3 * part.len() > INLINE {
+        let escapes = part.bytes().filter(|&b| is_escaped(b)).count();
+        let mut encoded = String::with_capacity(head + part.len() + 2 * escapes);
         if let Some(parent) = parent {
             encoded.push_str(parent);
             encoded.push(':');
@@ -66,21 +63,27 @@ fn encode(parent: Option<&str>, part: &str) -> Arc<str> {
         escape_into(&mut encoded, part);
         return encoded.into();
     }
+    let mut rest = part.as_bytes();
+    let mut next = rest.iter().position(|&b| is_escaped(b));
+    if next.is_none() && parent.is_none() {
+        return Arc::from(part);
+    }
     let mut buf = [0u8; INLINE];
     if let Some(parent) = parent {
         buf[..parent.len()].copy_from_slice(parent.as_bytes());
         buf[parent.len()] = b':';
     }
     let mut at = head;
-    for &byte in part.as_bytes() {
-        if is_escaped(byte) {
-            buf[at..at + 3].copy_from_slice(escape(byte).as_bytes());
-            at += 3;
-        } else {
-            buf[at] = byte;
-            at += 1;
-        }
+    // The runs between escaped characters are copied whole.
+    while let Some(run) = next {
+        buf[at..at + run].copy_from_slice(&rest[..run]);
+        buf[at + run..at + run + 3].copy_from_slice(escape(rest[run]).as_bytes());
+        at += run + 3;
+        rest = &rest[run + 1..];
+        next = rest.iter().position(|&b| is_escaped(b));
     }
+    buf[at..at + rest.len()].copy_from_slice(rest);
+    at += rest.len();
     // Only ASCII bytes were replaced, by ASCII, so the buffer is as valid as the input
     // and the lossy branch never runs.
     match std::str::from_utf8(&buf[..at]) {
@@ -256,6 +259,7 @@ mod tests {
         let long_plain = "é".repeat(200);
         let long_escaped = ":{x}%".repeat(60);
         let nearly_inline = "x".repeat(250);
+        let long_parent = "y".repeat(200);
         let parts: &[&[&str]] = &[
             &["plain"],
             &["a:b"],
@@ -267,6 +271,8 @@ mod tests {
             &["a", &long_escaped],
             &[&long_plain, "b:c"],
             &[&nearly_inline, ":"],
+            &[&long_parent, ":x:"],
+            &[&long_parent, "é:{"],
         ];
         for list in parts {
             let mut resource = Resource::new(list[0]);
