@@ -45,8 +45,11 @@
 //! authentication) is not resent: the server may still be busy with the first send,
 //! or will refuse the second one alike.
 
+use std::future::Future;
+
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 /// A node's command connection: multiplexed, cheap to clone, re-established when found
 /// broken, and resending once a command that failed on a broken connection (see the
@@ -68,17 +71,51 @@ fn found_broken(e: &RedisError) -> bool {
     e.is_connection_dropped() && !e.is_timeout()
 }
 
+impl Resending {
+    /// Sends `cmd`, and once more if the connection was found broken.
+    async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self.0.send_packed_command(cmd).await {
+            Err(e) if found_broken(&e) => {
+                tracing::debug!(error = %e, "connection found broken: sending again");
+                self.0.send_packed_command(cmd).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// A connection that sends one command, as `query_async` does (the reply's errors
+/// become the `Err`), without boxing the call where the connection allows it:
+/// `ConnectionLike` boxes every command, and nearly every lock call is one command.
+pub(crate) trait SendOne: ConnectionLike + Send {
+    /// The reply to `cmd`, as a `Value`.
+    fn send_one<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a;
+}
+
+impl SendOne for Resending {
+    fn send_one<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        async move { self.send(cmd).await?.extract_error() }
+    }
+}
+
+impl SendOne for ClusterConnection {
+    fn send_one<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        cmd.query_async(self)
+    }
+}
+
 impl ConnectionLike for Resending {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(async move {
-            match self.0.send_packed_command(cmd).await {
-                Err(e) if found_broken(&e) => {
-                    tracing::debug!(error = %e, "connection found broken: sending again");
-                    self.0.send_packed_command(cmd).await
-                }
-                other => other,
-            }
-        })
+        Box::pin(self.send(cmd))
     }
 
     fn req_packed_commands<'a>(

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
+use crate::node::redis::conn::SendOne;
 use bytes::Bytes;
-use redis::aio::ConnectionLike;
 use redis::{Cmd, Value};
 
 use crate::error::NodeError;
@@ -49,7 +49,7 @@ impl Eval {
     /// `EVAL`; with `wait`, `WAIT` is pipelined right behind the script on the same
     /// connection (so it covers the script's writes), and a reply for which `wrote`
     /// holds counts only once enough replicas acknowledged it.
-    async fn run<C: ConnectionLike + Send>(
+    async fn run<C: SendOne>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
@@ -102,7 +102,7 @@ fn record_of(
 }
 
 /// `HMGET record state token fp data`: the completed record, if any.
-pub(crate) async fn read<C: ConnectionLike + Send>(
+pub(crate) async fn read<C: SendOne>(
     conn: &mut C,
     keys: &LockKeys,
 ) -> Result<Option<Record>, CallError> {
@@ -151,7 +151,7 @@ impl ClaimCall {
 
 /// The claim script. With `wait`, a stored marker counts only once enough replicas
 /// acknowledged it.
-pub(crate) async fn claim<C: ConnectionLike + Send>(
+pub(crate) async fn claim<C: SendOne>(
     conn: &mut C,
     call: &ClaimCall,
     wait: Option<ReplicaWait>,
@@ -206,7 +206,7 @@ impl StoreCall {
 
 /// The store script. With `wait`, a stored record counts only once enough replicas
 /// acknowledged it.
-pub(crate) async fn store<C: ConnectionLike + Send>(
+pub(crate) async fn store<C: SendOne>(
     conn: &mut C,
     call: &StoreCall,
     wait: Option<ReplicaWait>,
@@ -235,7 +235,7 @@ impl DiscardCall {
 
 /// The discard script. Never waits for replicas: a lost discard only makes a later
 /// claim report an unknown outcome.
-pub(crate) async fn discard<C: ConnectionLike + Send>(
+pub(crate) async fn discard<C: SendOne>(
     conn: &mut C,
     call: &DiscardCall,
 ) -> Result<bool, CallError> {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
+use crate::node::redis::conn::SendOne;
 use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
 
 use super::{check_acks, int, node_error, query, Call, CallError, ReplicaWait, EXTEND_MANY};
@@ -52,7 +52,7 @@ impl ExtendManyCall {
 /// more for the chunks a server without the script answered `NOSCRIPT` to). With
 /// `wait`, the extensions count only once enough replicas acknowledged them; a
 /// failed acknowledgement fails the whole batch, as the node's vote is then void.
-pub(crate) async fn extend_many<C: ConnectionLike + Send>(
+pub(crate) async fn extend_many<C: SendOne>(
     conn: &mut C,
     call: &ExtendManyCall,
     wait: Option<ReplicaWait>,

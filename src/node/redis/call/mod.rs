@@ -6,10 +6,10 @@ use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
 use crate::error::NodeError;
+use crate::node::redis::conn::SendOne;
 use crate::node::redis::millis_ceil;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Owner, CHANNEL_SUFFIX, HANDOFF_TTL, QUEUE_SUFFIX};
@@ -270,7 +270,7 @@ impl Call {
     /// cluster). With `wait`, `WAIT` is pipelined right behind the script on the same
     /// connection, so it covers the script's writes; its answer is checked only when
     /// `wrote` says the script wrote.
-    async fn run<C: ConnectionLike + Send>(
+    async fn run<C: SendOne>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
@@ -286,7 +286,7 @@ impl Call {
         }
     }
 
-    async fn once<C: ConnectionLike + Send>(
+    async fn once<C: SendOne>(
         &self,
         conn: &mut C,
         cmd: &Cmd,
@@ -295,7 +295,7 @@ impl Call {
     ) -> Result<Value, CallError> {
         let Some(wait) = wait else {
             // One command, no pipeline: what nearly every call is.
-            return Ok(cmd.query_async(conn).await?);
+            return Ok(conn.send_one(cmd).await?);
         };
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone());
@@ -310,7 +310,7 @@ impl Call {
 
 /// Sends `pipe` (plus `WAIT` when `wait` is set) and returns one result per command
 /// not ignored (`replies` of them), the `WAIT` reply last.
-pub(crate) async fn query<C: ConnectionLike + Send>(
+pub(crate) async fn query<C: SendOne>(
     conn: &mut C,
     mut pipe: redis::Pipeline,
     replies: usize,
@@ -419,7 +419,7 @@ impl Acquire {
 
     /// With `wait`, a grant counts only once enough replicas acknowledged the key and
     /// the counter.
-    pub(crate) async fn run<C: ConnectionLike + Send>(
+    pub(crate) async fn run<C: SendOne>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
@@ -646,7 +646,7 @@ async fn held_by_another<C: ConnectionLike + Send>(
 
 /// Without fencing: one `SET NX PX`, the least a Redlock can do; `GET` and `PTTL`
 /// follow only when the key exists.
-async fn acquire_plain<C: ConnectionLike + Send>(
+async fn acquire_plain<C: SendOne>(
     conn: &mut C,
     lock: &str,
     owner: &str,
@@ -657,7 +657,7 @@ async fn acquire_plain<C: ConnectionLike + Send>(
     set.arg(lock).arg(owner).arg("NX").arg("PX").arg(ttl_ms);
     let (set, acks) = match wait {
         // One command, no pipeline: the common case.
-        None => (set.query_async(conn).await?, None),
+        None => (conn.send_one(&set).await?, None),
         Some(_) => {
             let mut pipe = redis::pipe();
             pipe.add_command(set);
@@ -692,7 +692,7 @@ async fn acquire_plain<C: ConnectionLike + Send>(
 
 /// The extend script (compare-and-pexpire). With `wait`, an extension counts only once
 /// enough replicas acknowledged it.
-pub(crate) async fn extend<C: ConnectionLike + Send>(
+pub(crate) async fn extend<C: SendOne>(
     conn: &mut C,
     call: &ExtendCall,
     wait: Option<ReplicaWait>,
@@ -731,7 +731,7 @@ impl RaiseFenceCall {
 
 /// The raise-fence script. With `wait`, a raised counter counts only once enough
 /// replicas acknowledged it.
-pub(crate) async fn raise_fence<C: ConnectionLike + Send>(
+pub(crate) async fn raise_fence<C: SendOne>(
     conn: &mut C,
     call: &RaiseFenceCall,
     wait: Option<ReplicaWait>,

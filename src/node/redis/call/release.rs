@@ -1,7 +1,7 @@
 //! The release script's calls: a lease's release, a waiter leaving the wait queue, and
 //! the cleanup of a waiter's failed attempt (see [`Node::wait_queue`](crate::node::Node::wait_queue)).
 
-use redis::aio::ConnectionLike;
+use crate::node::redis::conn::SendOne;
 
 use super::{parse_flag, Call, CallError, Suffixed, RELEASE};
 use crate::node::redis::millis_ceil;
@@ -73,7 +73,7 @@ impl ReleaseCall {
 
 /// The release script. Never waits for replicas: a release lost in a failover only
 /// delays the next holder until the key expires.
-pub(crate) async fn release<C: ConnectionLike + Send>(
+pub(crate) async fn release<C: SendOne>(
     conn: &mut C,
     call: &ReleaseCall,
 ) -> Result<bool, CallError> {

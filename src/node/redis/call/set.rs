@@ -6,7 +6,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
+use crate::node::redis::conn::SendOne;
 use redis::Value;
 
 use super::{int, parse_flag, Call, CallError, Lua, ReplicaWait, EXTEND_MANY};
@@ -34,7 +34,7 @@ pub(crate) struct SetCall<T> {
 impl<T> SetCall<T> {
     /// Runs the script (see `Call::run`); with `wait`, an answer that wrote counts only
     /// once enough replicas acknowledged it.
-    pub(crate) async fn run<C: ConnectionLike + Send>(
+    pub(crate) async fn run<C: SendOne>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
