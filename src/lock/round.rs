@@ -481,20 +481,18 @@ impl Nodes {
 
 /// `call` to a node, bounded by `timeout`, its answer recorded in the node's `health`
 /// (and, when it failed, in the metrics, under the node's name the health keeps).
-pub(crate) fn watched<T: Send + 'static>(
+pub(crate) async fn watched<T: Send + 'static>(
     health: Arc<Health>,
     timeout: Duration,
     call: NodeFuture<T>,
-) -> impl Future<Output = Result<T, NodeError>> + Send + 'static {
-    async move {
-        let started = std::time::Instant::now();
-        let answer = bounded(timeout, call).await;
-        health.observe(started, &answer);
-        if let Err(error) = &answer {
-            metrics::node_error(health.name(), error);
-        }
-        answer
+) -> Result<T, NodeError> {
+    let started = std::time::Instant::now();
+    let answer = bounded(timeout, call).await;
+    health.observe(started, &answer);
+    if let Err(error) = &answer {
+        metrics::node_error(health.name(), error);
     }
+    answer
 }
 
 /// One step of a failed attempt's cleanup.

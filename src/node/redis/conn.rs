@@ -96,11 +96,8 @@ pub(crate) trait SendOne: ConnectionLike + Send {
 }
 
 impl SendOne for Resending {
-    fn send_one<'a>(
-        &'a mut self,
-        cmd: &'a Cmd,
-    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
-        async move { self.send(cmd).await?.extract_error() }
+    async fn send_one(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        self.send(cmd).await?.extract_error()
     }
 }
 
