@@ -490,7 +490,7 @@ impl Pipelined {
             })
     }
 
-    async fn run<C: ConnectionLike + Send>(
+    async fn run<C: SendOne>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
@@ -550,7 +550,7 @@ impl Pipelined {
     }
 
     /// Releases the key the `SET` took (the release script, as a lease's release).
-    async fn release_taken<C: ConnectionLike + Send>(&self, conn: &mut C) -> Result<(), CallError> {
+    async fn release_taken<C: SendOne>(&self, conn: &mut C) -> Result<(), CallError> {
         let lock = self.arg(0, 1);
         let call = Call::new(&RELEASE, 2)
             .arg(lock)
@@ -584,7 +584,7 @@ impl Pipelined {
 
     /// The `SET` took a free key while waiters are queued: the acquire script decides
     /// (the queue's head first), with this call's arguments.
-    async fn behind_the_queue<C: ConnectionLike + Send>(
+    async fn behind_the_queue<C: SendOne>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
@@ -623,7 +623,7 @@ fn parse_acquire(value: &Value) -> Result<AcquireReply, NodeError> {
 
 /// After a `SET NX` that did not set: `Held` when another owner has the key, `None`
 /// when it is ours (the resend of a call whose first send landed).
-async fn held_by_another<C: ConnectionLike + Send>(
+async fn held_by_another<C: SendOne>(
     conn: &mut C,
     lock: &[u8],
     owner: &[u8],
