@@ -412,13 +412,19 @@ impl Drop for Lease {
             return;
         };
         let inner = self.handle.inner.clone();
-        let runtime = inner.locker.runtime.clone();
+        let locker = inner.locker.clone();
         // Never block in drop: release in the background, and keep the local queue's
         // permit until the nodes answered, so the next local waiter does not find our key.
-        metrics::spawn(&runtime, async move {
-            release(&inner).await;
-            drop(held);
-        });
+        // In the locker's driver task, not a task of its own: the layer drops every
+        // lease when the response body ends, and a task per request costs more than
+        // the rest of the release's client work.
+        locker.nodes.background.finish_on(
+            Box::pin(async move {
+                release(&inner).await;
+                drop(held);
+            }),
+            Some(&locker.runtime),
+        );
     }
 }
 
