@@ -10,6 +10,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -455,14 +456,17 @@ impl Nodes {
             }
             return;
         }
-        let mut pending: FuturesUnordered<_> = targets
+        // A handful of calls, polled in turn on every wake-up: cheaper than a
+        // `FuturesUnordered`, which allocates its queue and a task per call on every round.
+        let mut pending: Vec<Pending<T>> = targets
             .map(|index| {
                 let answer = self.watched(index, timeout, call(index, &*self.list[index]));
                 // Boxed (the call itself already is) so that `keep` can take it out.
-                Box::pin(async move { (index, answer.await) })
+                Box::pin(async move { (index, answer.await) }) as Pending<T>
             })
             .collect();
-        while let Some((index, answer)) = pending.next().await {
+        while !pending.is_empty() {
+            let (index, answer) = std::future::poll_fn(|cx| next_answer(&mut pending, cx)).await;
             if decided(index, answer, pending.len()) {
                 break;
             }
@@ -471,12 +475,28 @@ impl Nodes {
             return;
         }
         match keep {
-            Some(keep) => keep.extend(pending.into_iter().map(|call| Box::pin(call) as Pending<T>)),
-            None => self
-                .background
-                .finish(Box::pin(pending.for_each(|_| async {}))),
+            Some(keep) => keep.extend(pending),
+            None => {
+                let pending: FuturesUnordered<_> = pending.into_iter().collect();
+                self.background
+                    .finish(Box::pin(pending.for_each(|_| async {})));
+            }
         }
     }
+}
+
+/// The first of `pending` to answer, taken out of it.
+fn next_answer<T>(
+    pending: &mut Vec<Pending<T>>,
+    cx: &mut Context<'_>,
+) -> Poll<(usize, Result<T, NodeError>)> {
+    for at in 0..pending.len() {
+        if let Poll::Ready(answer) = pending[at].as_mut().poll(cx) {
+            drop(pending.swap_remove(at));
+            return Poll::Ready(answer);
+        }
+    }
+    Poll::Pending
 }
 
 /// `call` to a node, bounded by `timeout`, its answer recorded in the node's `health`
