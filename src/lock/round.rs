@@ -485,14 +485,16 @@ impl Nodes {
     }
 }
 
-/// The first of `pending` to answer, taken out of it.
+/// The first of `pending` to answer, taken out of it. The calls are polled, and kept,
+/// in the order they were made: of the answers ready together, those of the nodes
+/// listed first count first, as a `FuturesUnordered` takes them.
 fn next_answer<T>(
     pending: &mut Vec<Pending<T>>,
     cx: &mut Context<'_>,
 ) -> Poll<(usize, Result<T, NodeError>)> {
     for at in 0..pending.len() {
         if let Poll::Ready(answer) = pending[at].as_mut().poll(cx) {
-            drop(pending.swap_remove(at));
+            drop(pending.remove(at));
             return Poll::Ready(answer);
         }
     }
