@@ -229,7 +229,12 @@ impl Call {
     fn new(lua: &'static Lua, keys: usize) -> Self {
         // Sized for the largest call (acquire: 3 keys of a few dozen bytes, 12
         // arguments), so that building it never reallocates.
-        let mut evalsha = Cmd::with_capacity(18, 384);
+        Self::with_capacity(lua, keys, 18, 384)
+    }
+
+    /// As [`new`](Self::new), for `args` words in all of `bytes` bytes.
+    fn with_capacity(lua: &'static Lua, keys: usize, args: usize, bytes: usize) -> Self {
+        let mut evalsha = Cmd::with_capacity(args, bytes);
         evalsha.arg("EVALSHA").arg(lua.script.get_hash()).arg(keys);
         Call { lua, evalsha }
     }
@@ -459,20 +464,26 @@ pub(crate) struct Pipelined {
 
 impl Pipelined {
     fn new(request: &AcquireRequest<'_>, ttl_ms: u64) -> Self {
-        let lock = &request.keys.lock;
-        let fence = Call::new(&FENCE, 1)
+        let (lock, owner) = (&request.keys.lock, request.owner.as_str());
+        // Each command sized up front (numbers: at most 20 digits), so that building
+        // it never reallocates: growing three empty commands cost more than the rest
+        // of the call's client work.
+        let mut set = Cmd::with_capacity(6, lock.len() + owner.len() + 32);
+        set.arg("SET")
+            .arg(lock)
+            .arg(owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms);
+        let mut exists = Cmd::with_capacity(2, lock.len() + QUEUE_SUFFIX.len() + 6);
+        exists.arg("EXISTS").arg(Suffixed(lock, QUEUE_SUFFIX));
+        let fence = Call::with_capacity(&FENCE, 1, 6, request.keys.fence.len() + 96)
             .arg(&request.keys.fence)
             .arg(request.fence_floor)
             .arg(millis_ceil(request.fence_ttl));
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(lock)
-            .arg(request.owner.as_str())
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms)
-            .cmd("EXISTS")
-            .arg(Suffixed(lock, QUEUE_SUFFIX))
+        let mut pipe = redis::Pipeline::with_capacity(3);
+        pipe.add_command(set)
+            .add_command(exists)
             .add_command(fence.into_command())
             .ignore_errors();
         Pipelined { pipe }
