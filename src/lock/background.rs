@@ -1,6 +1,6 @@
 //! The background driver of one locker: a single long-lived task that finishes the
 //! node calls no caller waits for any more (the acquire calls that outlived a won
-//! round, the cleanup of a failed attempt, the release of a dropped lease). Handing a call over costs a channel send,
+//! round, the cleanup of a failed attempt). Handing a call over costs a channel send,
 //! not a task: with three nodes nearly every acquisition leaves its slowest node's call
 //! behind. The task starts on first use and ends, once its calls are done, when the
 //! locker is dropped.
@@ -23,14 +23,8 @@ pub(crate) struct Background(Mutex<Option<mpsc::UnboundedSender<Leftover>>>);
 
 impl Background {
     /// Finishes `call` in the driver task, starting it if needed (or again, when the
-    /// runtime it ran on is gone) on the current runtime.
+    /// runtime it ran on is gone).
     pub(crate) fn finish(&self, call: Leftover) {
-        self.finish_on(call, tokio::runtime::Handle::try_current().ok().as_ref());
-    }
-
-    /// As [`finish`](Self::finish), starting the driver on `runtime` (the locker's)
-    /// where the caller may run outside any runtime (a drop).
-    pub(crate) fn finish_on(&self, call: Leftover, runtime: Option<&tokio::runtime::Handle>) {
         let mut sender = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let call = match sender.as_ref() {
             Some(tx) => match tx.send(call) {
@@ -40,13 +34,13 @@ impl Background {
             None => call,
         };
         // Without a runtime (it is shutting down) the call is dropped.
-        let Some(runtime) = runtime else {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let (tx, rx) = mpsc::unbounded_channel();
         // Cannot fail: the receiver is right here.
         let _ = tx.send(call);
-        metrics::spawn(runtime, drive(rx));
+        metrics::spawn(&runtime, drive(rx));
         *sender = Some(tx);
     }
 }

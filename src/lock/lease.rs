@@ -412,19 +412,13 @@ impl Drop for Lease {
             return;
         };
         let inner = self.handle.inner.clone();
-        let locker = inner.locker.clone();
+        let runtime = inner.locker.runtime.clone();
         // Never block in drop: release in the background, and keep the local queue's
         // permit until the nodes answered, so the next local waiter does not find our key.
-        // In the locker's driver task, not a task of its own: the layer drops every
-        // lease when the response body ends, and a task per request costs more than
-        // the rest of the release's client work.
-        locker.nodes.background.finish_on(
-            Box::pin(async move {
-                release(&inner).await;
-                drop(held);
-            }),
-            Some(&locker.runtime),
-        );
+        metrics::spawn(&runtime, async move {
+            release(&inner).await;
+            drop(held);
+        });
     }
 }
 
