@@ -516,17 +516,20 @@ impl Pipelined {
                 CallError::Reply(NodeError::Protocol("too few replies to the acquire".into()))
             })
         };
-        let (set, queued, fence, acks) = (next()?, next()?, next()?, replies.next());
+        let (set, queued, fence, mut acks) = (next()?, next()?, next()?, replies.next());
         let set = set?;
         let queued = queued?;
         let fence = match fence {
             // A server that has not seen the fence script yet: the SET and EXISTS ran,
-            // the counter's step follows alone (with its own WAIT).
+            // the counter's step follows alone, with its own WAIT, which covers the SET
+            // as well (a WAIT counts every earlier write of the connection): the
+            // pipeline's WAIT need not count too.
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let call = Call {
                     lua: &FENCE,
                     evalsha: self.pipe.cmd_iter().nth(2).cloned().unwrap_or_default(),
                 };
+                acks = wait.map(|_| Ok(Value::Int(i64::MAX)));
                 call.once(conn, &call.eval(), wait, |_| true).await
             }
             fence => fence.map_err(CallError::from),
