@@ -52,7 +52,7 @@ impl Default for LockOptions {
             min_validity: Duration::from_millis(5),
             retry: Arc::new(Backoff::default()),
             key_prefix: "redlock:".to_owned(),
-            fence_ttl: Duration::from_secs(3600),
+            fence_ttl: crate::node::DEFAULT_FENCE_TTL,
             watchdog: true,
             max_hold: None,
             max_waiters: 1000,

@@ -371,6 +371,23 @@ impl Nodes {
             .await
     }
 
+    /// Marks every member's wait queue as listened to, on every node, concurrently (see
+    /// [`Node::listen_for_release`](crate::node::Node::listen_for_release)), for
+    /// [`QUEUE_TTL`]; nodes that fail or time out are left out (the retry timer covers
+    /// them).
+    pub(crate) async fn listen_for_release(&self, members: &[LockKeys]) {
+        let timeout = self.timeout();
+        let calls: FuturesUnordered<_> = members
+            .iter()
+            .flat_map(|keys| {
+                self.each().map(move |node| {
+                    tokio::time::timeout(timeout, node.listen_for_release(keys, QUEUE_TTL))
+                })
+            })
+            .collect();
+        calls.for_each(|_| async {}).await;
+    }
+
     /// Subscribes to the waiter's own channel on every node that keeps a wait queue,
     /// and to the resource's channel on the others, concurrently; nodes that fail or
     /// time out are left out (the fallback retry covers them).

@@ -189,6 +189,8 @@ pub trait Node: Send + Sync + 'static {
     /// - **release**: after deleting its own key, takes waiters off the queue's head
     ///   until one is subscribed to its own channel, reserves the lock for it for
     ///   [`HANDOFF_TTL`] and wakes it alone; the lock is deleted when nobody listens.
+    ///   Subscribers of the resource's own channel are woken only while registered
+    ///   with [`listen_for_release`](Node::listen_for_release).
     ///   An empty `keys.channel` (a test kit's undo) only deletes the key.
     /// - [`leave_queue`](Node::leave_queue): the waiter leaves the queue, and a lock
     ///   reserved for it is handed to the next waiter.
@@ -231,6 +233,23 @@ pub trait Node: Send + Sync + 'static {
     /// The default, for nodes without a queue, does nothing.
     fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
         let _ = (keys, waiter);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Registers, for `ttl`, a waiter that listens on the resource's own channel
+    /// (`keys.channel`: a waiter for a set of resources) rather than in the wait queue,
+    /// so that the resource's next release wakes it there. Called before each attempt
+    /// of such a waiter once it is subscribed: the mark may be used up by a release
+    /// that woke it.
+    ///
+    /// A node with a queue ([`wait_queue`](Node::wait_queue)) may wake nobody on the
+    /// resource's channel otherwise, so that its release of a resource nobody waits for
+    /// stays as cheap as the lock itself: the Redis nodes keep the mark in the queue,
+    /// after every waiter, and the release that reaches it publishes on the channel.
+    /// The default, for nodes whose release wakes the channel's subscribers whenever
+    /// no queued waiter takes the lock, does nothing.
+    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
+        let _ = (keys, ttl);
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -307,6 +326,10 @@ pub struct AcquireRequest<'a> {
 /// [`Node::wait_queue`]): a woken waiter claims it within a round trip; one that is
 /// frozen (its process stopped, its network cut) is skipped once this passed.
 pub const HANDOFF_TTL: Duration = Duration::from_secs(1);
+
+/// The fence counters' lifetime unless [`LockOptions::fence_ttl`](crate::LockOptions::fence_ttl)
+/// says otherwise; the Redis nodes' fence script knows it, so a call need not send it.
+pub(crate) const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(3600);
 
 /// One process's place in a resource's cross-process wait queue (see
 /// [`Node::wait_queue`]): only the head waiter of a process joins it; the callers

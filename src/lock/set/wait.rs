@@ -5,7 +5,7 @@ use tokio::time::Instant;
 
 use super::attempt::Guards;
 use super::Set;
-use crate::lock::wait::next_release;
+use crate::lock::wait::{next_release, QUEUE_TTL};
 use crate::lock::{Lease, LockError, Redlock};
 use crate::node::{ReleaseSignal, Resource};
 
@@ -64,6 +64,10 @@ impl Redlock {
             attempt += 1;
             if let Some(signals) = signals.as_mut() {
                 signals.iter_mut().for_each(ReleaseSignal::mark_seen);
+                // Before the attempt, so that a release after its refusal finds the
+                // mark (or a release that used it up meanwhile woke us): a release
+                // wakes nobody on a member's channel unless marked.
+                shared.nodes.listen_for_release(&set.keys).await;
             }
             let (held_member, holder_ttl) = match self.attempt_set(&set).await {
                 Ok(inner) => {
@@ -88,9 +92,10 @@ impl Redlock {
                 return Err(timeout(held, holder_ttl));
             }
             if signals.is_none() {
-                // Subscribe to every member, then try once more at once: a release may
-                // have been published between our attempt and the subscriptions.
-                // (Sets keep the broadcast wake-up on each member's channel.)
+                // Subscribe to every member, then try once more at once, marking the
+                // members' queues first (see `Node::listen_for_release`): a release may
+                // have come between our attempt and the subscriptions. (Sets wait on each
+                // member's own channel, not in the wait queues.)
                 let mut all = Vec::new();
                 for keys in set.keys.iter() {
                     all.extend(shared.nodes.subscribe_broadcast(keys).await);
@@ -102,7 +107,12 @@ impl Redlock {
                 }
                 continue;
             }
-            let delay = shared.options.retry.delay(attempt, holder_ttl);
+            // At least every quarter of `QUEUE_TTL`, which keeps the marks alive.
+            let delay = shared
+                .options
+                .retry
+                .delay(attempt, holder_ttl)
+                .min(QUEUE_TTL / 4);
             let retry_at = (Instant::now() + delay).min(deadline);
             let woken = tokio::select! {
                 () = next_release(signals.as_mut().map_or(&mut [][..], Vec::as_mut_slice)) => true,

@@ -14,7 +14,9 @@ use tokio::time::Instant;
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
 use crate::node::redis::call::ReplicaWait;
-use crate::node::redis::call::{self, Acquire, CallError, ExtendCall, RaiseFenceCall, ReleaseCall};
+use crate::node::redis::call::{
+    self, Acquire, CallError, ExtendCall, ListenCall, RaiseFenceCall, ReleaseCall,
+};
 use crate::node::redis::pubsub::{ClusterBuilder, Hub};
 use crate::node::redis::records;
 use crate::node::redis::seeds;
@@ -315,6 +317,15 @@ impl Node for ClusterNode {
                 .await
                 .map(|_| ())
                 .map_err(node_error)
+        })
+    }
+
+    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
+        let call = ListenCall::new(keys, ttl);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut conn = inner.connection().await?;
+            call::listen(&mut conn, &call).await.map_err(node_error)
         })
     }
 

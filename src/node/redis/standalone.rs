@@ -12,7 +12,8 @@ use crate::error::ConfigError;
 use crate::node::identity;
 use crate::node::redis::call::set::{self, SetCall};
 use crate::node::redis::call::{
-    self, Acquire, CallError, ExtendCall, ExtendManyCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
+    self, Acquire, CallError, ExtendCall, ExtendManyCall, ListenCall, RaiseFenceCall, ReleaseCall,
+    ReplicaWait,
 };
 use crate::node::redis::conn::Resending;
 use crate::node::redis::pubsub::Hub;
@@ -240,6 +241,11 @@ impl Node for RedisNode {
         self.run(
             move |mut conn, _| async move { call::release(&mut conn, &call).await.map(|_| ()) },
         )
+    }
+
+    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
+        let call = ListenCall::new(keys, ttl);
+        self.run(move |mut conn, _| async move { call::listen(&mut conn, &call).await })
     }
 
     fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {

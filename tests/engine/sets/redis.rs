@@ -13,12 +13,13 @@ fn redis_locker(servers: &[RedisServer], options: LockOptions) -> Redlock {
     Redlock::from_urls(servers.iter().map(RedisServer::url), options).unwrap()
 }
 
-/// The lock keys on a server (fence counters may stay: they are not locks).
+/// The lock keys on a server (fence counters, and wait queues with a waiting set's mark,
+/// may stay: they are not locks).
 fn lock_keys(server: &RedisServer) -> Vec<String> {
     server
         .keys("redlock:*")
         .into_iter()
-        .filter(|k| !k.ends_with(":fence"))
+        .filter(|k| !k.ends_with(":fence") && !k.ends_with(":queue"))
         .collect()
 }
 
@@ -276,4 +277,111 @@ async fn each_members_token_grows_after_a_restart_from_an_rdb_snapshot() {
     for _ in 0..2 {
         check(set_tokens(&locker).await, "after the restart");
     }
+}
+
+/// The members of a resource's wait queue on a server, head first.
+fn queue_members(server: &RedisServer, resource: &str) -> Vec<String> {
+    match server.cmd(&[
+        "ZRANGE",
+        &format!("redlock:{{{resource}}}:queue"),
+        "0",
+        "-1",
+    ]) {
+        support::resp::RespValue::Array(items) => items
+            .iter()
+            .filter_map(|item| item.to_string_lossy())
+            .collect(),
+        other => panic!("ZRANGE answered {other:?}"),
+    }
+}
+
+/// A release with nobody queued publishes nothing (the cheap release), so a set waiting
+/// on Redis nodes marks the members' wait queues ('*', after every waiter): the release
+/// that reaches the mark wakes it on the member's channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_set_marks_the_queues_and_a_release_wakes_it() {
+    let servers = RedisServer::start_many(3);
+    let holder = redis_locker(&servers, support::patient());
+    // A fallback retry far beyond the test (the locker keeps it under a quarter of
+    // the queue's ttl, to keep the mark alive).
+    let waiter_locker = redis_locker(
+        &servers,
+        support::patient().retry_policy(|_, _| Duration::from_secs(600)),
+    );
+    let b = holder.try_acquire("b").await.unwrap();
+    let waiter = {
+        let locker = waiter_locker.clone();
+        tokio::spawn(async move {
+            locker
+                .acquire_all(["a", "b"], Duration::from_secs(60))
+                .await
+        })
+    };
+    // The second attempt, right after subscribing, comes after the marks.
+    eventually("the set waits", LIMIT, || {
+        waiter_locker.metrics().contended >= 2
+    })
+    .await;
+    for server in &servers {
+        assert_eq!(queue_members(server, "b"), ["*"]);
+        assert!(server.pttl("redlock:{b}:queue") > 0, "the mark expires");
+        server.reset_stats();
+    }
+    b.release().await;
+    let lease = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(names(lease.resources()), ["a", "b"]);
+    // Woken by the release, not by its retry timer (2.5 s away).
+    assert_eq!(waiter_locker.metrics().wakeups, 1);
+    // Every node's release reached the mark and published on `b`'s channel, once.
+    eventually("each release published", LIMIT, || {
+        servers.iter().all(|s| s.command_calls("publish") == 1)
+    })
+    .await;
+    lease.release().await;
+    no_lock_keys_left(&servers).await;
+}
+
+/// The mark orders no one: a caller finding the key free is granted (the mark stays
+/// for the listeners), a waiter queues before it and is handed the key first, and the
+/// release after the last waiter publishes on the resource's channel and ends the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mark_comes_after_every_waiter() {
+    let servers = RedisServer::start_many(1);
+    let server = &servers[0];
+    let queue = "redlock:{c}:queue";
+    let mark = || server.cmd(&["ZADD", queue, "+inf", "*"]);
+    mark();
+    let first = redis_locker(&servers, support::patient());
+    let lease = first.try_acquire("c").await.unwrap();
+    assert_eq!(queue_members(server, "c"), ["*"]);
+    // A waiter of another process queues ahead of the mark.
+    let second = redis_locker(&servers, support::patient());
+    let waiter = {
+        let second = second.clone();
+        tokio::spawn(async move { second.acquire("c", Duration::from_secs(60)).await })
+    };
+    eventually("the waiter queues", LIMIT, || {
+        queue_members(server, "c").len() == 2
+    })
+    .await;
+    assert_eq!(queue_members(server, "c")[1], "*");
+    server.reset_stats();
+    lease.release().await;
+    let lease = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // Handed to the waiter (one publish, on its own channel); the mark stays.
+    assert_eq!(server.command_calls("publish"), 1);
+    assert_eq!(queue_members(server, "c"), ["*"]);
+    lease.release().await;
+    // The mark reached: the broadcast, and no queue left.
+    assert_eq!(server.command_calls("publish"), 2);
+    assert!(!server.exists(queue));
+    no_lock_keys_left(&servers).await;
 }

@@ -12,7 +12,10 @@ use crate::error::NodeError;
 use crate::node::redis::conn::SendOne;
 use crate::node::redis::millis_ceil;
 use crate::node::LockKeys;
-use crate::node::{AcquireReply, AcquireRequest, Owner, CHANNEL_SUFFIX, HANDOFF_TTL, QUEUE_SUFFIX};
+use crate::node::{
+    AcquireReply, AcquireRequest, Owner, CHANNEL_SUFFIX, DEFAULT_FENCE_TTL, HANDOFF_TTL,
+    QUEUE_SUFFIX,
+};
 
 /// One Lua script: its source (for `EVAL` after `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Lua {
@@ -74,6 +77,7 @@ static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
 });
 static RAISE_FENCE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../scripts/raise_fence.lua")));
+static LISTEN: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/listen.lua")));
 
 /// Replica acknowledgement: after a script wrote, `WAIT replicas timeout` on the same
 /// connection, and the answer counts only if at least `replicas` replicas acknowledged.
@@ -458,7 +462,7 @@ impl Acquire {
 /// retried), the acquire script finishes the call (its `ARGV[12]`): the queue's head
 /// comes first, as for any key found free, so no caller barges in.
 pub(crate) struct Pipelined {
-    /// `SET lock owner NX PX ttl`, `EXISTS queue`, `EVALSHA fence 1 counter floor ttl`.
+    /// `SET lock owner NX PX ttl`, `EXISTS queue`, `EVALSHA fence 1 counter floor [ttl]`.
     pipe: redis::Pipeline,
 }
 
@@ -477,10 +481,12 @@ impl Pipelined {
             .arg(ttl_ms);
         let mut exists = Cmd::with_capacity(2, lock.len() + QUEUE_SUFFIX.len() + 6);
         exists.arg("EXISTS").arg(Suffixed(lock, QUEUE_SUFFIX));
-        let fence = Call::with_capacity(&FENCE, 1, 6, request.keys.fence.len() + 96)
+        let mut fence = Call::with_capacity(&FENCE, 1, 6, request.keys.fence.len() + 96)
             .arg(&request.keys.fence)
-            .arg(request.fence_floor)
-            .arg(millis_ceil(request.fence_ttl));
+            .arg(request.fence_floor);
+        if request.fence_ttl != DEFAULT_FENCE_TTL {
+            fence = fence.arg(millis_ceil(request.fence_ttl));
+        }
         let mut pipe = redis::Pipeline::with_capacity(3);
         pipe.add_command(set)
             .add_command(exists)
@@ -578,13 +584,19 @@ impl Pipelined {
     /// a caller that does not wait, and `ARGV[12]`.
     fn queued_call(&self) -> Call {
         let lock = self.arg(0, 1);
+        // The fence script's ttl, left out when it is the default.
+        let default_fence_ttl = millis_ceil(DEFAULT_FENCE_TTL).to_string();
+        let fence_ttl = match self.arg(2, 5) {
+            [] => default_fence_ttl.as_bytes(),
+            sent => sent,
+        };
         Call::new(&ACQUIRE, 3)
             .arg(lock)
             .arg(self.arg(2, 3))
             .arg(self.arg(1, 1))
             .arg(self.arg(0, 2))
             .arg(self.arg(0, 5))
-            .arg(self.arg(2, 5))
+            .arg(fence_ttl)
             .arg(self.arg(2, 4))
             .arg("1")
             .arg([lock, CHANNEL_SUFFIX.as_bytes()].concat())
@@ -785,4 +797,4 @@ pub(crate) mod set;
 mod tests;
 
 pub(crate) use extend_many::{extend_many, ExtendManyCall};
-pub(crate) use release::{release, ReleaseCall};
+pub(crate) use release::{listen, release, ListenCall, ReleaseCall};

@@ -3,9 +3,12 @@
 
 use crate::node::redis::conn::SendOne;
 
-use super::{parse_flag, Call, CallError, Suffixed, RELEASE};
+use std::time::Duration;
+
+use super::{int, parse_flag, Call, CallError, Suffixed, LISTEN, RELEASE};
+use crate::error::NodeError;
 use crate::node::redis::millis_ceil;
-use crate::node::{LockKeys, Owner, Waiter, HANDOFF_TTL, QUEUE_SUFFIX};
+use crate::node::{LockKeys, Owner, Waiter, CHANNEL_SUFFIX, HANDOFF_TTL, QUEUE_SUFFIX};
 
 /// The owned arguments of one release call: compare-and-delete, then the hand-off to
 /// the wait queue's next waiter, woken by `PUBLISH` on its own channel, or `SPUBLISH`
@@ -14,11 +17,17 @@ pub(crate) struct ReleaseCall(pub(super) Call);
 
 impl ReleaseCall {
     pub(crate) fn new(keys: &LockKeys, owner: &Owner, sharded: bool) -> Self {
-        let call = Self::common(keys, owner.as_str());
-        // The script charges every argument: a lease's own release on a standalone
-        // server leaves out those whose default the script knows.
-        ReleaseCall(if sharded {
-            Self::with_defaults(call, sharded)
+        let call = Call::new(&RELEASE, 2)
+            .arg(&keys.lock)
+            .arg(Suffixed(&keys.lock, QUEUE_SUFFIX))
+            .arg(owner.as_str());
+        // Redis charges every argument: a lease's own release on a standalone server
+        // leaves out those whose default the script knows (the script's fast path).
+        let usual_channel = keys.channel.len() == keys.lock.len() + CHANNEL_SUFFIX.len()
+            && keys.channel.starts_with(&keys.lock)
+            && keys.channel.ends_with(CHANNEL_SUFFIX);
+        ReleaseCall(if sharded || !usual_channel {
+            Self::with_defaults(call.arg(&keys.channel), sharded)
         } else {
             call
         })
@@ -79,4 +88,29 @@ pub(crate) async fn release<C: SendOne>(
 ) -> Result<bool, CallError> {
     let value = call.0.run(conn, None, |_| false).await?;
     parse_flag(value).map_err(CallError::Reply)
+}
+
+/// The listeners' mark on a resource's wait queue (`listen.lua`, see
+/// [`Node::listen_for_release`](crate::node::Node::listen_for_release)).
+pub(crate) struct ListenCall(pub(super) Call);
+
+impl ListenCall {
+    pub(crate) fn new(keys: &LockKeys, ttl: Duration) -> Self {
+        ListenCall(
+            Call::new(&LISTEN, 1)
+                .arg(Suffixed(&keys.lock, QUEUE_SUFFIX))
+                .arg(millis_ceil(ttl)),
+        )
+    }
+}
+
+/// The listen script; never waits for replicas (a mark lost in a failover only leaves
+/// the listeners to their retry timer).
+pub(crate) async fn listen<C: SendOne>(conn: &mut C, call: &ListenCall) -> Result<(), CallError> {
+    let value = call.0.run(conn, None, |_| false).await?;
+    int(&value).map(|_| ()).ok_or_else(|| {
+        CallError::Reply(NodeError::Protocol(
+            format!("listen script returned {value:?}").into(),
+        ))
+    })
 }

@@ -131,13 +131,69 @@ fn release_publishes_sharded_only_when_asked() {
     let owner = Owner::random();
     let plain = words(&ReleaseCall::new(&keys, &owner, false).0.evalsha);
     let sharded = words(&ReleaseCall::new(&keys, &owner, true).0.evalsha);
-    // EVALSHA sha 2 lock queue owner channel [sharded hold [leaving back_to]]
+    // EVALSHA sha 2 lock queue owner [channel sharded hold [leaving back_to]]
     assert_eq!(
-        plain.len(),
-        7,
-        "the script's defaults: not sharded, HANDOFF_TTL"
+        plain[2..],
+        ["2", &keys.lock, &keys.queue(), owner.as_str()],
+        "the script's defaults: the usual channel, not sharded, HANDOFF_TTL"
     );
-    assert_eq!(sharded[7..], ["1", "1000"]);
+    assert_eq!(sharded[6..], [keys.channel.as_str(), "1", "1000"]);
+    // A channel of another name, or none (the test kit's undo), goes out with the rest.
+    for channel in ["elsewhere", ""] {
+        let other = LockKeys {
+            channel: channel.into(),
+            ..keys.clone()
+        };
+        let sent = words(&ReleaseCall::new(&other, &owner, false).0.evalsha);
+        assert_eq!(sent[6..], [channel, "0", "1000"]);
+    }
+}
+
+#[test]
+fn a_fence_ttl_by_default_is_left_to_the_script() {
+    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    let owner = Owner::random();
+    let request = AcquireRequest {
+        keys: &keys,
+        owner: &owner,
+        ttl: Duration::from_millis(1500),
+        fence_ttl: DEFAULT_FENCE_TTL,
+        fencing: true,
+        fence_floor: 7,
+        seed_only_when_missing: false,
+        waiter: None,
+    };
+    let Acquire::Pipelined(pipelined) = Acquire::new(&request, false) else {
+        panic!("fencing on, no waiter, standalone: the pipeline");
+    };
+    let sent: Vec<Vec<String>> = pipelined.pipe.cmd_iter().map(words).collect();
+    assert_eq!(sent[2][2..], ["1", keys.fence.as_str(), "7"]);
+    // Behind waiters, the acquire script gets it all the same (its ARGV[3]).
+    let queued = words(&pipelined.queued_call().evalsha);
+    assert_eq!(
+        queued[2..10],
+        [
+            "3",
+            &keys.lock,
+            &keys.fence,
+            &keys.queue(),
+            owner.as_str(),
+            "1500",
+            "3600000",
+            "7"
+        ]
+    );
+}
+
+#[test]
+fn listening_marks_the_queue_after_every_waiter() {
+    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    let sent = words(&ListenCall::new(&keys, Duration::from_secs(10)).0.evalsha);
+    assert_eq!(sent[2..], ["1", keys.queue().as_str(), "10000"]);
+    // The mark ('*' at +inf) is what the queue's functions look for.
+    assert!(LISTEN.code.contains("'+inf', '*'"));
+    assert!(RELEASE.code.contains("if head == '*' then"));
+    assert!(ACQUIRE.code.contains("if head == '*' then"));
 }
 
 #[test]
@@ -181,4 +237,7 @@ fn the_scripts_defaults_are_the_crates_constants() {
     let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
     assert_eq!(keys.channel, format!("{}:released", keys.lock));
     assert!(ACQUIRE.code.contains("(KEYS[1] .. ':released')"));
+    assert!(RELEASE.code.contains("(KEYS[1] .. ':released')"));
+    assert_eq!(DEFAULT_FENCE_TTL, Duration::from_millis(3_600_000));
+    assert!(FENCE.code.contains("ARGV[2] or '3600000'"));
 }

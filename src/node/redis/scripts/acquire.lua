@@ -22,6 +22,10 @@ end
 local function yields()
   local top = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   local head = top[1]
+  -- The listeners' mark alone (see `hand_off`): no waiter comes first.
+  if head == '*' then
+    return false
+  end
   if head == me then
     redis.call('ZREM', KEYS[3], me)
     return false

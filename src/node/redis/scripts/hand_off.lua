@@ -4,8 +4,12 @@
 -- its own channel (`prefix:id`), reserves the lock for it ('~id:ticket', for `hold` ms)
 -- and wakes it alone. A waiter nobody listens for (its process died, its subscription is down) is
 -- skipped: a live one joins again, at its old place, on its next attempt.
+-- The queue's last member may be the listeners' mark ('*', scored +inf, see
+-- `Node::listen_for_release`): waiters that listen on the resource's own channel (for a
+-- set of resources) and retry when woken. Reached, it is taken off and they are woken
+-- all at once; a listener still refused marks the queue again.
 -- Returns 'reserved', 'me' when the head is `me` (taken off the queue, nothing written),
--- or 'none' when nobody listens (the queue is gone; nothing written).
+-- or 'none' when no waiter listens (the queue is gone; nothing written).
 local function hand_off(lock, queue, prefix, sharded, hold, me)
   while true do
     local top = redis.call('ZPOPMIN', queue)
@@ -15,6 +19,14 @@ local function hand_off(lock, queue, prefix, sharded, hold, me)
     end
     if head == me then
       return 'me'
+    end
+    if head == '*' then
+      if sharded == '1' then
+        redis.call('SPUBLISH', prefix, '')
+      else
+        redis.call('PUBLISH', prefix, '')
+      end
+      return 'none'
     end
     local heard
     if sharded == '1' then

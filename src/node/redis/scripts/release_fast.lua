@@ -2,29 +2,24 @@
 -- (`hand_off`), which alone is woken. One script in three parts (`call::RELEASE`):
 -- this fast path, the common case (a lease's own release with nobody queued), which
 -- builds none of the queue's functions; then `hand_off.lua` and `release.lua`.
--- KEYS[1] lock key, KEYS[2] queue; ARGV[1] owner ('' for a leaving waiter),
--- ARGV[2] channel prefix; then, left out by a lease's own release on a standalone
--- server (the fast path; Redis charges every argument), with their defaults:
+-- KEYS[1] lock key, KEYS[2] queue; ARGV[1] owner ('' for a leaving waiter); then, left
+-- out by a lease's own release on a standalone server (the fast path; Redis charges
+-- every argument, see BENCHMARKS.md), with their defaults:
+-- ARGV[2] channel prefix (default: the lock key and ':released', as `LockKeys`; empty
+-- hands nothing over: the key is only deleted, a test kit's undo),
 -- ARGV[3] "1" to publish on sharded channels (SPUBLISH, Redis Cluster >= 7; default
 -- "0"), ARGV[4] reservation ms (default 1000, `HANDOFF_TTL`); only for a waiter's
 -- calls: ARGV[5] id of a waiter leaving the queue (its reservation counts as its key)
 -- or '', ARGV[6] 'id:ticket' of the waiter to reserve the key for again or ''.
--- An empty channel prefix hands nothing over: the key is only deleted (a test kit's undo).
 -- Returns 1 when the key was ours (and is gone or reserved), 0 otherwise.
-local sharded = ARGV[3] or '0'
-if not ARGV[5] and ARGV[2] ~= '' then
+if not ARGV[2] then
   if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
   end
+  -- Nobody queued and nobody listening (the queue holds the listeners' mark, see
+  -- `hand_off`): nothing to wake.
   if redis.call('EXISTS', KEYS[2]) == 0 then
     redis.call('DEL', KEYS[1])
-    -- Nobody queued: the broadcast wake-up, for those who wait without the queue
-    -- (sets of resources, nodes without a queue mixed in one locker).
-    if sharded == '1' then
-      redis.call('SPUBLISH', ARGV[2], '')
-    else
-      redis.call('PUBLISH', ARGV[2], '')
-    end
     return 1
   end
 end

@@ -21,7 +21,8 @@ mod set;
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
 use crate::node::redis::call::{
-    self, Acquire, CallError, ExtendCall, ExtendManyCall, RaiseFenceCall, ReleaseCall, ReplicaWait,
+    self, Acquire, CallError, ExtendCall, ExtendManyCall, ListenCall, RaiseFenceCall, ReleaseCall,
+    ReplicaWait,
 };
 use crate::node::redis::conn::Resending;
 use crate::node::redis::seeds;
@@ -500,6 +501,17 @@ impl Node for SentinelNode {
     fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
         let leave = self.release_call(ReleaseCall::leave(keys, waiter, false));
         Box::pin(async move { leave.await.map(|_| ()) })
+    }
+
+    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
+        let call = ListenCall::new(keys, ttl);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move { call::listen(&mut conn, call).await })
+                .await
+        })
     }
 
     fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
