@@ -294,8 +294,7 @@ impl FencedRaw {
                     .arg(self.acquire.get_hash())
                     .arg(1)
                     .arg(format!("{{{key}}}:fence"))
-                    .arg(&floor)
-                    .arg(3_600_000);
+                    .arg(&floor);
                 async move {
                     let reply: redis::RedisResult<(Option<String>, i64, u64)> =
                         pipe.query_async(&mut conn).await;
@@ -324,8 +323,7 @@ impl FencedRaw {
             invocation
                 .key(format!("{{{key}}}"))
                 .key(format!("{{{key}}}:queue"))
-                .arg(owner)
-                .arg(format!("{{{key}}}:released"));
+                .arg(owner);
             async move {
                 let _: redis::RedisResult<i64> = invocation.invoke_async(&mut conn).await;
             }

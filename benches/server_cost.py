@@ -54,8 +54,8 @@ def set_nx(p):
 
 
 def release(p):
-    lock, _, queue, channel = keys(p)
-    return ['EVALSHA', 'release', '2', lock, queue, OWNER, channel]
+    lock, _, queue, _ = keys(p)
+    return ['EVALSHA', 'release', '2', lock, queue, OWNER]
 
 
 def sequences():
@@ -65,7 +65,7 @@ def sequences():
         'raw': [set_nx('r'), ['EVALSHA', 'unlock', '1', keys('r')[0], OWNER]],
         # The crate, fenced, a caller that does not wait (standalone, Sentinel).
         'fenced': [set_nx('a'), ['EXISTS', queue],
-                   ['EVALSHA', 'fence', '1', fence, FLOOR, '3600000'], release('a')],
+                   ['EVALSHA', 'fence', '1', fence, FLOOR], release('a')],
         # The same through the acquire script (Redis Cluster sends it with its flags).
         'fenced-script': [['EVALSHA', 'acquire', '3', *keys('b')[:3], OWNER, '30000', '3600000', FLOOR],
                           release('b')],
