@@ -47,7 +47,12 @@
 //! one until the waiters' next attempts add them again; a waiter registered on some
 //! nodes only (a timed-out call) is added by its next attempt. Nodes without a queue
 //! (etcd) keep the broadcast wake-up: every waiter of the resource retries. Waiting for
-//! sets of resources keeps the broadcast wake-up too.
+//! sets of resources keeps the broadcast wake-up too, on each member's own channel; on
+//! the Redis nodes such a waiter first marks the member's queue
+//! ([`Node::listen_for_release`](crate::Node::listen_for_release): a member `*` after
+//! every waiter, as long-lived as a waiter's place), since a release publishes on that
+//! channel only when its hand-off reaches the mark. So the release of a resource nobody
+//! waits for publishes nothing: `GET`, `EXISTS` of the queue and `DEL`.
 //!
 //! Where most nodes keep no queue, a fallback retry with exponential backoff and full
 //! jitter, capped by the holder's remaining ttl, covers lost messages and crashed

@@ -679,8 +679,14 @@ async fn acquire_plain<C: SendOne>(
     ttl_ms: u64,
     wait: Option<ReplicaWait>,
 ) -> Result<AcquireReply, CallError> {
-    let mut set = redis::cmd("SET");
-    set.arg(lock).arg(owner).arg("NX").arg("PX").arg(ttl_ms);
+    // Sized up front, as the pipeline's commands (see `Pipelined::new`).
+    let mut set = Cmd::with_capacity(6, lock.len() + owner.len() + 32);
+    set.arg("SET")
+        .arg(lock)
+        .arg(owner)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms);
     let (set, acks) = match wait {
         // One command, no pipeline: the common case.
         None => (conn.send_one(&set).await?, None),
