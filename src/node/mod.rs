@@ -118,8 +118,10 @@ pub trait Node: Send + Sync + 'static {
     }
 
     /// Deletes the lock key if it still holds `owner`, and then wakes the waiters
-    /// subscribed to the resource — unless `keys.channel` is empty, which the locker
-    /// passes when it cleans up a failed attempt. Returns whether the key was deleted.
+    /// subscribed to the resource (a node with a wait queue: see
+    /// [`wait_queue`](Node::wait_queue)) — unless `keys.channel` is empty, which the
+    /// locker passes when it cleans up a failed attempt. Returns whether the key was
+    /// deleted.
     fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool>;
 
     /// Raises the fence counter to `token` if it is lower.

@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::future::Future;
+
+use futures_util::TryFutureExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -159,7 +161,10 @@ impl RedisNode {
         Fut: Future<Output = Result<T, CallError>> + Send + 'static,
     {
         let call = call(self.inner.conn.clone(), self.wait);
-        Box::pin(async move { call.await.map_err(CallError::into_node_error) })
+        // A combinator, not an `async` block: a block that awaits a future it owns keeps
+        // it twice (as its capture and as its awaited state), and redis-rs's send alone
+        // is 1.3 kB: the boxed release was 3.8 kB, each copied on its way to the heap.
+        Box::pin(call.map_err(CallError::into_node_error))
     }
 
     fn run_set<T: Send + 'static>(&self, call: SetCall<T>) -> NodeFuture<T> {
@@ -328,5 +333,47 @@ impl RecordStore for RedisNode {
 impl fmt::Debug for RedisNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("RedisNode").field(&self.inner.name).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::redis::conn::SendOne;
+    use crate::node::Resource;
+
+    /// A boxed node call holds redis-rs's send future once: built in an `async` block
+    /// that awaits it, it held it twice (3.8 kB for a release, 5.2 kB for an acquire,
+    /// each copied on its way to the heap: 9 % of the client's time in S2 went to
+    /// `memmove`).
+    #[tokio::test]
+    async fn a_node_call_holds_the_connection_future_once() {
+        let node = RedisNode::open("redis://127.0.0.1:1/0").unwrap();
+        let mut conn = node.inner.conn.clone();
+        let get = redis::cmd("GET");
+        let send = std::mem::size_of_val(&conn.send_one(&get));
+        let keys = LockKeys::new("p:", &Resource::new("r"));
+        let owner = Owner::random();
+        let release = node.release(&keys, &owner);
+        let request = AcquireRequest {
+            keys: &keys,
+            owner: &owner,
+            ttl: Duration::from_secs(30),
+            fence_ttl: Duration::from_secs(3600),
+            fencing: true,
+            fence_floor: 1,
+            seed_only_when_missing: false,
+            waiter: None,
+        };
+        let acquire = node.acquire(&request);
+        let (release, acquire) = (
+            std::mem::size_of_val(&*release),
+            std::mem::size_of_val(&*acquire),
+        );
+        assert!(release < 2 * send, "release {release} B, send {send} B");
+        assert!(
+            acquire < 2 * send + 1024,
+            "acquire {acquire} B, send {send} B"
+        );
     }
 }
