@@ -43,7 +43,18 @@ local function fence_counter()
 end
 
 local ok, n
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+-- A waiter reads the key first: it mostly finds it held (and joins the queue) or
+-- reserved for it (it was woken), where a SET NX would only be refused; a caller that
+-- does not wait mostly finds it free.
+local fresh, holder
+if me ~= '' then
+  holder = redis.call('GET', KEYS[1])
+  fresh = not holder and redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+else
+  fresh = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+  holder = not fresh and redis.call('GET', KEYS[1])
+end
+if fresh then
   if yields() then
     return refuse()
   end
@@ -53,7 +64,6 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return n
   end
 else
-  local holder = redis.call('GET', KEYS[1])
   if holder == ARGV[1] then
     -- Our own key: the resend of an earlier send (see the fast path), or the key our
     -- own pipelined SET NX just took (ARGV[12]), which the queue's head may come before.

@@ -8,9 +8,11 @@ local hold = ARGV[4] or '1000'
 if leaving ~= '' then
   redis.call('ZREM', KEYS[2], leaving)
 end
-local held = redis.call('GET', KEYS[1])
-if held ~= ARGV[1] and not reserved_for(held, leaving) then
-  return 0
+if not ours then
+  local held = redis.call('GET', KEYS[1])
+  if held ~= ARGV[1] and not reserved_for(held, leaving) then
+    return 0
+  end
 end
 if back_to ~= '' then
   redis.call('SET', KEYS[1], '~' .. back_to, 'PX', hold)

@@ -12,6 +12,8 @@
 -- calls: ARGV[5] id of a waiter leaving the queue (its reservation counts as its key)
 -- or '', ARGV[6] 'id:ticket' of the waiter to reserve the key for again or ''.
 -- Returns 1 when the key was ours (and is gone or reserved), 0 otherwise.
+-- `ours`: the fast path found the key ours (`release.lua` need not read it again).
+local ours = false
 if not ARGV[2] then
   if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
@@ -22,4 +24,5 @@ if not ARGV[2] then
     redis.call('DEL', KEYS[1])
     return 1
   end
+  ours = true
 end
