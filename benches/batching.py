@@ -27,18 +27,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from headline import build_ours  # noqa: E402  (benches/headline.py: the anchor binary)
 ANCHORS = os.path.join(ROOT, 'target', 'headline', 'anchors', 'rust', 'target', 'release')
-
-
-def build_ours():
-    out = subprocess.run(['cargo', 'bench', '--bench', 'anchor', '--no-run', '--message-format=json'],
-                         cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        msg = json.loads(line)
-        if msg.get('reason') == 'compiler-artifact' and msg['target']['name'] == 'anchor' \
-                and msg.get('executable'):
-            return msg['executable']
-    sys.exit('benches/anchor.rs built no executable')
 
 
 def free_port():

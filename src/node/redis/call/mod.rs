@@ -472,13 +472,7 @@ impl Pipelined {
         // Each command sized up front (numbers: at most 20 digits), so that building
         // it never reallocates: growing three empty commands cost more than the rest
         // of the call's client work.
-        let mut set = Cmd::with_capacity(6, lock.len() + owner.len() + 32);
-        set.arg("SET")
-            .arg(lock)
-            .arg(owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms);
+        let set = set_nx_px(lock, owner, ttl_ms);
         let mut exists = Cmd::with_capacity(2, lock.len() + QUEUE_SUFFIX.len() + 6);
         exists.arg("EXISTS").arg(Suffixed(lock, QUEUE_SUFFIX));
         let mut fence = Call::with_capacity(&FENCE, 1, 6, request.keys.fence.len() + 96)
@@ -670,6 +664,19 @@ async fn held_by_another<C: SendOne>(
     }))
 }
 
+/// `SET lock owner NX PX ttl`, sized up front (numbers: at most 20 digits) so that
+/// building it never reallocates.
+fn set_nx_px(lock: &str, owner: &str, ttl_ms: u64) -> Cmd {
+    let mut set = Cmd::with_capacity(6, lock.len() + owner.len() + 32);
+    set.arg("SET")
+        .arg(lock)
+        .arg(owner)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms);
+    set
+}
+
 /// Without fencing: one `SET NX PX`, the least a Redlock can do; `GET` and `PTTL`
 /// follow only when the key exists.
 async fn acquire_plain<C: SendOne>(
@@ -679,14 +686,7 @@ async fn acquire_plain<C: SendOne>(
     ttl_ms: u64,
     wait: Option<ReplicaWait>,
 ) -> Result<AcquireReply, CallError> {
-    // Sized up front, as the pipeline's commands (see `Pipelined::new`).
-    let mut set = Cmd::with_capacity(6, lock.len() + owner.len() + 32);
-    set.arg("SET")
-        .arg(lock)
-        .arg(owner)
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl_ms);
+    let set = set_nx_px(lock, owner, ttl_ms);
     let (set, acks) = match wait {
         // One command, no pipeline: the common case.
         None => (conn.send_one(&set).await?, None),

@@ -5,16 +5,12 @@ fn acquire_goes_by_hash_with_exact_arguments() {
     assert!(ACQUIRE.code.contains("redis.call('INCR', key)"));
     let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
     let owner = Owner::random();
-    let request = AcquireRequest {
-        keys: &keys,
-        owner: &owner,
-        ttl: Duration::from_millis(1500),
-        fence_ttl: Duration::from_secs(60),
-        fencing: true,
-        fence_floor: 1_838_556_217_040_896,
-        seed_only_when_missing: false,
-        waiter: None,
-    };
+    let request = try_acquire(
+        &keys,
+        &owner,
+        Duration::from_secs(60),
+        1_838_556_217_040_896,
+    );
     let Acquire::Pipelined(pipelined) = Acquire::new(&request, false) else {
         panic!("fencing on, no waiter, standalone: the pipeline");
     };
@@ -81,6 +77,25 @@ fn acquire_goes_by_hash_with_exact_arguments() {
         sent[10..],
         ["s", &keys.channel, "1", "1000", "w1", "7", "2000"]
     );
+}
+
+/// A fenced `try_acquire` of a 1.5 s lease (no waiter).
+fn try_acquire<'a>(
+    keys: &'a LockKeys,
+    owner: &'a Owner,
+    fence_ttl: Duration,
+    fence_floor: u64,
+) -> AcquireRequest<'a> {
+    AcquireRequest {
+        keys,
+        owner,
+        ttl: Duration::from_millis(1500),
+        fence_ttl,
+        fencing: true,
+        fence_floor,
+        seed_only_when_missing: false,
+        waiter: None,
+    }
 }
 
 /// A command's words, as text.
@@ -153,16 +168,7 @@ fn release_publishes_sharded_only_when_asked() {
 fn a_fence_ttl_by_default_is_left_to_the_script() {
     let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
     let owner = Owner::random();
-    let request = AcquireRequest {
-        keys: &keys,
-        owner: &owner,
-        ttl: Duration::from_millis(1500),
-        fence_ttl: DEFAULT_FENCE_TTL,
-        fencing: true,
-        fence_floor: 7,
-        seed_only_when_missing: false,
-        waiter: None,
-    };
+    let request = try_acquire(&keys, &owner, DEFAULT_FENCE_TTL, 7);
     let Acquire::Pipelined(pipelined) = Acquire::new(&request, false) else {
         panic!("fencing on, no waiter, standalone: the pipeline");
     };
