@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
-use super::lease::{LeaseInner, Status};
+use super::lease::{LeaseInner, StatusCell};
 use super::round::{Nodes, Stragglers};
 use super::wait::{next_release, QueueRef, QUEUE_TTL};
 use super::{fencing, renewal, Lease, LockError, Redlock, Shared};
@@ -197,8 +197,13 @@ impl Redlock {
                 ttl: options.ttl,
                 fence_ttl: options.fence_ttl,
                 fencing: options.fencing,
-                // Once per round: equal floors keep the nodes' counters equal.
-                fence_floor: fencing::floor(fencing::unix_ms()),
+                // Once per round: equal floors keep the nodes' counters equal. Without
+                // fencing no node reads it, and the wall clock is not read for it.
+                fence_floor: if options.fencing {
+                    fencing::floor(fencing::unix_ms())
+                } else {
+                    0
+                },
                 seed_only_when_missing: options.seed_only_when_missing,
                 waiter,
             })
@@ -328,11 +333,7 @@ impl Won {
         resource: Resource,
         keys: LockKeys,
     ) -> Arc<LeaseInner> {
-        let (status, _) = watch::channel(Status {
-            valid_until: self.valid_until,
-            lost: None,
-            released: false,
-        });
+        let status = StatusCell::new(self.valid_until);
         Arc::new(LeaseInner {
             locker: shared.clone(),
             resource,

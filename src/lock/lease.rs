@@ -1,10 +1,10 @@
 //! [`Lease`]: proof of holding a resource, and [`LeaseHandle`], a shareable view of it.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use crate::lock::fencing::FencingToken;
@@ -68,6 +68,47 @@ pub(crate) struct Status {
     pub(crate) released: bool,
 }
 
+/// A lease's [`Status`], and a wake-up for whoever waits in [`LeaseHandle::lost`] when
+/// it changes. Not a `tokio::sync::watch`: that allocates its state apart from the
+/// lease and, dropped, wakes eight wait lists one lock at a time, on every lease,
+/// although hardly any lease has a `lost()` waiting on it; `Notify` sits inside the
+/// lease and costs nothing until someone waits.
+pub(crate) struct StatusCell {
+    status: Mutex<Status>,
+    changed: Notify,
+}
+
+impl StatusCell {
+    pub(crate) fn new(valid_until: Instant) -> Self {
+        StatusCell {
+            status: Mutex::new(Status {
+                valid_until,
+                lost: None,
+                released: false,
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    pub(crate) fn get(&self) -> Status {
+        *self.lock()
+    }
+
+    /// Applies `modify`; wakes the waiters of `lost()` when it returns `true`.
+    pub(crate) fn send_if_modified(&self, modify: impl FnOnce(&mut Status) -> bool) -> bool {
+        let modified = modify(&mut self.lock());
+        if modified {
+            self.changed.notify_waiters();
+        }
+        modified
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Status> {
+        // A status is copied in and out whole: a poisoned lock still holds a valid one.
+        self.status.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 pub(crate) struct LeaseInner {
     pub(crate) locker: Arc<Shared>,
     pub(crate) resource: Resource,
@@ -78,7 +119,7 @@ pub(crate) struct LeaseInner {
     /// `keys` and `token` above are its first); `None` for a lease of one resource.
     pub(crate) set: Option<Box<Members>>,
     pub(crate) acquired_at: Instant,
-    pub(crate) status: watch::Sender<Status>,
+    pub(crate) status: StatusCell,
     /// Closed once the acquire calls that outlived the winning round have finished
     /// (`None`: there were none). The release waits for it: an acquire retried after
     /// `NOSCRIPT` could otherwise land behind our own release and keep the key there.
@@ -91,7 +132,7 @@ pub(crate) struct LeaseInner {
 
 impl LeaseInner {
     pub(crate) fn status(&self) -> Status {
-        *self.status.borrow()
+        self.status.get()
     }
 
     /// Marks the lease lost unless it already is, or was released. Returns whether
@@ -500,10 +541,15 @@ impl LeaseHandle {
     /// Resolves when the lease is lost, with the cause; never resolves for a lease that
     /// is released before. Usable in `tokio::select!` around the critical section.
     pub async fn lost(&self) -> LostCause {
-        let mut rx = self.inner.status.subscribe();
+        let cell = &self.inner.status;
         let watched = self.inner.locker.options.watchdog;
         loop {
-            let status = *rx.borrow_and_update();
+            // Listening before reading: a change between the read and the wait still
+            // wakes us.
+            let changed = cell.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            let status = cell.get();
             if let Some(cause) = status.lost {
                 return cause;
             }
@@ -512,19 +558,13 @@ impl LeaseHandle {
             }
             if watched {
                 // The watchdog marks the loss at the validity deadline.
-                if rx.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
+                changed.await;
                 continue;
             }
             tokio::select! {
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
+                () = changed => {}
                 () = tokio::time::sleep_until(status.valid_until) => {
-                    let expired = self.inner.status().valid_until <= Instant::now();
+                    let expired = cell.get().valid_until <= Instant::now();
                     if expired {
                         self.inner.mark_lost(LostCause::Expired);
                     }

@@ -310,7 +310,7 @@ pub struct AcquireRequest<'a> {
     pub fencing: bool,
     /// The least fence value this acquisition may return: the acquiring client's clock
     /// in ms × 2¹⁰, read once per round so that every node gets the same floor (see
-    /// [`fencing`](crate::fencing)).
+    /// [`fencing`](crate::fencing)); 0 when `fencing` is `false`.
     pub fence_floor: u64,
     /// Test hook: apply `fence_floor` only when the counter is missing (the unsafe rule
     /// a counter restored behind breaks). Set by

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::{Members, Set};
 use crate::lock::fencing::{self, FencingToken};
-use crate::lock::lease::{LeaseInner, Status};
+use crate::lock::lease::{LeaseInner, StatusCell};
 use crate::lock::round::{Nodes, Stragglers};
 use crate::lock::wait::QueueRef;
 use crate::lock::{renewal, Lease, LockError, Redlock};
@@ -174,11 +174,7 @@ impl Redlock {
         }
         shared.metrics.acquired.inc();
         tracing::debug!(resource = %first, members, votes = tally.won.len(), elapsed = ?start.elapsed(), "set lease acquired");
-        let (status, _) = watch::channel(Status {
-            valid_until,
-            lost: None,
-            released: false,
-        });
+        let status = StatusCell::new(valid_until);
         let tokens: Box<[FencingToken]> = tokens.into_iter().map(FencingToken::new).collect();
         Ok(Arc::new(LeaseInner {
             locker: shared.clone(),

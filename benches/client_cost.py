@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""The client's own work per S2 acquire + release cycle, in instructions (callgrind),
+for the crate (fencing on and off), the hand-written fenced client, raw redis-rs and
+rslock.
+
+    python3 benches/client_cost.py                      # every subject, current_thread
+    python3 benches/client_cost.py tower-redlock-nofence rslock --runtime multi-thread
+
+Each subject's binary (`benches/anchor.rs`, and the anchors' `raw_bench` and
+`rslock_bench` built by `benches/headline.py` in `target/headline/anchors`) runs S2
+(64 tasks, distinct keys) under `valgrind --tool=callgrind` against one fresh
+`redis-server` on a free 127.0.0.1 port, twice: with `--small` and with `--large`
+cycles. The difference of the two totals, divided by the difference of the cycles
+run (the harness warms up with a tenth of them first), is the client's instructions
+per cycle, without its start-up. Instruction counts do not depend on the machine's
+load, unlike the CPU times of `benches/batching.py`: this is the figure to compare a
+change of the client's code with. Valgrind runs one thread at a time, so the
+current_thread runtime (the default here) is the faithful one; multi-thread figures
+include the workers' hand-offs as valgrind schedules them. Needs valgrind and
+redis-server; standard library only.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from batching import ANCHORS, cli, free_port  # noqa: E402
+from headline import build_ours  # noqa: E402
+
+
+def subjects(ours):
+    rows = {
+        'tower-redlock': ([ours], {}),
+        'tower-redlock-nofence': ([ours], {'NO_FENCING': '1'}),
+        'raw-fenced': ([ours, '--baseline', 'fenced'], {}),
+    }
+    for name, binary in (('raw-redis-rs', 'raw_bench'), ('rslock', 'rslock_bench')):
+        rows[name] = ([os.path.join(ANCHORS, binary)], {})
+    return rows
+
+
+def total_cycles(cycles):
+    # The harness warms up with a tenth of the cycles first (at least one per task).
+    return cycles + max(cycles // 10, 64)
+
+
+def instructions(cmd, env, port, cycles, workdir):
+    cli(port, 'flushall')
+    out = os.path.join(workdir, 'callgrind.out')
+    subprocess.run(['valgrind', '--tool=callgrind', f'--callgrind-out-file={out}', *cmd,
+                    '--scenario', 'S2', '--ports', str(port), '--cycles', str(cycles)],
+                   env={**os.environ, 'NODE_TIMEOUT_MS': '10000', **env}, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # One file per thread under multi-thread: add them up.
+    total = 0
+    for name in os.listdir(workdir):
+        if name.startswith('callgrind.out'):
+            text = open(os.path.join(workdir, name)).read()
+            total += int(re.search(r'^(?:summary|totals):\s*(\d+)', text, re.M).group(1))
+            os.remove(os.path.join(workdir, name))
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('names', nargs='*', help='subjects (default: all)')
+    ap.add_argument('--runtime', choices=('current_thread', 'multi-thread'), default='current_thread')
+    ap.add_argument('--small', type=int, default=1000)
+    ap.add_argument('--large', type=int, default=4000)
+    args = ap.parse_args()
+    rows = subjects(build_ours())
+    names = args.names or list(rows)
+    for name in names:
+        if name not in rows:
+            sys.exit(f'unknown subject {name}; known: {", ".join(rows)}')
+        if not os.path.exists(rows[name][0][0]):
+            sys.exit(f'{rows[name][0][0]} is missing: run benches/headline.py once (it builds the anchors)')
+    rt = {'ANCHOR_RT': 'current_thread'} if args.runtime == 'current_thread' else {}
+    port = free_port()
+    results = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        server = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '',
+                                   '--appendonly', 'no', '--dir', workdir], stdout=subprocess.DEVNULL)
+        try:
+            for _ in range(100):
+                if subprocess.run(['redis-cli', '-p', str(port), 'ping'], capture_output=True).returncode == 0:
+                    break
+                subprocess.run(['sleep', '0.05'])
+            grind = os.path.join(workdir, 'grind')
+            os.mkdir(grind)
+            for name in names:
+                cmd, env = rows[name]
+                small = instructions(cmd, {**env, **rt}, port, args.small, grind)
+                large = instructions(cmd, {**env, **rt}, port, args.large, grind)
+                per = (large - small) / (total_cycles(args.large) - total_cycles(args.small))
+                results[name] = per
+                print(f'{name:<24} {per:>9.0f} instructions per cycle', file=sys.stderr, flush=True)
+        finally:
+            server.terminate()
+            server.wait()
+    print(f'S2, 1 node, {args.runtime}, client instructions per acquire + release cycle '
+          f'(callgrind, {args.large} - {args.small} cycles):')
+    print('| implementation | instructions per cycle | vs rslock |')
+    print('|---|---|---|')
+    base = results.get('rslock')
+    for name, per in results.items():
+        ratio = f'{per / base:.2f}' if base else '—'
+        print(f'| {name} | {per:.0f} | {ratio} |')
+
+
+if __name__ == '__main__':
+    main()
