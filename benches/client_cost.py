@@ -1,22 +1,24 @@
 #!/usr/bin/env python3
-"""The client's own work per S2 acquire + release cycle, in instructions (callgrind),
-for the crate (fencing on and off), the hand-written fenced client, raw redis-rs and
-rslock.
+"""The client's own work per S2 acquire + release cycle, as valgrind's cachegrind
+simulates it: instructions, first-level data-cache misses and branch mispredictions, for
+the crate (fencing on and off), the hand-written fenced client, raw redis-rs and rslock.
 
     python3 benches/client_cost.py                      # every subject, current_thread
     python3 benches/client_cost.py tower-redlock-nofence rslock --runtime multi-thread
 
 Each subject's binary (`benches/anchor.rs`, and the anchors' `raw_bench` and
 `rslock_bench` built by `benches/headline.py` in `target/headline/anchors`) runs S2
-(64 tasks, distinct keys) under `valgrind --tool=callgrind` against one fresh
+(64 tasks, distinct keys) under `valgrind --tool=cachegrind` against one fresh
 `redis-server` on a free 127.0.0.1 port, twice: with `--small` and with `--large`
 cycles. The difference of the two totals, divided by the difference of the cycles
-run (the harness warms up with a tenth of them first), is the client's instructions
-per cycle, without its start-up. Instruction counts do not depend on the machine's
-load, unlike the CPU times of `benches/batching.py`: this is the figure to compare a
-change of the client's code with. Valgrind runs one thread at a time, so the
-current_thread runtime (the default here) is the faithful one; multi-thread figures
-include the workers' hand-offs as valgrind schedules them. Needs valgrind and
+run (the harness warms up with a tenth of them first), is the figure per cycle,
+without start-up. The counts barely depend on the machine's load, unlike the CPU times
+of `benches/batching.py` (they vary by about 1 % between runs, with how the tasks'
+commands happen to batch): this is the figure to compare a change of the client's code
+with. Instructions alone do not rank clients: rslock spends a tenth of its
+instructions hashing its script (SHA-1, cheap per instruction), the crate more of its
+own in misses and mispredictions. Valgrind runs one thread at a time, so the
+current_thread runtime (the default here) is the faithful one. Needs valgrind and
 redis-server; standard library only.
 """
 import argparse
@@ -47,21 +49,26 @@ def total_cycles(cycles):
     return cycles + max(cycles // 10, 64)
 
 
-def instructions(cmd, env, port, cycles, workdir):
+EVENTS = ('Ir', 'D1mr', 'D1mw', 'Bcm', 'Bim')
+
+
+def counts(cmd, env, port, cycles, workdir):
+    """The run's totals of `EVENTS` (instructions, D1 read and write misses, conditional
+    and indirect mispredictions)."""
     cli(port, 'flushall')
-    out = os.path.join(workdir, 'callgrind.out')
-    subprocess.run(['valgrind', '--tool=callgrind', f'--callgrind-out-file={out}', *cmd,
+    out = os.path.join(workdir, 'cachegrind.out')
+    subprocess.run(['valgrind', '--tool=cachegrind', '--cache-sim=yes', '--branch-sim=yes',
+                    f'--cachegrind-out-file={out}', *cmd,
                     '--scenario', 'S2', '--ports', str(port), '--cycles', str(cycles)],
+                   # The node timeout is far above the 50 ms default: valgrind is ~50x slower.
                    env={**os.environ, 'NODE_TIMEOUT_MS': '10000', **env}, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # One file per thread under multi-thread: add them up.
-    total = 0
-    for name in os.listdir(workdir):
-        if name.startswith('callgrind.out'):
-            text = open(os.path.join(workdir, name)).read()
-            total += int(re.search(r'^(?:summary|totals):\s*(\d+)', text, re.M).group(1))
-            os.remove(os.path.join(workdir, name))
-    return total
+    text = open(out).read()
+    os.remove(out)
+    names = re.search(r'^events:\s*(.*)$', text, re.M).group(1).split()
+    totals = [int(v) for v in re.search(r'^summary:\s*(.*)$', text, re.M).group(1).split()]
+    found = dict(zip(names, totals))
+    return {e: found[e] for e in EVENTS}
 
 
 def main():
@@ -93,22 +100,25 @@ def main():
             os.mkdir(grind)
             for name in names:
                 cmd, env = rows[name]
-                small = instructions(cmd, {**env, **rt}, port, args.small, grind)
-                large = instructions(cmd, {**env, **rt}, port, args.large, grind)
-                per = (large - small) / (total_cycles(args.large) - total_cycles(args.small))
+                small = counts(cmd, {**env, **rt}, port, args.small, grind)
+                large = counts(cmd, {**env, **rt}, port, args.large, grind)
+                cycles = total_cycles(args.large) - total_cycles(args.small)
+                per = {e: (large[e] - small[e]) / cycles for e in EVENTS}
                 results[name] = per
-                print(f'{name:<24} {per:>9.0f} instructions per cycle', file=sys.stderr, flush=True)
+                print(f'{name:<24} {per["Ir"]:>9.0f} instructions, {per["D1mr"] + per["D1mw"]:>5.0f} D1 misses, '
+                      f'{per["Bcm"] + per["Bim"]:>5.0f} mispredictions per cycle', file=sys.stderr, flush=True)
         finally:
             server.terminate()
             server.wait()
-    print(f'S2, 1 node, {args.runtime}, client instructions per acquire + release cycle '
-          f'(callgrind, {args.large} - {args.small} cycles):')
-    print('| implementation | instructions per cycle | vs rslock |')
-    print('|---|---|---|')
+    print(f'S2, 1 node, {args.runtime}, the client\'s work per acquire + release cycle '
+          f'(cachegrind, {args.large} - {args.small} cycles):')
+    print('| implementation | instructions | D1 misses | mispredictions (indirect) | instructions vs rslock |')
+    print('|---|---|---|---|---|')
     base = results.get('rslock')
     for name, per in results.items():
-        ratio = f'{per / base:.2f}' if base else '—'
-        print(f'| {name} | {per:.0f} | {ratio} |')
+        ratio = f'{per["Ir"] / base["Ir"]:.2f}' if base else '—'
+        print(f'| {name} | {per["Ir"]:.0f} | {per["D1mr"] + per["D1mw"]:.0f} | '
+              f'{per["Bcm"] + per["Bim"]:.0f} ({per["Bim"]:.0f}) | {ratio} |')
 
 
 if __name__ == '__main__':
