@@ -457,27 +457,53 @@ impl Nodes {
             return;
         }
         // A handful of calls, polled in turn on every wake-up: cheaper than a
-        // `FuturesUnordered`, which allocates its queue and a task per call on every round.
-        let mut pending: Vec<Pending<T>> = targets
-            .map(|index| {
-                let answer = self.watched(index, timeout, call(index, &*self.list[index]));
-                // Boxed (the call itself already is) so that `keep` can take it out.
-                Box::pin(async move { (index, answer.await) }) as Pending<T>
-            })
+        // `FuturesUnordered`, which allocates its queue and a task per call on every
+        // round. They start together, so one timer bounds them all (a timer per call
+        // cost a registration each), and they stay the boxes the nodes made until the
+        // round is decided: only those still running then are wrapped, to finish alone.
+        let started = std::time::Instant::now();
+        let deadline = Instant::now() + timeout;
+        let mut calls: Vec<(usize, NodeFuture<T>)> = targets
+            .map(|index| (index, call(index, &*self.list[index])))
             .collect();
-        while !pending.is_empty() {
-            let (index, answer) = std::future::poll_fn(|cx| next_answer(&mut pending, cx)).await;
-            if decided(index, answer, pending.len()) {
+        let expired = tokio::time::sleep_until(deadline);
+        let mut expired = std::pin::pin!(expired);
+        while !calls.is_empty() {
+            let next = std::future::poll_fn(|cx| {
+                if let Poll::Ready(answer) = next_answer(&mut calls, cx) {
+                    return Poll::Ready(Some(answer));
+                }
+                expired.as_mut().poll(cx).map(|()| None)
+            })
+            .await;
+            let Some((index, answer)) = next else {
+                // Out of time: every call still running has timed out, in node order.
+                let mut open = true;
+                while !calls.is_empty() {
+                    let (index, _) = calls.remove(0);
+                    let answer = Err(NodeError::Timeout(timeout));
+                    observe(&self.health[index], started, &answer);
+                    open = open && !decided(index, answer, calls.len());
+                }
+                return;
+            };
+            observe(&self.health[index], started, &answer);
+            if decided(index, answer, calls.len()) {
                 break;
             }
         }
-        if pending.is_empty() {
+        if calls.is_empty() {
             return;
         }
+        let pending = calls.into_iter().map(|(index, call)| {
+            let answer =
+                finish_watched(self.health[index].clone(), started, timeout, deadline, call);
+            Box::pin(async move { (index, answer.await) }) as Pending<T>
+        });
         match keep {
             Some(keep) => keep.extend(pending),
             None => {
-                let pending: FuturesUnordered<_> = pending.into_iter().collect();
+                let pending: FuturesUnordered<_> = pending.collect();
                 self.background
                     .finish(Box::pin(pending.for_each(|_| async {})));
             }
@@ -485,20 +511,47 @@ impl Nodes {
     }
 }
 
-/// The first of `pending` to answer, taken out of it. The calls are polled, and kept,
-/// in the order they were made: of the answers ready together, those of the nodes
-/// listed first count first, as a `FuturesUnordered` takes them.
+/// The first of `calls` to answer, taken out of it, with its node's index. The calls
+/// are polled, and kept, in the order they were made: of the answers ready together,
+/// those of the nodes listed first count first, as a `FuturesUnordered` takes them.
 fn next_answer<T>(
-    pending: &mut Vec<Pending<T>>,
+    calls: &mut Vec<(usize, NodeFuture<T>)>,
     cx: &mut Context<'_>,
 ) -> Poll<(usize, Result<T, NodeError>)> {
-    for at in 0..pending.len() {
-        if let Poll::Ready(answer) = pending[at].as_mut().poll(cx) {
-            drop(pending.remove(at));
-            return Poll::Ready(answer);
+    for at in 0..calls.len() {
+        if let Poll::Ready(answer) = calls[at].1.as_mut().poll(cx) {
+            let (index, _) = calls.remove(at);
+            return Poll::Ready((index, answer));
         }
     }
     Poll::Pending
+}
+
+/// Records a call's answer in its node's `health` (and, when it failed, in the metrics,
+/// under the node's name the health keeps).
+fn observe<T>(health: &Health, started: std::time::Instant, answer: &Result<T, NodeError>) {
+    health.observe(started, answer);
+    if let Err(error) = answer {
+        metrics::node_error(health.name(), error);
+    }
+}
+
+/// A call of a decided round, left to finish alone: bounded by the round's `deadline`
+/// (its `timeout` from when the round started), its answer recorded as the round's
+/// would have been.
+async fn finish_watched<T>(
+    health: Arc<Health>,
+    started: std::time::Instant,
+    timeout: Duration,
+    deadline: Instant,
+    call: NodeFuture<T>,
+) -> Result<T, NodeError> {
+    let answer = match tokio::time::timeout_at(deadline, call).await {
+        Ok(answer) => answer,
+        Err(_) => Err(NodeError::Timeout(timeout)),
+    };
+    observe(&health, started, &answer);
+    answer
 }
 
 /// `call` to a node, bounded by `timeout`, its answer recorded in the node's `health`
@@ -510,10 +563,7 @@ pub(crate) async fn watched<T: Send + 'static>(
 ) -> Result<T, NodeError> {
     let started = std::time::Instant::now();
     let answer = bounded(timeout, call).await;
-    health.observe(started, &answer);
-    if let Err(error) = &answer {
-        metrics::node_error(health.name(), error);
-    }
+    observe(&health, started, &answer);
     answer
 }
 

@@ -280,3 +280,40 @@ async fn node_going_down_and_back() {
         assert_eq!(logs.count(mark, &["node back up", name]), 0);
     }
 }
+
+/// A frozen node (SIGSTOP) in a round of three: the round is decided by the other two,
+/// the frozen node's calls run out at the round's single deadline (the acquire's as a
+/// call left to finish alone, the release's inside its round), and each is recorded as
+/// that node's timeout: it reads as down, with a timeout at the node's full budget.
+#[tokio::test]
+async fn a_frozen_node_times_out_at_the_round_deadline_and_reads_as_down() {
+    let mut servers = RedisServer::start_many(3);
+    let locker = Redlock::from_urls(
+        servers.iter().map(RedisServer::url),
+        LockOptions::default().node_timeout(Duration::from_millis(200)),
+    )
+    .unwrap();
+    use_every_node(&locker, &servers, "warm").await;
+    servers[1].pause();
+    let lease = locker.try_acquire("frozen").await.unwrap();
+    // The release waits for every node, the frozen one until the deadline.
+    let outcome = lease.release().await;
+    let states = locker.node_states();
+    servers[1].resume();
+    assert_eq!(outcome, ReleaseOutcome::Released, "{states:?}");
+    assert_eq!(
+        statuses(&locker)[..],
+        [NodeStatus::Up, NodeStatus::Down, NodeStatus::Up],
+        "{states:?}"
+    );
+    assert!(
+        matches!(states[1].last_error, Some(NodeError::Timeout(budget)) if budget == Duration::from_millis(200)),
+        "{states:?}"
+    );
+    for index in [0, 2] {
+        assert!(!servers[index].exists(&lock_key("frozen")));
+    }
+    // Thawed, it answers again and reads as up.
+    use_every_node(&locker, &servers, "thawed").await;
+    assert_eq!(statuses(&locker), [NodeStatus::Up; 3]);
+}
