@@ -82,22 +82,58 @@ impl Resending {
             other => other,
         }
     }
+
+    /// Sends `count` commands of `pipeline` from `offset`, and once more if the
+    /// connection was found broken.
+    async fn send_many(
+        &mut self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        match self.0.send_packed_commands(pipeline, offset, count).await {
+            Err(e) if found_broken(&e) => {
+                tracing::debug!(error = %e, "connection found broken: sending again");
+                self.0.send_packed_commands(pipeline, offset, count).await
+            }
+            other => other,
+        }
+    }
 }
 
-/// A connection that sends one command, as `query_async` does (the reply's errors
-/// become the `Err`), without boxing the call where the connection allows it:
-/// `ConnectionLike` boxes every command, and nearly every lock call is one command.
+/// A connection that sends one command, or one pipeline, as `query_async` does,
+/// without boxing the call where the connection allows it: `ConnectionLike` boxes
+/// every call, and every lock call is one command or one pipeline.
 pub(crate) trait SendOne: ConnectionLike + Send {
-    /// The reply to `cmd`, as a `Value`.
+    /// The reply to `cmd`, as a `Value` (the reply's errors become the `Err`).
     fn send_one<'a>(
         &'a mut self,
         cmd: &'a Cmd,
     ) -> impl Future<Output = RedisResult<Value>> + Send + 'a;
+
+    /// The replies to every command of `pipe`, which ignores errors (`ignore_errors`)
+    /// and no command of which is ignored: one result per command, a server error as
+    /// its `Err`, as `query_async::<Vec<RedisResult<Value>>>` gives them.
+    fn send_pipeline<'a>(
+        &'a mut self,
+        pipe: &'a Pipeline,
+    ) -> impl Future<Output = RedisResult<Vec<RedisResult<Value>>>> + Send + 'a;
 }
 
 impl SendOne for Resending {
     async fn send_one(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         self.send(cmd).await?.extract_error()
+    }
+
+    async fn send_pipeline(&mut self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
+        let replies = self.send_many(pipe, 0, pipe.len()).await?;
+        Ok(replies
+            .into_iter()
+            .map(|reply| match reply {
+                Value::ServerError(error) => Err(error.into()),
+                reply => Ok(reply),
+            })
+            .collect())
     }
 }
 
@@ -107,6 +143,13 @@ impl SendOne for ClusterConnection {
         cmd: &'a Cmd,
     ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
         cmd.query_async(self)
+    }
+
+    fn send_pipeline<'a>(
+        &'a mut self,
+        pipe: &'a Pipeline,
+    ) -> impl Future<Output = RedisResult<Vec<RedisResult<Value>>>> + Send + 'a {
+        pipe.query_async(self)
     }
 }
 
@@ -121,15 +164,7 @@ impl ConnectionLike for Resending {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move {
-            match self.0.send_packed_commands(pipeline, offset, count).await {
-                Err(e) if found_broken(&e) => {
-                    tracing::debug!(error = %e, "connection found broken: sending again");
-                    self.0.send_packed_commands(pipeline, offset, count).await
-                }
-                other => other,
-            }
-        })
+        Box::pin(self.send_many(pipeline, offset, count))
     }
 
     fn get_db(&self) -> i64 {

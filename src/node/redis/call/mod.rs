@@ -318,7 +318,7 @@ impl Call {
 }
 
 /// Sends `pipe` (plus `WAIT` when `wait` is set) and returns one result per command
-/// not ignored (`replies` of them), the `WAIT` reply last.
+/// (`replies` of them; none may be marked ignored), the `WAIT` reply last.
 pub(crate) async fn query<C: SendOne>(
     conn: &mut C,
     mut pipe: redis::Pipeline,
@@ -332,7 +332,7 @@ pub(crate) async fn query<C: SendOne>(
             .arg(millis_ceil(wait.timeout));
     }
     pipe.ignore_errors();
-    let replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
+    let replies = conn.send_pipeline(&pipe).await?;
     if replies.len() != expected {
         return Err(CallError::Reply(NodeError::Protocol(
             format!("{} replies to {expected} commands", replies.len()).into(),
@@ -507,7 +507,7 @@ impl Pipelined {
         wait: Option<ReplicaWait>,
     ) -> Result<AcquireReply, CallError> {
         let replies: Vec<RedisResult<Value>> = match wait {
-            None => self.pipe.query_async(conn).await?,
+            None => conn.send_pipeline(&self.pipe).await?,
             Some(_) => query(conn, self.pipe.clone(), 3, wait).await?,
         };
         let mut replies = replies.into_iter();
