@@ -17,6 +17,7 @@ divided by the cycles run (the harness's warm-up included). Medians over the
 repetitions. Needs redis-server and redis-cli; standard library only.
 """
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -36,6 +37,25 @@ def free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def redis_server():
+    """One fresh `redis-server` (no persistence) on a free 127.0.0.1 port, answering
+    `PING`; yields its port and shuts it down afterwards."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as workdir:
+        server = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '',
+                                   '--appendonly', 'no', '--dir', workdir], stdout=subprocess.DEVNULL)
+        try:
+            for _ in range(100):
+                if subprocess.run(['redis-cli', '-p', str(port), 'ping'], capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.05)
+            yield port
+        finally:
+            server.terminate()
+            server.wait()
 
 
 def cli(port, *args):
@@ -100,26 +120,15 @@ def main():
             sys.exit(f'{path} is missing: run benches/headline.py once (it builds the anchors)')
         subjects.append((name, [path], {}))
     rows = {}
-    port = free_port()
-    with tempfile.TemporaryDirectory() as workdir:
-        server = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '',
-                                   '--appendonly', 'no', '--dir', workdir], stdout=subprocess.DEVNULL)
-        try:
-            for _ in range(100):
-                if subprocess.run(['redis-cli', '-p', str(port), 'ping'], capture_output=True).returncode == 0:
-                    break
-                time.sleep(0.05)
-            for rep in range(args.reps):
-                for name, cmd, env in subjects:
-                    for runtime, rt_env in (('multi-thread', {}), ('current_thread', {'ANCHOR_RT': 'current_thread'})):
-                        row = run_one(cmd, {**env, **rt_env}, port, args.cycles)
-                        rows.setdefault((name, runtime), []).append(row)
-                        print(f'rep{rep + 1} {name:<22} {runtime:<14} {row["ops"]:>9.0f} ops/s  client '
-                              f'{row["client"]:5.1f} us  redis {row["server"]:5.1f} us  reads {row["reads"]:.3f}',
-                              file=sys.stderr, flush=True)
-        finally:
-            server.terminate()
-            server.wait()
+    with redis_server() as port:
+        for rep in range(args.reps):
+            for name, cmd, env in subjects:
+                for runtime, rt_env in (('multi-thread', {}), ('current_thread', {'ANCHOR_RT': 'current_thread'})):
+                    row = run_one(cmd, {**env, **rt_env}, port, args.cycles)
+                    rows.setdefault((name, runtime), []).append(row)
+                    print(f'rep{rep + 1} {name:<22} {runtime:<14} {row["ops"]:>9.0f} ops/s  client '
+                          f'{row["client"]:5.1f} us  redis {row["server"]:5.1f} us  reads {row["reads"]:.3f}',
+                          file=sys.stderr, flush=True)
     print(f'S2, 1 node, {args.cycles} cycles, medians of {args.reps} repetitions; per acquire + release cycle:')
     print('| implementation | runtime | ops/s | client CPU µs | Redis CPU µs | Redis reads |')
     print('|---|---|---|---|---|---|')

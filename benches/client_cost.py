@@ -29,7 +29,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching import ANCHORS, cli, free_port  # noqa: E402
+from batching import ANCHORS, cli, redis_server  # noqa: E402
 from headline import build_ours  # noqa: E402
 
 
@@ -86,30 +86,17 @@ def main():
         if not os.path.exists(rows[name][0][0]):
             sys.exit(f'{rows[name][0][0]} is missing: run benches/headline.py once (it builds the anchors)')
     rt = {'ANCHOR_RT': 'current_thread'} if args.runtime == 'current_thread' else {}
-    port = free_port()
     results = {}
-    with tempfile.TemporaryDirectory() as workdir:
-        server = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '',
-                                   '--appendonly', 'no', '--dir', workdir], stdout=subprocess.DEVNULL)
-        try:
-            for _ in range(100):
-                if subprocess.run(['redis-cli', '-p', str(port), 'ping'], capture_output=True).returncode == 0:
-                    break
-                subprocess.run(['sleep', '0.05'])
-            grind = os.path.join(workdir, 'grind')
-            os.mkdir(grind)
-            for name in names:
-                cmd, env = rows[name]
-                small = counts(cmd, {**env, **rt}, port, args.small, grind)
-                large = counts(cmd, {**env, **rt}, port, args.large, grind)
-                cycles = total_cycles(args.large) - total_cycles(args.small)
-                per = {e: (large[e] - small[e]) / cycles for e in EVENTS}
-                results[name] = per
-                print(f'{name:<24} {per["Ir"]:>9.0f} instructions, {per["D1mr"] + per["D1mw"]:>5.0f} D1 misses, '
-                      f'{per["Bcm"] + per["Bim"]:>5.0f} mispredictions per cycle', file=sys.stderr, flush=True)
-        finally:
-            server.terminate()
-            server.wait()
+    with redis_server() as port, tempfile.TemporaryDirectory() as grind:
+        for name in names:
+            cmd, env = rows[name]
+            small = counts(cmd, {**env, **rt}, port, args.small, grind)
+            large = counts(cmd, {**env, **rt}, port, args.large, grind)
+            cycles = total_cycles(args.large) - total_cycles(args.small)
+            per = {e: (large[e] - small[e]) / cycles for e in EVENTS}
+            results[name] = per
+            print(f'{name:<24} {per["Ir"]:>9.0f} instructions, {per["D1mr"] + per["D1mw"]:>5.0f} D1 misses, '
+                  f'{per["Bcm"] + per["Bim"]:>5.0f} mispredictions per cycle', file=sys.stderr, flush=True)
     print(f'S2, 1 node, {args.runtime}, the client\'s work per acquire + release cycle '
           f'(cachegrind, {args.large} - {args.small} cycles):')
     print('| implementation | instructions | D1 misses | mispredictions (indirect) | instructions vs rslock |')
