@@ -477,13 +477,14 @@ impl Nodes {
             })
             .await;
             let Some((index, answer)) = next else {
-                // Out of time: every call still running has timed out, in node order.
-                let mut open = true;
+                // Out of time: every call still running has timed out, in node order;
+                // each is recorded, and fed to `decided` until it decides.
+                let mut undecided = true;
                 while !calls.is_empty() {
                     let (index, _) = calls.remove(0);
                     let answer = Err(NodeError::Timeout(timeout));
                     observe(&self.health[index], started, &answer);
-                    open = open && !decided(index, answer, calls.len());
+                    undecided = undecided && !decided(index, answer, calls.len());
                 }
                 return;
             };
