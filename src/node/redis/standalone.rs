@@ -360,7 +360,7 @@ mod tests {
     /// A boxed node call holds redis-rs's send future once: built in an `async` block
     /// that awaits it, it held it twice (3.8 kB for a release, 5.2 kB for an acquire,
     /// each copied on its way to the heap: 9 % of the client's time in S2 went to
-    /// `memmove`).
+    /// `memmove`), and nothing rare sits inline beside it.
     #[tokio::test]
     async fn a_node_call_holds_the_connection_future_once() {
         let node = RedisNode::open("redis://127.0.0.1:1/0").unwrap();
@@ -385,10 +385,10 @@ mod tests {
             std::mem::size_of_val(&*release),
             std::mem::size_of_val(&*acquire),
         );
-        assert!(release < 2 * send, "release {release} B, send {send} B");
-        assert!(
-            acquire < 2 * send + 1024,
-            "acquire {acquire} B, send {send} B"
-        );
+        // A release holds one send; an acquire one send, or (fenced) one pipeline's.
+        // A pipeline held inline for the rare wait for replicas took them to 2.5 and
+        // 3.1 kB.
+        assert!(release < send + 512, "release {release} B, send {send} B");
+        assert!(acquire < 2 * send, "acquire {acquire} B, send {send} B");
     }
 }
