@@ -15,6 +15,11 @@
 //! quorum, then the crate's release script. The anchors' raw
 //! limit does less work (a bare `SET NX PX`, no fence); this baseline separates what
 //! the crate costs from what fencing costs Redis.
+//!
+//! Environment: `NO_FENCING=1` turns fencing off, `NO_WATCHDOG=1` the watchdog;
+//! `TCP_NODELAY=0` opens the nodes with `tcp_nodelay=false` (Nagle's algorithm, as
+//! redis-rs, rslock and the hand-written baselines run); `ANCHOR_RT=current_thread`
+//! picks the runtime; `NODE_TIMEOUT_MS` the per-node timeout.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -97,10 +102,17 @@ fn main() {
 }
 
 async fn run(args: &Args) -> String {
+    // `TCP_NODELAY=0`: the transport the other Rust clients run with (redis-rs's default,
+    // Nagle's algorithm), instead of the crate's default.
+    let nodelay = if std::env::var("TCP_NODELAY").as_deref() == Ok("0") {
+        "?tcp_nodelay=false"
+    } else {
+        ""
+    };
     let urls = args
         .ports
         .iter()
-        .map(|p| format!("redis://127.0.0.1:{p}/0"));
+        .map(|p| format!("redis://127.0.0.1:{p}/0{nodelay}"));
     let options = LockOptions::default()
         .ttl(Duration::from_secs(30))
         .watchdog(std::env::var("NO_WATCHDOG").is_err())

@@ -38,7 +38,9 @@ WORK = os.path.join(ROOT, 'target', 'headline')
 PORTS = (7101, 7102, 7103)
 RAWS = ('raw-redis-rs', 'raw-redis-rs/ct', 'raw-redis-rs-waitall/ct')
 CT = {'ANCHOR_RT': 'current_thread'}
-OURS = ('tower-redlock', 'tower-redlock-nofence', 'raw-fenced')
+# The crate's nodes with `tcp_nodelay=false`: the transport redis-rs, rslock and the raw
+# baselines run with (redis-rs's default); the crate's default sets TCP_NODELAY.
+NAGLE = {'TCP_NODELAY': '0'}
 
 
 def sh(cmd, cwd=None, env=None):
@@ -110,6 +112,8 @@ def measure(driver, ours, reps, out_path, only, scenarios):
     impls = dict(driver.IMPLS)
     for name, args, env in (('tower-redlock', [], {}),
                             ('tower-redlock-nofence', [], {'NO_FENCING': '1'}),
+                            ('tower-redlock-nagle', [], NAGLE),
+                            ('tower-redlock-nofence-nagle', [], {'NO_FENCING': '1', **NAGLE}),
                             ('raw-fenced', ['--baseline', 'fenced'], {})):
         impls[name] = ([ours, *args], (1, 3), False, env)
         impls[name + '/ct'] = ([ours, *args], (1, 3), False, {**env, **CT})
@@ -158,7 +162,8 @@ def headline(recs, reps):
         return '—' if x is None else f'{x:.2f}×'
 
     order = ['tower-redlock', 'tower-redlock/ct', 'tower-redlock-nofence', 'tower-redlock-nofence/ct',
-             'raw-fenced', 'raw-fenced/ct', 'rslock', 'rslock/ct', 'node-redlock', 'pottery', 'pottery-aio',
+             'tower-redlock-nagle', 'tower-redlock-nagle/ct', 'tower-redlock-nofence-nagle',
+             'tower-redlock-nofence-nagle/ct', 'raw-fenced', 'raw-fenced/ct', 'rslock', 'rslock/ct', 'node-redlock', 'pottery', 'pottery-aio',
              'python-redis-lock', 'raw-redis-rs', 'raw-redis-rs/ct']
     lines = [
         '| implementation | S1 1 node | S1 3 nodes | S2 1 node | S2 3 nodes | S3 1 node | S3 3 nodes |',
@@ -189,6 +194,13 @@ def headline(recs, reps):
         row('S1 acquire p50 / raw redis-rs (≤ 1.10×)', 'tower-redlock', 'S1', 'acq_p50_us', 'raw', min)
         row('S1 acquire p50, fencing off / raw (≤ 1.10×)', 'tower-redlock-nofence', 'S1', 'acq_p50_us',
             'raw', min)
+        # The same targets with the transport the others run with (tcp_nodelay=false).
+        row('S2 fencing off / raw redis-rs, same transport', 'tower-redlock-nofence-nagle', 'S2', 'ops_per_s',
+            'raw')
+        row('S2 fencing off / rslock, same transport', 'tower-redlock-nofence-nagle', 'S2', 'ops_per_s', 'rslock')
+        row('S2 fencing on / hand-written fenced, same transport', 'tower-redlock-nagle', 'S2', 'ops_per_s',
+            'raw-fenced')
+        row('S2 fencing on / rslock, same transport', 'tower-redlock-nagle', 'S2', 'ops_per_s', 'rslock')
     return '\n'.join(lines + targets)
 
 

@@ -59,3 +59,53 @@ async fn acquire_release_and_exclusion_on_three_nodes() {
     }
     assert_eq!(locker.local_resources(), 0);
 }
+
+/// `tcp_nodelay=false` (Nagle's algorithm) only batches the concurrent commands of the
+/// nodes' connections: 64 tasks at once on distinct keys all acquire, and on one key
+/// they still take turns, with tokens that only grow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nagle_batches_commands_and_changes_nothing_else() {
+    let servers = RedisServer::start_many(3);
+    let locker = Redlock::from_urls(
+        servers
+            .iter()
+            .map(|s| format!("{}?tcp_nodelay=false", s.url())),
+        LockOptions::default(),
+    )
+    .unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..64)
+        .map(|task| {
+            let (locker, inside) = (locker.clone(), inside.clone());
+            tokio::spawn(async move {
+                for round in 0..20 {
+                    let own = locker.try_acquire(format!("nagle:{task}:{round}")).await;
+                    assert_eq!(own.unwrap().release().await, ReleaseOutcome::Released);
+                }
+                let mut tokens = Vec::new();
+                for _ in 0..3 {
+                    let lease = locker
+                        .acquire("nagle:hot", Duration::from_secs(30))
+                        .await
+                        .unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "overlap");
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    tokens.push(lease.fencing_token());
+                    lease.release().await;
+                }
+                tokens
+            })
+        })
+        .collect();
+    let mut tokens = Vec::new();
+    for task in tasks {
+        let mine = task.await.unwrap();
+        assert!(mine.windows(2).all(|w| w[0] < w[1]), "{mine:?}");
+        tokens.extend(mine);
+    }
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 64 * 3, "a token was handed out twice");
+    assert_eq!(locker.local_resources(), 0);
+}

@@ -50,6 +50,9 @@ const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(20);
 ///   [`RedisNode::wait_for_replicas`]. The timeout must fit in the locker's
 ///   [`node_timeout`](crate::LockOptions::node_timeout) together with one round trip.
 /// * `sentinel_username`, `sentinel_password` (sentinel URLs only).
+/// * `tcp_nodelay=false` (standalone `redis://` and `rediss://` URLs only): let the
+///   kernel gather the commands of concurrent acquisitions into fewer packets, at up
+///   to a round trip's wait each, see [`RedisNode::tcp_nodelay`]. `true` is the default.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -74,9 +77,19 @@ pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
     }
     let url = Url::parse(s)?;
     let wait = url.wait()?;
+    let nodelay = url.nodelay()?;
+    if nodelay.is_some() && !matches!(url.scheme, "redis" | "rediss" | "valkey" | "valkeys") {
+        return Err(ConfigError::new(format!(
+            "tcp_nodelay is read for redis:// and rediss:// nodes only, not {}://",
+            url.scheme
+        )));
+    }
     match url.scheme {
         "redis" | "rediss" | "valkey" | "valkeys" | "unix" | "redis+unix" => {
             let mut node = RedisNode::open(url.rebuild(&url.hosts.join(","), url.path))?;
+            if let Some(nodelay) = nodelay {
+                node = node.tcp_nodelay(nodelay)?;
+            }
             if let Some((replicas, timeout)) = wait {
                 node = node.wait_for_replicas(replicas, timeout);
             }
@@ -289,7 +302,8 @@ const SCHEMES: [&str; 10] = [
 ];
 
 /// Parameters this crate reads; everything else goes on to redis-rs.
-const OWN_PARAMS: [&str; 4] = [
+const OWN_PARAMS: [&str; 5] = [
+    "tcp_nodelay",
     "wait_replicas",
     "wait_timeout_ms",
     "sentinel_username",
@@ -363,6 +377,17 @@ impl<'a> Url<'a> {
             .find(|(k, _)| *k == name)
             .map(|(_, v)| percent_decode(v))
             .transpose()
+    }
+
+    fn nodelay(&self) -> Result<Option<bool>, ConfigError> {
+        match self.param("tcp_nodelay")?.as_deref() {
+            None => Ok(None),
+            Some("true") => Ok(Some(true)),
+            Some("false") => Ok(Some(false)),
+            Some(other) => Err(ConfigError::new(format!(
+                "tcp_nodelay must be true or false, got `{other}`"
+            ))),
+        }
     }
 
     fn wait(&self) -> Result<Option<(usize, Duration)>, ConfigError> {
@@ -473,6 +498,11 @@ mod tests {
             "redis://127.0.0.1"
         );
         assert_eq!(plain.wait().unwrap(), None);
+        assert_eq!(plain.nodelay().unwrap(), None);
+        let nagle = Url::parse("redis://h:1/0?tcp_nodelay=false&db=1").unwrap();
+        assert_eq!(nagle.nodelay().unwrap(), Some(false));
+        // Read here, not passed on to redis-rs.
+        assert_eq!(nagle.rebuild("h:1", "/0"), "redis://h:1/0?db=1");
         let unix = Url::parse("redis+unix:///run/redis.sock?db=2").unwrap();
         assert_eq!(
             unix.rebuild("", unix.path),
@@ -510,6 +540,10 @@ mod tests {
                 "redis://127.0.0.1:7001/0",
             ),
             (
+                "redis://127.0.0.1:7001/0?tcp_nodelay=false&protocol=resp3",
+                "redis://127.0.0.1:7001/0",
+            ),
+            (
                 "redis+cluster://user:pw@127.0.0.1:7001,127.0.0.1:7002/",
                 "redis+cluster://127.0.0.1:7001,127.0.0.1:7002",
             ),
@@ -530,6 +564,15 @@ mod tests {
             ("redis+sentinel://127.0.0.1:26379/m/x", "database"),
             ("redis+sentinel://127.0.0.1:26379/m/1/2", "path"),
             ("redis://127.0.0.1?wait_replicas=many", "wait_replicas"),
+            ("redis://127.0.0.1?tcp_nodelay=no", "true or false"),
+            (
+                "redis+cluster://127.0.0.1:7001/?tcp_nodelay=false",
+                "redis:// and rediss:// nodes only",
+            ),
+            (
+                "redis+sentinel://127.0.0.1:26379/m?tcp_nodelay=true",
+                "redis:// and rediss:// nodes only",
+            ),
             ("redis://127.0.0.1:notaport", "bad Redis URL"),
         ] {
             let err = node_from_url(url).map(|_| ()).expect_err(url).to_string();
