@@ -5,11 +5,12 @@ the crate (fencing on and off), the hand-written fenced client, raw redis-rs and
 
     python3 benches/client_cost.py                      # every subject, current_thread
     python3 benches/client_cost.py tower-redlock-nofence rslock --runtime multi-thread
+    python3 benches/client_cost.py --nodes 3            # three redis-servers
 
 Each subject's binary (`benches/anchor.rs`, and the anchors' `raw_bench` and
 `rslock_bench` built by `benches/headline.py` in `target/headline/anchors`) runs S2
-(64 tasks, distinct keys) under `valgrind --tool=cachegrind` against one fresh
-`redis-server` on a free 127.0.0.1 port, twice: with `--small` and with `--large`
+(64 tasks, distinct keys) under `valgrind --tool=cachegrind` against one (`--nodes 3`:
+three) fresh `redis-server` on free 127.0.0.1 ports, twice: with `--small` and with `--large`
 cycles. The difference of the two totals, divided by the difference of the cycles
 run (the harness warms up with a tenth of them first), is the figure per cycle,
 without start-up. The counts barely depend on the machine's load, unlike the CPU times
@@ -22,6 +23,7 @@ current_thread runtime (the default here) is the faithful one. Needs valgrind an
 redis-server; standard library only.
 """
 import argparse
+import contextlib
 import os
 import re
 import subprocess
@@ -52,14 +54,15 @@ def total_cycles(cycles):
 EVENTS = ('Ir', 'D1mr', 'D1mw', 'Bcm', 'Bim')
 
 
-def counts(cmd, env, port, cycles, workdir):
+def counts(cmd, env, ports, cycles, workdir):
     """The run's totals of `EVENTS` (instructions, D1 read and write misses, conditional
     and indirect mispredictions)."""
-    cli(port, 'flushall')
+    for port in ports:
+        cli(port, 'flushall')
     out = os.path.join(workdir, 'cachegrind.out')
     subprocess.run(['valgrind', '--tool=cachegrind', '--cache-sim=yes', '--branch-sim=yes',
                     f'--cachegrind-out-file={out}', *cmd,
-                    '--scenario', 'S2', '--ports', str(port), '--cycles', str(cycles)],
+                    '--scenario', 'S2', '--ports', ','.join(map(str, ports)), '--cycles', str(cycles)],
                    # The node timeout is far above the 50 ms default: valgrind is ~50x slower.
                    env={**os.environ, 'NODE_TIMEOUT_MS': '10000', **env}, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -77,6 +80,7 @@ def main():
     ap.add_argument('--runtime', choices=('current_thread', 'multi-thread'), default='current_thread')
     ap.add_argument('--small', type=int, default=1000)
     ap.add_argument('--large', type=int, default=4000)
+    ap.add_argument('--nodes', type=int, choices=(1, 3), default=1)
     args = ap.parse_args()
     rows = subjects(build_ours())
     names = args.names or list(rows)
@@ -87,17 +91,19 @@ def main():
             sys.exit(f'{rows[name][0][0]} is missing: run benches/headline.py once (it builds the anchors)')
     rt = {'ANCHOR_RT': 'current_thread'} if args.runtime == 'current_thread' else {}
     results = {}
-    with redis_server() as port, tempfile.TemporaryDirectory() as grind:
+    with contextlib.ExitStack() as stack:
+        ports = [stack.enter_context(redis_server()) for _ in range(args.nodes)]
+        grind = stack.enter_context(tempfile.TemporaryDirectory())
         for name in names:
             cmd, env = rows[name]
-            small = counts(cmd, {**env, **rt}, port, args.small, grind)
-            large = counts(cmd, {**env, **rt}, port, args.large, grind)
+            small = counts(cmd, {**env, **rt}, ports, args.small, grind)
+            large = counts(cmd, {**env, **rt}, ports, args.large, grind)
             cycles = total_cycles(args.large) - total_cycles(args.small)
             per = {e: (large[e] - small[e]) / cycles for e in EVENTS}
             results[name] = per
             print(f'{name:<24} {per["Ir"]:>9.0f} instructions, {per["D1mr"] + per["D1mw"]:>5.0f} D1 misses, '
                   f'{per["Bcm"] + per["Bim"]:>5.0f} mispredictions per cycle', file=sys.stderr, flush=True)
-    print(f'S2, 1 node, {args.runtime}, the client\'s work per acquire + release cycle '
+    print(f'S2, {args.nodes} node(s), {args.runtime}, the client\'s work per acquire + release cycle '
           f'(cachegrind, {args.large} - {args.small} cycles):')
     print('| implementation | instructions | D1 misses | mispredictions (indirect) | instructions vs rslock |')
     print('|---|---|---|---|---|')

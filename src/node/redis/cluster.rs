@@ -8,6 +8,7 @@ use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::io::tcp::TcpSettings;
 use redis::{IntoConnectionInfo, Value};
 use tokio::time::Instant;
 
@@ -120,8 +121,9 @@ impl ClusterNode {
 
     /// Like [`open`](ClusterNode::open), with `configure` applied to the redis-rs
     /// [`ClusterClientBuilder`] of both connections (commands and pub/sub), for example
-    /// to set TLS certificates or timeouts. The subscriber's builder is then switched to
-    /// RESP3 with a push sender.
+    /// to set TLS certificates, timeouts, or `tcp_settings` without `TCP_NODELAY` (the
+    /// crate's default sets it: see [`RedisNode::tcp_nodelay`](crate::RedisNode::tcp_nodelay)).
+    /// The subscriber's builder is then switched to RESP3 with a push sender.
     pub fn with_config<T: IntoConnectionInfo>(
         seeds: impl IntoIterator<Item = T>,
         configure: impl Fn(ClusterClientBuilder) -> ClusterClientBuilder + Send + Sync + 'static,
@@ -169,8 +171,12 @@ impl ClusterNode {
 
 /// Retries that fit the locker's per-node timeout: redirections are followed at once,
 /// and the waits between other retries stay short (redis-rs's defaults start at 1.28 s).
+/// Commands go out at once (`TCP_NODELAY`), as a [`RedisNode`](crate::RedisNode)'s do;
+/// a `configure` closure may set other [`TcpSettings`] (see
+/// [`RedisNode::tcp_nodelay`](crate::RedisNode::tcp_nodelay) for the trade-off).
 fn defaults(builder: ClusterClientBuilder) -> ClusterClientBuilder {
     builder
+        .tcp_settings(TcpSettings::default().set_nodelay(true))
         .retries(5)
         .min_retry_wait(5)
         .max_retry_wait(500)

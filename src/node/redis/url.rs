@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::io::tcp::TcpSettings;
 use redis::sentinel::SentinelNodeConnectionInfo;
 use redis::{IntoConnectionInfo, TlsMode};
 
@@ -50,9 +51,10 @@ const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(20);
 ///   [`RedisNode::wait_for_replicas`]. The timeout must fit in the locker's
 ///   [`node_timeout`](crate::LockOptions::node_timeout) together with one round trip.
 /// * `sentinel_username`, `sentinel_password` (sentinel URLs only).
-/// * `tcp_nodelay=false` (standalone `redis://` and `rediss://` URLs only): let the
-///   kernel gather the commands of concurrent acquisitions into fewer packets, at up
-///   to a round trip's wait each, see [`RedisNode::tcp_nodelay`]. `true` is the default.
+/// * `tcp_nodelay=false` (standalone and cluster URLs; a Sentinel node always sets
+///   `TCP_NODELAY`): let the kernel gather the commands of concurrent acquisitions
+///   into fewer packets, at up to a round trip's wait each, see
+///   [`RedisNode::tcp_nodelay`]. `true` is the default.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -78,9 +80,14 @@ pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
     let url = Url::parse(s)?;
     let wait = url.wait()?;
     let nodelay = url.nodelay()?;
-    if nodelay.is_some() && !matches!(url.scheme, "redis" | "rediss" | "valkey" | "valkeys") {
+    if nodelay.is_some()
+        && !matches!(
+            url.scheme,
+            "redis" | "rediss" | "valkey" | "valkeys" | "redis+cluster" | "rediss+cluster"
+        )
+    {
         return Err(ConfigError::new(format!(
-            "tcp_nodelay is read for redis:// and rediss:// nodes only, not {}://",
+            "tcp_nodelay is read for redis://, rediss:// and redis+cluster:// nodes, not {}://",
             url.scheme
         )));
     }
@@ -112,7 +119,12 @@ pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
                     .rebuild(host, url.path)
                 })
                 .collect::<Vec<_>>();
-            let mut node = ClusterNode::open(seeds)?;
+            let mut node = match nodelay {
+                None => ClusterNode::open(seeds)?,
+                Some(nodelay) => ClusterNode::with_config(seeds, move |builder| {
+                    builder.tcp_settings(TcpSettings::default().set_nodelay(nodelay))
+                })?,
+            };
             if let Some((replicas, timeout)) = wait {
                 node = node.wait_for_replicas(replicas, timeout);
             }
@@ -548,6 +560,10 @@ mod tests {
                 "redis+cluster://127.0.0.1:7001,127.0.0.1:7002",
             ),
             (
+                "redis+cluster://127.0.0.1:7001/?tcp_nodelay=false",
+                "redis+cluster://127.0.0.1:7001",
+            ),
+            (
                 "redis+sentinel://127.0.0.1,127.0.0.1:26380/mymaster/3?sentinel_password=x",
                 "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster",
             ),
@@ -566,12 +582,12 @@ mod tests {
             ("redis://127.0.0.1?wait_replicas=many", "wait_replicas"),
             ("redis://127.0.0.1?tcp_nodelay=no", "true or false"),
             (
-                "redis+cluster://127.0.0.1:7001/?tcp_nodelay=false",
-                "redis:// and rediss:// nodes only",
+                "redis+sentinel://127.0.0.1:26379/m?tcp_nodelay=true",
+                "not redis+sentinel://",
             ),
             (
-                "redis+sentinel://127.0.0.1:26379/m?tcp_nodelay=true",
-                "redis:// and rediss:// nodes only",
+                "redis+unix:///run/redis.sock?tcp_nodelay=false",
+                "not redis+unix://",
             ),
             ("redis://127.0.0.1:notaport", "bad Redis URL"),
         ] {
