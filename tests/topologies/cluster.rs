@@ -716,9 +716,11 @@ async fn wait_for_replicas_counts_only_acknowledged_grants() {
     })
     .await;
     // The replica's acknowledgement may take a while on a machine busy with the whole
-    // suite (50 ms was seen to run out): 200 ms, inside the 250 ms node timeout.
-    let url = format!("{}?wait_replicas=1&wait_timeout_ms=200", master.url());
-    let locker = Redlock::connect([&url], options()).await.unwrap();
+    // suite (50 ms, and 200 ms inside a 250 ms node timeout, were seen to run out): a
+    // second, inside a node timeout of three.
+    let url = format!("{}?wait_replicas=1&wait_timeout_ms=1000", master.url());
+    let patient = options().node_timeout(Duration::from_secs(3));
+    let locker = Redlock::connect([&url], patient).await.unwrap();
     let resource = "replicated";
     let key = lock_key(resource);
 
@@ -731,12 +733,11 @@ async fn wait_for_replicas_counts_only_acknowledged_grants() {
 
     // With the replica stopped, no grant counts, and the unacknowledged key is released.
     replica.pause();
-    let started = Instant::now();
     let err = locker.try_acquire(resource).await.unwrap_err();
     let LockError::Unavailable { failures, .. } = &err else {
         panic!("expected Unavailable, got {err}");
     };
-    assert!(started.elapsed() < Duration::from_millis(500));
+    // The node answered when `WAIT` gave up, not when the node timeout ran out.
     let text = failures[0].error.to_string();
     assert!(text.contains("0 replica(s), 1 required"), "{text}");
     eventually("the unacknowledged key to be released", LIMIT, || {
