@@ -6,10 +6,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::RedisServer;
-use tower_redlock::{LockError, LockOptions, Redlock, ReleaseOutcome};
+use tower_redlock::{FencingToken, LockError, LockOptions, Redlock, ReleaseOutcome};
 
 fn locker(servers: &[RedisServer], options: LockOptions) -> Redlock {
     Redlock::from_urls(servers.iter().map(|s| s.url()), options).unwrap()
+}
+
+/// Takes `resource` `turns` times, checking through `inside` that no other holder is
+/// in at the same time; the fencing tokens it got, in order.
+async fn take_turns(
+    locker: &Redlock,
+    resource: &str,
+    turns: usize,
+    inside: &AtomicUsize,
+) -> Vec<FencingToken> {
+    let mut tokens = Vec::new();
+    for _ in 0..turns {
+        let lease = locker
+            .acquire(resource, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "overlap");
+        tokio::task::yield_now().await;
+        inside.fetch_sub(1, Ordering::SeqCst);
+        tokens.push(lease.fencing_token());
+        lease.release().await;
+    }
+    tokens
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,19 +62,7 @@ async fn acquire_release_and_exclusion_on_three_nodes() {
         let locker = locker.clone();
         let inside = inside.clone();
         tasks.push(tokio::spawn(async move {
-            let mut tokens = Vec::new();
-            for _ in 0..5 {
-                let lease = locker
-                    .acquire("hot", Duration::from_secs(30))
-                    .await
-                    .unwrap();
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "overlap");
-                tokio::task::yield_now().await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                tokens.push(lease.fencing_token());
-                lease.release().await;
-            }
-            tokens
+            take_turns(&locker, "hot", 5, &inside).await
         }));
     }
     for t in tasks {
@@ -82,19 +93,7 @@ async fn nagle_batches_commands_and_changes_nothing_else() {
                     let own = locker.try_acquire(format!("nagle:{task}:{round}")).await;
                     assert_eq!(own.unwrap().release().await, ReleaseOutcome::Released);
                 }
-                let mut tokens = Vec::new();
-                for _ in 0..3 {
-                    let lease = locker
-                        .acquire("nagle:hot", Duration::from_secs(30))
-                        .await
-                        .unwrap();
-                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "overlap");
-                    tokio::task::yield_now().await;
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    tokens.push(lease.fencing_token());
-                    lease.release().await;
-                }
-                tokens
+                take_turns(&locker, "nagle:hot", 3, &inside).await
             })
         })
         .collect();
