@@ -9,8 +9,10 @@ Runs the anchors' harness (`../shared/anchors`: rslock, node-redlock, pottery,
 python-redis-lock and the raw redis-rs limit) with this crate added three times over —
 fencing on (the default), fencing off, and the hand-written fenced baseline
 (`benches/anchor.rs --baseline fenced`: the same round trips as the crate's fenced
-acquire, written with redis-rs) — each under tokio's multi-thread runtime and under
-current_thread ("/ct"), on 1 and 3 nodes, every measurement `--reps` times in one run.
+acquire, written with redis-rs), and the crate once more with and without fencing on
+the transport the others run with (`-nagle`: `tcp_nodelay=false`, redis-rs's default) —
+each under tokio's multi-thread runtime and under current_thread ("/ct"), on 1 and 3
+nodes, every measurement `--reps` times in one run.
 Then `cargo bench --bench layer` (the LockLayer route against the same route doing
 the round trips by hand). Writes `target/headline/headline.md` (the headline table and
 the anchors' full tables) and prints it.
