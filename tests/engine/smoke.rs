@@ -71,11 +71,13 @@ async fn acquire_release_and_exclusion_on_three_nodes() {
     assert_eq!(locker.local_resources(), 0);
 }
 
-/// `tcp_nodelay=false` (Nagle's algorithm) only batches the concurrent commands of the
-/// nodes' connections: 64 tasks at once on distinct keys all acquire, and on one key
-/// they still take turns, with tokens that only grow.
+/// With `tcp_nodelay=false` on every node (Nagle's algorithm: the kernel holds small
+/// commands back and sends them together) the locks behave as with the default: 64
+/// tasks at once on distinct keys all acquire and release, and on one key they take
+/// turns, with tokens that only grow and are never handed out twice. (That the setting
+/// reaches the connection is `standalone::tests::commands_go_out_at_once_unless_told_otherwise`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nagle_batches_commands_and_changes_nothing_else() {
+async fn with_nagle_the_locks_behave_as_before() {
     let servers = RedisServer::start_many(3);
     let locker = Redlock::from_urls(
         servers

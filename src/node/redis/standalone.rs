@@ -103,8 +103,8 @@ impl RedisNode {
     /// client and the server spend far less CPU per command (a packet and a system call
     /// each, otherwise). Measured on one 2-core machine over loopback (64 tasks
     /// acquiring and releasing distinct keys, multi-thread runtime, fencing off,
-    /// `benches/headline.py`): about 1.4× the acquisitions per second, with lower
-    /// latencies too, because there the CPU is the bottleneck and the round trip is
+    /// `benches/headline.py` and side-by-side runs): 1.3–1.7× the acquisitions per
+    /// second, with lower latencies too, because there the CPU is the bottleneck and the round trip is
     /// tens of microseconds. Over a real network the added wait is a real round trip, so
     /// keep the default unless throughput per process is what limits you. The lock's
     /// safety does not depend on it: a held-back command only leaves less of the
