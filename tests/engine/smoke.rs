@@ -110,3 +110,27 @@ async fn with_nagle_the_locks_behave_as_before() {
     assert_eq!(tokens.len(), 64 * 3, "a token was handed out twice");
     assert_eq!(locker.local_resources(), 0);
 }
+
+/// The nodes' connections carry the setting to the kernel: `TCP_NODELAY` by default,
+/// off with `tcp_nodelay=false`, read back from this process's sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nodes_sockets_carry_tcp_nodelay() {
+    let servers = RedisServer::start_many(2);
+    for (server, url, expected) in [
+        (&servers[0], servers[0].url(), true),
+        (
+            &servers[1],
+            format!("{}?tcp_nodelay=false", servers[1].url()),
+            false,
+        ),
+    ] {
+        let locker = Redlock::from_urls([url], LockOptions::default()).unwrap();
+        locker.try_acquire("sockets").await.unwrap().release().await;
+        let nodelay = support::sockets::nodelay_to(server.port());
+        assert!(!nodelay.is_empty(), "no connection to {}", server.port());
+        assert!(
+            nodelay.iter().all(|&on| on == expected),
+            "{nodelay:?}, expected {expected}"
+        );
+    }
+}

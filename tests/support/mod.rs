@@ -40,6 +40,7 @@ mod eventually;
 pub mod history;
 pub mod proxy;
 pub mod resp;
+pub mod sockets;
 
 #[allow(unused_imports)] // not every test file uses every helper
 pub use eventually::{eventually, eventually_async, eventually_blocking, POLL_INTERVAL};

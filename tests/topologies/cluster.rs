@@ -915,3 +915,32 @@ async fn tls_with_a_private_ca() {
     );
     drop(server);
 }
+
+/// A cluster node's connections set `TCP_NODELAY` as a standalone node's do, and
+/// `tcp_nodelay=false` on its URL turns it off: read back from this process's sockets
+/// to the cluster's masters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_sockets_carry_tcp_nodelay() {
+    for expected in [true, false] {
+        let cluster = blocking(|| RedisCluster::start(3, 0)).await;
+        let url = if expected {
+            cluster.url()
+        } else {
+            format!("{}?tcp_nodelay=false", cluster.url())
+        };
+        let locker = Redlock::connect([&url], options()).await.unwrap();
+        for resource in ["a", "b", "c", "d", "e", "f"] {
+            locker.try_acquire(resource).await.unwrap().release().await;
+        }
+        let nodelay: Vec<bool> = cluster
+            .nodes
+            .iter()
+            .flat_map(|node| support::sockets::nodelay_to(node.port()))
+            .collect();
+        assert!(!nodelay.is_empty(), "no connection to the cluster");
+        assert!(
+            nodelay.iter().all(|&on| on == expected),
+            "{nodelay:?}, expected {expected}"
+        );
+    }
+}
