@@ -73,7 +73,7 @@ fn found_broken(e: &RedisError) -> bool {
 
 impl Resending {
     /// Sends `cmd`, and once more if the connection was found broken.
-    async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+    pub(crate) async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         match self.0.send_packed_command(cmd).await {
             Err(e) if found_broken(&e) => {
                 tracing::debug!(error = %e, "connection found broken: sending again");
@@ -85,7 +85,7 @@ impl Resending {
 
     /// Sends `count` commands of `pipeline` from `offset`, and once more if the
     /// connection was found broken.
-    async fn send_many(
+    pub(crate) async fn send_many(
         &mut self,
         pipeline: &Pipeline,
         offset: usize,

@@ -4,9 +4,11 @@
 //!
 //! What they share lives next to them: the scripts and their calls (`call/`,
 //! `scripts/*.lua`), the record scripts (`records.rs`), the release subscriber
-//! (`pubsub.rs`), the connection that re-sends after a reconnect (`conn.rs`) and URL
+//! (`pubsub.rs`), the connection that re-sends after a reconnect (`conn.rs`), the
+//! batching of concurrent callers' commands on it (`batching.rs`) and URL
 //! parsing (`url.rs`, which builds the nodes; `seeds.rs`, which the multi-server nodes use).
 
+mod batching;
 pub(crate) mod call;
 mod cluster;
 pub(crate) mod conn;

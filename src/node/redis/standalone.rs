@@ -16,6 +16,7 @@ use crate::node::redis::call::{
     self, Acquire, CallError, ExtendCall, ExtendManyCall, ListenCall, RaiseFenceCall, ReleaseCall,
     ReplicaWait,
 };
+use crate::node::redis::batching::Batching;
 use crate::node::redis::conn::Resending;
 use crate::node::redis::pubsub::Hub;
 use crate::node::redis::records;
@@ -67,7 +68,7 @@ pub struct RedisNode {
 struct Inner {
     name: Arc<str>,
     address: String,
-    conn: Resending,
+    conn: Batching,
     hub: Hub,
     /// What the connections are made from (again by [`RedisNode::tcp_nodelay`]).
     client: Client,
@@ -155,7 +156,7 @@ impl RedisNode {
             inner: Arc::new(Inner {
                 name,
                 address,
-                conn: Resending::new(conn),
+                conn: Batching::new(Resending::new(conn)),
                 hub,
                 client,
             }),
@@ -206,7 +207,7 @@ impl RedisNode {
     /// becomes a [`NodeError`].
     fn run<T, F, Fut>(&self, call: F) -> NodeFuture<T>
     where
-        F: FnOnce(Resending, Option<ReplicaWait>) -> Fut + Send + 'static,
+        F: FnOnce(Batching, Option<ReplicaWait>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, CallError>> + Send + 'static,
     {
         let (conn, wait) = (self.inner.conn.clone(), self.wait);
@@ -223,7 +224,7 @@ impl RedisNode {
     }
 
     /// The command connection (for [`SentinelNode`](crate::SentinelNode)).
-    pub(crate) fn connection(&self) -> Resending {
+    pub(crate) fn connection(&self) -> Batching {
         self.inner.conn.clone()
     }
 }

@@ -24,7 +24,7 @@ use crate::node::redis::call::{
     self, Acquire, CallError, ExtendCall, ExtendManyCall, ListenCall, RaiseFenceCall, ReleaseCall,
     ReplicaWait,
 };
-use crate::node::redis::conn::Resending;
+use crate::node::redis::batching::Batching;
 use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
 use crate::node::LockKeys;
@@ -357,7 +357,7 @@ impl Inner {
     /// lookup, and an op refused without effect is retried once on the master found.
     async fn with_master<T, F, Fut>(self: &Arc<Self>, mut op: F) -> Result<T, NodeError>
     where
-        F: FnMut(Resending) -> Fut,
+        F: FnMut(Batching) -> Fut,
         Fut: Future<Output = Result<T, CallError>>,
     {
         let mut retried = false;

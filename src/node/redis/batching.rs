@@ -1,0 +1,534 @@
+//! The commands that concurrent callers send to one node, sent together.
+//!
+//! # Why
+//!
+//! A node's commands share one multiplexed connection, and redis-rs writes each to the
+//! socket as it comes (under Tokio's multi-thread runtime its connection task runs right
+//! after each caller). With `TCP_NODELAY` every write is a packet, and on the server a
+//! read and a reply write of its own: with 64 tasks acquiring and releasing, most of the
+//! client's and the server's time went to system calls (session 7's measurements in
+//! `BENCHMARKS.md`). Nagle's algorithm would coalesce them, at the price of up to a round
+//! trip per command on a real network. Batching here coalesces them without that wait:
+//! commands are held back only while the caller that sends them yields once to the
+//! scheduler, and only when an earlier batch of the node still waits for its replies
+//! (with nothing in flight, a command goes out at once, as before).
+//!
+//! # How
+//!
+//! The first caller to find no batch open for its node opens one and *leads* it; callers
+//! that come while it is open join it. The leader sends it (as one pipeline, the
+//! callers' commands in the order they joined) and the batch closes; the next caller
+//! opens the next one. The replies are handed out by whichever of the batch's callers
+//! is polled first once they arrived: every caller is woken by the arrival, so none
+//! depends on another one being polled (a caller kept but not polled, inside someone's
+//! `select!`, holds up nobody else).
+//!
+//! # Order and cancellation
+//!
+//! * Commands reach the connection in the order they were given to it, as redis-rs
+//!   alone guarantees: a batch is closed and handed to the connection in one step,
+//!   under the node's lock, so no later batch can overtake it. (A release issued after
+//!   a cancelled acquire must not run before it, or the acquire would leave its key
+//!   behind.)
+//! * A caller dropped before its batch was sent takes its commands out: they are never
+//!   sent, as redis-rs does not send a request dropped before it took it. A leader
+//!   dropped before sending sends the others' commands on its way out (without waiting
+//!   for their replies), so they neither wait for a next caller nor lose their place.
+//! * A caller dropped after its batch was sent leaves its reply unread; once every
+//!   caller of a batch is gone, its replies are not awaited at all.
+
+use std::future::{poll_fn, Future};
+use std::mem;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::task::{Context, Poll, Wake, Waker};
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+use crate::node::redis::conn::{Resending, SendOne};
+
+/// A node's command connection, batching the commands of concurrent callers (see the
+/// module docs). Cheap to clone; every clone shares the batches.
+#[derive(Clone)]
+pub(crate) struct Batching {
+    node: Arc<NodeBatches>,
+}
+
+/// What the callers of one node share.
+struct NodeBatches {
+    conn: Resending,
+    /// The batch callers join, until its leader sends it. The lock also keeps sends in
+    /// order: a batch is closed and handed to the connection while it is held.
+    open: Mutex<Option<Arc<Batch>>>,
+    /// Batches sent whose replies have not all arrived.
+    in_flight: AtomicUsize,
+}
+
+/// One caller's commands: a single command, or a pipeline's.
+enum Commands {
+    One(Cmd),
+    Many(Vec<Cmd>),
+}
+
+impl Commands {
+    fn len(&self) -> usize {
+        match self {
+            Commands::One(_) => 1,
+            Commands::Many(cmds) => cmds.len(),
+        }
+    }
+}
+
+/// One caller's replies, in the shape of its commands.
+enum Replies {
+    One(Value),
+    Many(Vec<Value>),
+}
+
+/// One batch. Its waker (`Wake for Batch`) is what the connection wakes when the
+/// replies arrive: it wakes every caller of the batch.
+struct Batch {
+    node: Arc<NodeBatches>,
+    state: Mutex<BatchState>,
+    /// Set by the waker; whoever holds the state's lock when it fires hands the notice
+    /// on after unlocking (the waker never blocks on the lock, since the connection
+    /// may wake it from inside a poll made under the lock).
+    notified: AtomicBool,
+}
+
+/// A batch's send, from its first poll (which hands it to the connection) to its replies.
+type Sending = Pin<Box<dyn Future<Output = RedisResult<Vec<Value>>> + Send>>;
+
+struct BatchState {
+    stage: Stage,
+    callers: Vec<Caller>,
+    /// The replies of the whole batch, once arrived; each caller takes its own.
+    outcome: Option<RedisResult<Vec<Value>>>,
+    /// Whether this batch counts in its node's `in_flight`.
+    counted: bool,
+}
+
+enum Stage {
+    /// Gathering callers until its leader sends it.
+    Open,
+    /// Handed to the connection; awaiting the replies.
+    Sent(Sending),
+    /// The replies arrived, or nobody waits for them.
+    Done,
+}
+
+struct Caller {
+    /// Until the batch is sent.
+    commands: Option<Commands>,
+    /// Where this caller's replies start in the batch's, and how many.
+    first: usize,
+    count: usize,
+    /// Sent a single command (not a pipeline): its reply comes unwrapped.
+    one: bool,
+    waker: Option<Waker>,
+    /// Dropped: nothing to send for it (if not sent yet), nobody to hand replies to.
+    gone: bool,
+}
+
+impl Batching {
+    pub(crate) fn new(conn: Resending) -> Self {
+        Batching {
+            node: Arc::new(NodeBatches {
+                conn,
+                open: Mutex::new(None),
+                in_flight: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// Sends `commands` with those of the callers at the same node at the same time, and
+    /// returns their replies (a connection error is every caller's).
+    async fn send(&self, commands: Commands) -> RedisResult<Replies> {
+        let mut place = Place::join(&self.node, commands);
+        if place.leads {
+            // Let the callers that are ready join, but only when this batch would wait
+            // behind another anyway: alone, a command goes out at once.
+            if self.node.in_flight.load(Ordering::Acquire) > 0 {
+                tokio::task::yield_now().await;
+            }
+            place.send_batch();
+        }
+        poll_fn(|cx| place.poll_replies(cx)).await
+    }
+}
+
+/// A caller's place in a batch. Dropping it (the caller was cancelled) takes back what
+/// it can: see the module docs.
+struct Place {
+    batch: Arc<Batch>,
+    index: usize,
+    /// Leads a batch it has not sent yet.
+    leads: bool,
+    /// Took its replies.
+    done: bool,
+}
+
+impl Place {
+    fn join(node: &Arc<NodeBatches>, commands: Commands) -> Place {
+        let mut open = lock(&node.open);
+        let caller = Caller {
+            count: commands.len(),
+            one: matches!(commands, Commands::One(_)),
+            commands: Some(commands),
+            first: 0,
+            waker: None,
+            gone: false,
+        };
+        if let Some(batch) = open.as_ref() {
+            let mut state = batch.lock();
+            state.callers.push(caller);
+            return Place {
+                batch: batch.clone(),
+                index: state.callers.len() - 1,
+                leads: false,
+                done: false,
+            };
+        }
+        let batch = Arc::new(Batch {
+            node: node.clone(),
+            state: Mutex::new(BatchState {
+                stage: Stage::Open,
+                callers: vec![caller],
+                outcome: None,
+                counted: false,
+            }),
+            notified: AtomicBool::new(false),
+        });
+        *open = Some(batch.clone());
+        Place {
+            batch,
+            index: 0,
+            leads: true,
+            done: false,
+        }
+    }
+
+    /// Sends the batch this caller leads.
+    fn send_batch(&mut self) {
+        self.leads = false;
+        self.batch.close_and_send();
+    }
+
+    fn poll_replies(&mut self, cx: &mut Context<'_>) -> Poll<RedisResult<Replies>> {
+        let mut state = self.batch.lock();
+        loop {
+            if let Some(replies) = state.take_replies(self.index) {
+                self.done = true;
+                return Poll::Ready(replies);
+            }
+            match &mut state.stage {
+                Stage::Sent(send) => {
+                    // This poll answers every notice so far; one that comes during it
+                    // is handed on when the lock is released.
+                    self.batch.notified.store(false, Ordering::SeqCst);
+                    let waker = Waker::from(self.batch.clone());
+                    match send.as_mut().poll(&mut Context::from_waker(&waker)) {
+                        Poll::Ready(outcome) => state.finish(&self.batch.node, outcome),
+                        Poll::Pending => {
+                            state.callers[self.index].waker = Some(cx.waker().clone());
+                            return Poll::Pending;
+                        }
+                    }
+                }
+                Stage::Open => {
+                    state.callers[self.index].waker = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
+                // Done without an outcome: every caller was gone, which this one is not.
+                Stage::Done => {
+                    self.done = true;
+                    return Poll::Ready(Err(internal("batch finished without replies")));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if self.leads {
+            let others_wait = {
+                let mut state = self.batch.lock();
+                state.callers[self.index].gone = true;
+                state.callers.iter().any(|caller| !caller.gone)
+            };
+            if others_wait && tokio::runtime::Handle::try_current().is_ok() {
+                self.batch.close_and_send();
+            } else {
+                // Nothing to send, or no runtime to send it on (it is shutting down):
+                // whoever still waits hears so.
+                self.batch.close_unsent();
+            }
+            return;
+        }
+        let mut state = self.batch.lock();
+        let caller = &mut state.callers[self.index];
+        caller.gone = true;
+        caller.waker = None;
+        caller.commands = None;
+        if matches!(state.stage, Stage::Sent(_)) && state.callers.iter().all(|c| c.gone) {
+            // Nobody waits for the replies: stop awaiting them.
+            state.stage = Stage::Done;
+            state.uncount(&self.batch.node);
+        }
+    }
+}
+
+impl Batch {
+    fn lock(&self) -> Locked<'_> {
+        Locked {
+            batch: self,
+            state: Some(lock(&self.state)),
+        }
+    }
+
+    /// Closes the open batch (this one) and hands its commands to the connection.
+    fn close_and_send(self: &Arc<Self>) {
+        let node = &self.node;
+        let mut open = lock(&node.open);
+        debug_assert!(open.as_ref().is_some_and(|b| Arc::ptr_eq(b, self)));
+        let was_open = open.take();
+        let mut state = self.lock();
+        let mut pipe = Pipeline::with_capacity(state.callers.len());
+        let mut sent = 0;
+        for caller in state.callers.iter_mut() {
+            let Some(commands) = caller.commands.take() else {
+                continue;
+            };
+            if caller.gone {
+                continue;
+            }
+            caller.first = sent;
+            sent += caller.count;
+            match commands {
+                Commands::One(cmd) => {
+                    pipe.add_command(cmd);
+                }
+                Commands::Many(cmds) => {
+                    for cmd in cmds {
+                        pipe.add_command(cmd);
+                    }
+                }
+            }
+        }
+        if sent == 0 {
+            state.stage = Stage::Done;
+            state.outcome = Some(Err(internal("batch sent without commands")));
+            state.wake_all();
+            return;
+        }
+        node.in_flight.fetch_add(1, Ordering::AcqRel);
+        state.counted = true;
+        let mut conn = node.conn.clone();
+        let mut send: Sending = Box::pin(async move { conn.send_many(&pipe, 0, sent).await });
+        // The first poll hands the commands to the connection; made while `open` is
+        // held, so that no later batch reaches the connection first.
+        self.notified.store(false, Ordering::SeqCst);
+        let waker = Waker::from(self.clone());
+        match send.as_mut().poll(&mut Context::from_waker(&waker)) {
+            Poll::Ready(outcome) => state.finish(node, outcome),
+            Poll::Pending => state.stage = Stage::Sent(send),
+        }
+        drop(state);
+        drop(open);
+        drop(was_open);
+    }
+
+    /// Closes the open batch (this one) without sending it.
+    fn close_unsent(self: &Arc<Self>) {
+        let was_open = lock(&self.node.open).take();
+        let mut state = self.lock();
+        state.stage = Stage::Done;
+        state.outcome = Some(Err(internal(
+            "the caller leading this batch was dropped outside a Tokio runtime",
+        )));
+        state.wake_all();
+        drop(state);
+        drop(was_open);
+    }
+
+    /// Hands on a notice that came while the lock was held (see `notified`).
+    fn pass_on_notice(&self) {
+        while self.notified.load(Ordering::SeqCst) {
+            let mut state = match self.state.try_lock() {
+                Ok(state) => state,
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                // Its holder hands the notice on when it unlocks.
+                Err(TryLockError::WouldBlock) => return,
+            };
+            if self.notified.swap(false, Ordering::SeqCst) {
+                state.wake_all();
+            }
+        }
+    }
+}
+
+impl Wake for Batch {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.notified.store(true, Ordering::SeqCst);
+        self.pass_on_notice();
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        state.uncount(&self.node);
+    }
+}
+
+/// The batch's state, locked; unlocking hands on a notice that came meanwhile.
+struct Locked<'a> {
+    batch: &'a Batch,
+    state: Option<MutexGuard<'a, BatchState>>,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = BatchState;
+
+    fn deref(&self) -> &BatchState {
+        self.state.as_ref().expect("locked until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut BatchState {
+        self.state.as_mut().expect("locked until dropped")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.state = None;
+        self.batch.pass_on_notice();
+    }
+}
+
+impl BatchState {
+    fn finish(&mut self, node: &NodeBatches, outcome: RedisResult<Vec<Value>>) {
+        self.stage = Stage::Done;
+        self.outcome = Some(outcome);
+        self.uncount(node);
+        self.wake_all();
+    }
+
+    fn uncount(&mut self, node: &NodeBatches) {
+        if mem::take(&mut self.counted) {
+            node.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn wake_all(&mut self) {
+        for caller in &mut self.callers {
+            if let Some(waker) = caller.waker.take() {
+                waker.wake();
+            }
+        }
+    }
+
+    /// Caller `index`'s replies, once the batch's arrived.
+    fn take_replies(&mut self, index: usize) -> Option<RedisResult<Replies>> {
+        let caller = &self.callers[index];
+        let (first, count, one) = (caller.first, caller.count, caller.one);
+        let values = match self.outcome.as_mut()? {
+            Ok(values) => values,
+            Err(e) => return Some(Err(e.clone())),
+        };
+        let Some(mine) = values.get_mut(first..first + count) else {
+            return Some(Err(internal("fewer replies than commands")));
+        };
+        let take = |value: &mut Value| mem::replace(value, Value::Nil);
+        Some(Ok(match (one, mine) {
+            (true, [value]) => Replies::One(take(value)),
+            (true, _) => return Some(Err(internal("one command, not one reply"))),
+            (false, mine) => Replies::Many(mine.iter_mut().map(take).collect()),
+        }))
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn internal(what: &'static str) -> RedisError {
+    RedisError::from((ErrorKind::Client, "command batching", what.to_owned()))
+}
+
+impl Replies {
+    fn one(self) -> Value {
+        match self {
+            Replies::One(value) => value,
+            Replies::Many(mut values) => values.pop().unwrap_or(Value::Nil),
+        }
+    }
+
+    fn many(self) -> Vec<Value> {
+        match self {
+            Replies::One(value) => vec![value],
+            Replies::Many(values) => values,
+        }
+    }
+}
+
+impl SendOne for Batching {
+    async fn send_one(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        self.send(Commands::One(cmd.clone())).await?.one().extract_error()
+    }
+
+    async fn send_pipeline(&mut self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
+        if pipe.is_empty() {
+            return Ok(Vec::new());
+        }
+        let commands = Commands::Many(pipe.cmd_iter().cloned().collect());
+        let replies = self.send(commands).await?.many();
+        Ok(replies
+            .into_iter()
+            .map(|reply| match reply {
+                Value::ServerError(error) => Err(error.into()),
+                reply => Ok(reply),
+            })
+            .collect())
+    }
+}
+
+// For `query_async`: batched as well, so that every command of the node keeps its order.
+impl ConnectionLike for Batching {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move { Ok(self.send(Commands::One(cmd.clone())).await?.one()) })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            if offset != 0 || count != pipeline.len() || count == 0 {
+                // A transaction (its replies are not one per command), or nothing: as is.
+                let mut conn = self.node.conn.clone();
+                return conn.send_many(pipeline, offset, count).await;
+            }
+            let commands = Commands::Many(pipeline.cmd_iter().cloned().collect());
+            Ok(self.send(commands).await?.many())
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.node.conn.get_db()
+    }
+}
