@@ -16,6 +16,8 @@ mod acquire_script;
 #[cfg(feature = "redis")]
 mod batch;
 #[cfg(feature = "redis")]
+mod command_batches;
+#[cfg(feature = "redis")]
 mod engine;
 #[cfg(feature = "redis")]
 mod fair;

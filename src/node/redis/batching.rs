@@ -525,7 +525,10 @@ impl SendOne for Batching {
         if !self.node.batched {
             return self.node.conn.clone().send_one(cmd).await;
         }
-        self.send(Commands::One(cmd.clone())).await?.one().extract_error()
+        self.send(Commands::One(cmd.clone()))
+            .await?
+            .one()
+            .extract_error()
     }
 
     async fn send_pipeline(&mut self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
@@ -575,5 +578,29 @@ impl ConnectionLike for Batching {
 
     fn get_db(&self) -> i64 {
         self.node.conn.get_db()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+    use super::*;
+
+    fn batching() -> Batching {
+        let client = redis::Client::open("redis://127.0.0.1:1/0").unwrap();
+        let conn = ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
+            .unwrap();
+        Batching::new(Resending::new(conn))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batches_under_the_multi_thread_runtime() {
+        assert!(batching().node.batched);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn sends_as_it_comes_under_the_current_thread_runtime() {
+        assert!(!batching().node.batched);
     }
 }

@@ -11,12 +11,12 @@ use redis::{Client, IntoConnectionInfo};
 
 use crate::error::ConfigError;
 use crate::node::identity;
+use crate::node::redis::batching::Batching;
 use crate::node::redis::call::set::{self, SetCall};
 use crate::node::redis::call::{
     self, Acquire, CallError, ExtendCall, ExtendManyCall, ListenCall, RaiseFenceCall, ReleaseCall,
     ReplicaWait,
 };
-use crate::node::redis::batching::Batching;
 use crate::node::redis::conn::Resending;
 use crate::node::redis::pubsub::Hub;
 use crate::node::redis::records;

@@ -20,11 +20,11 @@ mod set;
 
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
+use crate::node::redis::batching::Batching;
 use crate::node::redis::call::{
     self, Acquire, CallError, ExtendCall, ExtendManyCall, ListenCall, RaiseFenceCall, ReleaseCall,
     ReplicaWait,
 };
-use crate::node::redis::batching::Batching;
 use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
 use crate::node::LockKeys;
