@@ -32,7 +32,10 @@ use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, Sto
 ///
 /// Commands go over one multiplexed connection that reconnects by itself
 /// (redis-rs's `ConnectionManager`), shared by every lease and every task: ten
-/// thousand leases renew over one connection. A command that finds the connection
+/// thousand leases renew over one connection. Under Tokio's multi-thread runtime the
+/// commands that concurrent tasks send while an earlier batch is on its way go out
+/// together, as one pipeline in the order they were given (one write and one packet,
+/// not one each); a command with nothing ahead of it goes out at once. A command that finds the connection
 /// broken (the server restarted while the locker was idle) is sent once more on the
 /// new connection, within the per-node timeout, so the first request after a restart
 /// does not fail; every command is safe to run twice (see the owner checks). Scripts run with `EVALSHA` and are
@@ -109,7 +112,9 @@ impl RedisNode {
     /// tens of microseconds. Over a real network the added wait is a real round trip, so
     /// keep the default unless throughput per process is what limits you. The lock's
     /// safety does not depend on it: a held-back command only leaves less of the
-    /// validity it is measured against.
+    /// validity it is measured against. Under the multi-thread runtime the node batches
+    /// concurrent commands itself (see above), without that wait, which gives most of
+    /// the difference back with the default.
     ///
     /// Fails outside a Tokio runtime, as [`from_client`](Self::from_client) does.
     /// The `tcp_nodelay=false` parameter of [`node_from_url`](crate::node_from_url)
