@@ -55,7 +55,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-use crate::node::redis::conn::{Resending, SendOne};
+use crate::node::redis::conn::{one_result_each, Resending, SendOne};
 
 /// A node's command connection, batching the commands of concurrent callers (see the
 /// module docs). Cheap to clone; every clone shares the batches.
@@ -536,14 +536,7 @@ impl SendOne for Batching {
             return self.node.conn.clone().send_pipeline(pipe).await;
         }
         let commands = Commands::Many(pipe.cmd_iter().cloned().collect());
-        let replies = self.send(commands).await?.many();
-        Ok(replies
-            .into_iter()
-            .map(|reply| match reply {
-                Value::ServerError(error) => Err(error.into()),
-                reply => Ok(reply),
-            })
-            .collect())
+        Ok(one_result_each(self.send(commands).await?.many()))
     }
 }
 

@@ -126,15 +126,19 @@ impl SendOne for Resending {
     }
 
     async fn send_pipeline(&mut self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
-        let replies = self.send_many(pipe, 0, pipe.len()).await?;
-        Ok(replies
-            .into_iter()
-            .map(|reply| match reply {
-                Value::ServerError(error) => Err(error.into()),
-                reply => Ok(reply),
-            })
-            .collect())
+        Ok(one_result_each(self.send_many(pipe, 0, pipe.len()).await?))
     }
+}
+
+/// A pipeline's replies as `send_pipeline` gives them: a server error as its `Err`.
+pub(crate) fn one_result_each(replies: Vec<Value>) -> Vec<RedisResult<Value>> {
+    replies
+        .into_iter()
+        .map(|reply| match reply {
+            Value::ServerError(error) => Err(error.into()),
+            reply => Ok(reply),
+        })
+        .collect()
 }
 
 impl SendOne for ClusterConnection {
