@@ -104,17 +104,16 @@ impl RedisNode {
     /// held back. With many concurrent acquisitions over the node's one multiplexed
     /// connection, `false` turns the commands written while a reply is on its way into
     /// one packet: each command may wait up to one network round trip longer, and the
-    /// client and the server spend far less CPU per command (a packet and a system call
-    /// each, otherwise). Measured on one 2-core machine over loopback (64 tasks
-    /// acquiring and releasing distinct keys, multi-thread runtime, fencing off,
-    /// `benches/headline.py` and side-by-side runs): 1.3–1.7× the acquisitions per
-    /// second, with lower latencies too, because there the CPU is the bottleneck and the round trip is
-    /// tens of microseconds. Over a real network the added wait is a real round trip, so
-    /// keep the default unless throughput per process is what limits you. The lock's
-    /// safety does not depend on it: a held-back command only leaves less of the
-    /// validity it is measured against. Under the multi-thread runtime the node batches
-    /// concurrent commands itself (see above), without that wait, which gives most of
-    /// the difference back with the default.
+    /// client and the server spend less CPU per command. Under Tokio's multi-thread
+    /// runtime the node already sends concurrent commands together itself, without
+    /// that wait (see above), and the two measure level (64 tasks acquiring and
+    /// releasing distinct keys, fencing off, one 2-core machine over loopback,
+    /// `benches/headline.py`: 0.79× and 0.82× of raw redis-rs's throughput); under the
+    /// current-thread runtime `false` measured 1.04–1.19× the acquisitions per second.
+    /// Over a real network the added wait is a real round trip, so keep the default
+    /// unless throughput per process is what limits you. The lock's safety does not
+    /// depend on it: a held-back command only leaves less of the validity it is
+    /// measured against.
     ///
     /// Fails outside a Tokio runtime, as [`from_client`](Self::from_client) does.
     /// The `tcp_nodelay=false` parameter of [`node_from_url`](crate::node_from_url)
