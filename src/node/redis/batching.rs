@@ -29,7 +29,7 @@
 //! Under Tokio's current-thread runtime nothing is batched: there redis-rs's connection
 //! task runs only after every ready caller has handed it its command and writes them all
 //! at once by itself, and holding a leader back only delayed the batch (S2 on one node:
-//! 68–84k against 92k acquisitions per second).
+//! 68–75k against 83–97k acquisitions per second).
 //!
 //! # Order and cancellation
 //!
@@ -44,6 +44,8 @@
 //!   for their replies), so they neither wait for a next caller nor lose their place.
 //! * A caller dropped after its batch was sent leaves its reply unread; once every
 //!   caller of a batch is gone, its replies are not awaited at all.
+//! * A batch that finds the connection broken is sent once more as a whole, on the new
+//!   connection (`conn.rs`: every command the nodes send tolerates running twice).
 
 use std::future::{poll_fn, Future};
 use std::mem;
