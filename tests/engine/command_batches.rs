@@ -174,6 +174,33 @@ async fn a_leader_dropped_after_sending_leaves_the_others_their_replies() {
     assert_eq!(server.get(&joined.keys.lock), Some(joined.owner()));
 }
 
+/// A batch goes out as soon as 16 callers joined, without waiting for its leader: the
+/// leader's own command, given before the batch filled, runs although the leader is
+/// then dropped before it could send (unlike a batch that did not fill, above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_batch_goes_out_without_its_leader() {
+    let mut server = RedisServer::start();
+    let (node, _first, in_flight) = one_batch_in_flight(&mut server).await;
+    let leader = Call::new("leader").await;
+    let mut leading = leader.acquire(&node, false);
+    assert!(poll_once(&mut leading).await.is_pending());
+    let mut joined = Vec::new();
+    for i in 0..15 {
+        let call = Call::new(&format!("joined:{i}")).await;
+        let mut joining = call.acquire(&node, false);
+        assert!(poll_once(&mut joining).await.is_pending());
+        joined.push((call, joining));
+    }
+    drop(leading);
+    server.resume();
+    for (call, joining) in joined {
+        assert!(acquired(finish(joining).await));
+        assert_eq!(server.get(&call.keys.lock), Some(call.owner()));
+    }
+    assert!(acquired(finish(in_flight).await));
+    assert_eq!(server.get(&leader.keys.lock), Some(leader.owner()));
+}
+
 /// The caller woken to collect a batch's replies is dropped before it is polled: the
 /// duty passes to the next caller of the batch, which would otherwise wait forever
 /// (each waits in a task of its own, woken only by the batch).
