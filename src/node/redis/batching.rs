@@ -77,8 +77,8 @@ pub(crate) struct Batching {
 /// What the callers of one node share.
 struct NodeBatches {
     conn: Resending,
-    /// The batch callers join, until its leader sends it. The lock also keeps sends in
-    /// order: a batch is closed and handed to the connection while it is held.
+    /// The batch callers join, until it is sent. The lock also keeps sends in order: a
+    /// batch is closed and handed to the connection while it is held.
     open: Mutex<Option<Arc<Batch>>>,
     /// Batches sent whose replies have not all arrived.
     in_flight: AtomicUsize,
@@ -108,7 +108,7 @@ enum Replies {
 }
 
 /// One batch. Its waker (`Wake for Batch`) is what the connection wakes when the
-/// replies arrive: it wakes every caller of the batch.
+/// replies arrive: it wakes the first caller still waiting, to collect them for all.
 struct Batch {
     node: Arc<NodeBatches>,
     state: Mutex<BatchState>,

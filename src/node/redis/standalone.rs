@@ -106,10 +106,11 @@ impl RedisNode {
     /// one packet: each command may wait up to one network round trip longer, and the
     /// client and the server spend less CPU per command. Under Tokio's multi-thread
     /// runtime the node already sends concurrent commands together itself, without
-    /// that wait (see above), and the two measure level (64 tasks acquiring and
-    /// releasing distinct keys, fencing off, one 2-core machine over loopback,
-    /// `benches/headline.py`: 0.79× and 0.82× of raw redis-rs's throughput); under the
-    /// current-thread runtime `false` measured 1.04–1.19× the acquisitions per second.
+    /// that wait (see above), and the two measure close (64 tasks acquiring and
+    /// releasing distinct keys, fencing off, one node, one 2-core machine over
+    /// loopback, `benches/headline.py`: 0.96× and 1.07× of raw redis-rs's throughput);
+    /// under the current-thread runtime `false` measured 1.05–1.42× the acquisitions
+    /// per second.
     /// Over a real network the added wait is a real round trip, so keep the default
     /// unless throughput per process is what limits you. The lock's safety does not
     /// depend on it: a held-back command only leaves less of the validity it is
