@@ -1,5 +1,6 @@
 //! The command connection of the standalone and Sentinel nodes: redis-rs's
-//! `ConnectionManager`, plus one resend when the connection is found broken.
+//! `ConnectionManager`, plus one resend when the connection is found broken. The nodes
+//! use it through `batching.rs`, which sends concurrent callers' commands together.
 //!
 //! # Why a resend
 //!
