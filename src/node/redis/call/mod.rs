@@ -510,7 +510,9 @@ impl Pipelined {
     ) -> Result<AcquireReply, CallError> {
         let replies: Vec<RedisResult<Value>> = match wait {
             None => conn.send_pipeline(&self.pipe).await?,
-            Some(_) => query(conn, self.pipe.clone(), 3, wait).await?,
+            // Boxed, as every rare path here: held inline, they made every acquire's
+            // future too large for the allocator's fast path (see `RedisNode`'s test).
+            Some(_) => Box::pin(query(conn, self.pipe.clone(), 3, wait)).await?,
         };
         let mut replies = replies.into_iter();
         let mut next = || {
@@ -532,14 +534,14 @@ impl Pipelined {
                     evalsha: self.pipe.cmd_iter().nth(2).cloned().unwrap_or_default(),
                 };
                 acks = wait.map(|_| Ok(Value::Int(i64::MAX)));
-                call.once(conn, &call.eval(), wait, |_| true).await
+                Box::pin(call.once(conn, &call.eval(), wait, |_| true)).await
             }
             fence => fence.map_err(CallError::from),
         };
         let fence = match fence {
             Err(e) if !matches!(set, Value::Nil) => {
                 // A counter of the wrong type: no lock key of ours is left behind.
-                self.release_taken(conn).await?;
+                Box::pin(self.release_taken(conn)).await?;
                 return Err(e);
             }
             fence => fence?,
@@ -559,7 +561,7 @@ impl Pipelined {
             // connection broke (see `acquire_plain`). The counter's write follows that
             // SET on the server, so this send's `WAIT` covers it too.
         } else if int(&queued) == Some(1) {
-            return self.behind_the_queue(conn, wait).await;
+            return Box::pin(self.behind_the_queue(conn, wait)).await;
         }
         check_acks(acks, wait)?;
         Ok(AcquireReply::Acquired { fence: token })
@@ -695,7 +697,8 @@ async fn acquire_plain<C: SendOne>(
         Some(_) => {
             let mut pipe = redis::pipe();
             pipe.add_command(set);
-            let mut replies = query(conn, pipe, 1, wait).await?.into_iter();
+            // Boxed: rare, and held inline it would enlarge every acquire's future.
+            let mut replies = Box::pin(query(conn, pipe, 1, wait)).await?.into_iter();
             let Some(set) = replies.next() else {
                 return Err(CallError::Reply(NodeError::Protocol(
                     "no reply to SET".into(),
