@@ -39,6 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK = os.path.join(ROOT, 'target', 'headline')
 PORTS = (7101, 7102, 7103)
 RAWS = ('raw-redis-rs', 'raw-redis-rs/ct', 'raw-redis-rs-waitall/ct')
+# The raw rows of each runtime: what a service on that runtime would get by hand.
+SAME_RUNTIME = {'': ('raw-redis-rs',), '/ct': ('raw-redis-rs/ct', 'raw-redis-rs-waitall/ct')}
 CT = {'ANCHOR_RT': 'current_thread'}
 # The crate's nodes with `tcp_nodelay=false`: the transport redis-rs, rslock and the raw
 # baselines run with (redis-rs's default); the crate's default sets TCP_NODELAY.
@@ -141,14 +143,19 @@ def headline(recs, reps):
             by_run[(r['rep'], r['scenario'], r['nodes'])][r['impl']] = r
 
     def ratio(impl, scenario, nodes, metric, ref, best):
-        """Median over repetitions of impl's metric / the reference's, both from one run."""
+        """Median over repetitions of impl's metric / the reference's, both from one run.
+
+        `ref` 'raw': the best raw redis-rs row of either runtime; 'raw' + a runtime's
+        suffix ('raw', 'raw/ct' as `SAME_RUNTIME` names them): the best raw row of that
+        runtime only."""
         values = []
         for rep in range(1, reps + 1):
             run = by_run.get((rep, scenario, nodes), {})
             if impl not in run:
                 continue
-            if ref == 'raw':
-                refs = [run[r][metric] for r in RAWS if r in run]
+            if ref in ('raw', 'raw-same', 'raw-same/ct'):
+                raws = {'raw': RAWS, 'raw-same': SAME_RUNTIME[''], 'raw-same/ct': SAME_RUNTIME['/ct']}[ref]
+                refs = [run[r][metric] for r in raws if r in run]
                 if not refs:
                     continue
                 base = best(refs)
@@ -183,11 +190,19 @@ def headline(recs, reps):
         if any(c != '—' for c in cells):
             lines.append(f'| {impl} | ' + ' | '.join(cells) + ' |')
 
-    targets = ['', '| target (issue 16) | runtime | 1 node | 3 nodes |', '|---|---|---|---|']
+    targets = ['', '| target (issue 16) | runtime | 1 node | 3 nodes | 1 node, raw on the same runtime '
+               '| 3 nodes, raw on the same runtime |', '|---|---|---|---|---|---|']
     for suffix, runtime in (('', 'multi-thread'), ('/ct', 'current_thread')):
         def row(title, impl, scenario, metric, ref, best=max):
             cells = [fmt(ratio(impl + suffix, scenario, n, metric, ref + (suffix if ref != 'raw' else ''), best))
                      for n in (1, 3)]
+            if ref == 'raw':
+                cells += [fmt(ratio(impl + suffix, scenario, n, metric, 'raw-same' + suffix, best))
+                          for n in (1, 3)]
+            else:
+                # Against another library's row or the hand-written one: already the
+                # same runtime.
+                cells += ['', '']
             targets.append(f'| {title} | {runtime} | ' + ' | '.join(cells) + ' |')
         row('S2 fencing off / raw redis-rs (≥ 0.90×)', 'tower-redlock-nofence', 'S2', 'ops_per_s', 'raw')
         row('S2 fencing off / rslock (> 1×)', 'tower-redlock-nofence', 'S2', 'ops_per_s', 'rslock')
