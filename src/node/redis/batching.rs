@@ -10,14 +10,15 @@
 //! `BENCHMARKS.md`). Nagle's algorithm would coalesce them, at the price of up to a round
 //! trip per command on a real network. Batching here coalesces them without that wait:
 //! commands are held back only while the caller that sends them yields once to the
-//! scheduler, and only when an earlier batch of the node still waits for its replies
-//! (with nothing in flight, a command goes out at once, as before).
+//! scheduler, and only when an earlier command or batch of the node still waits for its
+//! replies (with nothing in flight, a command goes out at once, as before).
 //!
 //! # How
 //!
-//! The first caller to find no batch open for its node opens one and *leads* it; callers
-//! that come while it is open join it. The leader sends it (as one pipeline, the
-//! callers' commands in the order they joined), or the caller that makes it
+//! A caller that finds nothing of its node in flight and no batch open sends its command
+//! alone, at once. Otherwise the first caller to find no batch open opens one and
+//! *leads* it; callers that come while it is open join it. The leader sends it (as one
+//! pipeline, the callers' commands in the order they joined), or the caller that makes it
 //! [`MOST_CALLERS`] strong does, at once; the batch closes and the next caller opens the
 //! next one. When the replies arrive, one caller is woken, the first still
 //! waiting in the order they joined; it collects them, hands each of the others its own
@@ -80,7 +81,8 @@ struct NodeBatches {
     /// The batch callers join, until it is sent. The lock also keeps sends in order: a
     /// batch is closed and handed to the connection while it is held.
     open: Mutex<Option<Arc<Batch>>>,
-    /// Batches sent whose replies have not all arrived.
+    /// Batches sent whose replies have not all arrived, and commands sent alone (see
+    /// [`Solo`]) that have not answered.
     in_flight: AtomicUsize,
     /// Whether to batch at all: only under the multi-thread runtime (module docs).
     batched: bool,
@@ -552,6 +554,14 @@ impl SendOne for Batching {
             let mut conn = self.node.conn.clone();
             return alone(async move { conn.send_one(cmd).await }).await;
         }
+        let node = &self.node;
+        let solo = Solo::start(node, || {
+            let mut conn = node.conn.clone();
+            alone(async move { conn.send_one(cmd).await })
+        });
+        if let Some(reply) = solo.await {
+            return reply;
+        }
         self.send(Commands::One(cmd.clone()))
             .await?
             .one()
@@ -563,8 +573,65 @@ impl SendOne for Batching {
             let mut conn = self.node.conn.clone();
             return alone(async move { conn.send_pipeline(pipe).await }).await;
         }
+        let node = &self.node;
+        let solo = Solo::start(node, || {
+            let mut conn = node.conn.clone();
+            alone(async move { conn.send_pipeline(pipe).await })
+        });
+        if let Some(replies) = solo.await {
+            return replies;
+        }
         let commands = Commands::Many(pipe.cmd_iter().cloned().collect());
         Ok(one_result_each(self.send(commands).await?.many()))
+    }
+}
+
+/// A command (or a caller's pipeline) that goes out on its own because nothing of its
+/// node is in flight and no batch is open: what a batch of one would do (sent at once,
+/// counted in `in_flight` so that the next caller yields and gathers a batch behind it),
+/// without the batch (its shared state, the copy of the command, the pipeline around
+/// it: 18 of 50 allocator calls per sequential acquire + release on one node,
+/// `benches/memory.rs`).
+struct Solo<'a> {
+    node: &'a NodeBatches,
+}
+
+impl<'a> Solo<'a> {
+    /// Sends what `make` makes, alone, if nothing of `node` is in flight and no batch is
+    /// open (then the reply); otherwise `None`, and the caller joins a batch. As a
+    /// batch's, the first poll is made under the node's lock, so that no later batch
+    /// reaches the connection first.
+    async fn start<T>(
+        node: &'a NodeBatches,
+        make: impl FnOnce() -> Pin<Box<dyn Future<Output = T> + Send + 'a>>,
+    ) -> Option<T> {
+        let mut make = Some(make);
+        let started = poll_fn(|cx| {
+            let open = lock(&node.open);
+            let make = make.take().expect("polled once");
+            if open.is_some() || node.in_flight.load(Ordering::Acquire) > 0 {
+                return Poll::Ready(None);
+            }
+            node.in_flight.fetch_add(1, Ordering::AcqRel);
+            let counted = Solo { node };
+            let mut send = make();
+            let first = send.as_mut().poll(cx);
+            drop(open);
+            Poll::Ready(Some((counted, send, first)))
+        })
+        .await;
+        let (_counted, send, first) = started?;
+        Some(match first {
+            Poll::Ready(reply) => reply,
+            Poll::Pending => send.await,
+        })
+    }
+}
+
+impl Drop for Solo<'_> {
+    /// Answered, or dropped (its reply left unread, as redis-rs leaves it).
+    fn drop(&mut self) {
+        self.node.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -633,5 +700,44 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn sends_as_it_comes_under_the_current_thread_runtime() {
         assert!(!batching().node.batched);
+    }
+
+    /// A command sent alone counts as in flight until it answers or is dropped (a count
+    /// left behind would hold every later leader back a scheduler pass), and a caller
+    /// that comes meanwhile leads a batch instead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_sent_alone_counts_in_flight_until_dropped() {
+        // A listener that accepts and never answers: every send stays pending.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}/0", listener.local_addr().unwrap());
+        let client = redis::Client::open(url).unwrap();
+        let conn = ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
+            .unwrap();
+        let (mut first_conn, mut second_conn) = {
+            let batching = Batching::new(Resending::new(conn));
+            (batching.clone(), batching)
+        };
+        let node = first_conn.node.clone();
+        let in_flight = || node.in_flight.load(Ordering::Acquire);
+        let batch_open = || lock(&node.open).is_some();
+        let mut cx = Context::from_waker(Waker::noop());
+        let get = redis::cmd("GET");
+
+        let mut first = Box::pin(first_conn.send_one(&get));
+        assert!(first.as_mut().poll(&mut cx).is_pending());
+        assert_eq!((in_flight(), batch_open()), (1, false), "sent alone");
+
+        let mut second = Box::pin(second_conn.send_one(&get));
+        assert!(second.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(
+            (in_flight(), batch_open()),
+            (1, true),
+            "leads a batch, yielding"
+        );
+
+        drop(first);
+        assert_eq!(in_flight(), 0, "the dropped command no longer counts");
+        drop(second);
+        assert_eq!((in_flight(), batch_open()), (0, false));
     }
 }
