@@ -548,18 +548,27 @@ impl Replies {
     }
 }
 
+impl Batching {
+    /// Runs `send` on the connection without a batch where that is what a batch would
+    /// do: always where this node does not batch, and where nothing of the node is in
+    /// flight and no batch is open ([`Solo`]). `None`: the caller joins a batch.
+    async fn without_batch<'a, T, F, Fut>(&'a self, send: F) -> Option<T>
+    where
+        F: FnOnce(Resending) -> Fut,
+        Fut: Future<Output = T> + Send + 'a,
+    {
+        let make = || alone(send(self.node.conn.clone()));
+        if !self.node.batched {
+            return Some(make().await);
+        }
+        Solo::start(&self.node, make).await
+    }
+}
+
 impl SendOne for Batching {
     async fn send_one(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        if !self.node.batched {
-            let mut conn = self.node.conn.clone();
-            return alone(async move { conn.send_one(cmd).await }).await;
-        }
-        let node = &self.node;
-        let solo = Solo::start(node, || {
-            let mut conn = node.conn.clone();
-            alone(async move { conn.send_one(cmd).await })
-        });
-        if let Some(reply) = solo.await {
+        let send = |mut conn: Resending| async move { conn.send_one(cmd).await };
+        if let Some(reply) = self.without_batch(send).await {
             return reply;
         }
         self.send(Commands::One(cmd.clone()))
@@ -569,16 +578,11 @@ impl SendOne for Batching {
     }
 
     async fn send_pipeline(&mut self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
-        if !self.node.batched || pipe.is_empty() {
-            let mut conn = self.node.conn.clone();
-            return alone(async move { conn.send_pipeline(pipe).await }).await;
+        let send = |mut conn: Resending| async move { conn.send_pipeline(pipe).await };
+        if pipe.is_empty() {
+            return alone(send(self.node.conn.clone())).await;
         }
-        let node = &self.node;
-        let solo = Solo::start(node, || {
-            let mut conn = node.conn.clone();
-            alone(async move { conn.send_pipeline(pipe).await })
-        });
-        if let Some(replies) = solo.await {
+        if let Some(replies) = self.without_batch(send).await {
             return replies;
         }
         let commands = Commands::Many(pipe.cmd_iter().cloned().collect());
