@@ -95,7 +95,8 @@ async fn s10_rdb_nodes_restored_from_stale_snapshots() {
     quiet_workers.stop().await;
     hot_workers.stop().await;
 
-    assert_nothing_held(&servers, &lockers, ttl * 2).await;
+    let servers_now: Vec<&RedisServer> = servers.iter().collect();
+    assert_nothing_held_after_restore(&servers_now, &lockers, ttl * 2).await;
     let summary = report(
         finish(&history, &lockers)
             .note("stale_restores", servers.len())
@@ -168,7 +169,8 @@ async fn s11_aof_everysec_node_loses_its_tail() {
     }
     workers.stop().await;
 
-    assert_nothing_held(&servers, &lockers, ttl * 2).await;
+    let servers_now: Vec<&RedisServer> = servers.iter().collect();
+    assert_nothing_held_after_restore(&servers_now, &lockers, ttl * 2).await;
     let summary = report(finish(&history, &lockers).note("crashes", rounds));
     print_samples(&load);
     assert!(summary.cycles >= n(100) + rounds * 250);
@@ -251,7 +253,7 @@ async fn s12_sentinel_failover_to_a_lagging_replica() {
     progress(&history, n(400), bound(30), "after the failover").await;
     workers.stop().await;
 
-    assert_nothing_held_on(&[&group.servers[replica]], &lockers, ttl * 2).await;
+    assert_nothing_held_after_restore(&[&group.servers[replica]], &lockers, ttl * 2).await;
     let summary = report(
         finish(&history, &lockers)
             .note(
