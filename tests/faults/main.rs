@@ -466,23 +466,7 @@ async fn assert_nothing_held(servers: &[RedisServer], lockers: &[Redlock], limit
 
 /// [`assert_nothing_held`] on the servers still serving (e.g. not a killed old master).
 async fn assert_nothing_held_on(servers: &[&RedisServer], lockers: &[Redlock], limit: Duration) {
-    let start = Instant::now();
-    loop {
-        let keys: Vec<(u16, Vec<String>)> = servers
-            .iter()
-            .map(|s| (s.port(), lock_keys(s)))
-            .filter(|(_, k)| !k.is_empty())
-            .collect();
-        let local: Vec<usize> = lockers.iter().map(Redlock::local_resources).collect();
-        if keys.is_empty() && local.iter().all(|&n| n == 0) {
-            return;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "still held after {limit:?}: lock keys {keys:?}, local resources per locker {local:?}"
-        );
-        tokio::time::sleep(support::POLL_INTERVAL).await;
-    }
+    assert_nothing_held_within(servers, lockers, limit, limit).await;
 }
 
 /// [`assert_nothing_held_on`] where a node came back with an older copy of its data (a
@@ -496,6 +480,17 @@ async fn assert_nothing_held_after_restore(
     lockers: &[Redlock],
     limit: Duration,
 ) {
+    assert_nothing_held_within(servers, lockers, limit, Duration::from_secs(10) + limit).await;
+}
+
+/// No lock key on `servers` and no local holder or waiter in `lockers` within `limit`;
+/// wait-queue keys alone (nothing else left) within `queue_limit`.
+async fn assert_nothing_held_within(
+    servers: &[&RedisServer],
+    lockers: &[Redlock],
+    limit: Duration,
+    queue_limit: Duration,
+) {
     let start = Instant::now();
     loop {
         let keys: Vec<(u16, Vec<String>)> = servers
@@ -503,15 +498,16 @@ async fn assert_nothing_held_after_restore(
             .map(|s| (s.port(), lock_keys(s)))
             .filter(|(_, k)| !k.is_empty())
             .collect();
+        let local: Vec<usize> = lockers.iter().map(Redlock::local_resources).collect();
+        let no_local = local.iter().all(|&n| n == 0);
+        if keys.is_empty() && no_local {
+            return;
+        }
         let queues_only = keys
             .iter()
             .all(|(_, k)| k.iter().all(|k| k.ends_with(":queue")));
-        let local: Vec<usize> = lockers.iter().map(Redlock::local_resources).collect();
-        if keys.is_empty() && local.iter().all(|&n| n == 0) {
-            return;
-        }
-        let bound = if queues_only && local.iter().all(|&n| n == 0) {
-            Duration::from_secs(10) + limit
+        let bound = if queues_only && no_local {
+            queue_limit
         } else {
             limit
         };
