@@ -610,10 +610,16 @@ impl<'a> Solo<'a> {
         make: impl FnOnce() -> Pin<Box<dyn Future<Output = T> + Send + 'a>>,
     ) -> Option<T> {
         let mut make = Some(make);
+        let busy = || node.in_flight.load(Ordering::Acquire) > 0;
         let started = poll_fn(|cx| {
+            // Under load something is nearly always in flight: the caller goes to a
+            // batch without taking the node's lock twice (here and to join).
+            if busy() {
+                return Poll::Ready(None);
+            }
             let open = lock(&node.open);
             let make = make.take().expect("polled once");
-            if open.is_some() || node.in_flight.load(Ordering::Acquire) > 0 {
+            if open.is_some() || busy() {
                 return Poll::Ready(None);
             }
             node.in_flight.fetch_add(1, Ordering::AcqRel);
