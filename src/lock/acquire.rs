@@ -191,22 +191,25 @@ impl Redlock {
         let in_flight =
             ReleaseIfDropped::new(nodes, keys, &owner, Stragglers::settled(nodes.len()));
         let (tally, stragglers) = nodes
-            .acquire(&AcquireRequest {
-                keys,
-                owner: &owner,
-                ttl: options.ttl,
-                fence_ttl: options.fence_ttl,
-                fencing: options.fencing,
-                // Once per round: equal floors keep the nodes' counters equal. Without
-                // fencing no node reads it, and the wall clock is not read for it.
-                fence_floor: if options.fencing {
-                    fencing::floor(fencing::unix_ms())
-                } else {
-                    0
+            .acquire(
+                start,
+                &AcquireRequest {
+                    keys,
+                    owner: &owner,
+                    ttl: options.ttl,
+                    fence_ttl: options.fence_ttl,
+                    fencing: options.fencing,
+                    // Once per round: equal floors keep the nodes' counters equal. Without
+                    // fencing no node reads it, and the wall clock is not read for it.
+                    fence_floor: if options.fencing {
+                        fencing::floor(fencing::unix_ms())
+                    } else {
+                        0
+                    },
+                    seed_only_when_missing: options.seed_only_when_missing,
+                    waiter,
                 },
-                seed_only_when_missing: options.seed_only_when_missing,
-                waiter,
-            })
+            )
             .await;
         in_flight.disarm();
         let quorum = nodes.quorum();

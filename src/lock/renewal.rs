@@ -151,15 +151,15 @@ pub(crate) fn register(inner: &Arc<LeaseInner>) -> Registration {
 
 /// When a lease valid until `deadline` is renewed: once a third of its validity is used
 /// up, less a random twelfth, so that leases taken together (a burst of requests) do
-/// not stay in lockstep forever.
+/// not stay in lockstep forever. That is never before the round that set `deadline`
+/// started, and may already be past when the round was slow: the scheduler takes
+/// anything past as due at once, so the clock need not be read here (on every
+/// registration).
 fn renew_at(locker: &Shared, deadline: Instant) -> Instant {
     let options = &locker.options;
     let validity = options.ttl.saturating_sub(options.drift());
     let left = validity.mul_f64(2.0 / 3.0 + rand::random::<f64>() / 12.0);
-    deadline
-        .checked_sub(left)
-        .unwrap_or(deadline)
-        .max(Instant::now())
+    deadline.checked_sub(left).unwrap_or(deadline)
 }
 
 /// Keys of a batch that one node timeout covers (a Redis node's script chunk).

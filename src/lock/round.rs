@@ -207,10 +207,15 @@ impl Nodes {
         watched(self.health[index].clone(), timeout, call)
     }
 
-    /// One acquire round on every node. Returns once a majority granted the lock, or
-    /// once it is certain that none can and whether that is contention or failure,
-    /// with the calls still in flight then.
-    pub(crate) async fn acquire(&self, request: &AcquireRequest<'_>) -> (AcquireTally, Stragglers) {
+    /// One acquire round on every node, started at `started` (the instant the lease's
+    /// validity counts from; the calls time out a node timeout after it). Returns once
+    /// a majority granted the lock, or once it is certain that none can and whether
+    /// that is contention or failure, with the calls still in flight then.
+    pub(crate) async fn acquire(
+        &self,
+        started: Instant,
+        request: &AcquireRequest<'_>,
+    ) -> (AcquireTally, Stragglers) {
         let mut tally = AcquireTally {
             won: Vec::with_capacity(self.list.len()),
             held: Vec::new(),
@@ -225,6 +230,7 @@ impl Nodes {
         let seen = &mut stragglers.answered;
         let calls = &mut stragglers.calls;
         self.fan_out_keeping(
+            started,
             0..self.list.len(),
             self.timeout,
             Some(calls),
@@ -431,14 +437,16 @@ impl Nodes {
         call: impl FnMut(usize, &dyn Node) -> NodeFuture<T>,
         decided: impl FnMut(usize, Result<T, NodeError>, usize) -> bool,
     ) {
-        self.fan_out_keeping(targets, timeout, None, call, decided)
+        self.fan_out_keeping(Instant::now(), targets, timeout, None, call, decided)
             .await;
     }
 
-    /// [`fan_out`](Self::fan_out), handing the calls still pending to `keep` (when
-    /// given) instead of to the background.
+    /// [`fan_out`](Self::fan_out) of a round that started at `started` (its calls time
+    /// out `timeout` after it), handing the calls still pending to `keep` (when given)
+    /// instead of to the background.
     pub(crate) async fn fan_out_keeping<T: Send + 'static>(
         &self,
+        started: Instant,
         targets: impl IntoIterator<Item = usize, IntoIter: ExactSizeIterator>,
         timeout: Duration,
         keep: Option<&mut Vec<Pending<T>>>,
@@ -449,9 +457,8 @@ impl Nodes {
         if targets.len() == 1 {
             // The single-node lock: nothing to fan out, nothing to leave behind.
             if let Some(only) = targets.next() {
-                let answer = self
-                    .watched(only, timeout, call(only, &*self.list[only]))
-                    .await;
+                let call = call(only, &*self.list[only]);
+                let answer = watched_from(self.health[only].clone(), started, timeout, call).await;
                 decided(only, answer, 0);
             }
             return;
@@ -461,8 +468,7 @@ impl Nodes {
         // round. They start together, so one timer bounds them all (a timer per call
         // cost a registration each), and they stay the boxes the nodes made until the
         // round is decided: only those still running then are wrapped, to finish alone.
-        let started = std::time::Instant::now();
-        let deadline = Instant::now() + timeout;
+        let deadline = started + timeout;
         let mut calls: Vec<(usize, NodeFuture<T>)> = targets
             .map(|index| (index, call(index, &*self.list[index])))
             .collect();
@@ -530,8 +536,8 @@ fn next_answer<T>(
 
 /// Records a call's answer in its node's `health` (and, when it failed, in the metrics,
 /// under the node's name the health keeps).
-fn observe<T>(health: &Health, started: std::time::Instant, answer: &Result<T, NodeError>) {
-    health.observe(started, answer);
+fn observe<T>(health: &Health, started: Instant, answer: &Result<T, NodeError>) {
+    health.observe(started.into_std(), answer);
     if let Err(error) = answer {
         metrics::node_error(health.name(), error);
     }
@@ -542,7 +548,7 @@ fn observe<T>(health: &Health, started: std::time::Instant, answer: &Result<T, N
 /// would have been.
 async fn finish_watched<T>(
     health: Arc<Health>,
-    started: std::time::Instant,
+    started: Instant,
     timeout: Duration,
     deadline: Instant,
     call: NodeFuture<T>,
@@ -562,8 +568,22 @@ pub(crate) async fn watched<T: Send + 'static>(
     timeout: Duration,
     call: NodeFuture<T>,
 ) -> Result<T, NodeError> {
-    let started = std::time::Instant::now();
-    let answer = bounded(timeout, call).await;
+    watched_from(health, Instant::now(), timeout, call).await
+}
+
+/// [`watched`], for a call made at `started`: one reading of the clock serves the
+/// timeout and the node's latency (the clock is read on every call, and reading it is
+/// not free on every machine).
+async fn watched_from<T>(
+    health: Arc<Health>,
+    started: Instant,
+    timeout: Duration,
+    call: NodeFuture<T>,
+) -> Result<T, NodeError> {
+    let answer = match tokio::time::timeout_at(started + timeout, call).await {
+        Ok(answer) => answer,
+        Err(_) => Err(NodeError::Timeout(timeout)),
+    };
     observe(&health, started, &answer);
     answer
 }
@@ -613,12 +633,5 @@ impl Cleanup {
         }
         let release = release.unwrap_or_else(|| self.release(index));
         let _ = watched(self.health[index].clone(), self.timeout, release).await;
-    }
-}
-
-async fn bounded<T>(timeout: Duration, call: NodeFuture<T>) -> Result<T, NodeError> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(answer) => answer,
-        Err(_) => Err(NodeError::Timeout(timeout)),
     }
 }

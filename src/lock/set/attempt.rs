@@ -64,15 +64,18 @@ impl Redlock {
         let in_flight =
             ReleaseSetIfDropped::new(nodes, &set.keys, &owner, Stragglers::settled(nodes.len()));
         let (tally, stragglers) = nodes
-            .acquire_set(&AcquireSetRequest {
-                keys: &set.keys,
-                owner: &owner,
-                ttl: options.ttl,
-                fence_ttl: options.fence_ttl,
-                fencing: options.fencing,
-                fence_floor: fencing::floor(fencing::unix_ms()),
-                seed_only_when_missing: options.seed_only_when_missing,
-            })
+            .acquire_set(
+                start,
+                &AcquireSetRequest {
+                    keys: &set.keys,
+                    owner: &owner,
+                    ttl: options.ttl,
+                    fence_ttl: options.fence_ttl,
+                    fencing: options.fencing,
+                    fence_floor: fencing::floor(fencing::unix_ms()),
+                    seed_only_when_missing: options.seed_only_when_missing,
+                },
+            )
             .await;
         in_flight.disarm();
         let quorum = nodes.quorum();

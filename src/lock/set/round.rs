@@ -27,9 +27,11 @@ pub(crate) struct SetTally {
 }
 
 impl Nodes {
-    /// One set acquire round on every node; decided as [`Nodes::acquire`] decides.
+    /// One set acquire round on every node, started at `started`; decided as
+    /// [`Nodes::acquire`] decides.
     pub(crate) async fn acquire_set(
         &self,
+        started: Instant,
         request: &AcquireSetRequest<'_>,
     ) -> (SetTally, Stragglers<AcquireSetReply>) {
         let mut tally = SetTally {
@@ -47,6 +49,7 @@ impl Nodes {
         let seen = &mut stragglers.answered;
         let calls = &mut stragglers.calls;
         self.fan_out_keeping(
+            started,
             0..self.len(),
             self.timeout(),
             Some(calls),
