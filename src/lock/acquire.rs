@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::lease::{LeaseInner, StatusCell};
 use super::round::{Nodes, Stragglers};
-use super::wait::{next_release, QueueRef, QUEUE_TTL};
+use super::wait::{next_release, QueueRef, Turn, QUEUE_TTL};
 use super::{fencing, renewal, Lease, LockError, Redlock, Shared};
 use crate::node::HANDOFF_TTL;
 use crate::node::{AcquireRequest, LockKeys, Owner, ReleaseSignal, Resource, Waiter};
@@ -39,14 +39,13 @@ impl Redlock {
             holder_ttl,
         };
         let mut waited = false;
-        let permit = match queue.permit.clone().try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => {
+        let permit = match queue.try_turn() {
+            Some(turn) => turn,
+            None => {
                 waited = true;
                 shared.metrics.waits.inc();
-                match tokio::time::timeout_at(deadline, queue.permit.clone().acquire_owned()).await
-                {
-                    Ok(Ok(permit)) => permit,
+                match tokio::time::timeout_at(deadline, queue.turn()).await {
+                    Ok(Some(turn)) => turn,
                     _ => return Err(timeout(queue.holder_ttl())),
                 }
             }
@@ -147,7 +146,7 @@ impl Redlock {
         &self,
         resource: Resource,
         keys: LockKeys,
-        permit: OwnedSemaphorePermit,
+        permit: Turn,
         queue: QueueRef,
     ) -> Result<Lease, LockError> {
         let won = self
@@ -158,19 +157,14 @@ impl Redlock {
 
     /// Turns a won round into a [`Lease`]: puts it on the renewal schedule and records the
     /// local holder.
-    pub(super) fn finish(
-        &self,
-        inner: Arc<LeaseInner>,
-        permit: OwnedSemaphorePermit,
-        queue: QueueRef,
-    ) -> Lease {
+    pub(super) fn finish(&self, inner: Arc<LeaseInner>, permit: Turn, queue: QueueRef) -> Lease {
         queue.set_holder(&inner);
         let renewal = self
             .shared
             .options
             .watchdog
             .then(|| renewal::register(&inner));
-        Lease::new(inner, permit, queue, renewal)
+        Lease::new(inner, (permit, queue), renewal)
     }
 
     /// One Redlock round (plus the fence write-back when needed); `waiter`: the caller
@@ -180,7 +174,7 @@ impl Redlock {
         &self,
         resource: &Resource,
         keys: &LockKeys,
-        _permit: &OwnedSemaphorePermit,
+        _permit: &Turn,
         waiter: Option<&Waiter>,
     ) -> Result<Won, LockError> {
         let shared = &self.shared;

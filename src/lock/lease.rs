@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit};
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::lock::fencing::FencingToken;
@@ -270,44 +270,26 @@ pub struct Lease {
 /// What a live lease owns besides its handle: its place at the head of the local
 /// queue, and its place in the renewal schedule.
 struct Held {
-    // `None` for a lease over a set: its permits are among `_queue`'s guards.
-    _permit: Option<OwnedSemaphorePermit>,
-    // The lease's reference to its local queue (a `wait::QueueRef`), kept alive with the
-    // lease. Type-erased so that the lease does not depend on the queue it sits in, as
-    // the queue depends on the lease (it reads its holder's status).
-    _queue: Box<dyn Send + Sync>,
+    // The lease's turn and its reference to its local queue (`wait::Turn` and
+    // `wait::QueueRef`; for a set, every member's), kept with the lease. Type-erased so
+    // that the lease does not depend on the queue it sits in, as the queue depends on the
+    // lease (it reads its holder's status).
+    _place: Box<dyn Send + Sync>,
     _renewal: Option<Registration>,
 }
 
 impl Lease {
+    /// A lease keeping `place` (its turn and queue in this process, or every member's
+    /// for a set) and its place in the renewal schedule until it is released.
     pub(crate) fn new(
         inner: Arc<LeaseInner>,
-        permit: OwnedSemaphorePermit,
-        queue: impl Send + Sync + 'static,
+        place: impl Send + Sync + 'static,
         renewal: Option<Registration>,
     ) -> Self {
         Lease {
             handle: LeaseHandle { inner },
             held: Some(Held {
-                _permit: Some(permit),
-                _queue: Box::new(queue),
-                _renewal: renewal,
-            }),
-        }
-    }
-
-    /// A lease over a set, keeping `guards` (each member's permit and queue) until it
-    /// is released.
-    pub(crate) fn with_guards(
-        inner: Arc<LeaseInner>,
-        guards: impl Send + Sync + 'static,
-        renewal: Option<Registration>,
-    ) -> Self {
-        Lease {
-            handle: LeaseHandle { inner },
-            held: Some(Held {
-                _permit: None,
-                _queue: Box::new(guards),
+                _place: Box::new(place),
                 _renewal: renewal,
             }),
         }

@@ -292,7 +292,7 @@ impl Redlock {
 
     async fn try_once(&self, resource: Resource) -> Result<Lease, LockError> {
         let queue = self.shared.queues.get(&resource);
-        let Ok(permit) = queue.permit.clone().try_acquire_owned() else {
+        let Some(permit) = queue.try_turn() else {
             self.shared.metrics.contended.inc();
             return Err(LockError::Held {
                 holder_ttl: queue.holder_ttl(),

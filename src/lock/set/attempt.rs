@@ -3,28 +3,27 @@
 
 use std::sync::Arc;
 
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::{Members, Set};
 use crate::lock::fencing::{self, FencingToken};
 use crate::lock::lease::{LeaseInner, StatusCell};
 use crate::lock::round::{Nodes, Stragglers};
-use crate::lock::wait::QueueRef;
+use crate::lock::wait::{QueueRef, Turn};
 use crate::lock::{renewal, Lease, LockError, Redlock};
 use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Owner};
 
-/// The local places a set holds: each member's permit and queue, in canonical order.
-pub(super) type Guards = Vec<(OwnedSemaphorePermit, QueueRef)>;
+/// The local places a set holds: each member's turn and queue, in canonical order.
+pub(super) type Guards = Vec<(Turn, QueueRef)>;
 
 impl Redlock {
     pub(super) async fn try_set_once(&self, set: Set) -> Result<Lease, LockError> {
         let mut guards: Guards = Vec::with_capacity(set.resources.len());
         for resource in set.resources.iter() {
             let queue = self.shared.queues.get(resource);
-            match queue.permit.clone().try_acquire_owned() {
-                Ok(permit) => guards.push((permit, queue)),
-                Err(_) => {
+            match queue.try_turn() {
+                Some(turn) => guards.push((turn, queue)),
+                None => {
                     self.shared.metrics.contended.inc();
                     return Err(LockError::Held {
                         holder_ttl: queue.holder_ttl(),
@@ -48,7 +47,7 @@ impl Redlock {
             .options
             .watchdog
             .then(|| renewal::register(&inner));
-        Lease::with_guards(inner, guards, renewal)
+        Lease::new(inner, guards, renewal)
     }
 
     /// One Redlock round over a set (plus the fence write-back when needed). The caller

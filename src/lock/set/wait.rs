@@ -42,16 +42,15 @@ impl Redlock {
         let mut waited = false;
         let mut permits = Vec::with_capacity(queues.len());
         for (queue, resource) in queues.iter().zip(set.resources.iter()) {
-            let permit = match queue.permit.clone().try_acquire_owned() {
-                Ok(permit) => permit,
-                Err(_) => {
+            let permit = match queue.try_turn() {
+                Some(turn) => turn,
+                None => {
                     if !waited {
                         waited = true;
                         shared.metrics.waits.inc();
                     }
-                    let wait = queue.permit.clone().acquire_owned();
-                    match tokio::time::timeout_at(deadline, wait).await {
-                        Ok(Ok(permit)) => permit,
+                    match tokio::time::timeout_at(deadline, queue.turn()).await {
+                        Ok(Some(turn)) => turn,
                         _ => return Err(timeout(resource, queue.holder_ttl())),
                     }
                 }
