@@ -39,7 +39,7 @@ impl Redlock {
             holder_ttl,
         };
         let mut waited = false;
-        let permit = match queue.try_turn() {
+        let turn = match queue.try_turn() {
             Some(turn) => turn,
             None => {
                 waited = true;
@@ -80,17 +80,14 @@ impl Redlock {
             }
             let joining = signals.is_some().then_some(&waiter);
             queued.armed |= joining.is_some();
-            let holder_ttl = match self
-                .attempt_keeping_permit(&resource, &keys, &permit, joining)
-                .await
-            {
+            let holder_ttl = match self.attempt_in_turn(&resource, &keys, &turn, joining).await {
                 Ok(won) => {
                     // A granted head left the queue (the grant took it off).
                     queued.armed = false;
                     drop(queued);
                     drop(waiting);
                     let inner = won.into_lease(shared, resource, keys);
-                    return Ok(self.finish(inner, permit, queue));
+                    return Ok(self.finish(inner, turn, queue));
                 }
                 Err(LockError::Held { holder_ttl, .. }) => {
                     // For the callers queued behind us: whom they wait for, and how long.
@@ -146,35 +143,33 @@ impl Redlock {
         &self,
         resource: Resource,
         keys: LockKeys,
-        permit: Turn,
+        turn: Turn,
         queue: QueueRef,
     ) -> Result<Lease, LockError> {
-        let won = self
-            .attempt_keeping_permit(&resource, &keys, &permit, None)
-            .await?;
-        Ok(self.finish(won.into_lease(&self.shared, resource, keys), permit, queue))
+        let won = self.attempt_in_turn(&resource, &keys, &turn, None).await?;
+        Ok(self.finish(won.into_lease(&self.shared, resource, keys), turn, queue))
     }
 
     /// Turns a won round into a [`Lease`]: puts it on the renewal schedule and records the
     /// local holder.
-    pub(super) fn finish(&self, inner: Arc<LeaseInner>, permit: Turn, queue: QueueRef) -> Lease {
+    pub(super) fn finish(&self, inner: Arc<LeaseInner>, turn: Turn, queue: QueueRef) -> Lease {
         queue.set_holder(&inner);
         let renewal = self
             .shared
             .options
             .watchdog
             .then(|| renewal::register(&inner));
-        Lease::new(inner, (permit, queue), renewal)
+        Lease::new(inner, (turn, queue), renewal)
     }
 
     /// One Redlock round (plus the fence write-back when needed); `waiter`: the caller
     /// waits, and joins the wait queues if refused.
     #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %resource))]
-    pub(super) async fn attempt_keeping_permit(
+    pub(super) async fn attempt_in_turn(
         &self,
         resource: &Resource,
         keys: &LockKeys,
-        _permit: &Turn,
+        _turn: &Turn,
         waiter: Option<&Waiter>,
     ) -> Result<Won, LockError> {
         let shared = &self.shared;

@@ -292,7 +292,7 @@ impl Redlock {
 
     async fn try_once(&self, resource: Resource) -> Result<Lease, LockError> {
         let queue = self.shared.queues.get(&resource);
-        let Some(permit) = queue.try_turn() else {
+        let Some(turn) = queue.try_turn() else {
             self.shared.metrics.contended.inc();
             return Err(LockError::Held {
                 holder_ttl: queue.holder_ttl(),
@@ -300,7 +300,7 @@ impl Redlock {
             });
         };
         let keys = LockKeys::new(&self.shared.options.key_prefix, &resource);
-        self.attempt(resource, keys, permit, queue).await
+        self.attempt(resource, keys, turn, queue).await
     }
 
     /// Waits up to `timeout` for the resource; see [`acquire_until`](Redlock::acquire_until).

@@ -51,7 +51,7 @@ impl Redlock {
     }
 
     /// One Redlock round over a set (plus the fence write-back when needed). The caller
-    /// holds every member's local permit.
+    /// holds every member's local turn.
     #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %set.resources[0], members = set.resources.len()))]
     pub(super) async fn attempt_set(&self, set: &Set) -> Result<Arc<LeaseInner>, LockError> {
         let shared = &self.shared;

@@ -40,9 +40,9 @@ impl Redlock {
         // The local places in canonical order: every caller of this process takes them
         // in the same order, so none waits for another in a circle.
         let mut waited = false;
-        let mut permits = Vec::with_capacity(queues.len());
+        let mut turns = Vec::with_capacity(queues.len());
         for (queue, resource) in queues.iter().zip(set.resources.iter()) {
-            let permit = match queue.try_turn() {
+            let turn = match queue.try_turn() {
                 Some(turn) => turn,
                 None => {
                     if !waited {
@@ -55,7 +55,7 @@ impl Redlock {
                     }
                 }
             };
-            permits.push(permit);
+            turns.push(turn);
         }
         let mut signals: Option<Vec<ReleaseSignal>> = None;
         let mut attempt = 0;
@@ -71,7 +71,7 @@ impl Redlock {
             let (held_member, holder_ttl) = match self.attempt_set(&set).await {
                 Ok(inner) => {
                     drop(waiting);
-                    let guards: Guards = permits.into_iter().zip(queues).collect();
+                    let guards: Guards = turns.into_iter().zip(queues).collect();
                     return Ok(self.finish_set(inner, guards));
                 }
                 Err(LockError::Held {
