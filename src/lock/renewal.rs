@@ -45,10 +45,9 @@ struct Schedule {
     due: BTreeMap<(Instant, u64), Step>,
     /// Leases registered since the scheduler last looked, unordered, each with when it
     /// is due. Most leases (a request's) are released long before their first renewal:
-    /// they leave from here, without an ordered insert and removal in `due` (a tenth of
-    /// the client's work per acquisition under the current-thread runtime). Entries of
-    /// leases that left are dropped when the list is next looked at; it never holds
-    /// more than [`FRESH_LIMIT`].
+    /// they leave from here, without an ordered insert and removal in `due` under the
+    /// schedule's lock. Entries of leases that left are dropped when the list is next
+    /// looked at; it never holds more than [`FRESH_LIMIT`].
     fresh: Vec<(Instant, u64, Step)>,
     /// When the earliest entry of `fresh` is due.
     fresh_first: Option<Instant>,
@@ -564,7 +563,7 @@ mod tests {
                 schedule.registered.remove(&id);
             }
         }
-        // Each sweep found more than half of the list live: those moved to `due`.
+        // Once a sweep found more than half of the list live, all of it moved to `due`.
         assert!(schedule.due.len() < live.len());
         schedule.settle_fresh();
         assert!(schedule.fresh.is_empty());
