@@ -138,6 +138,45 @@ async fn first_acquire_after_the_only_node_comes_back_succeeds() {
     first_acquire_after_nodes_come_back(1, 1).await;
 }
 
+/// Connections the server accepted so far (this question's own included).
+fn connections_accepted(server: &RedisServer) -> u64 {
+    let total = server.info_field("stats", "total_connections_received");
+    total.expect("INFO stats").parse().unwrap()
+}
+
+/// `count` acquisitions at once, each of its own resource; all must succeed.
+async fn acquire_at_once(locker: &Redlock, count: usize, prefix: &str) {
+    let attempts = (0..count).map(|i| {
+        let locker = locker.clone();
+        let resource = format!("{prefix}-{i}");
+        tokio::spawn(async move {
+            let lease = locker.try_acquire(&resource).await.unwrap();
+            assert_eq!(lease.release().await, ReleaseOutcome::Released);
+        })
+    });
+    for attempt in attempts.collect::<Vec<_>>() {
+        attempt.await.unwrap();
+    }
+}
+
+/// A node's commands share one connection: the callers that find it not made yet (the
+/// first commands of a new locker) or broken (after the server restarted) wait for one
+/// attempt to connect between them, rather than each making its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_at_once_share_one_new_connection() {
+    let mut servers = RedisServer::start_many(1);
+    let locker = locker(&servers);
+    // Each difference counts the locker's connections and the second question's.
+    let before = connections_accepted(&servers[0]);
+    acquire_at_once(&locker, 50, "first").await;
+    assert_eq!(connections_accepted(&servers[0]) - before, 1 + 1);
+
+    servers[0].restart();
+    let before = connections_accepted(&servers[0]);
+    acquire_at_once(&locker, 50, "after-restart").await;
+    assert_eq!(connections_accepted(&servers[0]) - before, 1 + 1);
+}
+
 // 2. A node going down is visible ---------------------------------------------------
 
 /// The log lines of the threads that capture (see [`capturing`]), written by a

@@ -384,7 +384,7 @@ impl Batch {
         }
         node.in_flight.fetch_add(1, Ordering::AcqRel);
         state.counted = true;
-        let mut conn = node.conn.clone();
+        let conn = node.conn.clone();
         let mut send: Sending = Box::pin(async move { conn.send_many(&pipe, 0, sent).await });
         // The first poll hands the commands to the connection; made while the node's
         // `open` is held, so that no later batch reaches the connection first.
@@ -549,15 +549,15 @@ impl Replies {
 }
 
 impl Batching {
-    /// Runs `send` on the connection without a batch where that is what a batch would
+    /// Runs what `send` makes without a batch where that is what a batch would
     /// do: always where this node does not batch, and where nothing of the node is in
     /// flight and no batch is open ([`Solo`]). `None`: the caller joins a batch.
     async fn without_batch<'a, T, F, Fut>(&'a self, send: F) -> Option<T>
     where
-        F: FnOnce(Resending) -> Fut,
+        F: FnOnce() -> Fut,
         Fut: Future<Output = T> + Send + 'a,
     {
-        let make = || alone(send(self.node.conn.clone()));
+        let make = || alone(send());
         if !self.node.batched {
             return Some(make().await);
         }
@@ -567,7 +567,8 @@ impl Batching {
 
 impl SendOne for Batching {
     async fn send_one(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        let send = |mut conn: Resending| async move { conn.send_one(cmd).await };
+        let conn = &self.node.conn;
+        let send = || async move { conn.send(cmd).await?.extract_error() };
         if let Some(reply) = self.without_batch(send).await {
             return reply;
         }
@@ -578,9 +579,11 @@ impl SendOne for Batching {
     }
 
     async fn send_pipeline(&mut self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
-        let send = |mut conn: Resending| async move { conn.send_pipeline(pipe).await };
+        let conn = &self.node.conn;
+        let send =
+            || async move { Ok(one_result_each(conn.send_many(pipe, 0, pipe.len()).await?)) };
         if pipe.is_empty() {
-            return alone(send(self.node.conn.clone())).await;
+            return alone(send()).await;
         }
         if let Some(replies) = self.without_batch(send).await {
             return replies;
@@ -660,7 +663,7 @@ impl ConnectionLike for Batching {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             if !self.node.batched {
-                return self.node.conn.clone().send(cmd).await;
+                return self.node.conn.send(cmd).await;
             }
             Ok(self.send(Commands::One(cmd.clone())).await?.one())
         })
@@ -676,8 +679,7 @@ impl ConnectionLike for Batching {
             if !self.node.batched || offset != 0 || count != pipeline.len() || count == 0 {
                 // Unbatched, a transaction (its replies are not one per command), or
                 // nothing: as is.
-                let mut conn = self.node.conn.clone();
-                return conn.send_many(pipeline, offset, count).await;
+                return self.node.conn.send_many(pipeline, offset, count).await;
             }
             let commands = Commands::Many(pipeline.cmd_iter().cloned().collect());
             Ok(self.send(commands).await?.many())
@@ -685,21 +687,19 @@ impl ConnectionLike for Batching {
     }
 
     fn get_db(&self) -> i64 {
-        self.node.conn.get_db()
+        self.node.conn.db()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+    use redis::AsyncConnectionConfig;
 
     use super::*;
 
     fn batching() -> Batching {
         let client = redis::Client::open("redis://127.0.0.1:1/0").unwrap();
-        let conn = ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
-            .unwrap();
-        Batching::new(Resending::new(conn))
+        Batching::new(Resending::new(client, AsyncConnectionConfig::new()))
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -721,10 +721,8 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("redis://{}/0", listener.local_addr().unwrap());
         let client = redis::Client::open(url).unwrap();
-        let conn = ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
-            .unwrap();
         let (mut first_conn, mut second_conn) = {
-            let batching = Batching::new(Resending::new(conn));
+            let batching = Batching::new(Resending::new(client, AsyncConnectionConfig::new()));
             (batching.clone(), batching)
         };
         let node = first_conn.node.clone();

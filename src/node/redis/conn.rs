@@ -1,20 +1,28 @@
-//! The command connection of the standalone and Sentinel nodes: redis-rs's
-//! `ConnectionManager`, plus one resend when the connection is found broken. The nodes
-//! use it through `batching.rs`, which sends concurrent callers' commands together.
+//! The command connection of the standalone and Sentinel nodes: one redis-rs
+//! `MultiplexedConnection` at a time, made on first use and made again when found
+//! broken, plus one resend when a command finds it broken. The nodes use it through
+//! `batching.rs`, which sends concurrent callers' commands together.
+//!
+//! # Why not redis-rs's `ConnectionManager`
+//!
+//! It does the same reconnecting, and every command paid for its generality: an
+//! `ArcSwap` load, a clone of a shared future and a poll of it, on top of the
+//! connection's own clone (3–4 % of the client's CPU time per acquire + release under
+//! Tokio's current-thread runtime, `BENCHMARKS.md`). Here a command takes a lock held
+//! only to clone the connection. The manager also handed the next caller the
+//! outcome of its last attempt to connect, a refusal possibly from while the server
+//! was still down; here a failed attempt is nobody's but its own callers'.
 //!
 //! # Why a resend
 //!
-//! A `ConnectionManager` learns that its connection died only when it is used: a
-//! server restarted while the locker was idle leaves a dead connection behind, the
-//! next command fails on it (`broken pipe`), and only then does the manager start a
-//! new connection. Without a resend that first command (an acquisition, on every
+//! A connection that died is found so only when used: a server restarted while the
+//! locker was idle leaves a dead connection behind, and the next command fails on it
+//! (`broken pipe`). Without a resend that first command (an acquisition, on every
 //! restarted node at once) fails although the servers are up again. So a command
-//! that fails because the connection is broken is sent once more, on the new
-//! connection; the locker's per-node timeout bounds both sends together.
-//!
-//! A refused connection is resent too: the manager hands the next caller the cached
-//! outcome of its last connection attempt (possibly made while the server was still
-//! down) and only then starts a new attempt, so a refusal may be stale.
+//! that fails because the connection is broken is sent once more, on a new
+//! connection; the locker's per-node timeout bounds both sends together. A refused
+//! connection is resent too (one more attempt to connect): the server may have come
+//! up since the attempt the command waited for began.
 //!
 //! # Why resending is safe
 //!
@@ -47,38 +55,70 @@
 //! or will refuse the second one alike.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value,
+};
 
-/// A node's command connection: multiplexed, cheap to clone, re-established when found
-/// broken, and resending once a command that failed on a broken connection (see the
-/// module docs for why that is safe for every command the nodes send).
+/// A node's command connection: multiplexed, cheap to clone (every clone shares the
+/// connection), made on first use, made again after it was found broken, and resending
+/// once a command that failed on a broken connection (see the module docs for why that
+/// is safe for every command the nodes send).
 #[derive(Clone)]
-pub(crate) struct Resending(ConnectionManager);
+pub(crate) struct Resending(Arc<Link>);
+
+/// What the clones of a [`Resending`] share.
+struct Link {
+    client: Client,
+    config: AsyncConnectionConfig,
+    state: Mutex<State>,
+}
+
+/// An attempt to connect, shared by every caller that waits for it; it ends with the
+/// connection and its number.
+type Attempt = Shared<BoxFuture<'static, RedisResult<(MultiplexedConnection, u64)>>>;
+
+enum State {
+    /// No connection and no attempt: before the first command, and after the
+    /// connection was found broken or an attempt failed. The next command makes an
+    /// attempt, so a failure is never handed to a later caller (redis-rs's
+    /// `ConnectionManager`, which this replaces, kept the outcome of its last attempt
+    /// for the next caller, possibly a refusal from while the server was still down).
+    Idle,
+    Connecting {
+        attempt: Attempt,
+        number: u64,
+    },
+    /// Numbered, so that a failure seen on an older connection does not drop this one.
+    Ready {
+        conn: MultiplexedConnection,
+        number: u64,
+    },
+}
 
 impl Resending {
-    pub(crate) fn new(conn: ConnectionManager) -> Self {
-        Resending(conn)
+    /// A connection to `client`'s server with `config`, made on first use.
+    pub(crate) fn new(client: Client, config: AsyncConnectionConfig) -> Self {
+        Resending(Arc::new(Link {
+            client,
+            config,
+            state: Mutex::new(State::Idle),
+        }))
     }
-}
 
-/// The connection was found broken or could not be made: the manager has started a
-/// new connection, which a resend waits for.
-fn found_broken(e: &RedisError) -> bool {
-    // `is_connection_dropped` covers a reset, aborted or closed connection and a
-    // refusal; a timeout is not one of them.
-    e.is_connection_dropped() && !e.is_timeout()
-}
-
-impl Resending {
     /// Sends `cmd`, and once more if the connection was found broken.
-    pub(crate) async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        match self.0.send_packed_command(cmd).await {
+    pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let (mut conn, number) = self.connection().await?;
+        match self.observe(number, conn.send_packed_command(cmd).await) {
             Err(e) if found_broken(&e) => {
                 tracing::debug!(error = %e, "connection found broken: sending again");
-                self.0.send_packed_command(cmd).await
+                let (mut conn, number) = self.connection().await?;
+                self.observe(number, conn.send_packed_command(cmd).await)
             }
             other => other,
         }
@@ -87,19 +127,120 @@ impl Resending {
     /// Sends `count` commands of `pipeline` from `offset`, and once more if the
     /// connection was found broken.
     pub(crate) async fn send_many(
-        &mut self,
+        &self,
         pipeline: &Pipeline,
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        match self.0.send_packed_commands(pipeline, offset, count).await {
+        let (mut conn, number) = self.connection().await?;
+        let sent = conn.send_packed_commands(pipeline, offset, count).await;
+        match self.observe(number, sent) {
             Err(e) if found_broken(&e) => {
                 tracing::debug!(error = %e, "connection found broken: sending again");
-                self.0.send_packed_commands(pipeline, offset, count).await
+                let (mut conn, number) = self.connection().await?;
+                let sent = conn.send_packed_commands(pipeline, offset, count).await;
+                self.observe(number, sent)
             }
             other => other,
         }
     }
+
+    /// The connection and its number: the current one, or the one an attempt (this
+    /// caller's or an earlier caller's) makes. A failed attempt's error is the
+    /// caller's; as a connection found broken, it is resent once, on a new attempt.
+    async fn connection(&self) -> RedisResult<(MultiplexedConnection, u64)> {
+        let attempt = {
+            let mut state = self.0.lock();
+            match &*state {
+                State::Ready { conn, number } => return Ok((conn.clone(), *number)),
+                State::Connecting { attempt, .. } => attempt.clone(),
+                State::Idle => self.0.start(&mut state),
+            }
+        };
+        attempt.await
+    }
+
+    /// Passes `outcome` on, first dropping connection `number` if the error says it is
+    /// of no further use (redis-rs's `is_unrecoverable_error`: dropped, or a reply it
+    /// could not parse), so that the next command makes a new one.
+    fn observe<T>(&self, number: u64, outcome: RedisResult<T>) -> RedisResult<T> {
+        if let Err(e) = &outcome {
+            if e.is_unrecoverable_error() {
+                let mut state = self.0.lock();
+                if matches!(&*state, State::Ready { number: current, .. } if *current == number) {
+                    *state = State::Idle;
+                }
+            }
+        }
+        outcome
+    }
+
+    /// The database the connection selects.
+    pub(crate) fn db(&self) -> i64 {
+        self.0.client.get_connection_info().redis_settings().db()
+    }
+}
+
+impl Link {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts an attempt to connect (`state` is this link's, locked and idle), in a
+    /// task of its own where there is a runtime: it completes, and leaves its
+    /// connection for the next caller, even when every caller waiting for it gave up
+    /// (their per-node timeout is shorter than the attempt's).
+    fn start(self: &Arc<Self>, state: &mut State) -> Attempt {
+        let number = NEXT_NUMBER.fetch_add(1, Ordering::Relaxed);
+        let link = Arc::downgrade(self);
+        let (client, config) = (self.client.clone(), self.config.clone());
+        let attempt = connect(link, client, config, number).boxed().shared();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(attempt.clone().map(drop));
+        }
+        *state = State::Connecting {
+            attempt: attempt.clone(),
+            number,
+        };
+        attempt
+    }
+}
+
+/// Numbers connections, in every link of the process: unique is all they need be.
+static NEXT_NUMBER: AtomicU64 = AtomicU64::new(1);
+
+/// Attempt `number`: connects, and makes the outcome the link's state (the connection,
+/// or idle after a failure) unless the link moved on meanwhile.
+async fn connect(
+    link: Weak<Link>,
+    client: Client,
+    config: AsyncConnectionConfig,
+    number: u64,
+) -> RedisResult<(MultiplexedConnection, u64)> {
+    let outcome = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await;
+    if let Some(link) = link.upgrade() {
+        let mut state = link.lock();
+        if matches!(&*state, State::Connecting { number: current, .. } if *current == number) {
+            *state = match &outcome {
+                Ok(conn) => State::Ready {
+                    conn: conn.clone(),
+                    number,
+                },
+                Err(_) => State::Idle,
+            };
+        }
+    }
+    outcome.map(|conn| (conn, number))
+}
+
+/// The connection was found broken or could not be made: the next command (the
+/// resend) makes a new one.
+fn found_broken(e: &RedisError) -> bool {
+    // `is_connection_dropped` covers a reset, aborted or closed connection and a
+    // refusal; a timeout is not one of them.
+    e.is_connection_dropped() && !e.is_timeout()
 }
 
 /// A connection that sends one command, or one pipeline, as `query_async` does,
@@ -173,7 +314,7 @@ impl ConnectionLike for Resending {
     }
 
     fn get_db(&self) -> i64 {
-        self.0.get_db()
+        self.db()
     }
 }
 

@@ -6,8 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, IntoConnectionInfo};
+use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo};
 
 use crate::error::ConfigError;
 use crate::node::identity;
@@ -30,8 +29,8 @@ use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, Sto
 
 /// One Redis server (standalone master) as a lock node.
 ///
-/// Commands go over one multiplexed connection that reconnects by itself
-/// (redis-rs's `ConnectionManager`), shared by every lease and every task: ten
+/// Commands go over one multiplexed connection (redis-rs's `MultiplexedConnection`,
+/// made again by the node when found broken), shared by every lease and every task: ten
 /// thousand leases renew over one connection. Under Tokio's multi-thread runtime the
 /// commands that concurrent tasks send while an earlier batch is on its way go out
 /// together, as one pipeline in the order they were given (one write and one packet,
@@ -153,15 +152,13 @@ impl RedisNode {
         let info = client.get_connection_info();
         let address = identity::address(info.addr());
         let name: Arc<str> = format!("redis://{address}/{}", info.redis_settings().db()).into();
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), connection_config())
-            .map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
         let hub = Hub::new(name.clone(), &client)
             .map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
         Ok(RedisNode {
             inner: Arc::new(Inner {
                 name,
                 address,
-                conn: Batching::new(Resending::new(conn)),
+                conn: Batching::new(Resending::new(client.clone(), connection_config())),
                 hub,
                 client,
             }),
@@ -234,13 +231,11 @@ impl RedisNode {
     }
 }
 
-fn connection_config() -> ConnectionManagerConfig {
-    // Reconnect quickly: a restarted node should vote again within milliseconds, and
-    // every caller is bounded by the per-node timeout anyway.
-    ConnectionManagerConfig::new()
-        .set_min_delay(Duration::from_millis(5))
-        .set_max_delay(Duration::from_millis(200))
-        .set_number_of_retries(2)
+fn connection_config() -> AsyncConnectionConfig {
+    // An attempt to connect outlives the callers' per-node timeout, so that a slow
+    // network still gets a connection for the next caller; it is made once per
+    // attempt, the next command (or its resend) making the next.
+    AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(2)))
         .set_response_timeout(None)
         .set_pipeline_buffer_size(1024)
