@@ -108,6 +108,72 @@ async fn one_batch_in_flight(
     (node, first, in_flight)
 }
 
+/// Callers that find the node's connection not made yet (a new node's first callers, or
+/// those that come while it reconnects) wait for it in line, and their commands reach
+/// the server in the order they came, as on a connection already made. Here each of
+/// them acquires the same key: the first to come must be the one granted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_waiting_for_the_connection_are_sent_in_the_order_they_came() {
+    let mut server = RedisServer::start();
+    // Paused before the node's first command: nothing the server would answer (the
+    // connection's set-up, the commands) is answered until it resumes.
+    server.pause();
+    let node = RedisNode::open(server.url()).unwrap();
+    let owner = owners().await;
+    let contenders: Vec<Call> = (0..16)
+        .map(|i| Call {
+            keys: keys("first-come"),
+            owner: owner.for_node(i),
+        })
+        .collect();
+    let mut calls = Vec::new();
+    for contender in &contenders {
+        let mut call = contender.acquire(&node, false);
+        assert!(poll_once(&mut call).await.is_pending());
+        // In a task of its own from now on, as each request's call would be.
+        calls.push(tokio::spawn(finish(call)));
+    }
+    server.resume();
+    let mut granted = Vec::new();
+    for call in calls {
+        granted.push(acquired(call.await.unwrap()));
+    }
+    assert_eq!(
+        server.get(&contenders[0].keys.lock),
+        Some(contenders[0].owner()),
+        "granted, in the order they came: {granted:?}"
+    );
+    assert_eq!(granted.iter().filter(|g| **g).count(), 1);
+}
+
+/// A caller dropped while its command waits for the connection takes the command back:
+/// it is never sent, and the callers after it keep their order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_dropped_while_waiting_for_the_connection_is_never_sent() {
+    let mut server = RedisServer::start();
+    server.pause();
+    let node = RedisNode::open(server.url()).unwrap();
+    let owner = owners().await;
+    let (dropped, next) = (
+        Call {
+            keys: keys("taken-back"),
+            owner: owner.for_node(0),
+        },
+        Call {
+            keys: keys("taken-back"),
+            owner: owner.for_node(1),
+        },
+    );
+    let mut dropped_call = dropped.acquire(&node, false);
+    assert!(poll_once(&mut dropped_call).await.is_pending());
+    let mut next_call = next.acquire(&node, false);
+    assert!(poll_once(&mut next_call).await.is_pending());
+    drop(dropped_call);
+    server.resume();
+    assert!(acquired(finish(next_call).await));
+    assert_eq!(server.get(&next.keys.lock), Some(next.owner()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_dropped_before_sending_sends_the_others_commands_not_its_own() {
     let mut server = RedisServer::start();

@@ -37,7 +37,8 @@
 //!
 //! * Commands reach the connection in the order they were given to it, as redis-rs
 //!   alone guarantees: a batch is closed and handed to the connection in one step,
-//!   under the node's lock, so no later batch can overtake it. (A release issued after
+//!   under the node's lock, so no later batch can overtake it. (While the connection is
+//!   being made, its callers wait in line for it: `conn.rs`.) (A release issued after
 //!   a cancelled acquire must not run before it, or the acquire would leave its key
 //!   behind.)
 //! * A caller dropped before its batch was sent takes its commands out: they are never

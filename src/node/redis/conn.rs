@@ -9,9 +9,15 @@
 //! `ArcSwap` load, a clone of a shared future and a poll of it, on top of the
 //! connection's own clone (3–4 % of the client's CPU time per acquire + release under
 //! Tokio's current-thread runtime, `BENCHMARKS.md`). Here a command takes a lock held
-//! only to clone the connection. The manager also handed the next caller the
-//! outcome of its last attempt to connect, a refusal possibly from while the server
-//! was still down; here a failed attempt is nobody's but its own callers'.
+//! only to clone the connection. Two of its behaviours were wrong for a lock:
+//!
+//! * Commands that came while it (re)connected all awaited the attempt and went out in
+//!   the order the scheduler woke them, not the order given: a waiter's leave could
+//!   overtake the attempt that queued it and leave it queued. Here they are held in
+//!   order and sent in one go when the connection is made (`Held`).
+//! * It handed the next caller the outcome of its last attempt to connect, a refusal
+//!   possibly from while the server was still down. Here a failed attempt fails only
+//!   the commands that waited for it.
 //!
 //! # Why a resend
 //!
@@ -54,16 +60,20 @@
 //! authentication) is not resent: the server may still be busy with the first send,
 //! or will refuse the second one alike.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::task::{Context, Waker};
 
-use futures_util::future::{BoxFuture, FutureExt, Shared};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value,
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
+    Value,
 };
+use tokio::sync::oneshot;
 
 /// A node's command connection: multiplexed, cheap to clone (every clone shares the
 /// connection), made on first use, made again after it was found broken, and resending
@@ -79,26 +89,87 @@ struct Link {
     state: Mutex<State>,
 }
 
-/// An attempt to connect, shared by every caller that waits for it; it ends with the
-/// connection and its number.
-type Attempt = Shared<BoxFuture<'static, RedisResult<(MultiplexedConnection, u64)>>>;
+struct State {
+    connection: Connection,
+    /// Commands given while no connection was ready, in the order given. They go out in
+    /// that order, all at once, as soon as one is (see [`Held`]).
+    held: VecDeque<Held>,
+    /// The number of the next command held.
+    next_held: u64,
+}
 
-enum State {
+enum Connection {
     /// No connection and no attempt: before the first command, and after the
     /// connection was found broken or an attempt failed. The next command makes an
     /// attempt, so a failure is never handed to a later caller (redis-rs's
     /// `ConnectionManager`, which this replaces, kept the outcome of its last attempt
     /// for the next caller, possibly a refusal from while the server was still down).
     Idle,
-    Connecting {
-        attempt: Attempt,
-        number: u64,
-    },
+    /// An attempt, in a task of its own, numbered as the connection it makes.
+    Connecting(u64),
     /// Numbered, so that a failure seen on an older connection does not drop this one.
     Ready {
         conn: MultiplexedConnection,
         number: u64,
     },
+}
+
+/// A command given while no connection was ready: a new node's first commands, and
+/// those that come while it reconnects. Held in order and sent in that order, in one
+/// go, when the connection is made (or failed with its error when it cannot be), so
+/// that they reach the server in the order given, as on a connection already made.
+/// Woken together to send each its own, they would go in the order the scheduler runs
+/// them: a waiter's leave could overtake the attempt that queued it, and leave it
+/// queued.
+struct Held {
+    number: u64,
+    commands: Commands,
+    reply: oneshot::Sender<(RedisResult<Replies>, u64)>,
+}
+
+/// What one send carries: a command, or commands of a pipeline (`offset`, `count`).
+enum Given<'a> {
+    One(&'a Cmd),
+    Many(&'a Pipeline, usize, usize),
+}
+
+/// [`Given`], owned, for a command held.
+enum Commands {
+    One(Cmd),
+    Many(Pipeline, usize, usize),
+}
+
+enum Replies {
+    One(Value),
+    Many(Vec<Value>),
+}
+
+impl Given<'_> {
+    async fn send(&self, conn: &mut MultiplexedConnection) -> RedisResult<Replies> {
+        match *self {
+            Given::One(cmd) => conn.send_packed_command(cmd).await.map(Replies::One),
+            Given::Many(pipeline, offset, count) => conn
+                .send_packed_commands(pipeline, offset, count)
+                .await
+                .map(Replies::Many),
+        }
+    }
+
+    fn to_owned(&self) -> Commands {
+        match *self {
+            Given::One(cmd) => Commands::One(cmd.clone()),
+            Given::Many(pipeline, offset, count) => Commands::Many(pipeline.clone(), offset, count),
+        }
+    }
+}
+
+impl Commands {
+    fn given(&self) -> Given<'_> {
+        match self {
+            Commands::One(cmd) => Given::One(cmd),
+            Commands::Many(pipeline, offset, count) => Given::Many(pipeline, *offset, *count),
+        }
+    }
 }
 
 impl Resending {
@@ -107,20 +178,19 @@ impl Resending {
         Resending(Arc::new(Link {
             client,
             config,
-            state: Mutex::new(State::Idle),
+            state: Mutex::new(State {
+                connection: Connection::Idle,
+                held: VecDeque::new(),
+                next_held: 0,
+            }),
         }))
     }
 
     /// Sends `cmd`, and once more if the connection was found broken.
     pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
-        let (mut conn, number) = self.connection().await?;
-        match self.observe(number, conn.send_packed_command(cmd).await) {
-            Err(e) if found_broken(&e) => {
-                tracing::debug!(error = %e, "connection found broken: sending again");
-                let (mut conn, number) = self.connection().await?;
-                self.observe(number, conn.send_packed_command(cmd).await)
-            }
-            other => other,
+        match self.send_resending(Given::One(cmd)).await? {
+            Replies::One(value) => Ok(value),
+            Replies::Many(_) => Err(internal("a pipeline's replies for one command")),
         }
     }
 
@@ -132,32 +202,34 @@ impl Resending {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        let (mut conn, number) = self.connection().await?;
-        let sent = conn.send_packed_commands(pipeline, offset, count).await;
-        match self.observe(number, sent) {
+        match self
+            .send_resending(Given::Many(pipeline, offset, count))
+            .await?
+        {
+            Replies::Many(values) => Ok(values),
+            Replies::One(_) => Err(internal("one reply for a pipeline")),
+        }
+    }
+
+    async fn send_resending(&self, given: Given<'_>) -> RedisResult<Replies> {
+        match self.send_once(&given).await {
             Err(e) if found_broken(&e) => {
                 tracing::debug!(error = %e, "connection found broken: sending again");
-                let (mut conn, number) = self.connection().await?;
-                let sent = conn.send_packed_commands(pipeline, offset, count).await;
-                self.observe(number, sent)
+                self.send_once(&given).await
             }
             other => other,
         }
     }
 
-    /// The connection and its number: the current one, or the one an attempt (this
-    /// caller's or an earlier caller's) makes. A failed attempt's error is the
-    /// caller's; as a connection found broken, it is resent once, on a new attempt.
-    async fn connection(&self) -> RedisResult<(MultiplexedConnection, u64)> {
-        let attempt = {
-            let mut state = self.0.lock();
-            match &*state {
-                State::Ready { conn, number } => return Ok((conn.clone(), *number)),
-                State::Connecting { attempt, .. } => attempt.clone(),
-                State::Idle => self.0.start(&mut state),
-            }
+    /// Sends `given` on the connection if one is ready and nothing is held, else holds
+    /// it until one is (see [`Held`]); then passes the outcome to
+    /// [`observe`](Self::observe).
+    async fn send_once(&self, given: &Given<'_>) -> RedisResult<Replies> {
+        let (outcome, number) = match self.0.ready_or_hold(given) {
+            Ok((mut conn, number)) => (given.send(&mut conn).await, number),
+            Err(held) => held.replies().await,
         };
-        attempt.await
+        self.observe(number, outcome)
     }
 
     /// Passes `outcome` on, first dropping connection `number` if the error says it is
@@ -167,8 +239,9 @@ impl Resending {
         if let Err(e) = &outcome {
             if e.is_unrecoverable_error() {
                 let mut state = self.0.lock();
-                if matches!(&*state, State::Ready { number: current, .. } if *current == number) {
-                    *state = State::Idle;
+                if matches!(&state.connection, Connection::Ready { number: current, .. } if *current == number)
+                {
+                    state.connection = Connection::Idle;
                 }
             }
         }
@@ -181,28 +254,85 @@ impl Resending {
     }
 }
 
+/// A caller's command held (see [`Held`]); dropped before it was sent, it takes the
+/// command back: it is never sent, as redis-rs never sends a command dropped before it
+/// took it.
+struct HeldPlace<'a> {
+    link: &'a Link,
+    number: u64,
+    reply: oneshot::Receiver<(RedisResult<Replies>, u64)>,
+}
+
+impl HeldPlace<'_> {
+    async fn replies(mut self) -> (RedisResult<Replies>, u64) {
+        match (&mut self.reply).await {
+            Ok(replied) => replied,
+            // Its sender went without a word: only a send dropped with the runtime.
+            Err(_) => (Err(internal("the command's send was dropped")), 0),
+        }
+    }
+}
+
+impl Drop for HeldPlace<'_> {
+    fn drop(&mut self) {
+        let mut state = self.link.lock();
+        if let Some(at) = state.held.iter().position(|h| h.number == self.number) {
+            state.held.remove(at);
+        }
+    }
+}
+
 impl Link {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts an attempt to connect (`state` is this link's, locked and idle), in a
-    /// task of its own where there is a runtime: it completes, and leaves its
-    /// connection for the next caller, even when every caller waiting for it gave up
-    /// (their per-node timeout is shorter than the attempt's).
-    fn start(self: &Arc<Self>, state: &mut State) -> Attempt {
+    /// The connection and its number if one is ready and no command is held; else
+    /// `given` held, an attempt to connect under way.
+    fn ready_or_hold(
+        self: &Arc<Self>,
+        given: &Given<'_>,
+    ) -> Result<(MultiplexedConnection, u64), HeldPlace<'_>> {
+        let mut state = self.lock();
+        if let Connection::Ready { conn, number } = &state.connection {
+            if state.held.is_empty() {
+                return Ok((conn.clone(), *number));
+            }
+        }
+        let (sender, reply) = oneshot::channel();
+        let number = state.next_held;
+        state.next_held += 1;
+        state.held.push_back(Held {
+            number,
+            commands: given.to_owned(),
+            reply: sender,
+        });
+        if matches!(state.connection, Connection::Idle) {
+            self.start(&mut state);
+        }
+        Err(HeldPlace {
+            link: self,
+            number,
+            reply,
+        })
+    }
+
+    /// Starts an attempt to connect (`state` is this link's, locked, idle), in a task
+    /// of its own: it completes, and leaves its connection for the next caller, even
+    /// when every caller waiting for it gave up (their per-node timeout is shorter
+    /// than the attempt's). Outside a runtime (none to connect on) the commands held
+    /// fail.
+    fn start(self: &Arc<Self>, state: &mut State) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let error = internal("no Tokio runtime to connect on");
+            release_held(state, Err(error), 0);
+            return;
+        };
         let number = NEXT_NUMBER.fetch_add(1, Ordering::Relaxed);
+        state.connection = Connection::Connecting(number);
         let link = Arc::downgrade(self);
         let (client, config) = (self.client.clone(), self.config.clone());
-        let attempt = connect(link, client, config, number).boxed().shared();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(attempt.clone().map(drop));
-        }
-        *state = State::Connecting {
-            attempt: attempt.clone(),
-            number,
-        };
-        attempt
+        runtime.spawn(connect(link, client, config, number));
     }
 }
 
@@ -210,29 +340,69 @@ impl Link {
 static NEXT_NUMBER: AtomicU64 = AtomicU64::new(1);
 
 /// Attempt `number`: connects, and makes the outcome the link's state (the connection,
-/// or idle after a failure) unless the link moved on meanwhile.
-async fn connect(
-    link: Weak<Link>,
-    client: Client,
-    config: AsyncConnectionConfig,
-    number: u64,
-) -> RedisResult<(MultiplexedConnection, u64)> {
+/// or idle after a failure), sending the commands held on it or failing them with the
+/// attempt's error.
+async fn connect(link: Weak<Link>, client: Client, config: AsyncConnectionConfig, number: u64) {
     let outcome = client
         .get_multiplexed_async_connection_with_config(&config)
         .await;
-    if let Some(link) = link.upgrade() {
-        let mut state = link.lock();
-        if matches!(&*state, State::Connecting { number: current, .. } if *current == number) {
-            *state = match &outcome {
-                Ok(conn) => State::Ready {
-                    conn: conn.clone(),
-                    number,
-                },
-                Err(_) => State::Idle,
-            };
+    let Some(link) = link.upgrade() else {
+        return;
+    };
+    let mut state = link.lock();
+    if !matches!(state.connection, Connection::Connecting(current) if current == number) {
+        return;
+    }
+    match outcome {
+        Ok(conn) => {
+            release_held(&mut state, Ok(&conn), number);
+            state.connection = Connection::Ready { conn, number };
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot connect");
+            release_held(&mut state, Err(e), number);
+            state.connection = Connection::Idle;
         }
     }
-    outcome.map(|conn| (conn, number))
+}
+
+/// Sends every command held on `conn`, in the order given: each is handed to redis-rs
+/// here (a send takes its command at its first poll), and one task awaits the replies
+/// and passes each on. With an error instead, each held command fails with it.
+fn release_held(state: &mut State, conn: RedisResult<&MultiplexedConnection>, number: u64) {
+    let held = std::mem::take(&mut state.held);
+    let conn = match conn {
+        Ok(conn) => conn,
+        Err(e) => {
+            for one in held {
+                let _ = one.reply.send((Err(e.clone()), number));
+            }
+            return;
+        }
+    };
+    let mut sending = FuturesUnordered::new();
+    for one in held {
+        let mut conn = conn.clone();
+        let mut send = Box::pin(async move {
+            let replies = one.commands.given().send(&mut conn).await;
+            let _ = one.reply.send((replies, number));
+        });
+        // The first poll hands the command over; its reply is awaited below.
+        if send
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending()
+        {
+            sending.push(send);
+        }
+    }
+    if !sending.is_empty() {
+        tokio::spawn(async move { while sending.next().await.is_some() {} });
+    }
+}
+
+fn internal(what: &'static str) -> RedisError {
+    RedisError::from((ErrorKind::Client, "node connection", what.to_owned()))
 }
 
 /// The connection was found broken or could not be made: the next command (the
