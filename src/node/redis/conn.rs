@@ -7,7 +7,7 @@
 //!
 //! It does the same reconnecting, and every command paid for its generality: an
 //! `ArcSwap` load, a clone of a shared future and a poll of it, on top of the
-//! connection's own clone (3–4 % of the client's CPU time per acquire + release under
+//! connection's own clone (3–5 % of the client's CPU time per acquire + release under
 //! Tokio's current-thread runtime, `BENCHMARKS.md`). Here a command takes a lock held
 //! only to clone the connection. Two of its behaviours were wrong for a lock:
 //!
