@@ -108,24 +108,34 @@ async fn one_batch_in_flight(
     (node, first, in_flight)
 }
 
-/// Callers that find the node's connection not made yet (a new node's first callers, or
-/// those that come while it reconnects) wait for it in line, and their commands reach
-/// the server in the order they came, as on a connection already made. Here each of
-/// them acquires the same key: the first to come must be the one granted it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn callers_waiting_for_the_connection_are_sent_in_the_order_they_came() {
+/// A paused server, a node that has not connected to it yet, and `count` callers that
+/// contend for resource `name`, each with an owner value of its own.
+async fn before_the_first_connection(
+    name: &str,
+    count: usize,
+) -> (RedisServer, RedisNode, Vec<Call>) {
     let mut server = RedisServer::start();
     // Paused before the node's first command: nothing the server would answer (the
     // connection's set-up, the commands) is answered until it resumes.
     server.pause();
     let node = RedisNode::open(server.url()).unwrap();
     let owner = owners().await;
-    let contenders: Vec<Call> = (0..16)
+    let contenders = (0..count)
         .map(|i| Call {
-            keys: keys("first-come"),
+            keys: keys(name),
             owner: owner.for_node(i),
         })
         .collect();
+    (server, node, contenders)
+}
+
+/// Callers that find the node's connection not made yet (a new node's first callers, or
+/// those that come while it reconnects) wait for it in line, and their commands reach
+/// the server in the order they came, as on a connection already made. Here each of
+/// them acquires the same key: the first to come must be the one granted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_waiting_for_the_connection_are_sent_in_the_order_they_came() {
+    let (mut server, node, contenders) = before_the_first_connection("first-come", 16).await;
     let mut calls = Vec::new();
     for contender in &contenders {
         let mut call = contender.acquire(&node, false);
@@ -150,20 +160,8 @@ async fn callers_waiting_for_the_connection_are_sent_in_the_order_they_came() {
 /// it is never sent, and the callers after it keep their order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_dropped_while_waiting_for_the_connection_is_never_sent() {
-    let mut server = RedisServer::start();
-    server.pause();
-    let node = RedisNode::open(server.url()).unwrap();
-    let owner = owners().await;
-    let (dropped, next) = (
-        Call {
-            keys: keys("taken-back"),
-            owner: owner.for_node(0),
-        },
-        Call {
-            keys: keys("taken-back"),
-            owner: owner.for_node(1),
-        },
-    );
+    let (mut server, node, contenders) = before_the_first_connection("taken-back", 2).await;
+    let (dropped, next) = (&contenders[0], &contenders[1]);
     let mut dropped_call = dropped.acquire(&node, false);
     assert!(poll_once(&mut dropped_call).await.is_pending());
     let mut next_call = next.acquire(&node, false);
