@@ -94,8 +94,8 @@ struct State {
     /// Commands given while no connection was ready, in the order given. They go out in
     /// that order, all at once, as soon as one is (see [`Held`]).
     held: VecDeque<Held>,
-    /// The number of the next command held.
-    next_held: u64,
+    /// The place of the next command held.
+    next_place: u64,
 }
 
 enum Connection {
@@ -122,10 +122,14 @@ enum Connection {
 /// them: a waiter's leave could overtake the attempt that queued it, and leave it
 /// queued.
 struct Held {
-    number: u64,
+    place: u64,
     commands: Commands,
-    reply: oneshot::Sender<(RedisResult<Replies>, u64)>,
+    reply: oneshot::Sender<Outcome>,
 }
+
+/// A send's outcome, with the number of the connection it went out on (for
+/// [`Resending::observe`]).
+type Outcome = (RedisResult<Replies>, u64);
 
 /// What one send carries: a command, or commands of a pipeline (`offset`, `count`).
 enum Given<'a> {
@@ -181,7 +185,7 @@ impl Resending {
             state: Mutex::new(State {
                 connection: Connection::Idle,
                 held: VecDeque::new(),
-                next_held: 0,
+                next_place: 0,
             }),
         }))
     }
@@ -259,12 +263,12 @@ impl Resending {
 /// took it.
 struct HeldPlace<'a> {
     link: &'a Link,
-    number: u64,
-    reply: oneshot::Receiver<(RedisResult<Replies>, u64)>,
+    place: u64,
+    reply: oneshot::Receiver<Outcome>,
 }
 
 impl HeldPlace<'_> {
-    async fn replies(mut self) -> (RedisResult<Replies>, u64) {
+    async fn replies(mut self) -> Outcome {
         match (&mut self.reply).await {
             Ok(replied) => replied,
             // Its sender went without a word: only a send dropped with the runtime.
@@ -276,7 +280,7 @@ impl HeldPlace<'_> {
 impl Drop for HeldPlace<'_> {
     fn drop(&mut self) {
         let mut state = self.link.lock();
-        if let Some(at) = state.held.iter().position(|h| h.number == self.number) {
+        if let Some(at) = state.held.iter().position(|h| h.place == self.place) {
             state.held.remove(at);
         }
     }
@@ -300,10 +304,10 @@ impl Link {
             }
         }
         let (sender, reply) = oneshot::channel();
-        let number = state.next_held;
-        state.next_held += 1;
+        let place = state.next_place;
+        state.next_place += 1;
         state.held.push_back(Held {
-            number,
+            place,
             commands: given.to_owned(),
             reply: sender,
         });
@@ -312,7 +316,7 @@ impl Link {
         }
         Err(HeldPlace {
             link: self,
-            number,
+            place,
             reply,
         })
     }
@@ -325,7 +329,7 @@ impl Link {
     fn start(self: &Arc<Self>, state: &mut State) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             let error = internal("no Tokio runtime to connect on");
-            release_held(state, Err(error), 0);
+            flush_held(state, Err(error), 0);
             return;
         };
         let number = NEXT_NUMBER.fetch_add(1, Ordering::Relaxed);
@@ -355,12 +359,12 @@ async fn connect(link: Weak<Link>, client: Client, config: AsyncConnectionConfig
     }
     match outcome {
         Ok(conn) => {
-            release_held(&mut state, Ok(&conn), number);
+            flush_held(&mut state, Ok(&conn), number);
             state.connection = Connection::Ready { conn, number };
         }
         Err(e) => {
             tracing::debug!(error = %e, "cannot connect");
-            release_held(&mut state, Err(e), number);
+            flush_held(&mut state, Err(e), number);
             state.connection = Connection::Idle;
         }
     }
@@ -369,7 +373,7 @@ async fn connect(link: Weak<Link>, client: Client, config: AsyncConnectionConfig
 /// Sends every command held on `conn`, in the order given: each is handed to redis-rs
 /// here (a send takes its command at its first poll), and one task awaits the replies
 /// and passes each on. With an error instead, each held command fails with it.
-fn release_held(state: &mut State, conn: RedisResult<&MultiplexedConnection>, number: u64) {
+fn flush_held(state: &mut State, conn: RedisResult<&MultiplexedConnection>, number: u64) {
     let held = std::mem::take(&mut state.held);
     let conn = match conn {
         Ok(conn) => conn,

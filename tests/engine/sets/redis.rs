@@ -126,11 +126,15 @@ async fn a_set_survives_a_node_down_and_is_refused_without_a_majority() {
         Err(LockError::Unavailable {
             answered, quorum, ..
         }) => {
-            assert_eq!((answered, quorum), (1, 2));
+            // The round ends once no majority is possible: the two dead nodes' refusals
+            // may both come before the live node's answer.
+            assert_eq!(quorum, 2);
+            assert!(answered <= 1, "{answered} nodes answered");
         }
         other => panic!("expected unavailable, got {other:?}"),
     }
-    // The one node that answered granted the set; the failed attempt takes it back.
+    // The live node granted the set, answering before the round ended or after: the
+    // failed attempt takes it back either way.
     no_lock_keys_left(&servers).await;
     assert_eq!(locker.local_resources(), 0);
 }
