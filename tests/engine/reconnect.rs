@@ -86,10 +86,10 @@ async fn first_acquire_after_the_only_node_restarts_succeeds() {
     first_acquire_after_restart(1, 1).await;
 }
 
-/// Kills `killed` of the servers, lets an acquisition fail on them (their connections
-/// now hold a failed connection attempt), starts them again, and checks that the very
-/// first acquisition afterwards succeeds on them: a refusal cached while the server was
-/// down is not taken for its answer once it is back.
+/// Kills `killed` of the servers, lets an acquisition fail on them (their last attempt
+/// to connect failed), starts them again, and checks that the very first acquisition
+/// afterwards succeeds on them: a refusal from while the server was down is not taken
+/// for its answer once it is back.
 async fn first_acquire_after_nodes_come_back(nodes: usize, killed: usize) {
     let mut servers = RedisServer::start_many(nodes);
     let locker = locker(&servers);
@@ -105,9 +105,9 @@ async fn first_acquire_after_nodes_come_back(nodes: usize, killed: usize) {
         attempt.unwrap().release().await;
     }
     // The nodes stay down a while, as in production, where they are down for minutes:
-    // long enough for the connections' own reconnection attempts (a few, tens of
-    // milliseconds apart) to have given up. Part of the scenario, not a synchronisation:
-    // no event is awaited, and a shorter wait would only make the test easier.
+    // long enough for every attempt to connect made meanwhile to have failed. Part of
+    // the scenario, not a synchronisation: no event is awaited, and a shorter wait
+    // would only make the test easier.
     tokio::time::sleep(IDLE_WHILE_DOWN).await;
     for server in servers.iter_mut().take(killed) {
         server.restart();
