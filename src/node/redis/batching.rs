@@ -58,9 +58,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::task::{Context, Poll, Wake, Waker};
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-use crate::node::redis::conn::{one_result_each, Resending, SendOne};
+use crate::node::redis::conn::{self, one_result_each, Replies, Resending, SendOne};
 
 /// A batch is sent as soon as this many callers joined it, without waiting for its
 /// leader: two smaller batches keep Redis and the client busy at the same time where one
@@ -102,12 +102,6 @@ impl Commands {
             Commands::Many(cmds) => cmds.len(),
         }
     }
-}
-
-/// One caller's replies, in the shape of its commands.
-enum Replies {
-    One(Value),
-    Many(Vec<Value>),
 }
 
 /// One batch. Its waker (`Wake for Batch`) is what the connection wakes when the
@@ -530,23 +524,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn internal(what: &'static str) -> RedisError {
-    RedisError::from((ErrorKind::Client, "command batching", what.to_owned()))
-}
-
-impl Replies {
-    fn one(self) -> Value {
-        match self {
-            Replies::One(value) => value,
-            Replies::Many(mut values) => values.pop().unwrap_or(Value::Nil),
-        }
-    }
-
-    fn many(self) -> Vec<Value> {
-        match self {
-            Replies::One(value) => vec![value],
-            Replies::Many(values) => values,
-        }
-    }
+    conn::internal("command batching", what)
 }
 
 impl Batching {

@@ -143,9 +143,26 @@ enum Commands {
     Many(Pipeline, usize, usize),
 }
 
-enum Replies {
+/// One caller's replies, in the shape of its commands (here and in `batching.rs`).
+pub(crate) enum Replies {
     One(Value),
     Many(Vec<Value>),
+}
+
+impl Replies {
+    pub(crate) fn one(self) -> Value {
+        match self {
+            Replies::One(value) => value,
+            Replies::Many(mut values) => values.pop().unwrap_or(Value::Nil),
+        }
+    }
+
+    pub(crate) fn many(self) -> Vec<Value> {
+        match self {
+            Replies::One(value) => vec![value],
+            Replies::Many(values) => values,
+        }
+    }
 }
 
 impl Given<'_> {
@@ -192,10 +209,7 @@ impl Resending {
 
     /// Sends `cmd`, and once more if the connection was found broken.
     pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
-        match self.send_resending(Given::One(cmd)).await? {
-            Replies::One(value) => Ok(value),
-            Replies::Many(_) => Err(internal("a pipeline's replies for one command")),
-        }
+        Ok(self.send_resending(Given::One(cmd)).await?.one())
     }
 
     /// Sends `count` commands of `pipeline` from `offset`, and once more if the
@@ -206,13 +220,8 @@ impl Resending {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        match self
-            .send_resending(Given::Many(pipeline, offset, count))
-            .await?
-        {
-            Replies::Many(values) => Ok(values),
-            Replies::One(_) => Err(internal("one reply for a pipeline")),
-        }
+        let replies = self.send_resending(Given::Many(pipeline, offset, count));
+        Ok(replies.await?.many())
     }
 
     async fn send_resending(&self, given: Given<'_>) -> RedisResult<Replies> {
@@ -272,7 +281,7 @@ impl HeldPlace<'_> {
         match (&mut self.reply).await {
             Ok(replied) => replied,
             // Its sender went without a word: only a send dropped with the runtime.
-            Err(_) => (Err(internal("the command's send was dropped")), 0),
+            Err(_) => (Err(internal(PART, "the command's send was dropped")), 0),
         }
     }
 }
@@ -328,7 +337,7 @@ impl Link {
     /// fail.
     fn start(self: &Arc<Self>, state: &mut State) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            let error = internal("no Tokio runtime to connect on");
+            let error = internal(PART, "no Tokio runtime to connect on");
             flush_held(state, Err(error), 0);
             return;
         };
@@ -405,8 +414,13 @@ fn flush_held(state: &mut State, conn: RedisResult<&MultiplexedConnection>, numb
     }
 }
 
-fn internal(what: &'static str) -> RedisError {
-    RedisError::from((ErrorKind::Client, "node connection", what.to_owned()))
+/// How this module's own errors name it.
+const PART: &str = "node connection";
+
+/// An error of the client's own making (not the server's, not the network's): `part`
+/// names the piece of the node that found it.
+pub(crate) fn internal(part: &'static str, what: &'static str) -> RedisError {
+    RedisError::from((ErrorKind::Client, part, what.to_owned()))
 }
 
 /// The connection was found broken or could not be made: the next command (the
