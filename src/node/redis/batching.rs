@@ -37,10 +37,10 @@
 //!
 //! * Commands reach the connection in the order they were given to it, as redis-rs
 //!   alone guarantees: a batch is closed and handed to the connection in one step,
-//!   under the node's lock, so no later batch can overtake it. (While the connection is
-//!   being made, its callers wait in line for it: `conn.rs`.) (A release issued after
+//!   under the node's lock, so no later batch can overtake it. (A release issued after
 //!   a cancelled acquire must not run before it, or the acquire would leave its key
-//!   behind.)
+//!   behind.) While the connection is being made, `conn.rs` holds what it is given in
+//!   that order and sends it in one go.
 //! * A caller dropped before its batch was sent takes its commands out: they are never
 //!   sent, as redis-rs does not send a request dropped before it took it. A leader
 //!   dropped before sending sends the others' commands on its way out (without waiting
