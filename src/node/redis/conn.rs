@@ -70,8 +70,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
-    Value,
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value,
 };
 use tokio::sync::oneshot;
 
@@ -222,6 +221,19 @@ impl Resending {
     ) -> RedisResult<Vec<Value>> {
         let replies = self.send_resending(Given::Many(pipeline, offset, count));
         Ok(replies.await?.many())
+    }
+
+    /// [`send`](Self::send), the reply's error as the `Err` (as [`SendOne::send_one`]).
+    pub(crate) async fn send_one(&self, cmd: &Cmd) -> RedisResult<Value> {
+        self.send(cmd).await?.extract_error()
+    }
+
+    /// Every command of `pipe`, one result each (as [`SendOne::send_pipeline`]).
+    pub(crate) async fn send_pipeline(
+        &self,
+        pipe: &Pipeline,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
+        Ok(one_result_each(self.send_many(pipe, 0, pipe.len()).await?))
     }
 
     async fn send_resending(&self, given: Given<'_>) -> RedisResult<Replies> {
@@ -450,16 +462,6 @@ pub(crate) trait SendOne: ConnectionLike + Send {
     ) -> impl Future<Output = RedisResult<Vec<RedisResult<Value>>>> + Send + 'a;
 }
 
-impl SendOne for Resending {
-    async fn send_one(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        self.send(cmd).await?.extract_error()
-    }
-
-    async fn send_pipeline(&mut self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
-        Ok(one_result_each(self.send_many(pipe, 0, pipe.len()).await?))
-    }
-}
-
 /// A pipeline's replies as `send_pipeline` gives them: a server error as its `Err`.
 pub(crate) fn one_result_each(replies: Vec<Value>) -> Vec<RedisResult<Value>> {
     replies
@@ -484,25 +486,6 @@ impl SendOne for ClusterConnection {
         pipe: &'a Pipeline,
     ) -> impl Future<Output = RedisResult<Vec<RedisResult<Value>>>> + Send + 'a {
         pipe.query_async(self)
-    }
-}
-
-impl ConnectionLike for Resending {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.send(cmd))
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(self.send_many(pipeline, offset, count))
-    }
-
-    fn get_db(&self) -> i64 {
-        self.db()
     }
 }
 
