@@ -40,6 +40,19 @@ CODE = {
     'acquire': lua('fence_rule', 'acquire_fast', 'hand_off', 'acquire'),
     'release': lua('release_fast', 'hand_off', 'release'),
     'fence': lua('fence_rule', 'fence'),
+    # Ideas measured and not taken (BENCHMARKS.md, session 12): the counter raised to
+    # the holder's token by the release, atomically with the delete, so the acquire
+    # only reads it with a plain GET; with a compare, and unconditionally.
+    'release-raise': "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end "
+                     "local c = tonumber(redis.call('GET', KEYS[3])) "
+                     "if not c or c < tonumber(ARGV[2]) then "
+                     "redis.call('SET', KEYS[3], ARGV[2], 'PX', '3600000') end "
+                     "if redis.call('EXISTS', KEYS[2]) == 0 then "
+                     "redis.call('DEL', KEYS[1]) return 1 end return 2",
+    'release-set': "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end "
+                   "redis.call('SET', KEYS[3], ARGV[2], 'PX', '3600000') "
+                   "if redis.call('EXISTS', KEYS[2]) == 0 then "
+                   "redis.call('DEL', KEYS[1]) return 1 end return 2",
     'unlock': 'if redis.call("get",KEYS[1]) == ARGV[1] then '
               'return redis.call("del",KEYS[1]) else return 0 end',
 }
@@ -77,6 +90,14 @@ def sequences():
                             ['ZADD', keys('d')[1], 'GT', FLOOR, 't'],
                             ['ZINCRBY', keys('d')[1], '1', 't'],
                             ['PEXPIRE', keys('d')[1], '3600000'], release('d')],
+        # Ideas measured and not taken: the acquire reads the counter (plain GET) and
+        # the release writes the holder's token to it, with a compare or without.
+        'idea-release-raises-fence': [set_nx('e'), ['EXISTS', keys('e')[2]], ['GET', keys('e')[1]],
+                                      ['EVALSHA', 'release-raise', '3', keys('e')[0], keys('e')[2],
+                                       keys('e')[1], OWNER, FLOOR]],
+        'idea-release-sets-fence': [set_nx('g'), ['EXISTS', keys('g')[2]], ['GET', keys('g')[1]],
+                                    ['EVALSHA', 'release-set', '3', keys('g')[0], keys('g')[2],
+                                     keys('g')[1], OWNER, FLOOR]],
     }
     return seqs
 
