@@ -622,6 +622,30 @@ impl SentinelServer {
         self.port
     }
 
+    /// SIGSTOP: the sentinel accepts connections but answers nothing. Returns once
+    /// the process is stopped.
+    pub fn pause(&self) {
+        self.signal("STOP", |s| s == Some('T'));
+    }
+
+    /// SIGCONT after [`SentinelServer::pause`].
+    pub fn resume(&self) {
+        self.signal("CONT", |s| s != Some('T'));
+    }
+
+    fn signal(&self, signal: &str, done: impl Fn(Option<char>) -> bool) {
+        let pid = self.child.as_ref().expect("sentinel running").id();
+        super::send_signal(pid, signal).expect("signalling the sentinel");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !done(super::proc_state(pid)) {
+            assert!(
+                Instant::now() < deadline,
+                "sentinel pid {pid}: SIG{signal} not seen"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     pub fn addr(&self) -> std::net::SocketAddr {
         std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
     }

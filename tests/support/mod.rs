@@ -833,7 +833,7 @@ fn free_port() -> u16 {
 }
 
 /// `kill -s SIG PID` through the shell builtin (no libc, no procps needed).
-fn send_signal(pid: u32, signal: &str) -> io::Result<()> {
+pub(crate) fn send_signal(pid: u32, signal: &str) -> io::Result<()> {
     let status = Command::new("sh")
         .args([
             "-c",
@@ -854,7 +854,7 @@ fn send_signal(pid: u32, signal: &str) -> io::Result<()> {
 }
 
 /// The state letter in `/proc/PID/stat` (`R`, `S`, `T`, `Z`, ...), if readable.
-fn proc_state(pid: u32) -> Option<char> {
+pub(crate) fn proc_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) S ...": comm may contain spaces or parentheses.
     stat.rsplit_once(')')?.1.trim_start().chars().next()

@@ -26,7 +26,7 @@ pub(super) async fn check_task(inner: Weak<Inner>) {
             continue;
         }
         let (generation, current) = {
-            let state = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+            let state = inner.state();
             (state.generation, state.lookup.peek().cloned())
         };
         match current {

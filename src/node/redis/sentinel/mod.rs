@@ -1,10 +1,12 @@
 //! [`SentinelNode`]: a Sentinel-managed master as one lock node.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -61,9 +63,10 @@ const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 ///   yet demoted.
 ///
 /// Commands and release notifications (`PUBLISH`/`SUBSCRIBE`) go to the current master
-/// exactly as with a [`RedisNode`](crate::RedisNode); waiters' subscriptions move to
-/// the new master after a failover, and the waiters are woken once to retry, since a
-/// release may have been published meanwhile.
+/// exactly as with a [`RedisNode`](crate::RedisNode); commands given while the master is
+/// looked up wait in line and reach it in the order they were given. Waiters'
+/// subscriptions move to the new master after a failover, and the waiters are woken
+/// once to retry, since a release may have been published meanwhile.
 ///
 /// # Safety trade-offs
 ///
@@ -132,6 +135,67 @@ struct State {
     generation: u64,
     started: Instant,
     lookup: Lookup,
+    line: Line,
+}
+
+/// The callers that waited for a lookup, in the order they came. Woken together when it
+/// finishes, they would hand their commands to the master in the order the scheduler
+/// runs them; a waiter's leave could then overtake the straggler attempt that queued it.
+/// So each takes a place in line, and hands its command over only after the callers
+/// before it did, as `conn.rs` holds the commands given while a connection is made.
+/// While anyone is in line, later callers join it even if the lookup has finished.
+struct Line {
+    /// The place the next caller to join gets.
+    next: u64,
+    /// The place whose caller may hand its command over now; `next` when nobody waits.
+    serving: u64,
+    /// `serving`, for the callers waiting for their turn.
+    turn: watch::Sender<u64>,
+    /// Places whose callers were dropped before their turn, skipped when it comes.
+    abandoned: BTreeSet<u64>,
+}
+
+impl Line {
+    /// A place at the end of the line.
+    fn join(&mut self) -> (u64, watch::Receiver<u64>) {
+        let place = self.next;
+        self.next += 1;
+        (place, self.turn.subscribe())
+    }
+
+    /// `place` handed its command over, or gave up its place.
+    fn leave(&mut self, place: u64) {
+        if place != self.serving {
+            self.abandoned.insert(place);
+            return;
+        }
+        self.serving += 1;
+        while self.abandoned.remove(&self.serving) {
+            self.serving += 1;
+        }
+        self.turn.send_replace(self.serving);
+    }
+}
+
+/// A caller's place in the [`Line`]; dropping it lets the next caller go.
+struct Place<'a> {
+    inner: &'a Inner,
+    place: u64,
+    turn: watch::Receiver<u64>,
+}
+
+impl Place<'_> {
+    async fn turn(&mut self) {
+        let place = self.place;
+        // The sender lives in the node's state, as long as `inner`.
+        let _ = self.turn.wait_for(|serving| *serving == place).await;
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.inner.state().line.leave(self.place);
+    }
 }
 
 type Lookup = Shared<BoxFuture<'static, Result<Master, NodeError>>>;
@@ -194,6 +258,12 @@ impl SentinelNode {
                 generation: 0,
                 started: Instant::now(),
                 lookup: pending,
+                line: Line {
+                    next: 0,
+                    serving: 0,
+                    turn: watch::channel(0).0,
+                    abandoned: BTreeSet::new(),
+                },
             }),
             check_interval_ms: AtomicU64::new(millis(DEFAULT_CHECK_INTERVAL)),
             channels: Mutex::default(),
@@ -201,7 +271,7 @@ impl SentinelNode {
         });
         // The first lookup starts at once, in the background.
         let first = spawn_lookup(&runtime, Arc::downgrade(&inner), None, None);
-        inner.state.lock().unwrap_or_else(|p| p.into_inner()).lookup = first;
+        inner.state().lookup = first;
         runtime.spawn(check::check_task(Arc::downgrade(&inner)));
         Ok(SentinelNode { inner, wait: None })
     }
@@ -233,7 +303,7 @@ impl SentinelNode {
 
     /// The address (`host:port`) of the master currently used, once it was found.
     pub fn current_master(&self) -> Option<String> {
-        let state = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        let state = self.inner.state();
         match state.lookup.peek() {
             Some(Ok(master)) => Some(master.addr.clone()),
             _ => None,
@@ -321,10 +391,30 @@ impl Inner {
         })
     }
 
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current lookup, and a place in line when the caller has to wait for it or
+    /// for callers that did.
+    fn lookup_in_line(&self) -> (u64, Lookup, Option<Place<'_>>) {
+        let mut state = self.state();
+        let lookup = state.lookup.clone();
+        let place = (lookup.peek().is_none() || state.line.serving != state.line.next).then(|| {
+            let (place, turn) = state.line.join();
+            Place {
+                inner: self,
+                place,
+                turn,
+            }
+        });
+        (state.generation, lookup, place)
+    }
+
     /// The current master, waiting for a lookup in progress.
     async fn master(&self) -> (u64, Result<Master, NodeError>) {
         let (generation, lookup) = {
-            let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let state = self.state();
             (state.generation, state.lookup.clone())
         };
         (generation, lookup.await)
@@ -332,7 +422,7 @@ impl Inner {
 
     /// Starts a new lookup unless one started since `generation`.
     fn invalidate(self: &Arc<Self>, generation: u64) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state();
         if state.generation != generation {
             return;
         }
@@ -362,15 +452,27 @@ impl Inner {
     {
         let mut retried = false;
         loop {
-            let (generation, master) = self.master().await;
-            let master = match master {
+            let (generation, lookup, mut place) = self.lookup_in_line();
+            let master = match lookup.await {
                 Ok(master) => master,
                 Err(e) => {
                     self.invalidate(generation);
                     return Err(e);
                 }
             };
-            match op(master.node.connection()).await {
+            if let Some(place) = &mut place {
+                place.turn().await;
+            }
+            let mut call = pin!(op(master.node.connection()));
+            // The first poll hands the command to the master's connection (which keeps
+            // the order it is given commands in); then the next in line may go.
+            let first = poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            drop(place);
+            let outcome = match first {
+                Poll::Ready(outcome) => outcome,
+                Poll::Pending => call.await,
+            };
+            match outcome {
                 Ok(value) => return Ok(value),
                 Err(e) => {
                     if e.master_may_have_moved() {

@@ -1,0 +1,122 @@
+//! Commands given to a `SentinelNode` while it looks its master up reach the master in
+//! the order they were given, as on a `RedisNode` whose connection is being made
+//! (`engine::command_batches`). Otherwise a waiter's leave could overtake the straggler
+//! attempt that queued it, and the entry would stay behind in the wait queue.
+//!
+//! Deterministic without sleeps: the sentinel is paused (SIGSTOP) before the node is
+//! made, so its first lookup cannot finish until every caller has given its command.
+use crate::support;
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use support::cluster::SentinelGroup;
+use tower_redlock::node::{AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner};
+use tower_redlock::{LockOptions, MemoryNode, Node, Redlock, SentinelNode};
+
+/// Only a hang runs into it.
+const HANG: Duration = Duration::from_secs(20);
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+/// One lease's owner value, to be taken on as many node indices as there are callers.
+async fn owners() -> Owner {
+    let locker = Redlock::new([MemoryNode::new()], LockOptions::default()).unwrap();
+    let lease = locker.try_acquire("owners").await.unwrap();
+    lease.handle().owner_on(0)
+}
+
+fn acquire(node: &SentinelNode, keys: &LockKeys, owner: &Owner) -> NodeFuture<AcquireReply> {
+    node.acquire(&AcquireRequest {
+        keys,
+        owner,
+        ttl: Duration::from_secs(60),
+        fence_ttl: Duration::from_secs(600),
+        fencing: false,
+        fence_floor: 0,
+        seed_only_when_missing: false,
+        waiter: None,
+    })
+}
+
+async fn poll_once<T>(call: &mut NodeFuture<T>) -> Poll<Result<T, tower_redlock::NodeError>> {
+    poll_fn(|cx| Poll::Ready(Pin::new(&mut *call).poll(cx))).await
+}
+
+/// The call's reply; the hang guard is checked before the call is polled again.
+async fn finish(call: NodeFuture<AcquireReply>) -> bool {
+    tokio::select! {
+        biased;
+        () = tokio::time::sleep(HANG) => panic!("a call never finished"),
+        reply = call => matches!(reply.expect("the master answered"), AcquireReply::Acquired { .. }),
+    }
+}
+
+/// Sixteen callers in turn acquire one key while the node's first lookup of its master
+/// is held up: the first to come must be the one granted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_waiting_for_the_master_lookup_are_sent_in_the_order_they_came() {
+    let group = blocking(SentinelGroup::start).await;
+    let lock = "lookup-order:{first-come}".to_owned();
+    let keys = LockKeys {
+        fence: format!("{lock}:fence"),
+        channel: format!("{lock}:released"),
+        lock,
+    };
+    let owner = owners().await;
+    group.sentinel.pause();
+    let node =
+        SentinelNode::open([format!("redis://{}", group.sentinel.addr())], &group.name).unwrap();
+    let mut calls = Vec::new();
+    for i in 0..16 {
+        let mut call = acquire(&node, &keys, &owner.for_node(i));
+        assert!(poll_once(&mut call).await.is_pending());
+        // In a task of its own from now on, as each request's call would be.
+        calls.push(tokio::spawn(finish(call)));
+    }
+    group.sentinel.resume();
+    let mut granted = Vec::new();
+    for call in calls {
+        granted.push(call.await.unwrap());
+    }
+    let master = group.server(group.master_port());
+    assert_eq!(
+        master.get(&keys.lock),
+        Some(owner.for_node(0).as_str().to_owned()),
+        "granted, in the order they came: {granted:?}"
+    );
+    assert_eq!(granted.iter().filter(|g| **g).count(), 1);
+}
+
+/// A caller dropped while it waits for the lookup gives up its place: the callers
+/// after it are not held up, and its command is never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_dropped_while_waiting_for_the_master_lookup_is_never_sent() {
+    let group = blocking(SentinelGroup::start).await;
+    let lock = "lookup-order:{taken-back}".to_owned();
+    let keys = LockKeys {
+        fence: format!("{lock}:fence"),
+        channel: format!("{lock}:released"),
+        lock,
+    };
+    let owner = owners().await;
+    group.sentinel.pause();
+    let node =
+        SentinelNode::open([format!("redis://{}", group.sentinel.addr())], &group.name).unwrap();
+    let mut dropped = acquire(&node, &keys, &owner.for_node(0));
+    assert!(poll_once(&mut dropped).await.is_pending());
+    let mut next = acquire(&node, &keys, &owner.for_node(1));
+    assert!(poll_once(&mut next).await.is_pending());
+    drop(dropped);
+    group.sentinel.resume();
+    assert!(finish(next).await);
+    let master = group.server(group.master_port());
+    assert_eq!(
+        master.get(&keys.lock),
+        Some(owner.for_node(1).as_str().to_owned())
+    );
+}
