@@ -56,12 +56,12 @@ async fn finish(call: NodeFuture<AcquireReply>) -> bool {
     }
 }
 
-/// Sixteen callers in turn acquire one key while the node's first lookup of its master
-/// is held up: the first to come must be the one granted it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn callers_waiting_for_the_master_lookup_are_sent_in_the_order_they_came() {
+/// A Sentinel group whose sentinel is paused, a node made meanwhile (so its first lookup
+/// of the master waits), the keys of resource `name`, and an owner value to take on
+/// several node indices.
+async fn before_the_first_lookup(name: &str) -> (SentinelGroup, SentinelNode, LockKeys, Owner) {
     let group = blocking(SentinelGroup::start).await;
-    let lock = "lookup-order:{first-come}".to_owned();
+    let lock = format!("lookup-order:{{{name}}}");
     let keys = LockKeys {
         fence: format!("{lock}:fence"),
         channel: format!("{lock}:released"),
@@ -71,6 +71,14 @@ async fn callers_waiting_for_the_master_lookup_are_sent_in_the_order_they_came()
     group.sentinel.pause();
     let node =
         SentinelNode::open([format!("redis://{}", group.sentinel.addr())], &group.name).unwrap();
+    (group, node, keys, owner)
+}
+
+/// Sixteen callers in turn acquire one key while the node's first lookup of its master
+/// is held up: the first to come must be the one granted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_waiting_for_the_master_lookup_are_sent_in_the_order_they_came() {
+    let (group, node, keys, owner) = before_the_first_lookup("first-come").await;
     let mut calls = Vec::new();
     for i in 0..16 {
         let mut call = acquire(&node, &keys, &owner.for_node(i));
@@ -96,17 +104,7 @@ async fn callers_waiting_for_the_master_lookup_are_sent_in_the_order_they_came()
 /// after it are not held up, and its command is never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_dropped_while_waiting_for_the_master_lookup_is_never_sent() {
-    let group = blocking(SentinelGroup::start).await;
-    let lock = "lookup-order:{taken-back}".to_owned();
-    let keys = LockKeys {
-        fence: format!("{lock}:fence"),
-        channel: format!("{lock}:released"),
-        lock,
-    };
-    let owner = owners().await;
-    group.sentinel.pause();
-    let node =
-        SentinelNode::open([format!("redis://{}", group.sentinel.addr())], &group.name).unwrap();
+    let (group, node, keys, owner) = before_the_first_lookup("taken-back").await;
     let mut dropped = acquire(&node, &keys, &owner.for_node(0));
     assert!(poll_once(&mut dropped).await.is_pending());
     let mut next = acquire(&node, &keys, &owner.for_node(1));
