@@ -9,5 +9,5 @@ mod support;
 mod cluster;
 #[cfg(all(feature = "etcd", feature = "axum"))]
 mod etcd;
-mod lookup_order;
 mod sets;
+mod waiting_order;

@@ -18,6 +18,7 @@ use crate::node::redis::call::ReplicaWait;
 use crate::node::redis::call::{
     self, Acquire, CallError, ExtendCall, ListenCall, RaiseFenceCall, ReleaseCall,
 };
+use crate::node::redis::line::{in_turn, Line, Place};
 use crate::node::redis::pubsub::{ClusterBuilder, Hub};
 use crate::node::redis::records;
 use crate::node::redis::seeds;
@@ -99,6 +100,8 @@ struct Inner {
     connecting: Mutex<Connecting>,
     /// Sharded pub/sub, over a connection of its own (see `pubsub.rs`).
     hub: Hub,
+    /// The callers that waited for the connection (see [`Line`]).
+    line: Line,
 }
 
 struct Connecting {
@@ -152,6 +155,7 @@ impl ClusterNode {
                     attempt,
                 }),
                 hub,
+                line: Line::new(),
             }),
             wait: None,
         })
@@ -218,17 +222,19 @@ fn connect(
 }
 
 impl Inner {
-    /// The cluster connection, waiting for the attempt in progress; a failed attempt
-    /// is made again (at most every [`RECONNECT_INTERVAL`]).
-    async fn connection(&self) -> Result<ClusterConnection, NodeError> {
+    /// The cluster connection, waiting for the attempt in progress, and the caller's
+    /// place in line if it had to wait (to be given to [`in_turn`] with its command);
+    /// a failed attempt is made again (at most every [`RECONNECT_INTERVAL`]).
+    async fn connection(&self) -> Result<(ClusterConnection, Option<Place<'_>>), NodeError> {
         let attempt = self
             .connecting
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .attempt
             .clone();
+        let place = self.line.place(attempt.peek().is_none());
         match attempt.clone().await {
-            Ok(conn) => Ok(conn),
+            Ok(conn) => Ok((conn, place)),
             Err(e) => {
                 let mut connecting = self.connecting.lock().unwrap_or_else(|p| p.into_inner());
                 if connecting.attempt.ptr_eq(&attempt) {
@@ -261,8 +267,10 @@ impl Node for ClusterNode {
         let inner = self.inner.clone();
         let wait = self.wait;
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            call.run(&mut conn, wait).await.map_err(node_error)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call.run(&mut conn, wait))
+                .await
+                .map_err(node_error)
         })
     }
 
@@ -271,8 +279,8 @@ impl Node for ClusterNode {
         let inner = self.inner.clone();
         let wait = self.wait;
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            call::extend(&mut conn, &call, wait)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call::extend(&mut conn, &call, wait))
                 .await
                 .map_err(node_error)
         })
@@ -282,8 +290,10 @@ impl Node for ClusterNode {
         let call = ReleaseCall::new(keys, owner, true);
         let inner = self.inner.clone();
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            call::release(&mut conn, &call).await.map_err(node_error)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call::release(&mut conn, &call))
+                .await
+                .map_err(node_error)
         })
     }
 
@@ -295,8 +305,10 @@ impl Node for ClusterNode {
         let call = ReleaseCall::hand_back(keys, owner, waiter, true);
         let inner = self.inner.clone();
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            call::release(&mut conn, &call).await.map_err(node_error)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call::release(&mut conn, &call))
+                .await
+                .map_err(node_error)
         })
     }
 
@@ -309,8 +321,10 @@ impl Node for ClusterNode {
         let call = ReleaseCall::as_waiter(keys, owner, waiter, true);
         let inner = self.inner.clone();
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            call::release(&mut conn, &call).await.map_err(node_error)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call::release(&mut conn, &call))
+                .await
+                .map_err(node_error)
         })
     }
 
@@ -318,8 +332,8 @@ impl Node for ClusterNode {
         let call = ReleaseCall::leave(keys, waiter, true);
         let inner = self.inner.clone();
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            call::release(&mut conn, &call)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call::release(&mut conn, &call))
                 .await
                 .map(|_| ())
                 .map_err(node_error)
@@ -330,8 +344,10 @@ impl Node for ClusterNode {
         let call = ListenCall::new(keys, ttl);
         let inner = self.inner.clone();
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            call::listen(&mut conn, &call).await.map_err(node_error)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call::listen(&mut conn, &call))
+                .await
+                .map_err(node_error)
         })
     }
 
@@ -340,8 +356,8 @@ impl Node for ClusterNode {
         let inner = self.inner.clone();
         let wait = self.wait;
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            call::raise_fence(&mut conn, &call, wait)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call::raise_fence(&mut conn, &call, wait))
                 .await
                 .map_err(node_error)
         })
@@ -361,7 +377,8 @@ impl Node for ClusterNode {
     fn server_ids(&self) -> NodeFuture<Vec<String>> {
         let inner = self.inner.clone();
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
+            // Not a lock command: it keeps no place in line.
+            let (mut conn, _) = inner.connection().await?;
             let mut cmd = redis::cmd("INFO");
             cmd.arg("server");
             let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
@@ -401,8 +418,10 @@ impl RecordStore for ClusterNode {
         let keys = keys.clone();
         let inner = self.inner.clone();
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            records::read(&mut conn, &keys).await.map_err(node_error)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, records::read(&mut conn, &keys))
+                .await
+                .map_err(node_error)
         })
     }
 
@@ -411,8 +430,8 @@ impl RecordStore for ClusterNode {
         let inner = self.inner.clone();
         let wait = self.wait;
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            records::claim(&mut conn, &call, wait)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, records::claim(&mut conn, &call, wait))
                 .await
                 .map_err(node_error)
         })
@@ -423,8 +442,8 @@ impl RecordStore for ClusterNode {
         let inner = self.inner.clone();
         let wait = self.wait;
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            records::store(&mut conn, &call, wait)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, records::store(&mut conn, &call, wait))
                 .await
                 .map_err(node_error)
         })
@@ -434,8 +453,10 @@ impl RecordStore for ClusterNode {
         let call = records::DiscardCall::new(keys, token);
         let inner = self.inner.clone();
         Box::pin(async move {
-            let mut conn = inner.connection().await?;
-            records::discard(&mut conn, &call).await.map_err(node_error)
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, records::discard(&mut conn, &call))
+                .await
+                .map_err(node_error)
         })
     }
 }

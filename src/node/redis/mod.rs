@@ -12,6 +12,7 @@ mod batching;
 pub(crate) mod call;
 mod cluster;
 pub(crate) mod conn;
+mod line;
 pub(crate) mod pubsub;
 pub(crate) mod records;
 mod seeds;

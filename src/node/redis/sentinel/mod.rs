@@ -1,12 +1,10 @@
 //! [`SentinelNode`]: a Sentinel-managed master as one lock node.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fmt;
-use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -27,6 +25,7 @@ use crate::node::redis::call::{
     self, Acquire, CallError, ExtendCall, ExtendManyCall, ListenCall, RaiseFenceCall, ReleaseCall,
     ReplicaWait,
 };
+use crate::node::redis::line::{in_turn, Line};
 use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
 use crate::node::LockKeys;
@@ -129,73 +128,14 @@ struct Inner {
     channels: Mutex<HashMap<String, Weak<HubChannel>>>,
     /// Identifies the [`RedisNode`] of each master found (a new one per new address).
     epochs: AtomicU64,
+    /// The callers that waited for a lookup (see [`Line`]).
+    line: Line,
 }
 
 struct State {
     generation: u64,
     started: Instant,
     lookup: Lookup,
-    line: Line,
-}
-
-/// The callers that waited for a lookup, in the order they came. Woken together when it
-/// finishes, they would hand their commands to the master in the order the scheduler
-/// runs them; a waiter's leave could then overtake the straggler attempt that queued it.
-/// So each takes a place in line, and hands its command over only after the callers
-/// before it did, as `conn.rs` holds the commands given while a connection is made.
-/// While anyone is in line, later callers join it even if the lookup has finished.
-struct Line {
-    /// The place the next caller to join gets.
-    next: u64,
-    /// The place whose caller may hand its command over now; `next` when nobody waits.
-    serving: u64,
-    /// `serving`, for the callers waiting for their turn.
-    turn: watch::Sender<u64>,
-    /// Places whose callers were dropped before their turn, skipped when it comes.
-    abandoned: BTreeSet<u64>,
-}
-
-impl Line {
-    /// A place at the end of the line.
-    fn join(&mut self) -> (u64, watch::Receiver<u64>) {
-        let place = self.next;
-        self.next += 1;
-        (place, self.turn.subscribe())
-    }
-
-    /// `place` handed its command over, or gave up its place.
-    fn leave(&mut self, place: u64) {
-        if place != self.serving {
-            self.abandoned.insert(place);
-            return;
-        }
-        self.serving += 1;
-        while self.abandoned.remove(&self.serving) {
-            self.serving += 1;
-        }
-        self.turn.send_replace(self.serving);
-    }
-}
-
-/// A caller's place in the [`Line`]; dropping it lets the next caller go.
-struct Place<'a> {
-    inner: &'a Inner,
-    place: u64,
-    turn: watch::Receiver<u64>,
-}
-
-impl Place<'_> {
-    async fn turn(&mut self) {
-        let place = self.place;
-        // The sender lives in the node's state, as long as `inner`.
-        let _ = self.turn.wait_for(|serving| *serving == place).await;
-    }
-}
-
-impl Drop for Place<'_> {
-    fn drop(&mut self) {
-        self.inner.state().line.leave(self.place);
-    }
 }
 
 type Lookup = Shared<BoxFuture<'static, Result<Master, NodeError>>>;
@@ -258,13 +198,8 @@ impl SentinelNode {
                 generation: 0,
                 started: Instant::now(),
                 lookup: pending,
-                line: Line {
-                    next: 0,
-                    serving: 0,
-                    turn: watch::channel(0).0,
-                    abandoned: BTreeSet::new(),
-                },
             }),
+            line: Line::new(),
             check_interval_ms: AtomicU64::new(millis(DEFAULT_CHECK_INTERVAL)),
             channels: Mutex::default(),
             epochs: AtomicU64::new(0),
@@ -395,22 +330,6 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The current lookup, and a place in line when the caller has to wait for it or
-    /// for callers that did.
-    fn lookup_in_line(&self) -> (u64, Lookup, Option<Place<'_>>) {
-        let mut state = self.state();
-        let lookup = state.lookup.clone();
-        let place = (lookup.peek().is_none() || state.line.serving != state.line.next).then(|| {
-            let (place, turn) = state.line.join();
-            Place {
-                inner: self,
-                place,
-                turn,
-            }
-        });
-        (state.generation, lookup, place)
-    }
-
     /// The current master, waiting for a lookup in progress.
     async fn master(&self) -> (u64, Result<Master, NodeError>) {
         let (generation, lookup) = {
@@ -452,7 +371,11 @@ impl Inner {
     {
         let mut retried = false;
         loop {
-            let (generation, lookup, mut place) = self.lookup_in_line();
+            let (generation, lookup) = {
+                let state = self.state();
+                (state.generation, state.lookup.clone())
+            };
+            let place = self.line.place(lookup.peek().is_none());
             let master = match lookup.await {
                 Ok(master) => master,
                 Err(e) => {
@@ -460,19 +383,7 @@ impl Inner {
                     return Err(e);
                 }
             };
-            if let Some(place) = &mut place {
-                place.turn().await;
-            }
-            let mut call = pin!(op(master.node.connection()));
-            // The first poll hands the command to the master's connection (which keeps
-            // the order it is given commands in); then the next in line may go.
-            let first = poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-            drop(place);
-            let outcome = match first {
-                Poll::Ready(outcome) => outcome,
-                Poll::Pending => call.await,
-            };
-            match outcome {
+            match in_turn(place, op(master.node.connection())).await {
                 Ok(value) => return Ok(value),
                 Err(e) => {
                     if e.master_may_have_moved() {

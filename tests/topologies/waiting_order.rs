@@ -1,10 +1,12 @@
-//! Commands given to a `SentinelNode` while it looks its master up reach the master in
-//! the order they were given, as on a `RedisNode` whose connection is being made
+//! Commands given to a node while it waits for what it needs before it can send (a
+//! `SentinelNode`'s master lookup, a `ClusterNode`'s connection) reach the server in the
+//! order they were given, as on a `RedisNode` whose connection is being made
 //! (`engine::command_batches`). Otherwise a waiter's leave could overtake the straggler
 //! attempt that queued it, and the entry would stay behind in the wait queue.
 //!
-//! Deterministic without sleeps: the sentinel is paused (SIGSTOP) before the node is
-//! made, so its first lookup cannot finish until every caller has given its command.
+//! Deterministic without sleeps: the sentinel, or every server of the cluster, is
+//! paused (SIGSTOP) before the node is made, so the wait cannot end until every caller
+//! has given its command.
 use crate::support;
 
 use std::future::{poll_fn, Future};
@@ -12,9 +14,10 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use support::cluster::SentinelGroup;
+use support::cluster::{RedisCluster, SentinelGroup};
+use support::RedisServer;
 use tower_redlock::node::{AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner};
-use tower_redlock::{LockOptions, MemoryNode, Node, Redlock, SentinelNode};
+use tower_redlock::{ClusterNode, LockOptions, MemoryNode, Node, Redlock, SentinelNode};
 
 /// Only a hang runs into it.
 const HANG: Duration = Duration::from_secs(20);
@@ -30,7 +33,16 @@ async fn owners() -> Owner {
     lease.handle().owner_on(0)
 }
 
-fn acquire(node: &SentinelNode, keys: &LockKeys, owner: &Owner) -> NodeFuture<AcquireReply> {
+fn keys(name: &str) -> LockKeys {
+    let lock = format!("waiting-order:{{{name}}}");
+    LockKeys {
+        fence: format!("{lock}:fence"),
+        channel: format!("{lock}:released"),
+        lock,
+    }
+}
+
+fn acquire(node: &dyn Node, keys: &LockKeys, owner: &Owner) -> NodeFuture<AcquireReply> {
     node.acquire(&AcquireRequest {
         keys,
         owner,
@@ -61,12 +73,7 @@ async fn finish(call: NodeFuture<AcquireReply>) -> bool {
 /// several node indices.
 async fn before_the_first_lookup(name: &str) -> (SentinelGroup, SentinelNode, LockKeys, Owner) {
     let group = blocking(SentinelGroup::start).await;
-    let lock = format!("lookup-order:{{{name}}}");
-    let keys = LockKeys {
-        fence: format!("{lock}:fence"),
-        channel: format!("{lock}:released"),
-        lock,
-    };
+    let keys = keys(name);
     let owner = owners().await;
     group.sentinel.pause();
     let node =
@@ -117,4 +124,56 @@ async fn a_caller_dropped_while_waiting_for_the_master_lookup_is_never_sent() {
         master.get(&keys.lock),
         Some(owner.for_node(1).as_str().to_owned())
     );
+}
+
+/// A cluster whose every server is paused, a node made meanwhile (so its first
+/// connection waits), the keys of resource `name`, and an owner value.
+async fn before_the_first_cluster_connection(
+    name: &str,
+) -> (RedisCluster, ClusterNode, LockKeys, Owner) {
+    let mut cluster = blocking(|| RedisCluster::start(3, 0)).await;
+    let keys = keys(name);
+    let owner = owners().await;
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|server| format!("redis://{}", server.addr()))
+        .collect();
+    for server in &mut cluster.nodes {
+        server.pause();
+    }
+    let node = ClusterNode::open(seeds).unwrap();
+    (cluster, node, keys, owner)
+}
+
+/// The master of the key's slot, as the cluster sees it.
+fn master_of<'a>(cluster: &'a RedisCluster, key: &str) -> &'a RedisServer {
+    let seen_by = cluster.nodes[0].port();
+    cluster.node(cluster.master_of_slot(cluster.slot(key), seen_by))
+}
+
+/// As with a Sentinel lookup: sixteen callers in turn acquire one key while the
+/// cluster node makes its first connection; the first to come must be granted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_waiting_for_the_cluster_connection_are_sent_in_the_order_they_came() {
+    let (mut cluster, node, keys, owner) = before_the_first_cluster_connection("first-come").await;
+    let mut calls = Vec::new();
+    for i in 0..16 {
+        let mut call = acquire(&node, &keys, &owner.for_node(i));
+        assert!(poll_once(&mut call).await.is_pending());
+        calls.push(tokio::spawn(finish(call)));
+    }
+    for server in &mut cluster.nodes {
+        server.resume();
+    }
+    let mut granted = Vec::new();
+    for call in calls {
+        granted.push(call.await.unwrap());
+    }
+    assert_eq!(
+        master_of(&cluster, &keys.lock).get(&keys.lock),
+        Some(owner.for_node(0).as_str().to_owned()),
+        "granted, in the order they came: {granted:?}"
+    );
+    assert_eq!(granted.iter().filter(|g| **g).count(), 1);
 }
