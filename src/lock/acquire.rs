@@ -159,7 +159,7 @@ impl Redlock {
             .options
             .watchdog
             .then(|| renewal::register(&inner));
-        Lease::new(inner, (turn, queue), renewal)
+        Lease::new(inner, (turn, queue, renewal))
     }
 
     /// One Redlock round (plus the fence write-back when needed); `waiter`: the caller

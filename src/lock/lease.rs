@@ -9,9 +9,7 @@ use tokio::time::Instant;
 
 use crate::lock::fencing::FencingToken;
 use crate::lock::metrics;
-use crate::lock::renewal::Registration;
 use crate::lock::round::OwnerTally;
-use crate::lock::set::Members;
 use crate::lock::LockError;
 use crate::lock::Shared;
 use crate::node::Owner;
@@ -107,6 +105,13 @@ impl StatusCell {
         // A status is copied in and out whole: a poisoned lock still holds a valid one.
         self.status.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The members of a lease over several resources, in canonical order.
+pub(crate) struct Members {
+    pub(crate) resources: Box<[Resource]>,
+    pub(crate) keys: Arc<[LockKeys]>,
+    pub(crate) tokens: Box<[FencingToken]>,
 }
 
 pub(crate) struct LeaseInner {
@@ -267,30 +272,24 @@ pub struct Lease {
     held: Option<Held>,
 }
 
-/// What a live lease owns besides its handle: its place at the head of the local
-/// queue, and its place in the renewal schedule.
+/// What a live lease owns besides its handle, dropped when it is released: its place
+/// at the head of the local queue (`wait::Turn` and `wait::QueueRef`; for a set, every
+/// member's) and its place in the renewal schedule (`renewal::Registration`).
+/// Type-erased, so that the lease depends on neither: both depend on the lease (the
+/// queue reads its holder's status, the schedule renews it).
 struct Held {
-    // The lease's turn and its reference to its local queue (`wait::Turn` and
-    // `wait::QueueRef`; for a set, every member's), kept with the lease. Type-erased so
-    // that the lease does not depend on the queue it sits in, as the queue depends on the
-    // lease (it reads its holder's status).
-    _place: Box<dyn Send + Sync>,
-    _renewal: Option<Registration>,
+    _places: Box<dyn Send + Sync>,
 }
 
 impl Lease {
-    /// A lease keeping `place` (its turn and queue in this process, or every member's
-    /// for a set) and its place in the renewal schedule until it is released.
-    pub(crate) fn new(
-        inner: Arc<LeaseInner>,
-        place: impl Send + Sync + 'static,
-        renewal: Option<Registration>,
-    ) -> Self {
+    /// A lease keeping `places` (its turn and queue in this process, or every member's
+    /// for a set, and its place in the renewal schedule) until it is released; they are
+    /// dropped in the order of the tuple given.
+    pub(crate) fn new(inner: Arc<LeaseInner>, places: impl Send + Sync + 'static) -> Self {
         Lease {
             handle: LeaseHandle { inner },
             held: Some(Held {
-                _place: Box::new(place),
-                _renewal: renewal,
+                _places: Box::new(places),
             }),
         }
     }

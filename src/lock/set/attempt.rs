@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{Members, Set};
+use super::Set;
 use crate::lock::fencing::{self, FencingToken};
+use crate::lock::lease::Members;
 use crate::lock::lease::{LeaseInner, StatusCell};
 use crate::lock::round::{Nodes, Stragglers};
 use crate::lock::wait::{QueueRef, Turn};
@@ -47,7 +48,7 @@ impl Redlock {
             .options
             .watchdog
             .then(|| renewal::register(&inner));
-        Lease::new(inner, guards, renewal)
+        Lease::new(inner, (guards, renewal))
     }
 
     /// One Redlock round over a set (plus the fence write-back when needed). The caller

@@ -80,13 +80,6 @@ use crate::node::{LockKeys, Resource};
 /// the bound keeps that call short, so it never holds a node up for the other clients.
 pub const MAX_RESOURCES_PER_LEASE: usize = 16;
 
-/// The members of a lease over several resources, in canonical order.
-pub(crate) struct Members {
-    pub(crate) resources: Box<[Resource]>,
-    pub(crate) keys: Arc<[LockKeys]>,
-    pub(crate) tokens: Box<[FencingToken]>,
-}
-
 /// A set in canonical order with the keys of each member: what an attempt needs.
 pub(crate) struct Set {
     pub(crate) resources: Box<[Resource]>,
