@@ -126,6 +126,16 @@ async fn run(args: &Args) -> String {
                 .unwrap_or(50),
         ));
     let locker = Redlock::connect(urls, options).await.expect("locker");
+    // `SPIN=1`: a task that always yields keeps the runtime from ever sleeping in
+    // `epoll_wait`, as the raw redis-rs client's runtime never does under S1 on
+    // current_thread (BENCHMARKS.md, session 12). A measurement aid, not a setting.
+    if std::env::var_os("SPIN").is_some() {
+        tokio::spawn(async {
+            loop {
+                tokio::task::yield_now().await;
+            }
+        });
+    }
     let prefix = format!("bench:tower-redlock:{}", std::process::id());
     let mut fields: Vec<(&str, String)> = Vec::new();
     let subject = if args.fenced_baseline {
