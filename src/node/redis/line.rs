@@ -7,6 +7,10 @@
 //! So each takes a place in line and hands its command over only after the callers
 //! before it did, as `conn.rs` holds the commands given while a connection is made.
 //! While anyone is in line, later callers join it even when the wait has ended.
+//!
+//! As with the batching's callers, a caller kept unpolled but not dropped holds up the
+//! ones behind it; every call the engine makes is bounded by its node timeout, which
+//! drops it, and a dropped caller gives up its place.
 
 use std::collections::BTreeSet;
 use std::future::{poll_fn, Future};
