@@ -72,6 +72,7 @@ use tokio::time::Instant;
 use tower_redlock::lock::{
     AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner, ReleaseSignal,
 };
+use tower_redlock::node::HANDOFF_TTL;
 use tower_redlock::{
     Lease, LockError, LockOptions, LostCause, Node, NodeError, RedisNode, Redlock, ReleaseOutcome,
     Resource,
@@ -466,31 +467,52 @@ async fn assert_nothing_held(servers: &[RedisServer], lockers: &[Redlock], limit
 
 /// [`assert_nothing_held`] on the servers still serving (e.g. not a killed old master).
 async fn assert_nothing_held_on(servers: &[&RedisServer], lockers: &[Redlock], limit: Duration) {
-    assert_nothing_held_within(servers, lockers, limit, limit).await;
+    let limits = Limits {
+        keys: limit,
+        reservations: limit,
+        queues: limit,
+    };
+    assert_nothing_held_within(servers, lockers, limits).await;
 }
 
 /// [`assert_nothing_held_on`] where a node came back with an older copy of its data (a
 /// restored snapshot, a lagging replica promoted): lock keys and local state must still
 /// go within `limit`, but a wait queue may keep entries until its own ttl (10 s, the
 /// crate's `QUEUE_TTL`). The older copy lists waiters that have since been served or
-/// have left, and nobody else removes them: nobody listens for such an entry, a next
-/// hand-off skips it, and without one the queue expires.
+/// have left, and nobody else removes them: a next hand-off skips such an entry when
+/// nobody listens for it, and without one the queue expires. While the waiter's
+/// subscription still lingers (2 s after it stopped waiting) a release hands it the key:
+/// a reservation (`~id:ticket`) that nobody takes and that expires after the hand-off's
+/// ttl (`HANDOFF_TTL`, 1 s), so reservations alone may stay that much longer.
 async fn assert_nothing_held_after_restore(
     servers: &[&RedisServer],
     lockers: &[Redlock],
     limit: Duration,
 ) {
-    assert_nothing_held_within(servers, lockers, limit, Duration::from_secs(10) + limit).await;
+    assert_nothing_held_within(
+        servers,
+        lockers,
+        Limits {
+            keys: limit,
+            reservations: HANDOFF_TTL + limit,
+            queues: Duration::from_secs(10) + limit,
+        },
+    )
+    .await;
 }
 
-/// No lock key on `servers` and no local holder or waiter in `lockers` within `limit`;
-/// wait-queue keys alone (nothing else left) within `queue_limit`.
-async fn assert_nothing_held_within(
-    servers: &[&RedisServer],
-    lockers: &[Redlock],
-    limit: Duration,
-    queue_limit: Duration,
-) {
+/// How long [`assert_nothing_held_within`] waits: for anything (`keys`), for lock keys
+/// that are reservations for a waiter, and wait queues (`reservations`), for wait-queue
+/// keys alone (`queues`).
+struct Limits {
+    keys: Duration,
+    reservations: Duration,
+    queues: Duration,
+}
+
+/// No lock key on `servers` and no local holder or waiter in `lockers` within the
+/// `limits`. On failure it names each key left with its value and ttl.
+async fn assert_nothing_held_within(servers: &[&RedisServer], lockers: &[Redlock], limits: Limits) {
     let start = Instant::now();
     loop {
         let keys: Vec<(u16, Vec<String>)> = servers
@@ -503,17 +525,32 @@ async fn assert_nothing_held_within(
         if keys.is_empty() && no_local {
             return;
         }
-        let queues_only = keys
+        let left: Vec<(u16, String, Option<String>, i64)> = keys
             .iter()
-            .all(|(_, k)| k.iter().all(|k| k.ends_with(":queue")));
-        let bound = if queues_only && no_local {
-            queue_limit
-        } else {
-            limit
+            .flat_map(|(port, k)| {
+                let server = servers.iter().find(|s| s.port() == *port).unwrap();
+                k.iter()
+                    .map(|key| {
+                        let value = (!key.ends_with(":queue"))
+                            .then(|| server.get(key))
+                            .flatten();
+                        (*port, key.clone(), value, server.pttl(key))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let queues_only = left.iter().all(|(_, k, _, _)| k.ends_with(":queue"));
+        let reserved_only = left.iter().all(|(_, k, value, _)| {
+            k.ends_with(":queue") || value.as_deref().is_some_and(|v| v.starts_with('~'))
+        });
+        let bound = match (no_local, queues_only, reserved_only) {
+            (true, true, _) => limits.queues,
+            (true, false, true) => limits.reservations,
+            _ => limits.keys,
         };
         assert!(
             start.elapsed() < bound,
-            "still held after {bound:?}: lock keys {keys:?}, local resources per locker {local:?}"
+            "still held after {bound:?}: keys (port, key, value, pttl ms) {left:?}, local resources per locker {local:?}"
         );
         tokio::time::sleep(support::POLL_INTERVAL).await;
     }
