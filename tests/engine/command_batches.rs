@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use support::node_calls::{self, owners};
 use support::RedisServer;
 use tokio::sync::oneshot;
 use tower_redlock::node::{AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner};
-use tower_redlock::{LockOptions, MemoryNode, Node, RedisNode, Redlock};
+use tower_redlock::{Node, RedisNode};
 
 /// The least fence value of a fenced call.
 const FLOOR: u64 = 1 << 20;
@@ -30,21 +31,8 @@ struct Call {
     owner: Owner,
 }
 
-/// Owner values, as tests outside the crate can make them: one lease's value on
-/// different node indices.
-async fn owners() -> Owner {
-    let locker = Redlock::new([MemoryNode::new()], LockOptions::default()).unwrap();
-    let lease = locker.try_acquire("owners").await.unwrap();
-    lease.handle().owner_on(0)
-}
-
 fn keys(name: &str) -> LockKeys {
-    let lock = format!("batches:{{{name}}}");
-    LockKeys {
-        fence: format!("{lock}:fence"),
-        channel: format!("{lock}:released"),
-        lock,
-    }
+    node_calls::keys(format!("batches:{{{name}}}"))
 }
 
 impl Call {

@@ -38,6 +38,7 @@ pub mod cluster;
 pub mod etcd;
 mod eventually;
 pub mod history;
+pub mod node_calls;
 pub mod proxy;
 pub mod resp;
 pub mod sockets;

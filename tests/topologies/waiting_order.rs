@@ -15,9 +15,10 @@ use std::task::Poll;
 use std::time::Duration;
 
 use support::cluster::{RedisCluster, SentinelGroup};
+use support::node_calls::{self, owners};
 use support::RedisServer;
 use tower_redlock::node::{AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner};
-use tower_redlock::{ClusterNode, LockOptions, MemoryNode, Node, Redlock, SentinelNode};
+use tower_redlock::{ClusterNode, Node, SentinelNode};
 
 /// Only a hang runs into it.
 const HANG: Duration = Duration::from_secs(20);
@@ -26,20 +27,8 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.unwrap()
 }
 
-/// One lease's owner value, to be taken on as many node indices as there are callers.
-async fn owners() -> Owner {
-    let locker = Redlock::new([MemoryNode::new()], LockOptions::default()).unwrap();
-    let lease = locker.try_acquire("owners").await.unwrap();
-    lease.handle().owner_on(0)
-}
-
 fn keys(name: &str) -> LockKeys {
-    let lock = format!("waiting-order:{{{name}}}");
-    LockKeys {
-        fence: format!("{lock}:fence"),
-        channel: format!("{lock}:released"),
-        lock,
-    }
+    node_calls::keys(format!("waiting-order:{{{name}}}"))
 }
 
 fn acquire(node: &dyn Node, keys: &LockKeys, owner: &Owner) -> NodeFuture<AcquireReply> {
