@@ -330,12 +330,15 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The current lookup (done or in progress) and its generation.
+    fn lookup(&self) -> (u64, Lookup) {
+        let state = self.state();
+        (state.generation, state.lookup.clone())
+    }
+
     /// The current master, waiting for a lookup in progress.
     async fn master(&self) -> (u64, Result<Master, NodeError>) {
-        let (generation, lookup) = {
-            let state = self.state();
-            (state.generation, state.lookup.clone())
-        };
+        let (generation, lookup) = self.lookup();
         (generation, lookup.await)
     }
 
@@ -371,10 +374,7 @@ impl Inner {
     {
         let mut retried = false;
         loop {
-            let (generation, lookup) = {
-                let state = self.state();
-                (state.generation, state.lookup.clone())
-            };
+            let (generation, lookup) = self.lookup();
             let place = self.line.place(lookup.peek().is_none());
             let master = match lookup.await {
                 Ok(master) => master,
