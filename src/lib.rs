@@ -154,8 +154,8 @@ pub mod test_util;
 // The HTTP layer: the middleware, its policies, keys and problems.
 pub use crate::http::{
     Contention, KeyExtractor, KeyFromParts, KeyRejection, LeaseBody, LeaseLost, LockLayer,
-    LockService, MissingKey, OnLost, Problem, ProblemKind, ProblemRenderer, Replay, Scope,
-    Unavailable,
+    LockService, MissingKey, OnDisconnect, OnLost, Problem, ProblemKind, ProblemRenderer, Replay,
+    Scope, Unavailable,
 };
 // Errors, one per level: a node's, the configuration's, the engine's.
 pub use error::{ConfigError, NodeError, NodeFailure};

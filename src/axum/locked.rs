@@ -9,13 +9,11 @@ use ::axum::extract::{FromRef, FromRequestParts};
 use http::request::Parts;
 
 use super::LockRejection;
-use crate::http::acquire::{
-    acquire_all_or_problem, acquire_or_problem, check_key, missing_key, name_keys,
-};
+use crate::http::acquire::{check_key, missing_key, name_keys, take, Taken, Target};
 use crate::http::extensions::add_request_lease;
 use crate::http::key::{KeySetFromParts, Keys};
 use crate::http::problem::Problem;
-use crate::http::{Contention, RequestLeases, Scope, DEFAULT_MAX_KEY_LEN};
+use crate::http::{Contention, Scope, DEFAULT_MAX_KEY_LEN};
 use crate::lock::fencing::FencingToken;
 use crate::lock::{Lease, LeaseHandle, Redlock, Resource};
 
@@ -401,12 +399,10 @@ where
         let scope = K::scope(state);
         let resource_of =
             |key: &str| scope.resource_of(&parts.method, &parts.uri, &parts.extensions, key);
-        let (resources, one) = match keys {
+        let target = match keys {
             Keys::One(key) => {
-                let key = check_key(Some(key), K::max_key_len(state))
-                    .map_err(refuse)?
-                    .unwrap_or_default();
-                (vec![resource_of(&key)], true)
+                let key = check_key(key, K::max_key_len(state)).map_err(refuse)?;
+                Target::one(resource_of(&key))
             }
             Keys::Many(keys) => {
                 let named = name_keys(
@@ -416,61 +412,34 @@ where
                     resource_of,
                 )
                 .map_err(refuse)?;
-                (
-                    named.into_iter().map(|(_, resource)| resource).collect(),
-                    false,
-                )
+                Target {
+                    resources: named.into_iter().map(|(_, resource)| resource).collect(),
+                    set: true,
+                }
             }
         };
         let locker = Redlock::from_ref(state);
-
-        // Reentrancy: what this request holds already is reused, not acquired again.
-        let mut reused = Vec::new();
-        let mut wanted = resources.clone();
-        if let Some(leases) = parts.extensions.get::<RequestLeases>() {
-            if let Some(held) = leases.covering(&locker, &resources) {
-                tracing::debug!(resources = ?resources, "the request holds this lock already: reusing its lease");
-                return Ok(Locked {
-                    lease: None,
-                    handle: held.clone(),
-                    reused: vec![held.clone()],
-                    resources: resources.into(),
-                    key: PhantomData,
-                });
-            }
-            reused = leases.holding(&locker, &resources).cloned().collect();
-            wanted.retain(|r| {
-                reused
-                    .iter()
-                    .all(|lease| lease.fencing_token_of(r).is_none())
-            });
-            if let (true, Some(first)) = (wanted.is_empty(), reused.first()) {
-                // Held by several leases of the request together: nothing to acquire.
-                return Ok(Locked {
-                    lease: None,
-                    handle: first.clone(),
-                    reused,
-                    resources: resources.into(),
-                    key: PhantomData,
-                });
-            }
-        }
-
-        let contention = K::contention(state);
-        let lease = match (one, wanted.len()) {
-            // One key: the path a single-key lock always took.
-            (true, 1) => acquire_or_problem(&locker, contention, wanted.swap_remove(0)).await,
-            _ => acquire_all_or_problem(&locker, contention, wanted).await,
-        }
-        .map_err(refuse)?;
-        let handle = lease.handle();
-        tracing::debug!(resources = ?resources, token = %handle.fencing_token(), "lease acquired by the Locked extractor");
-        add_request_lease(&mut parts.extensions, &handle);
-        Ok(Locked {
-            lease: Some(lease),
+        let Taken {
+            lease,
             handle,
             reused,
-            resources: resources.into(),
+        } = take(&locker, K::contention(state), &parts.extensions, &target)
+            .await
+            .map_err(|error| refuse(target.problem(&error)))?;
+        match &lease {
+            Some(_) => {
+                tracing::debug!(resources = ?target.resources, token = %handle.fencing_token(), "lease acquired by the Locked extractor");
+                add_request_lease(&mut parts.extensions, &handle);
+            }
+            None => {
+                tracing::debug!(resources = ?target.resources, "the request holds this lock already: reusing its lease");
+            }
+        }
+        Ok(Locked {
+            lease,
+            handle,
+            reused,
+            resources: target.resources.into(),
             key: PhantomData,
         })
     }

@@ -6,21 +6,18 @@
 
 use std::sync::Arc;
 
+use super::extensions::RequestLeases;
 use super::key::validate;
 use super::policy::Contention;
 use super::problem::{lock_error_problem, set_error_problem, Problem, ProblemKind};
 use crate::lock::LockError;
-use crate::lock::{Lease, Redlock, Resource, MAX_RESOURCES_PER_LEASE};
+use crate::lock::{Lease, LeaseHandle, Redlock, Resource, MAX_RESOURCES_PER_LEASE};
 
-/// A key an extractor found, checked: `Ok(None)` when the request has none (the
-/// caller's policy decides what that means), 400 `key-invalid` when it may not be used.
-pub(crate) fn check_key(found: Option<String>, max_len: usize) -> Result<Option<String>, Problem> {
-    match found {
-        None => Ok(None),
-        Some(key) => match validate(&key, max_len) {
-            Ok(()) => Ok(Some(key)),
-            Err(detail) => Err(Problem::new(ProblemKind::KeyInvalid, detail)),
-        },
+/// A key an extractor found, checked: 400 `key-invalid` when it may not be used.
+pub(crate) fn check_key(key: String, max_len: usize) -> Result<String, Problem> {
+    match validate(&key, max_len) {
+        Ok(()) => Ok(key),
+        Err(detail) => Err(Problem::new(ProblemKind::KeyInvalid, detail)),
     }
 }
 
@@ -70,50 +67,109 @@ pub(crate) fn missing_key(expected: &str) -> Problem {
     )
 }
 
-/// Takes the lock on `resource`: at once, or queueing up to the timeout.
-pub(crate) async fn acquire(
-    locker: &Redlock,
-    contention: Contention,
-    resource: Resource,
-) -> Result<Lease, LockError> {
-    match contention {
-        Contention::Reject => locker.try_acquire(resource).await,
-        Contention::Wait { timeout } => locker.acquire(resource, timeout).await,
+/// What a request locks: the resources its keys name, in the extractor's order.
+pub(crate) struct Target {
+    pub(crate) resources: Vec<Resource>,
+    /// Named by a multi-key extractor: a refusal names the member that was held.
+    pub(crate) set: bool,
+}
+
+impl Target {
+    /// The one resource of a single-key extractor.
+    pub(crate) fn one(resource: Resource) -> Self {
+        Target {
+            resources: vec![resource],
+            set: false,
+        }
+    }
+
+    /// The problem every front end sends for `error`.
+    pub(crate) fn problem(&self, error: &LockError) -> Problem {
+        match (&*self.resources, self.set) {
+            ([resource], false) => lock_error_problem(error, resource.clone()),
+            _ => set_error_problem(error, self.resources.len()),
+        }
     }
 }
 
-/// [`acquire`], a refusal answered with the problem every front end sends for it.
-pub(crate) async fn acquire_or_problem(
-    locker: &Redlock,
-    contention: Contention,
-    resource: Resource,
-) -> Result<Lease, Problem> {
-    acquire(locker, contention, resource.clone())
-        .await
-        .map_err(|error| lock_error_problem(&error, resource))
+/// A request's lock on a [`Target`]: what it acquired, and what it reused.
+pub(crate) struct Taken {
+    /// What this step acquired; `None` when the request held every resource already.
+    pub(crate) lease: Option<Lease>,
+    /// The acquired lease's handle, else the first reused one.
+    pub(crate) handle: LeaseHandle,
+    /// The request's leases reused for resources it held already.
+    pub(crate) reused: Vec<LeaseHandle>,
 }
 
-/// Takes the locks on `resources` as one lease: at once, or queueing up to the timeout.
-pub(crate) async fn acquire_all(
+/// Whether one lease of the request with `extensions` (granted by `locker`) holds every
+/// resource of `resources` already.
+pub(crate) fn covered(
     locker: &Redlock,
-    contention: Contention,
-    resources: Vec<Resource>,
-) -> Result<Lease, LockError> {
-    match contention {
-        Contention::Reject => locker.try_acquire_all(resources).await,
-        Contention::Wait { timeout } => locker.acquire_all(resources, timeout).await,
+    extensions: &http::Extensions,
+    resources: &[Resource],
+) -> bool {
+    extensions
+        .get::<RequestLeases>()
+        .is_some_and(|leases| leases.covering(locker, resources).is_some())
+}
+
+/// The leases of the request with `extensions` that already hold some of `resources`
+/// (granted by `locker`), and the resources none of them holds. Per-request
+/// reentrancy is decided here, for the layer and the extractors alike: a request never
+/// waits for itself.
+pub(crate) fn held_already(
+    locker: &Redlock,
+    extensions: &http::Extensions,
+    resources: &[Resource],
+) -> (Vec<LeaseHandle>, Vec<Resource>) {
+    let Some(leases) = extensions.get::<RequestLeases>() else {
+        return (Vec::new(), resources.to_vec());
+    };
+    if let Some(covering) = leases.covering(locker, resources) {
+        return (vec![covering.clone()], Vec::new());
     }
+    let reused: Vec<LeaseHandle> = leases.holding(locker, resources).cloned().collect();
+    let wanted = resources
+        .iter()
+        .filter(|r| {
+            reused
+                .iter()
+                .all(|lease| lease.fencing_token_of(r).is_none())
+        })
+        .cloned()
+        .collect();
+    (reused, wanted)
 }
 
-/// [`acquire_all`], a refusal answered with the problem every front end sends for it
-/// (naming the member that is held).
-pub(crate) async fn acquire_all_or_problem(
+/// Takes the locks of `target` for the request with `extensions`, as `contention`
+/// says: what the request holds already is reused ([`held_already`]), the rest is
+/// acquired as one lease (one resource alone, or a set).
+pub(crate) async fn take(
     locker: &Redlock,
     contention: Contention,
-    resources: Vec<Resource>,
-) -> Result<Lease, Problem> {
-    let count = resources.len();
-    acquire_all(locker, contention, resources)
-        .await
-        .map_err(|error| set_error_problem(&error, count))
+    extensions: &http::Extensions,
+    target: &Target,
+) -> Result<Taken, LockError> {
+    let (reused, mut wanted) = held_already(locker, extensions, &target.resources);
+    if wanted.is_empty() {
+        if let Some(first) = reused.first() {
+            return Ok(Taken {
+                lease: None,
+                handle: first.clone(),
+                reused,
+            });
+        }
+    }
+    let lease = match (contention, wanted.len()) {
+        (Contention::Reject, 1) => locker.try_acquire(wanted.swap_remove(0)).await,
+        (Contention::Wait { timeout }, 1) => locker.acquire(wanted.swap_remove(0), timeout).await,
+        (Contention::Reject, _) => locker.try_acquire_all(wanted).await,
+        (Contention::Wait { timeout }, _) => locker.acquire_all(wanted, timeout).await,
+    }?;
+    Ok(Taken {
+        handle: lease.handle(),
+        lease: Some(lease),
+        reused,
+    })
 }

@@ -1,6 +1,7 @@
 //! [`LeaseBody`]: the response body of [`LockService`](super::LockService).
 
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -9,26 +10,38 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project::pin_project;
 
-use crate::lock::{Lease, LeaseHandle};
+use super::extensions::LeaseLost;
+use crate::lock::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
+
+/// The error type of [`LeaseBody`]: the handler body's own error, or [`LeaseLost`]
+/// when the lease was lost while the body was produced under
+/// [`OnLost::Abort`](super::OnLost::Abort). Downcast it to tell them apart.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+type Pending<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The response body of [`LockService`](super::LockService): the handler's body,
 /// holding the lease until it ends, or a problem body of the layer.
 ///
-/// The lease is released (in the background, never blocking) when the body yields its
-/// last frame or an error, or when it is dropped — for example because the client went
-/// away mid-stream. So a streamed response is produced entirely under the lock.
+/// The lease is released **before** the body's end is handed on: the last frame (or the
+/// end of a stream) waits for the nodes to answer the release, so a client that has read
+/// the whole response finds the lock free. A streamed response is produced entirely
+/// under the lock. Under [`OnLost::Abort`](super::OnLost::Abort) a body whose lease is
+/// lost ends with a [`LeaseLost`] error (hyper then cuts the response short, so the
+/// client sees an incomplete body rather than a complete-looking one). A body dropped
+/// before its end (the client went away mid-stream) releases in the background.
 #[pin_project]
-pub struct LeaseBody<B> {
+pub struct LeaseBody<B: Body> {
     #[pin]
     kind: Kind<B>,
 }
 
 #[pin_project(project = KindProj)]
-enum Kind<B> {
+enum Kind<B: Body> {
     Inner {
         #[pin]
         body: B,
-        lease: Option<Lease>,
+        hold: Option<Hold<B::Data>>,
     },
     Problem {
         bytes: Option<Bytes>,
@@ -42,24 +55,128 @@ enum Kind<B> {
     Rest {
         prefix: Option<Bytes>,
         body: Pin<Box<B>>,
-        lease: Option<Lease>,
+        hold: Option<Hold<B::Data>>,
     },
 }
 
-impl<B> LeaseBody<B> {
-    /// `body` holding no lease.
-    pub fn new(body: B) -> Self {
-        LeaseBody {
-            kind: Kind::Inner { body, lease: None },
+/// The lease a body holds until its end.
+struct Hold<D> {
+    lease: Option<Lease>,
+    /// [`OnLost::Abort`](super::OnLost::Abort): end the body with an error once lost.
+    abort: bool,
+    /// Made the first time the body waits, so a body that never waits (a complete one)
+    /// allocates nothing for it.
+    lost: Option<Pending<LostCause>>,
+    /// The release under way, and the frame that ends the body (`None`: the end of a
+    /// stream), handed on once the nodes answered.
+    releasing: Option<(Pending<ReleaseOutcome>, Option<Frame<D>>)>,
+}
+
+impl<D> Hold<D> {
+    fn new(lease: Lease, abort: bool) -> Self {
+        Hold {
+            lease: Some(lease),
+            abort,
+            lost: None,
+            releasing: None,
         }
     }
 
-    /// `body` holding `lease` until it ends or is dropped.
-    pub(crate) fn holding(body: B, lease: Lease) -> Self {
+    /// The cause, once the lease is lost (checked without waiting).
+    fn lost_now(&self) -> Option<LostCause> {
+        self.lease.as_ref().and_then(|lease| lease.lost_cause())
+    }
+
+    /// Waits for a loss alongside the body.
+    fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<LostCause> {
+        let Some(lease) = &self.lease else {
+            return Poll::Pending;
+        };
+        let lost = self.lost.get_or_insert_with(|| {
+            let handle = lease.handle();
+            Box::pin(async move { handle.lost().await })
+        });
+        lost.as_mut().poll(cx)
+    }
+}
+
+/// One frame of a body holding `hold`: the body's frame, the release awaited before the
+/// last one, or an error once the lease is lost under `abort`.
+fn poll_held<B>(
+    mut body: Pin<&mut B>,
+    slot: &mut Option<Hold<B::Data>>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<B::Data>, BoxError>>>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let Some(hold) = slot else {
+        return body.poll_frame(cx).map_err(Into::into);
+    };
+    if let Some((release, _)) = &mut hold.releasing {
+        ready!(release.as_mut().poll(cx));
+        let last = slot
+            .take()
+            .and_then(|hold| hold.releasing)
+            .and_then(|(_, last)| last);
+        return Poll::Ready(last.map(Ok));
+    }
+    if hold.abort {
+        if let Some(cause) = hold.lost_now() {
+            // Dropping the lease releases it in the background.
+            *slot = None;
+            return Poll::Ready(Some(Err(Box::new(LeaseLost(cause)))));
+        }
+    }
+    let frame = match body.as_mut().poll_frame(cx) {
+        Poll::Ready(frame) => frame,
+        Poll::Pending => {
+            if hold.abort {
+                if let Poll::Ready(cause) = hold.poll_lost(cx) {
+                    *slot = None;
+                    return Poll::Ready(Some(Err(Box::new(LeaseLost(cause)))));
+                }
+            }
+            return Poll::Pending;
+        }
+    };
+    let last = match frame {
+        Some(Ok(frame)) if !body.is_end_stream() => return Poll::Ready(Some(Ok(frame))),
+        Some(Ok(frame)) => Some(frame),
+        None => None,
+        Some(Err(error)) => {
+            *slot = None;
+            return Poll::Ready(Some(Err(error.into())));
+        }
+    };
+    match hold.lease.take() {
+        Some(lease) => {
+            hold.releasing = Some((Box::pin(lease.release()), last));
+            poll_held(body, slot, cx)
+        }
+        None => {
+            *slot = None;
+            Poll::Ready(last.map(Ok))
+        }
+    }
+}
+
+impl<B: Body> LeaseBody<B> {
+    /// `body` holding no lease.
+    pub fn new(body: B) -> Self {
+        LeaseBody {
+            kind: Kind::Inner { body, hold: None },
+        }
+    }
+
+    /// `body` holding `lease` until it ends (released before the end is handed on) or
+    /// is dropped; with `abort`, ending with [`LeaseLost`] once the lease is lost.
+    pub(crate) fn holding(body: B, lease: Lease, abort: bool) -> Self {
         LeaseBody {
             kind: Kind::Inner {
                 body,
-                lease: Some(lease),
+                hold: Some(Hold::new(lease, abort)),
             },
         }
     }
@@ -83,14 +200,19 @@ impl<B> LeaseBody<B> {
         }
     }
 
-    /// `prefix`, already read from `body`, then the rest of `body`, holding `lease`
-    /// until it ends or is dropped.
-    pub(crate) fn rest(prefix: Bytes, body: Pin<Box<B>>, lease: Option<Lease>) -> Self {
+    /// `prefix`, already read from `body`, then the rest of `body`, holding `lease` as
+    /// [`holding`](Self::holding) does.
+    pub(crate) fn rest(
+        prefix: Bytes,
+        body: Pin<Box<B>>,
+        lease: Option<Lease>,
+        abort: bool,
+    ) -> Self {
         LeaseBody {
             kind: Kind::Rest {
                 prefix: (!prefix.is_empty()).then_some(prefix),
                 body,
-                lease,
+                hold: lease.map(|lease| Hold::new(lease, abort)),
             },
         }
     }
@@ -99,11 +221,11 @@ impl<B> LeaseBody<B> {
     pub fn lease(&self) -> Option<&LeaseHandle> {
         match &self.kind {
             Kind::Inner {
-                lease: Some(lease), ..
+                hold: Some(hold), ..
             }
             | Kind::Rest {
-                lease: Some(lease), ..
-            } => Some(lease),
+                hold: Some(hold), ..
+            } => hold.lease.as_deref(),
             _ => None,
         }
     }
@@ -113,27 +235,17 @@ impl<B> Body for LeaseBody<B>
 where
     B: Body,
     B::Data: From<Bytes>,
+    B::Error: Into<BoxError>,
 {
     type Data = B::Data;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { mut body, lease } => {
-                let frame = ready!(body.as_mut().poll_frame(cx));
-                let finished = match &frame {
-                    None | Some(Err(_)) => true,
-                    Some(Ok(_)) => body.is_end_stream(),
-                };
-                if finished {
-                    // Dropping the lease releases it in the background.
-                    drop(lease.take());
-                }
-                Poll::Ready(frame)
-            }
+            KindProj::Inner { body, hold } => poll_held(body, hold, cx),
             KindProj::Problem { bytes } => {
                 Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b.into()))))
             }
@@ -141,33 +253,24 @@ where
                 Some(b) => Some(Ok(Frame::data(b.into()))),
                 None => trailers.take().map(|t| Ok(Frame::trailers(t))),
             }),
-            KindProj::Rest {
-                prefix,
-                body,
-                lease,
-            } => {
+            KindProj::Rest { prefix, body, hold } => {
                 if let Some(b) = prefix.take() {
                     return Poll::Ready(Some(Ok(Frame::data(b.into()))));
                 }
-                let frame = ready!(body.as_mut().poll_frame(cx));
-                let finished = match &frame {
-                    None | Some(Err(_)) => true,
-                    Some(Ok(_)) => body.is_end_stream(),
-                };
-                if finished {
-                    drop(lease.take());
-                }
-                Poll::Ready(frame)
+                poll_held(body.as_mut(), hold, cx)
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body, .. } => body.is_end_stream(),
+            // A body holding its lease is polled to its end, where the release runs.
+            Kind::Inner { body, hold } => hold.is_none() && body.is_end_stream(),
             Kind::Problem { bytes } => bytes.is_none(),
             Kind::Recorded { bytes, trailers } => bytes.is_none() && trailers.is_none(),
-            Kind::Rest { prefix, body, .. } => prefix.is_none() && body.is_end_stream(),
+            Kind::Rest { prefix, body, hold } => {
+                prefix.is_none() && hold.is_none() && body.is_end_stream()
+            }
         }
     }
 
@@ -191,31 +294,16 @@ where
     }
 }
 
-impl<B: fmt::Debug> fmt::Debug for LeaseBody<B> {
+impl<B: Body + fmt::Debug> fmt::Debug for LeaseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = f.debug_struct("LeaseBody");
         match &self.kind {
-            Kind::Inner { body, lease } => f
-                .debug_struct("LeaseBody")
-                .field("body", body)
-                .field("lease", lease)
-                .finish(),
-            Kind::Problem { bytes } => f.debug_struct("LeaseBody").field("problem", bytes).finish(),
-            Kind::Recorded { bytes, .. } => f
-                .debug_struct("LeaseBody")
-                .field("recorded", bytes)
-                .finish(),
-            Kind::Rest {
-                prefix,
-                body,
-                lease,
-                ..
-            } => f
-                .debug_struct("LeaseBody")
-                .field("prefix", prefix)
-                .field("body", body)
-                .field("lease", lease)
-                .finish(),
-        }
+            Kind::Inner { body, .. } => out.field("body", body),
+            Kind::Problem { bytes } => out.field("problem", bytes),
+            Kind::Recorded { bytes, .. } => out.field("recorded", bytes),
+            Kind::Rest { prefix, body, .. } => out.field("prefix", prefix).field("body", body),
+        };
+        out.field("lease", &self.lease()).finish()
     }
 }
 
@@ -249,7 +337,7 @@ mod tests {
                 .await
                 .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
         });
-        let mut body = std::pin::pin!(LeaseBody::holding(StreamBody::new(stream), lease));
+        let mut body = std::pin::pin!(LeaseBody::holding(StreamBody::new(stream), lease, true));
         tx.send(Bytes::from_static(b"a")).await.unwrap();
         let frame = body.as_mut().frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap(), "a");
@@ -258,20 +346,60 @@ mod tests {
         drop(tx);
         assert!(body.as_mut().frame().await.is_none());
         assert!(body.lease().is_none());
-        // The release runs in the background; the local queue frees once it is done.
-        locker
-            .acquire("body", std::time::Duration::from_secs(5))
-            .await
-            .unwrap();
+        // Released before the end was handed on: free at once, no waiting.
+        locker.try_acquire("body").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_lost_lease_ends_the_stream_with_an_error() {
+        let locker = Redlock::in_memory();
+        let lease = locker.try_acquire("lost").await.unwrap();
+        let handle = lease.handle();
+        let (tx, rx) = mpsc::channel::<Bytes>(1);
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv()
+                .await
+                .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+        });
+        let mut body = std::pin::pin!(LeaseBody::holding(StreamBody::new(stream), lease, true));
+        tx.send(Bytes::from_static(b"a")).await.unwrap();
+        assert!(body.as_mut().frame().await.unwrap().is_ok());
+        // Lost while the body waits for its next chunk: the wait ends with the error.
+        let next = tokio::spawn(async move { body_next_error(body).await });
+        tokio::task::yield_now().await;
+        handle.lease_inner().mark_lost(LostCause::KeyLost);
+        let error = next.await.unwrap();
+        assert_eq!(
+            error.downcast_ref::<LeaseLost>(),
+            Some(&LeaseLost(LostCause::KeyLost))
+        );
+        drop(tx);
+    }
+
+    async fn body_next_error<B>(mut body: Pin<&mut LeaseBody<B>>) -> BoxError
+    where
+        B: Body + Send,
+        B::Data: From<Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        match body.as_mut().frame().await {
+            Some(Err(error)) => error,
+            _ => panic!("the body went on after its lease was lost"),
+        }
     }
 
     #[tokio::test]
     async fn known_length_bodies_release_with_their_last_frame() {
         let locker = Redlock::in_memory();
         let lease = locker.try_acquire("full").await.unwrap();
-        let mut body = LeaseBody::holding(Full::new(Bytes::from_static(b"x")), lease);
+        let mut body = LeaseBody::holding(Full::new(Bytes::from_static(b"x")), lease, true);
+        assert!(
+            !body.is_end_stream(),
+            "a body holding its lease is polled to its end"
+        );
         assert!(body.frame().await.is_some());
         assert!(body.lease().is_none());
         assert!(body.is_end_stream());
+        locker.try_acquire("full").await.unwrap();
     }
 }

@@ -6,11 +6,22 @@ use std::sync::Arc;
 use crate::lock::fencing::FencingToken;
 use crate::lock::{LeaseHandle, LostCause, Redlock, Resource};
 
-/// A response extension: the lease was lost while the handler ran, and the handler's
-/// response was passed on anyway ([`OnLost::Continue`](super::OnLost::Continue), or a
-/// handler that finished just as the loss was noticed).
+/// The lease was lost, and why.
+///
+/// A response extension when the handler's response was passed on anyway
+/// ([`OnLost::Continue`](super::OnLost::Continue), or a handler that finished just as
+/// the loss was noticed); the error a [`LeaseBody`](super::LeaseBody) ends with when
+/// its lease is lost mid-stream under [`OnLost::Abort`](super::OnLost::Abort).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseLost(pub LostCause);
+
+impl fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the lease was lost: {}", self.0)
+    }
+}
+
+impl std::error::Error for LeaseLost {}
 
 /// A request extension: the key [`LockLayer`](super::LockLayer) found in this request and locked on, as
 /// the extractor read it (for `Idempotency-Key`, without the quotes of the structured

@@ -1,55 +1,83 @@
-//! [`ResponseFuture`]: extract the key, acquire the lease, call the inner service.
+//! [`ResponseFuture`]: a request through the layer, top to bottom: key, lock, the
+//! critical section.
 
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 use tracing::{Instrument, Span};
 
-use super::acquire::{check_key, missing_key};
+use super::acquire::{check_key, covered, missing_key, name_keys, Taken, Target};
 use super::body::LeaseBody;
-use super::extensions::{RequestKey, RequestLeases, Unlocked};
+use super::extensions::{RequestKey, RequestKeys, Unlocked};
 use super::key::{KeySetExtractor, Keys};
-use super::many;
-use super::policy::{MissingKey, ScopePrefix};
-use super::replay::{self, ReplayRequest};
-use super::run::{
-    call_locked, call_reentrant, call_unlocked, finish, lock, refuse, Called, NotLocked,
-};
+use super::policy::{matched_path_in, MissingKey, OnDisconnect, ScopePrefix};
+use super::replay::{self, ReplayRequest, ReplayStep};
+use super::run::{call_unlocked, critical, lock, refuse, NotLocked};
 use super::settings::Settings;
+use crate::lock::metrics;
 
 type Output<RB, E> = Result<Response<LeaseBody<RB>>, E>;
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The response future of [`LockService`](super::LockService).
 ///
-/// Extracts the key, acquires the lease, and runs the inner service's future under it
-/// (racing the lease's lost signal under [`OnLost::Abort`](super::OnLost::Abort));
-/// with [`replay`](super::LockLayer::replay) it also looks the record up before
-/// locking, claims it after, and records the response before answering. Dropping it at
-/// any point drops what it holds, and a dropped lease is released in the background.
+/// Extracts the key and acquires the lease (with [`replay`](super::LockLayer::replay),
+/// a recorded response is answered first); then runs the critical section: the inner
+/// service's future under the lease (racing the lease's lost signal under
+/// [`OnLost::Abort`](super::OnLost::Abort)), and with replay the claim before it and
+/// the record after it.
+///
+/// Dropped before the lease is held (the client left while the request waited), it
+/// leaves nothing behind. Dropped during the critical section, the section goes on in
+/// a task of its own to its end, and the lease is released then
+/// ([`OnDisconnect::Finish`]), or it is dropped with the lease released in the
+/// background ([`OnDisconnect::Cancel`]).
 pub struct ResponseFuture<S, K, B, RB>
 where
     S: Service<Request<B>>,
+    RB: Body,
 {
-    // One allocation per request: the steps read top to bottom in `respond` rather
-    // than as the states of a hand-written machine.
-    future: Pin<Box<dyn Future<Output = Output<RB, S::Error>> + Send>>,
+    state: State<Output<RB, S::Error>>,
     key: PhantomData<fn() -> K>,
+}
+
+/// Two boxed steps rather than one: the step a request is in decides what dropping it
+/// means, and the second box is only made for a request that holds its lease.
+enum State<O> {
+    Before(BoxFuture<Step<O>>),
+    Critical {
+        section: BoxFuture<O>,
+        /// Runs the section on when its response future is dropped
+        /// ([`OnDisconnect::Finish`]); made where the output is known to be `'static`.
+        detach: Option<fn(BoxFuture<O>)>,
+    },
+    Done,
+}
+
+/// How the steps before the lock end.
+enum Step<O> {
+    /// The answer: a refusal, a replayed response, a request run without a lock.
+    Answer(O),
+    /// The lease is held: the critical section, to run whole.
+    Critical(BoxFuture<O>, Option<fn(BoxFuture<O>)>),
 }
 
 impl<S, K, B, RB> ResponseFuture<S, K, B, RB>
 where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
     S::Future: Send,
+    S::Error: Send + 'static,
     K: KeySetExtractor<B>,
     B: Send + 'static,
     RB: Body + Send + 'static,
+    RB::Data: Send,
 {
     pub(crate) fn new(
         inner: S,
@@ -67,10 +95,9 @@ where
         );
         // The extractor starts at once, as the service is called.
         let extracted = span.in_scope(|| key.extract_keys(request));
-        let future =
-            respond(inner, key, settings, prefix, extracted, span.clone()).instrument(span);
+        let future = begin(inner, key, settings, prefix, extracted, span.clone()).instrument(span);
         ResponseFuture {
-            future: Box::pin(future),
+            state: State::Before(Box::pin(future)),
             key: PhantomData,
         }
     }
@@ -79,133 +106,213 @@ where
 impl<S, K, B, RB> Future for ResponseFuture<S, K, B, RB>
 where
     S: Service<Request<B>>,
+    RB: Body,
 {
     type Output = Output<RB, S::Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.future.as_mut().poll(cx)
+        loop {
+            match &mut self.state {
+                State::Before(future) => match ready!(future.as_mut().poll(cx)) {
+                    Step::Answer(output) => {
+                        self.state = State::Done;
+                        return Poll::Ready(output);
+                    }
+                    Step::Critical(section, detach) => {
+                        self.state = State::Critical { section, detach }
+                    }
+                },
+                State::Critical { section, .. } => {
+                    let output = ready!(section.as_mut().poll(cx));
+                    self.state = State::Done;
+                    return Poll::Ready(output);
+                }
+                State::Done => panic!("ResponseFuture polled after completion"),
+            }
+        }
     }
+}
+
+impl<S, K, B, RB> Drop for ResponseFuture<S, K, B, RB>
+where
+    S: Service<Request<B>>,
+    RB: Body,
+{
+    fn drop(&mut self) {
+        if let State::Critical {
+            section,
+            detach: Some(detach),
+        } = std::mem::replace(&mut self.state, State::Done)
+        {
+            detach(section);
+        }
+    }
+}
+
+/// Runs a critical section whose response no one awaits any more to its end; what it
+/// answers is dropped, which releases a lease its body still holds.
+fn finish_detached<O: 'static>(section: BoxFuture<O>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime (it is shutting down): nothing can run it; the lease drops.
+        tracing::warn!("response future dropped outside a runtime: the handler is cancelled");
+        return;
+    };
+    tracing::debug!("the client left while the handler held its lease: finishing it");
+    metrics::handlers_finishing(1.0);
+    runtime.spawn(async move {
+        drop(section.await);
+        metrics::handlers_finishing(-1.0);
+        tracing::debug!("handler finished after its client left");
+    });
 }
 
 impl<S, K, B, RB> fmt::Debug for ResponseFuture<S, K, B, RB>
 where
     S: Service<Request<B>>,
+    RB: Body,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        let step = match self.state {
+            State::Before(_) => "locking",
+            State::Critical { .. } => "critical section",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("step", &step)
+            .finish()
     }
 }
 
-/// A request through the layer: key → lock → handler, or replay's path.
-async fn respond<S, K, B, RB>(
+/// The steps before the critical section: the key, the resources it names, the replay
+/// lookup, the lock.
+async fn begin<S, K, B, RB>(
     inner: S,
     extractor: K,
     settings: Arc<Settings>,
     prefix: Arc<ScopePrefix>,
     extracted: K::Future,
     span: Span,
-) -> Output<RB, S::Error>
+) -> Step<Output<RB, S::Error>>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
+    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
     K: KeySetExtractor<B>,
-    RB: Body,
+    B: Send + 'static,
+    RB: Body + Send + 'static,
+    RB::Data: Send,
 {
-    let (settings, span) = (&*settings, &span);
+    let answer = |response| Step::Answer(Ok(response));
     let (mut request, found) = match extracted.await {
         Ok(found) => found,
         Err(rejection) => {
             tracing::debug!(%rejection, "request refused: no usable key");
-            return Ok(refuse(settings, span, rejection.into()));
+            return answer(refuse(&settings, &span, rejection.into()));
         }
     };
-    // The paths off the common one (one key, locked now) are boxed: inline, the
-    // largest of their futures would set the size of the future every request
-    // allocates (4.1 kB with them inline, 3.1 kB without; most of the rest is the
-    // locker's acquire future).
-    let found = match found {
+    let mut target = match found {
+        Some(Keys::One(key)) => match check_key(key, settings.max_key_len) {
+            Ok(key) => {
+                let resource = settings.scope.resource_cached(
+                    &prefix,
+                    request.method(),
+                    request.uri(),
+                    request.extensions(),
+                    &key,
+                );
+                request
+                    .extensions_mut()
+                    .insert(RequestKey(Arc::from(key.as_str())));
+                Target::one(resource)
+            }
+            Err(problem) => return answer(refuse(&settings, &span, problem)),
+        },
         Some(Keys::Many(keys)) => {
-            return Box::pin(many::respond(
-                settings, span, &extractor, inner, request, keys,
-            ))
-            .await
+            let named = name_keys(
+                keys,
+                settings.max_key_len,
+                |index| extractor.describe_key(index),
+                |key| settings.scope.resource(&request, key),
+            );
+            let named = match named {
+                Ok(named) => named,
+                Err(problem) => return answer(refuse(&settings, &span, problem)),
+            };
+            let resources = named.iter().map(|(_, resource)| resource.clone()).collect();
+            request.extensions_mut().insert(RequestKeys::new(named));
+            Target {
+                resources,
+                set: true,
+            }
         }
-        Some(Keys::One(key)) => Some(key),
-        None => None,
-    };
-    let key = match check_key(found, settings.max_key_len) {
-        Ok(Some(key)) => key,
-        Ok(None) if settings.missing_key == MissingKey::Reject => {
+        None if settings.missing_key == MissingKey::Reject => {
             let problem = missing_key(&extractor.describe_keys());
-            return Ok(refuse(settings, span, problem));
+            return answer(refuse(&settings, &span, problem));
         }
-        Ok(None) => {
+        None => {
             span.record("outcome", "bypassed");
             tracing::debug!("no lock key: running without a lock");
-            return Box::pin(call_unlocked(
-                settings,
-                span,
-                inner,
-                request,
-                Unlocked::MissingKey,
-            ))
-            .await;
+            let call = call_unlocked(&settings, &span, inner, request, Unlocked::MissingKey);
+            return Step::Answer(Box::pin(call).await);
         }
-        Err(problem) => return Ok(refuse(settings, span, problem)),
     };
-    request
-        .extensions_mut()
-        .insert(RequestKey(Arc::from(key.as_str())));
-    let resource = settings.scope.resource_cached(
-        &prefix,
-        request.method(),
-        request.uri(),
-        request.extensions(),
-        &key,
-    );
-    let replaying = request.extensions_mut().remove::<ReplayRequest>();
-    if let (Some(policy), Some(replaying)) = (settings.replay.as_deref(), replaying) {
-        let resource = replaying.scope(resource);
+
+    // Replay: a request this layer locks itself (not one an outer layer or extractor
+    // holds the lock for already, whose owner replays) looks its record up first.
+    let replaying = match request.extensions_mut().remove::<ReplayRequest>() {
+        Some(replaying) if !target.set => {
+            let held = covered(&settings.locker, request.extensions(), &target.resources);
+            settings
+                .replay
+                .as_ref()
+                .filter(|_| !held)
+                .map(|policy| (policy, replaying))
+        }
+        _ => None,
+    };
+    let mut replay = None;
+    if let Some((policy, replaying)) = replaying {
+        let resource = replaying.scope(target.resources.swap_remove(0));
+        target.resources.push(resource.clone());
         span.record("resource", resource.as_str());
         let fingerprint = replaying.fingerprint;
-        return Box::pin(replay::respond(
-            settings,
-            policy,
-            span,
-            inner,
-            request,
-            resource,
+        let found = replay::lookup(&settings, policy, &span, &resource, &fingerprint);
+        if let Some(response) = Box::pin(found).await {
+            return answer(response);
+        }
+        replay = Some(ReplayStep {
+            policy: policy.clone(),
             fingerprint,
-        ))
-        .await;
+            routed: matched_path_in(request.extensions()).is_some(),
+        });
+    } else {
+        match &*target.resources {
+            [resource] => span.record("resource", resource.as_str()),
+            resources => span.record("resource", tracing::field::debug(resources)),
+        };
     }
-    span.record("resource", resource.as_str());
-    if let Some(held) = request
-        .extensions()
-        .get::<RequestLeases>()
-        .and_then(|leases| leases.covering(&settings.locker, std::slice::from_ref(&resource)))
-        .cloned()
+
+    let taken: Taken = match lock(
+        &settings,
+        &span,
+        request.extensions(),
+        &target,
+        replay.is_some(),
+    )
+    .await
     {
-        return Box::pin(call_reentrant(settings, span, inner, request, held)).await;
-    }
-    let lease = match lock(settings, span, &resource, false).await {
-        Ok(lease) => lease,
-        Err(NotLocked::Refused(problem)) => return Ok(refuse(settings, span, problem)),
+        Ok(taken) => taken,
+        Err(NotLocked::Refused(problem)) => return answer(refuse(&settings, &span, problem)),
         Err(NotLocked::FailOpen) => {
-            return Box::pin(call_unlocked(
-                settings,
-                span,
-                inner,
-                request,
-                Unlocked::StoreUnavailable,
-            ))
-            .await
+            let why = Unlocked::StoreUnavailable;
+            let call = call_unlocked(&settings, &span, inner, request, why);
+            return Step::Answer(Box::pin(call).await);
         }
     };
-    let handle = lease.handle();
-    match call_locked(settings, span, inner, request, &handle).await? {
-        Called::Answered(response) => {
-            Ok(finish(settings, span, response, Some(lease), Some(handle)))
-        }
-        Called::Stopped(response) => Ok(response), // the lease drops: released in the background
-    }
+    let detach = match settings.on_disconnect {
+        OnDisconnect::Finish => Some(finish_detached::<Output<RB, S::Error>> as fn(_)),
+        OnDisconnect::Cancel => None,
+    };
+    let section = critical(settings, span.clone(), inner, request, taken, replay).instrument(span);
+    Step::Critical(Box::pin(section), detach)
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use http::header::HeaderName;
 use tower_layer::Layer;
 
-use super::policy::{Contention, MissingKey, OnLost, Scope, Unavailable};
+use super::policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
 use super::problem::ProblemRenderer;
 use super::replay::{Replay, ReplaySettings, Replaying};
 use super::service::LockService;
@@ -34,7 +34,7 @@ impl<K> LockLayer<K> {
     /// one resource per key, locked together as one lease).
     ///
     /// Defaults: [`Contention::Reject`], a `Fencing-Token` response header,
-    /// [`MissingKey::Reject`], [`OnLost::Abort`], the lease held until the response body
+    /// [`MissingKey::Reject`], [`OnLost::Abort`], [`OnDisconnect::Finish`], the lease held until the response body
     /// ends, [`Scope::Route`], keys of at most 255 bytes, the locker's own queue limit
     /// (1000 unless set), [`Unavailable::FailClosed`] and [`DefaultRenderer`](super::DefaultRenderer).
     pub fn new(locker: Redlock, key: K) -> Self {
@@ -83,9 +83,19 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Keep the lease until the response body has been sent (default `true`), so a
-    /// streamed response is produced under the lock. With `false` the lease is released
-    /// as soon as the handler returns its response.
+    /// What happens to a handler holding its lease when the client goes away (default
+    /// [`OnDisconnect::Finish`]: it runs to its end, then the lease is released).
+    #[must_use]
+    pub fn on_disconnect(mut self, policy: OnDisconnect) -> Self {
+        self.settings().on_disconnect = policy;
+        self
+    }
+
+    /// Keep the lease until the response body has been produced (default `true`), so a
+    /// streamed response is produced under the lock; it is released before the body's
+    /// end is handed on. With `false` the lease is released as soon as the handler
+    /// returns its response, before the response is sent. Either way a client that has
+    /// read the whole response finds the lock free.
     #[must_use]
     pub fn hold_through_body(mut self, hold: bool) -> Self {
         self.settings().hold_through_body = hold;
@@ -219,6 +229,7 @@ mod tests {
             .fencing_header(None)
             .missing_key(MissingKey::Bypass)
             .on_lost(OnLost::Continue)
+            .on_disconnect(OnDisconnect::Cancel)
             .hold_through_body(false)
             .scope(Scope::shared("s"))
             .max_key_len(10)
@@ -234,6 +245,7 @@ mod tests {
         assert_eq!(s.fencing_header, None);
         assert_eq!(s.missing_key, MissingKey::Bypass);
         assert_eq!(s.on_lost, OnLost::Continue);
+        assert_eq!(s.on_disconnect, OnDisconnect::Cancel);
         assert!(!s.hold_through_body);
         assert_eq!(s.scope, Scope::shared("s"));
         assert_eq!(s.max_key_len, 10);

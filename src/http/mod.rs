@@ -187,7 +187,6 @@ pub(crate) mod extensions;
 mod future;
 pub mod key;
 mod layer;
-mod many;
 mod policy;
 pub mod problem;
 pub mod replay;
@@ -196,7 +195,7 @@ mod service;
 mod settings;
 mod tokens;
 
-pub use body::LeaseBody;
+pub use body::{BoxError, LeaseBody};
 pub use extensions::{LeaseLost, RequestKey, RequestKeys, RequestLeases, Unlocked};
 pub use future::ResponseFuture;
 pub use key::{
@@ -208,7 +207,7 @@ pub use key::{
 #[cfg(feature = "axum")]
 pub use key::{path_param, PathParam};
 pub use layer::LockLayer;
-pub use policy::{Contention, MissingKey, OnLost, Scope, Unavailable};
+pub use policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
 pub use problem::{DefaultRenderer, Problem, ProblemKind, ProblemRenderer};
 pub use replay::{Fingerprint, Replay, Replaying, UnknownOutcome, IDEMPOTENT_REPLAYED};
 pub use service::LockService;

@@ -51,6 +51,27 @@ pub enum OnLost {
     Continue,
 }
 
+/// What happens to a handler that holds its lease when its response future is dropped:
+/// the client hung up, the connection closed, or a timeout layer outside the lock layer
+/// gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDisconnect {
+    /// The critical section runs whole (the default): the handler goes on in a task of
+    /// its own under its lease, renewed as before; with replay its response is recorded,
+    /// so the client's retry gets it replayed; then the lease is released. Only the loss
+    /// of the lease ([`OnLost::Abort`]) cuts it short. A request still waiting for its
+    /// lock when the client leaves is dropped, as it never started.
+    ///
+    /// Such handlers are counted in the `redlock_http_handlers_finishing` gauge (feature
+    /// `metrics`) and logged at `debug` when they start and end; each holds its lease, so
+    /// [`Redlock::drain`](crate::Redlock::drain) waits for them at shutdown.
+    #[default]
+    Finish,
+    /// Drop the handler with the response future, at its next `.await`, and release the
+    /// lease in the background. Only for handlers that are safe to cut anywhere.
+    Cancel,
+}
+
 /// What a request does when the lock store cannot decide (too few nodes answer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Unavailable {

@@ -1,25 +1,29 @@
-//! The steps of a request through the layer that the plain and the replaying paths
-//! share: taking the lock under the layer's policies, calling the inner service under
-//! the lease, and making the layer's response from the handler's (or from a refusal).
+//! The steps of a request through the layer, shared by every kind of request (one key,
+//! several, replaying): taking the lock under the layer's policies, the critical
+//! section (the handler under the lease), and the layer's response made from the
+//! handler's, with the lease released before the client can have read it all.
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
+use std::sync::Arc;
 use std::task::Poll;
 
 use http::{Request, Response};
+use http_body::Body;
 use tokio::time::Instant;
 use tower_service::Service;
 use tracing::Span;
 
-use super::acquire::acquire;
+use super::acquire::{take, Taken, Target};
 use super::body::LeaseBody;
 use super::extensions::{add_request_lease, LeaseLost, Unlocked};
 use super::policy::{OnLost, Unavailable};
-use super::problem::{self, lock_error_problem, Problem, ProblemKind};
+use super::problem::{self, Problem, ProblemKind};
+use super::replay::{self, ReplayStep};
 use super::settings::Settings;
 use super::tokens::set_fencing_header;
 use crate::lock::LockError;
-use crate::lock::{metrics, Lease, LeaseHandle, LostCause, Resource};
+use crate::lock::{metrics, Lease, LeaseHandle, LostCause};
 
 /// Why [`lock`] took no lease.
 pub(crate) enum NotLocked {
@@ -29,26 +33,28 @@ pub(crate) enum NotLocked {
     FailOpen,
 }
 
-/// Takes the lock on `resource` as the layer's policies say. `replaying`: contention
-/// on the key means the first request with it is still at work, 409
-/// `request-in-progress`.
+/// Takes the locks of `target` as the layer's policies say, reusing what the request
+/// holds already. `replaying`: contention on the key means the first request with it
+/// is still at work, 409 `request-in-progress`.
 pub(crate) async fn lock(
     settings: &Settings,
     span: &Span,
-    resource: &Resource,
+    extensions: &http::Extensions,
+    target: &Target,
     replaying: bool,
-) -> Result<Lease, NotLocked> {
+) -> Result<Taken, NotLocked> {
     // The clock is read only for a span that records the wait.
     let started = (!span.is_disabled()).then(Instant::now);
-    let acquired = acquire(&settings.locker, settings.contention, resource.clone()).await;
+    let taken = take(&settings.locker, settings.contention, extensions, target).await;
     if let Some(started) = started {
         span.record("wait_ms", started.elapsed().as_millis() as u64);
     }
-    match acquired {
-        Ok(lease) => Ok(lease),
-        Err(error @ (LockError::Held { .. } | LockError::WaitTimeout { .. })) if replaying => Err(
-            NotLocked::Refused(problem::in_progress(&error, resource.clone())),
-        ),
+    match taken {
+        Ok(taken) => Ok(taken),
+        Err(error @ (LockError::Held { .. } | LockError::WaitTimeout { .. })) if replaying => {
+            let resource = target.resources[0].clone();
+            Err(NotLocked::Refused(problem::in_progress(&error, resource)))
+        }
         Err(error @ (LockError::Unavailable { .. } | LockError::ValidityExpired { .. }))
             if settings.on_unavailable == Unavailable::FailOpen =>
         {
@@ -56,10 +62,7 @@ pub(crate) async fn lock(
             tracing::warn!(%error, "lock store unavailable: running without a lock (fail open)");
             Err(NotLocked::FailOpen)
         }
-        Err(error) => Err(NotLocked::Refused(lock_error_problem(
-            &error,
-            resource.clone(),
-        ))),
+        Err(error) => Err(NotLocked::Refused(target.problem(&error))),
     }
 }
 
@@ -73,38 +76,56 @@ pub(crate) async fn call_unlocked<S, B, RB>(
 ) -> Result<Response<LeaseBody<RB>>, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>>,
+    RB: Body,
 {
     request.extensions_mut().insert(why);
     let response = inner.call(request).await?;
-    Ok(finish(settings, span, response, None, None))
+    Ok(finish(settings, span, response, None, None).await)
+}
+
+/// The critical section of a request that holds its locks: the handler under the lease
+/// (with replay: claimed, run and recorded), then the layer's response. It owns all it
+/// needs, so that it can run to its end after the client left
+/// ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
+pub(crate) async fn critical<S, B, RB>(
+    settings: Arc<Settings>,
+    span: Span,
+    inner: S,
+    request: Request<B>,
+    taken: Taken,
+    replay: Option<ReplayStep>,
+) -> Result<Response<LeaseBody<RB>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    RB: Body,
+{
+    let (settings, span) = (&*settings, &span);
+    let Taken { lease, handle, .. } = taken;
+    match (replay, lease) {
+        (Some(step), Some(lease)) => {
+            replay::critical(settings, span, inner, request, lease, handle, step).await
+        }
+        (_, lease) => {
+            if lease.is_none() {
+                tracing::debug!(token = %handle.fencing_token(), "the request holds this lock already: reusing its lease");
+            }
+            match call_locked(settings, span, inner, request, &handle).await? {
+                Called::Answered(response) => {
+                    Ok(finish(settings, span, response, lease, Some(handle)).await)
+                }
+                // The lease drops: lost, released in the background.
+                Called::Stopped(response) => Ok(response),
+            }
+        }
+    }
 }
 
 /// What [`call_locked`] ended with.
-pub(crate) enum Called<RB> {
+pub(crate) enum Called<RB: Body> {
     /// The handler's response.
     Answered(Response<RB>),
     /// The lease was lost and the handler stopped ([`OnLost::Abort`]): 503 `lock-lost`.
     Stopped(Response<LeaseBody<RB>>),
-}
-
-/// Calls the inner service under a lease this request already holds (an outer layer's
-/// on the same resources): no acquisition, and the lease stays its owner's to release.
-pub(crate) async fn call_reentrant<S, B, RB>(
-    settings: &Settings,
-    span: &Span,
-    inner: S,
-    request: Request<B>,
-    held: LeaseHandle,
-) -> Result<Response<LeaseBody<RB>>, S::Error>
-where
-    S: Service<Request<B>, Response = Response<RB>>,
-{
-    span.record("wait_ms", 0);
-    tracing::debug!(token = %held.fencing_token(), "the request holds this lock already: reusing its lease");
-    match call_locked(settings, span, inner, request, &held).await? {
-        Called::Answered(response) => Ok(finish(settings, span, response, None, Some(held))),
-        Called::Stopped(response) => Ok(response),
-    }
 }
 
 /// Calls the inner service with the lease's handle in the request extensions; under
@@ -118,6 +139,7 @@ pub(crate) async fn call_locked<S, B, RB>(
 ) -> Result<Called<RB>, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>>,
+    RB: Body,
 {
     span.record("token", handle.fencing_token().get());
     tracing::debug!(token = %handle.fencing_token(), "running the handler under the lease");
@@ -152,41 +174,45 @@ where
     Ok(Called::Stopped(response))
 }
 
-/// The handler's response, with the fencing token, the lost marker, and the lease
-/// handed to the body (or released now).
-pub(crate) fn finish<ResBody>(
+/// The handler's response, with the fencing token and the lost marker; the lease goes
+/// to the body (released before the body's end is handed on) or is released now.
+pub(crate) async fn finish<RB: Body>(
     settings: &Settings,
     span: &Span,
-    response: Response<ResBody>,
+    response: Response<RB>,
     lease: Option<Lease>,
     handle: Option<LeaseHandle>,
-) -> Response<LeaseBody<ResBody>> {
+) -> Response<LeaseBody<RB>> {
     let (parts, body) = response.into_parts();
+    // A body already complete (empty) is never polled: nothing to hold it through.
+    let hold = settings.hold_through_body && !body.is_end_stream();
     finish_with(
         settings,
         span,
         parts,
         lease,
         handle,
-        settings.hold_through_body,
+        hold,
         |lease| match lease {
-            Some(lease) => LeaseBody::holding(body, lease),
+            Some(lease) => LeaseBody::holding(body, lease, settings.on_lost == OnLost::Abort),
             None => LeaseBody::new(body),
         },
     )
+    .await
 }
 
 /// [`finish`] with a body made by `body`, which gets the lease when `hold` and the
-/// lease is neither lost nor missing.
-pub(crate) fn finish_with<ResBody>(
+/// lease is neither lost nor missing; otherwise the lease is released before this
+/// returns (a lost one in the background).
+pub(crate) async fn finish_with<RB: Body>(
     settings: &Settings,
     span: &Span,
     mut parts: http::response::Parts,
     lease: Option<Lease>,
     handle: Option<LeaseHandle>,
     hold: bool,
-    body: impl FnOnce(Option<Lease>) -> LeaseBody<ResBody>,
-) -> Response<LeaseBody<ResBody>> {
+    body: impl FnOnce(Option<Lease>) -> LeaseBody<RB>,
+) -> Response<LeaseBody<RB>> {
     let Some(handle) = handle else {
         drop(lease);
         return Response::from_parts(parts, body(None));
@@ -212,23 +238,27 @@ pub(crate) fn finish_with<ResBody>(
         }
         (None, lease) => {
             span.record("outcome", "acquired");
-            drop(lease); // released in the background
+            // Released before the response leaves: the client's next request finds
+            // the lock free.
+            if let Some(lease) = lease {
+                lease.release().await;
+            }
             body(None)
         }
     };
     Response::from_parts(parts, body)
 }
 
-fn render<ResBody>(settings: &Settings, problem: &Problem) -> Response<LeaseBody<ResBody>> {
+fn render<RB: Body>(settings: &Settings, problem: &Problem) -> Response<LeaseBody<RB>> {
     problem::render(&*settings.renderer, problem).map(LeaseBody::full)
 }
 
 /// A refusal: counted, logged, recorded in the span, rendered.
-pub(crate) fn refuse<ResBody>(
+pub(crate) fn refuse<RB: Body>(
     settings: &Settings,
     span: &Span,
     problem: Problem,
-) -> Response<LeaseBody<ResBody>> {
+) -> Response<LeaseBody<RB>> {
     span.record("outcome", problem.kind().code());
     metrics::refusal(problem.kind().code());
     tracing::debug!(%problem, "request refused");

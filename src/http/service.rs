@@ -94,6 +94,8 @@ where
     K: KeySetExtractor<ReqBody>,
     ReqBody: Send + 'static,
     ResBody: Body + Send + 'static,
+    ResBody::Data: Send,
+    S::Error: Send + 'static,
 {
     type Response = Response<LeaseBody<ResBody>>;
     type Error = S::Error;

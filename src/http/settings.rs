@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use http::header::HeaderName;
 
-use super::policy::{Contention, MissingKey, OnLost, Scope, Unavailable};
+use super::policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
 use super::problem::{DefaultRenderer, ProblemRenderer};
 use super::replay::ReplaySettings;
 use crate::lock::Redlock;
@@ -25,6 +25,7 @@ pub(crate) struct Settings {
     pub(crate) fencing_header: Option<HeaderName>,
     pub(crate) missing_key: MissingKey,
     pub(crate) on_lost: OnLost,
+    pub(crate) on_disconnect: OnDisconnect,
     pub(crate) hold_through_body: bool,
     pub(crate) scope: Scope,
     pub(crate) max_key_len: usize,
@@ -41,6 +42,7 @@ impl fmt::Debug for Settings {
             .field("fencing_header", &self.fencing_header)
             .field("missing_key", &self.missing_key)
             .field("on_lost", &self.on_lost)
+            .field("on_disconnect", &self.on_disconnect)
             .field("hold_through_body", &self.hold_through_body)
             .field("scope", &self.scope)
             .field("max_key_len", &self.max_key_len)
@@ -59,6 +61,7 @@ impl Settings {
             fencing_header: Some(FENCING_TOKEN),
             missing_key: MissingKey::default(),
             on_lost: OnLost::default(),
+            on_disconnect: OnDisconnect::default(),
             hold_through_body: true,
             scope: Scope::default(),
             max_key_len: DEFAULT_MAX_KEY_LEN,

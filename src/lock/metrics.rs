@@ -19,6 +19,7 @@
 //! | `tower_redlock_node_errors_total` | counter | `node` (the node's name), `error`: `timeout`, `connection`, `server`, `protocol`, `unsupported` | node calls that failed, per node | one node's rate rising: it is down or slow (the quorum still answers); several: outage ahead |
 //! | `tower_redlock_waiters` | gauge | — | callers of this process inside [`acquire`](crate::Redlock::acquire) (queued, or contending at the nodes), over every locker | a level that keeps growing: requests pile up behind held resources |
 //! | `tower_redlock_http_refusals_total` | counter | `problem`: the [problem code](crate::http::problem) (`lock-held`, `lock-wait-timeout`, `lock-unavailable`, `lock-queue-full`, `lock-lost`, `key-missing`, `key-invalid`, …) | requests the [`LockLayer`](crate::LockLayer) answered with a problem instead of the handler's response | `lock-unavailable` or `lock-lost` above zero; `key-missing`/`key-invalid` rising: a client sends bad requests |
+//! | `tower_redlock_http_handlers_finishing` | gauge | — | handlers that run on under their lease after their client left ([`OnDisconnect::Finish`](crate::OnDisconnect::Finish)) | a level that keeps growing: clients give up before handlers finish (their timeouts are shorter than the handlers) |
 //! | `tower_redlock_http_replays_total` | counter | `outcome`: `replayed`, `key-reused`, `recorded`, `not-recorded` | [idempotent replay](crate::http::replay): responses replayed, keys reused for another request, responses recorded or not | `not-recorded` rising: the store failed after the handler ran, retries will run the handler again |
 //!
 //! The per-locker counters of [`Redlock::metrics`](crate::Redlock::metrics) are
@@ -50,6 +51,8 @@ pub const WAITERS: &str = "tower_redlock_waiters";
 pub const HTTP_REFUSALS: &str = "tower_redlock_http_refusals_total";
 /// Counter: idempotent replay outcomes, by `outcome`.
 pub const HTTP_REPLAYS: &str = "tower_redlock_http_replays_total";
+/// Gauge: handlers running to their end after their client left.
+pub const HTTP_HANDLERS_FINISHING: &str = "tower_redlock_http_handlers_finishing";
 
 /// Registers the descriptions and units with the installed recorder, so exporters
 /// print `# HELP` lines. Optional: recording works without it. Call it once after
@@ -67,6 +70,10 @@ pub fn describe() {
         describe_histogram!(HOLD_DURATION, Unit::Seconds, "Time leases were held.");
         describe_counter!(LEASES_LOST, "Leases lost while held, by cause.");
         describe_counter!(RENEWALS, "Lease extend rounds, by outcome.");
+        describe_gauge!(
+            HTTP_HANDLERS_FINISHING,
+            "Handlers running to their end under their lease after their client left."
+        );
         describe_counter!(NODE_ERRORS, "Failed lock node calls, by node and error.");
         describe_gauge!(
             WAITERS,
@@ -201,6 +208,14 @@ pub(crate) fn waiters(delta: f64) {
     let _ = delta;
     #[cfg(feature = "metrics")]
     ::metrics::gauge!(WAITERS).increment(delta);
+}
+
+/// Moves the gauge of handlers finishing after their client left by `delta`.
+#[inline]
+pub(crate) fn handlers_finishing(delta: f64) {
+    let _ = delta;
+    #[cfg(feature = "metrics")]
+    ::metrics::gauge!(HTTP_HANDLERS_FINISHING).increment(delta);
 }
 
 /// Records a request refused with the problem `code`.

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_redlock::http::{
     header, json_field, path_param, query_param, webhook, Contention, LockLayer, LockService,
-    MissingKey, OnLost, RequestKey, Scope, Unavailable, Unlocked,
+    MissingKey, OnDisconnect, OnLost, RequestKey, Scope, Unavailable, Unlocked,
 };
 use tower_redlock::{
     LeaseBody, LeaseHandle, LeaseLost, LockOptions, Problem, ProblemKind, Redlock, Resource,
@@ -1168,7 +1168,7 @@ async fn without_hold_through_body_the_lock_is_released_when_the_handler_returns
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_disconnect_mid_handler_releases_the_lock() {
+async fn client_disconnect_mid_handler_under_cancel_releases_the_lock() {
     let server = RedisServer::start();
     let locker = redis_locker(std::slice::from_ref(&server), support::patient());
     let entered = Arc::new(Notify::new());
@@ -1189,7 +1189,10 @@ async fn client_disconnect_mid_handler_releases_the_lock() {
                     }
                 }),
             )
-            .route_layer(LockLayer::new(locker.clone(), header("Idempotency-Key")))
+            .route_layer(
+                LockLayer::new(locker.clone(), header("Idempotency-Key"))
+                    .on_disconnect(OnDisconnect::Cancel),
+            )
     };
     let key = lock_key(&route_resource("POST", "/jobs", "d1"));
     let request = tokio::spawn(app.oneshot(post_with_key("/jobs", "d1")));

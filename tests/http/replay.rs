@@ -24,7 +24,8 @@ use support::{eventually, eventually_async, RedisServer};
 use tokio::sync::{watch, Notify};
 use tower::ServiceExt;
 use tower_redlock::http::{
-    header, Contention, Fingerprint, Header, LockLayer, OnLost, Replay, Replaying, UnknownOutcome,
+    header, Contention, Fingerprint, Header, LockLayer, OnDisconnect, OnLost, Replay, Replaying,
+    UnknownOutcome,
 };
 use tower_redlock::lock::Claim;
 use tower_redlock::{
@@ -235,6 +236,16 @@ fn layer(locker: Redlock, replay: Replay) -> ReplayLayer {
         .contention(Contention::Wait {
             timeout: RESPONSE_LIMIT,
         })
+        .replay(replay)
+}
+
+/// [`layer`], cancelling a handler whose client left ([`OnDisconnect::Cancel`]).
+fn cancelling_layer(locker: Redlock, replay: Replay) -> ReplayLayer {
+    LockLayer::new(locker, header("Idempotency-Key"))
+        .contention(Contention::Wait {
+            timeout: RESPONSE_LIMIT,
+        })
+        .on_disconnect(OnDisconnect::Cancel)
         .replay(replay)
 }
 
@@ -707,11 +718,12 @@ async fn a_lost_lease_records_nothing_then_the_key_answers_outcome_unknown_then_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_request_blocks_its_key_until_the_configured_time() {
-    // The handler future is dropped mid-way (the client went away): outcome unknown.
+    // The handler future is dropped mid-way (the client went away, and the layer was
+    // told to cancel such handlers): outcome unknown.
     let node = MemoryNode::new();
     let payments = Payments::gated();
     let unknown_for = Duration::from_millis(200);
-    let app = payments.app(layer(
+    let app = payments.app(cancelling_layer(
         Redlock::new([node.clone()], options()).unwrap(),
         Replay::new().unknown_outcome(UnknownOutcome::ReexecuteAfter(unknown_for)),
     ));
@@ -742,7 +754,7 @@ async fn an_interrupted_request_blocks_its_key_until_the_configured_time() {
 
     // With `Refuse`, the key keeps answering until the retention ends.
     let payments = Payments::gated();
-    let app = payments.app(layer(
+    let app = payments.app(cancelling_layer(
         Redlock::new([node.clone()], options()).unwrap(),
         Replay::new().unknown_outcome(UnknownOutcome::Refuse),
     ));

@@ -111,7 +111,7 @@ use crate::lock::Resource;
 
 pub use extract::Replaying;
 pub use fingerprint::Fingerprint;
-pub(crate) use steps::respond;
+pub(crate) use steps::{critical, lookup, ReplayStep};
 
 /// The header added to replayed responses: `Idempotent-Replayed: true`.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");

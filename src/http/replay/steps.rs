@@ -3,6 +3,8 @@
 //! lease, the handler run, and its response recorded under the lease before it is
 //! sent. See the [module documentation](super) for why each step is where it is.
 
+use std::sync::Arc;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::HeaderValue;
 use http::{Request, Response, StatusCode};
@@ -12,11 +14,10 @@ use tower_service::Service;
 use tracing::Span;
 
 use super::super::body::LeaseBody;
-use super::super::extensions::{LeaseLost, Unlocked};
-use super::super::policy::matched_path_in;
+use super::super::extensions::LeaseLost;
+use super::super::policy::OnLost;
 use super::super::problem::{self, lock_error_problem};
-use super::super::run::{call_locked, call_unlocked, finish, finish_with, lock, refuse};
-use super::super::run::{Called, NotLocked};
+use super::super::run::{call_locked, finish, finish_with, refuse, Called};
 use super::super::settings::Settings;
 use super::stored::StoredResponse;
 use super::{ReplaySettings, IDEMPOTENT_REPLAYED};
@@ -24,45 +25,63 @@ use crate::lock::record::{self, Claim, Record};
 use crate::lock::LockError;
 use crate::lock::{metrics, Lease, LeaseHandle, Resource};
 
-/// A request with a key, under replay: `resource` is its lock and record,
-/// `fingerprint` what its record must match.
-pub(crate) async fn respond<S, B, RB>(
+/// What the critical section of a replaying request needs besides the lease.
+pub(crate) struct ReplayStep {
+    pub(crate) policy: Arc<ReplaySettings>,
+    /// What the record must match.
+    pub(crate) fingerprint: Bytes,
+    /// The request matched a route (axum's `MatchedPath`): a 404 is the handler's.
+    pub(crate) routed: bool,
+}
+
+/// Before locking: a completed record for `resource` is answered at once, without
+/// locking. A failed lookup is not final: the claim after locking reads the record again.
+pub(crate) async fn lookup<RB: Body>(
     settings: &Settings,
     policy: &ReplaySettings,
     span: &Span,
+    resource: &Resource,
+    fingerprint: &Bytes,
+) -> Option<Response<LeaseBody<RB>>> {
+    match settings.locker.read_record(resource.clone()).await {
+        Ok(Some(record)) => Some(answer_record(
+            settings,
+            policy,
+            span,
+            &record,
+            fingerprint,
+            resource,
+        )),
+        Ok(None) => None,
+        Err(error) => {
+            tracing::debug!(%error, "record lookup failed; locking");
+            None
+        }
+    }
+}
+
+/// Under the lease: the record claimed, the handler run, its response recorded before
+/// it is sent.
+pub(crate) async fn critical<S, B, RB>(
+    settings: &Settings,
+    span: &Span,
     inner: S,
     request: Request<B>,
-    resource: Resource,
-    fingerprint: Bytes,
+    lease: Lease,
+    handle: LeaseHandle,
+    step: ReplayStep,
 ) -> Result<Response<LeaseBody<RB>>, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>>,
     RB: Body,
 {
-    // A completed record is answered without locking; a failed lookup is not final,
-    // the claim after locking reads the record again.
-    match settings.locker.read_record(resource.clone()).await {
-        Ok(Some(record)) => {
-            return Ok(answer_record(
-                settings,
-                policy,
-                span,
-                &record,
-                &fingerprint,
-                &resource,
-            ))
-        }
-        Ok(None) => {}
-        Err(error) => tracing::debug!(%error, "record lookup failed; locking"),
-    }
-    let lease = match lock(settings, span, &resource, true).await {
-        Ok(lease) => lease,
-        Err(NotLocked::Refused(problem)) => return Ok(refuse(settings, span, problem)),
-        Err(NotLocked::FailOpen) => {
-            return call_unlocked(settings, span, inner, request, Unlocked::StoreUnavailable).await
-        }
-    };
-    let handle = lease.handle();
+    let ReplayStep {
+        policy,
+        fingerprint,
+        routed,
+    } = step;
+    let policy = &*policy;
+    let resource = handle.resource().clone();
     span.record("token", handle.fencing_token().get());
     tracing::debug!(token = %handle.fencing_token(), "lease acquired; claiming the record");
     let claimed = record::claim_owned(
@@ -75,7 +94,7 @@ where
     match claimed {
         Ok(Claim::Claimed) => {}
         Ok(Claim::Completed(record)) => {
-            drop(lease); // released in the background
+            lease.release().await;
             return Ok(answer_record(
                 settings,
                 policy,
@@ -86,7 +105,7 @@ where
             ));
         }
         Ok(Claim::Unknown { retry_after }) => {
-            drop(lease);
+            lease.release().await;
             tracing::warn!(
                 ?retry_after,
                 "an earlier request with this key was interrupted: outcome unknown"
@@ -95,12 +114,10 @@ where
             return Ok(refuse(settings, span, problem));
         }
         Err(error) => {
-            drop(lease);
+            lease.release().await;
             return Ok(refuse(settings, span, lock_error_problem(&error, resource)));
         }
     }
-    // The request matched a route (axum's `MatchedPath`): a 404 is the handler's.
-    let routed = matched_path_in(request.extensions()).is_some();
     let response = match call_locked(settings, span, inner, request, &handle).await? {
         Called::Answered(response) => response,
         // The pending marker stays: the outcome is unknown.
@@ -108,7 +125,7 @@ where
     };
     if !handle.is_held() {
         // Lost: an attempt whose outcome is unknown keeps its pending marker.
-        return Ok(finish(settings, span, response, Some(lease), Some(handle)));
+        return Ok(finish(settings, span, response, Some(lease), Some(handle)).await);
     }
     Ok(record_or_settle(
         settings,
@@ -157,7 +174,7 @@ async fn record_or_settle<RB: Body>(
             tracing::debug!(%status, "status not recorded for replay: the next request runs again");
         }
         settle(&handle).await;
-        return finish(settings, span, response, Some(lease), Some(handle));
+        return finish(settings, span, response, Some(lease), Some(handle)).await;
     }
     let (parts, body) = response.into_parts();
     let mut body = Box::pin(body);
@@ -198,6 +215,7 @@ async fn record_or_settle<RB: Body>(
         );
         settle(&handle).await;
         let prefix = buffer.freeze();
+        let abort = settings.on_lost == OnLost::Abort;
         return finish_with(
             settings,
             span,
@@ -205,8 +223,9 @@ async fn record_or_settle<RB: Body>(
             Some(lease),
             Some(handle),
             settings.hold_through_body,
-            |lease| LeaseBody::rest(prefix, body, lease),
-        );
+            |lease| LeaseBody::rest(prefix, body, lease, abort),
+        )
+        .await;
     }
     let bytes = buffer.freeze();
     let stored = StoredResponse::new(parts.status, &parts.headers, &policy.headers, bytes.clone());
@@ -234,7 +253,8 @@ async fn record_or_settle<RB: Body>(
         Some(handle),
         false,
         |_| body,
-    );
+    )
+    .await;
     if let Err(LockError::Lost { cause, .. }) = &stored {
         // The nodes said so before the watchdog did.
         if response.extensions().get::<LeaseLost>().is_none() {
@@ -262,7 +282,7 @@ async fn settle(handle: &LeaseHandle) {
 
 /// The answer to a request whose key has a completed record: the recorded response
 /// replayed, or 422 when the record answers a different request.
-fn answer_record<ResBody>(
+fn answer_record<ResBody: Body>(
     settings: &Settings,
     policy: &ReplaySettings,
     span: &Span,
