@@ -95,9 +95,11 @@ pub enum Scope {
     /// path. The same key on two routes takes two different locks.
     #[default]
     Route,
-    /// One lock per name and key, whatever the route: `Resource::new(name).join(key)`.
-    /// Routes (and code using [`Redlock`](crate::Redlock) directly) that use the same name share locks
-    /// on purpose, e.g. `Scope::shared("order")` on every route that changes an order.
+    /// One lock per name and key, whatever the route: `Resource::from(name).join(key)`
+    /// (the name's `:` separate parts, as in any string naming a resource). Routes that
+    /// use the same name share locks on purpose, e.g. `Scope::shared("order")` on every
+    /// route that changes an order; code using [`Redlock`](crate::Redlock) directly
+    /// takes the same lock as `"order:42"` (see [One spelling](Resource#one-spelling)).
     Shared(Arc<str>),
 }
 
@@ -127,7 +129,7 @@ impl Scope {
                 let route = matched_path_in(extensions).unwrap_or_else(|| uri.path());
                 Resource::new(method.as_str()).join(route).join(key)
             }
-            Scope::Shared(name) => Resource::new(&**name).join(key),
+            Scope::Shared(name) => Resource::from(&**name).join(key),
         }
     }
 }
@@ -151,23 +153,15 @@ impl Scope {
         extensions: &Extensions,
         key: &str,
     ) -> Resource {
-        let (method, route) = match self {
-            Scope::Route => (
-                Some(method.as_str()),
-                matched_path_in(extensions).unwrap_or_else(|| uri.path()),
-            ),
-            Scope::Shared(name) => (None, &**name),
+        let method = method.as_str();
+        let route = match self {
+            // A service's settings never change: its shared name is always the same.
+            Scope::Shared(name) => return cache.0.get_or_init(|| Resource::from(&**name)).join(key),
+            Scope::Route => matched_path_in(extensions).unwrap_or_else(|| uri.path()),
         };
-        let prefix = || match method {
-            Some(method) => Resource::new(method).join(route),
-            None => Resource::new(route),
-        };
+        let prefix = || Resource::new(method).join(route);
         let cached = cache.0.get_or_init(prefix);
-        let same = match method {
-            Some(method) => is_escaped(cached.as_str(), &[method, route]),
-            None => is_escaped(cached.as_str(), &[route]),
-        };
-        if same {
+        if is_escaped(cached.as_str(), &[method, route]) {
             cached.join(key)
         } else {
             prefix().join(key)
@@ -177,8 +171,7 @@ impl Scope {
 
 /// Whether `text` is `parts` as [`Resource`] names them: each escaped (`%`, `:`, `{`,
 /// `}` as `%25`, `%3A`, `%7B`, `%7D`), joined by `:`. Compared in place, as building
-/// the name is what the cache saves. (A shared name's prefix, without a bare `:`,
-/// never passes for a route's, with one.)
+/// the name is what the cache saves.
 fn is_escaped(text: &str, parts: &[&str]) -> bool {
     let mut rest = text.as_bytes();
     for (index, part) in parts.iter().enumerate() {

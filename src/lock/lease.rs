@@ -434,6 +434,12 @@ impl Drop for Lease {
             return;
         };
         let inner = self.handle.inner.clone();
+        // Marked now, not when the task runs: a `try_acquire` of this process in
+        // between waits for the release instead of finding the resource held.
+        inner.status.send_if_modified(|s| {
+            s.released = true;
+            false
+        });
         let runtime = inner.locker.runtime.clone();
         // Never block in drop: release in the background, and keep the local queue's
         // permit until the nodes answered, so the next local waiter does not find our key.

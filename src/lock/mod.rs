@@ -292,7 +292,16 @@ impl Redlock {
 
     async fn try_once(&self, resource: Resource) -> Result<Lease, LockError> {
         let queue = self.shared.queues.get(&resource);
-        let Some(turn) = queue.try_turn() else {
+        let mut turn = queue.try_turn();
+        if turn.is_none() && queue.releasing() {
+            // This process's holder is being released (a lease dropped a moment ago, as
+            // an extractor's is when its handler returns): that is not contention, and a
+            // client whose next request arrives now must not be refused by its own
+            // finished one. The release is bounded by the node timeout.
+            let bound = self.shared.options.node_timeout.saturating_mul(2);
+            turn = tokio::time::timeout(bound, queue.turn()).await.ok().flatten();
+        }
+        let Some(turn) = turn else {
             self.shared.metrics.contended.inc();
             return Err(LockError::Held {
                 holder_ttl: queue.holder_ttl(),

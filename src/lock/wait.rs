@@ -319,6 +319,20 @@ impl LocalQueue {
         (!left.is_zero()).then_some(left)
     }
 
+    /// Whether this process's holder is being released and nobody of this process
+    /// waits for the resource: the turn is about to be free.
+    pub(crate) fn releasing(&self) -> bool {
+        if self.waiting.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        let holder = self
+            .holder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .upgrade();
+        holder.is_some_and(|holder| holder.status().released)
+    }
+
     pub(crate) fn set_holder(&self, lease: &Arc<LeaseInner>) {
         *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(lease);
         *self.remote_until.lock().unwrap_or_else(|p| p.into_inner()) = None;

@@ -5,10 +5,19 @@ use std::sync::Arc;
 
 /// The name of a lockable thing, such as `order:42`.
 ///
-/// A resource is built from one or more parts. Each part is escaped (`%`, `:`, `{`
-/// and `}` become `%25`, `%3A`, `%7B`, `%7D`) and the parts are joined with `:`, so
-/// two different part lists never name the same resource, and no part can break the
-/// Redis Cluster hash tag of the keys.
+/// A resource is a list of parts. Each part is escaped (`%`, `:`, `{` and `}` become
+/// `%25`, `%3A`, `%7B`, `%7D`) and the parts are joined with `:`, so two different part
+/// lists never name the same resource, and no part can break the Redis Cluster hash
+/// tag of the keys.
+///
+/// **One spelling.** A string given where a resource is expected (`try_acquire("order:42")`,
+/// `acquire_all(["account:bob", …])`, [`From<&str>`](#impl-From%3C%26str%3E-for-Resource))
+/// reads `:` as the separator of its parts: `"order:42"` is
+/// `Resource::new("order").join("42")`, which is exactly what a
+/// [`LockLayer`](crate::LockLayer) with `Scope::shared("order")` locks for the key `42`
+/// (and what a `Locked` extractor with that scope locks). A key that may itself contain
+/// `:` is joined as a part, never formatted into a string:
+/// `Resource::new("order").join(key)`, as the layer does.
 ///
 /// ```
 /// use tower_redlock::Resource;
@@ -17,15 +26,29 @@ use std::sync::Arc;
 /// let b = Resource::new("a").join("bc");
 /// assert_ne!(a, b);
 /// assert_eq!(a.as_str(), "ab:c");
+/// // `new` takes one part, `:` included; a string is a list of parts.
 /// assert_eq!(Resource::new("a:b").as_str(), "a%3Ab");
+/// assert_eq!(Resource::from("order:42"), Resource::new("order").join("42"));
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Resource(Arc<str>);
 
 impl Resource {
-    /// A resource of one part.
+    /// A resource of one part (a `:` in it is part of the part).
     pub fn new(part: impl AsRef<str>) -> Self {
         Resource(encode(None, part.as_ref()))
+    }
+
+    /// The resource `name` spells, its parts separated by `:` (see
+    /// [One spelling](Resource#one-spelling)).
+    fn from_name(name: &str) -> Self {
+        // Nothing to escape: the name is its own encoding.
+        if !name.bytes().any(|b| matches!(b, b'%' | b'{' | b'}')) {
+            return Resource(Arc::from(name));
+        }
+        let mut parts = name.split(':');
+        let first = Resource::new(parts.next().unwrap_or_default());
+        parts.fold(first, |resource, part| resource.join(part))
     }
 
     /// This resource with one more part appended.
@@ -125,21 +148,25 @@ impl fmt::Debug for Resource {
     }
 }
 
+/// The resource the string spells, `:` separating its parts (see
+/// [One spelling](Resource#one-spelling)).
 impl From<&str> for Resource {
-    fn from(part: &str) -> Self {
-        Resource::new(part)
+    fn from(name: &str) -> Self {
+        Resource::from_name(name)
     }
 }
 
+/// As [`From<&str>`](#impl-From%3C%26str%3E-for-Resource).
 impl From<String> for Resource {
-    fn from(part: String) -> Self {
-        Resource::new(part)
+    fn from(name: String) -> Self {
+        Resource::from_name(&name)
     }
 }
 
+/// As [`From<&str>`](#impl-From%3C%26str%3E-for-Resource).
 impl From<&String> for Resource {
-    fn from(part: &String) -> Self {
-        Resource::new(part)
+    fn from(name: &String) -> Self {
+        Resource::from_name(name)
     }
 }
 
@@ -281,6 +308,16 @@ mod tests {
             }
             assert_eq!(resource.as_str(), reference(list));
         }
+    }
+
+    #[test]
+    fn a_string_spells_its_parts() {
+        assert_eq!(Resource::from("order:42"), Resource::new("order").join("42"));
+        assert_eq!(Resource::from("a"), Resource::new("a"));
+        assert_eq!(Resource::from("a:b:c"), Resource::new("a").join("b").join("c"));
+        assert_eq!(Resource::from("a{b}:%"), Resource::new("a{b}").join("%"));
+        assert_eq!(Resource::from(""), Resource::new(""));
+        assert_eq!(Resource::from(String::from("x:")), Resource::new("x").join(""));
     }
 
     #[test]

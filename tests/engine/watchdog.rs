@@ -40,9 +40,9 @@ fn no_fallback() -> LockOptions {
     LockOptions::default().retry_policy(|_: u32, _: Option<Duration>| Duration::from_secs(60))
 }
 
-/// The lock key of a one-part resource under the default prefix (`:` is escaped).
+/// The lock key of the resource `resource` spells, under the default prefix.
 fn lock_key(resource: &str) -> String {
-    format!("redlock:{{{}}}", resource.replace(':', "%3A"))
+    format!("redlock:{{{}}}", tower_redlock::Resource::from(resource).as_str())
 }
 
 fn channel(resource: &str) -> String {

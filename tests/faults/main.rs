@@ -440,9 +440,9 @@ async fn progress(history: &History, more: u64, limit: Duration, phase: &str) {
 // Observers and the end-of-scenario checks
 // ---------------------------------------------------------------------------------------
 
-/// The lock key of a resource (its name is escaped, e.g. `:` becomes `%3A`).
+/// The lock key of the resource `resource` spells (as `try_acquire` takes it).
 fn key_of(resource: &str) -> String {
-    format!("{PREFIX}{{{}}}", Resource::new(resource).as_str())
+    format!("{PREFIX}{{{}}}", Resource::from(resource).as_str())
 }
 
 fn fence_of(resource: &str) -> String {

@@ -5,6 +5,8 @@
 
 #[path = "../support/mod.rs"]
 mod support;
+#[path = "../support/http_client.rs"]
+mod http_client;
 
 /// The orders demo, as it is served (`cargo run --example orders`).
 #[path = "../../examples/orders/main.rs"]
@@ -18,5 +20,6 @@ mod layer;
 mod multi;
 mod orders;
 mod replay;
+mod sockets;
 mod transfers;
 mod webhooks;

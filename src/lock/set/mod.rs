@@ -133,8 +133,8 @@ impl Redlock {
     /// let locker = Redlock::in_memory();
     /// // A transfer locks both accounts, whatever order it names them in.
     /// let lease = locker.try_acquire_all(["account:bob", "account:alice"]).await?;
-    /// let alice = Resource::new("account:alice");
-    /// assert_eq!(lease.resources(), [alice.clone(), Resource::new("account:bob")]);
+    /// let alice = Resource::from("account:alice");
+    /// assert_eq!(lease.resources(), [alice.clone(), Resource::from("account:bob")]);
     /// let alice_token = lease.fencing_token_of(&alice).expect("a member");
     /// assert_eq!(lease.fencing_tokens().len(), 2);
     ///
