@@ -156,7 +156,9 @@ impl Scope {
         let method = method.as_str();
         let route = match self {
             // A service's settings never change: its shared name is always the same.
-            Scope::Shared(name) => return cache.0.get_or_init(|| Resource::from(&**name)).join(key),
+            Scope::Shared(name) => {
+                return cache.0.get_or_init(|| Resource::from(&**name)).join(key)
+            }
             Scope::Route => matched_path_in(extensions).unwrap_or_else(|| uri.path()),
         };
         let prefix = || Resource::new(method).join(route);

@@ -299,7 +299,10 @@ impl Redlock {
             // client whose next request arrives now must not be refused by its own
             // finished one. The release is bounded by the node timeout.
             let bound = self.shared.options.node_timeout.saturating_mul(2);
-            turn = tokio::time::timeout(bound, queue.turn()).await.ok().flatten();
+            turn = tokio::time::timeout(bound, queue.turn())
+                .await
+                .ok()
+                .flatten();
         }
         let Some(turn) = turn else {
             self.shared.metrics.contended.inc();

@@ -312,12 +312,21 @@ mod tests {
 
     #[test]
     fn a_string_spells_its_parts() {
-        assert_eq!(Resource::from("order:42"), Resource::new("order").join("42"));
+        assert_eq!(
+            Resource::from("order:42"),
+            Resource::new("order").join("42")
+        );
         assert_eq!(Resource::from("a"), Resource::new("a"));
-        assert_eq!(Resource::from("a:b:c"), Resource::new("a").join("b").join("c"));
+        assert_eq!(
+            Resource::from("a:b:c"),
+            Resource::new("a").join("b").join("c")
+        );
         assert_eq!(Resource::from("a{b}:%"), Resource::new("a{b}").join("%"));
         assert_eq!(Resource::from(""), Resource::new(""));
-        assert_eq!(Resource::from(String::from("x:")), Resource::new("x").join(""));
+        assert_eq!(
+            Resource::from(String::from("x:")),
+            Resource::new("x").join("")
+        );
     }
 
     #[test]

@@ -42,7 +42,10 @@ fn no_fallback() -> LockOptions {
 
 /// The lock key of the resource `resource` spells, under the default prefix.
 fn lock_key(resource: &str) -> String {
-    format!("redlock:{{{}}}", tower_redlock::Resource::from(resource).as_str())
+    format!(
+        "redlock:{{{}}}",
+        tower_redlock::Resource::from(resource).as_str()
+    )
 }
 
 fn channel(resource: &str) -> String {

@@ -3,10 +3,10 @@
 //! `ServiceExt::oneshot` over `MemoryNode`s or real `redis-server`s spawned by
 //! `support` on free 127.0.0.1 ports.
 
-#[path = "../support/mod.rs"]
-mod support;
 #[path = "../support/http_client.rs"]
 mod http_client;
+#[path = "../support/mod.rs"]
+mod support;
 
 /// The orders demo, as it is served (`cargo run --example orders`).
 #[path = "../../examples/orders/main.rs"]

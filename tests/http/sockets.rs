@@ -142,7 +142,9 @@ async fn a_client_that_hangs_up_is_charged_once_and_its_retry_gets_the_response(
         // Instance A refuses while the key is in flight; instance B waits for it.
         let a = Served::start(
             payments
-                .app(LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new()))
+                .app(
+                    LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new()),
+                )
                 .layer(watch.clone()),
         )
         .await;
@@ -168,15 +170,36 @@ async fn a_client_that_hangs_up_is_charged_once_and_its_retry_gets_the_response(
 
         let elsewhere = tokio::spawn({
             let b_addr = b.addr;
-            async move { crate::http_client::Conn::open(b_addr).await.send(pay("k1")).await }
+            async move {
+                crate::http_client::Conn::open(b_addr)
+                    .await
+                    .send(pay("k1"))
+                    .await
+            }
         });
         payments.open_gate();
         let replayed = elsewhere.await.unwrap();
-        assert_eq!(replayed.status, 201, "{}: {}", store.name(), replayed.text());
+        assert_eq!(
+            replayed.status,
+            201,
+            "{}: {}",
+            store.name(),
+            replayed.text()
+        );
         assert_eq!(replayed.header("idempotent-replayed"), Some("true"));
         assert_eq!(replayed.text(), "{\"charge\":1}");
-        assert_eq!(payments.charges.load(Ordering::SeqCst), 1, "{}", store.name());
-        assert_eq!(payments.completed.load(Ordering::SeqCst), 1, "{}", store.name());
+        assert_eq!(
+            payments.charges.load(Ordering::SeqCst),
+            1,
+            "{}",
+            store.name()
+        );
+        assert_eq!(
+            payments.completed.load(Ordering::SeqCst),
+            1,
+            "{}",
+            store.name()
+        );
 
         // And once more on A, now that the first attempt is over.
         let again = a.send(pay("k1")).await;
@@ -211,7 +234,12 @@ async fn a_hang_up_does_not_cut_the_handler_in_half() {
 
         payments.open_gate();
         payments.finished.notified().await;
-        assert_eq!(payments.completed.load(Ordering::SeqCst), 1, "{}", store.name());
+        assert_eq!(
+            payments.completed.load(Ordering::SeqCst),
+            1,
+            "{}",
+            store.name()
+        );
         // Then the lease is released.
         eventually("the finished handler's lease is released", PROMPTLY, || {
             locker.local_resources() == 0
@@ -243,7 +271,9 @@ fn orders(locker: Redlock) -> Router {
     let extracted = Router::new()
         .route(
             "/orders/{id}/ship",
-            post(|lock: Locked<OrderId>| async move { format!("shipped under {}", lock.fencing_token()) }),
+            post(|lock: Locked<OrderId>| async move {
+                format!("shipped under {}", lock.fencing_token())
+            }),
         )
         .with_state(locker);
     layered.merge(extracted)
@@ -251,19 +281,35 @@ fn orders(locker: Redlock) -> Router {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequential_client_never_meets_its_own_finished_request() {
-    for store in [Store::Memory(MemoryNode::new()), Store::redis(1), Store::redis(3)] {
+    for store in [
+        Store::Memory(MemoryNode::new()),
+        Store::redis(1),
+        Store::redis(3),
+    ] {
         let served = Served::start(orders(store.locker())).await;
         for route in ["/orders/seq/pay", "/orders/seq/ship"] {
             // One keep-alive connection, each request sent once the last was read.
             let mut conn = served.connect().await;
             for i in 0..30 {
                 let reply = conn.send(Req::post(route)).await;
-                assert_eq!(reply.status, 200, "{} {route} #{i}: {}", store.name(), reply.text());
+                assert_eq!(
+                    reply.status,
+                    200,
+                    "{} {route} #{i}: {}",
+                    store.name(),
+                    reply.text()
+                );
             }
             // A connection per request.
             for i in 0..15 {
                 let reply = served.send(Req::post(route)).await;
-                assert_eq!(reply.status, 200, "{} {route} new #{i}: {}", store.name(), reply.text());
+                assert_eq!(
+                    reply.status,
+                    200,
+                    "{} {route} new #{i}: {}",
+                    store.name(),
+                    reply.text()
+                );
             }
         }
     }
@@ -358,7 +404,10 @@ async fn a_streamed_body_ends_with_an_error_once_its_lease_is_lost() {
     let lease = lease_rx.recv().await.unwrap();
     let (status, headers) = conn.read_head().await;
     assert_eq!(status, 200);
-    assert_eq!(headers.get("transfer-encoding").map(String::as_str), Some("chunked"));
+    assert_eq!(
+        headers.get("transfer-encoding").map(String::as_str),
+        Some("chunked")
+    );
     chunks_tx.send(Bytes::from_static(b"first")).await.unwrap();
     assert_eq!(conn.read_chunk().await, Ok(Some(b"first".to_vec())));
 
@@ -409,6 +458,74 @@ async fn a_request_waiting_for_its_lock_is_dropped_with_its_client() {
     drop(conn);
     watch.dropped.notified().await;
     held.release().await;
-    eventually("nothing left behind", PROMPTLY, || locker.local_resources() == 0).await;
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "a waiting request never runs once its client left");
+    eventually("nothing left behind", PROMPTLY, || {
+        locker.local_resources() == 0
+    })
+    .await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "a waiting request never runs once its client left"
+    );
+}
+
+#[derive(serde::Deserialize)]
+struct Charge {
+    amount: u64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_mistake_does_not_burn_its_idempotency_key() {
+    for store in Store::all() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let app = {
+            let runs = runs.clone();
+            Router::new()
+                .route(
+                    "/charges",
+                    post(move |axum::Json(charge): axum::Json<Charge>| {
+                        let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                        async move {
+                            if charge.amount == 0 {
+                                // The handler's own refusal (card declined): recorded.
+                                return (StatusCode::PAYMENT_REQUIRED, "declined".to_owned());
+                            }
+                            (StatusCode::CREATED, format!("run {run}: {}", charge.amount))
+                        }
+                    }),
+                )
+                .route_layer(
+                    LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new()),
+                )
+        };
+        let served = Served::start(app).await;
+        let charge = |key: &str| Req::post("/charges").header("idempotency-key", key);
+
+        // No Content-Type: axum refuses (415) before the handler; the corrected request runs.
+        let refused = served.send(charge("m1")).await;
+        assert_eq!(refused.status, 415, "{}: {}", store.name(), refused.text());
+        let fixed = served.send(charge("m1").json("{\"amount\":100}")).await;
+        assert_eq!(fixed.status, 201, "{}: {}", store.name(), fixed.text());
+        assert_eq!(fixed.header("idempotent-replayed"), None);
+
+        // A type error (422), then the corrected body: it runs, not `idempotency-key-reused`.
+        let wrong = served.send(charge("m2").json("{\"amount\":\"100\"}")).await;
+        assert_eq!(wrong.status, 422, "{}: {}", store.name(), wrong.text());
+        let fixed = served.send(charge("m2").json("{\"amount\":100}")).await;
+        assert_eq!(fixed.status, 201, "{}: {}", store.name(), fixed.text());
+
+        // The same parameters written differently are the same request: replayed.
+        let spaced = served.send(charge("m2").json("{ \"amount\": 100 }")).await;
+        assert_eq!(spaced.status, 201, "{}: {}", store.name(), spaced.text());
+        assert_eq!(spaced.header("idempotent-replayed"), Some("true"));
+        assert_eq!(spaced.text(), fixed.text());
+
+        // The handler's own 4xx is its outcome: recorded and replayed.
+        let declined = served.send(charge("m3").json("{\"amount\":0}")).await;
+        assert_eq!(declined.status, 402);
+        let again = served.send(charge("m3").json("{\"amount\":0}")).await;
+        assert_eq!(again.status, 402);
+        assert_eq!(again.header("idempotent-replayed"), Some("true"));
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "{}", store.name());
+    }
 }

@@ -17,7 +17,10 @@ use super::super::policy::matched_path_in;
 /// Always covers the method, the route (axum's matched path, else the URI path) and the
 /// request's path and query — the same key sent to `/orders/7/pay` and `/orders/8/pay`
 /// names one lock under [`Scope::Route`](crate::http::Scope::Route), but two requests — then,
-/// by default, the SHA-256 of the whole body. It can instead cover
+/// by default, the SHA-256 of the whole body, read as JSON when the request says it is
+/// JSON (`application/json`, `…+json`): the same parameters are the same request, whatever
+/// the whitespace and the order of the keys ([`exact_body`](Fingerprint::exact_body) for
+/// the bytes as sent). It can instead cover
 /// selected JSON fields, or no body, plus selected request headers — the draft's
 /// "checksum of selected elements".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +32,10 @@ pub struct Fingerprint {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum BodyPart {
+    /// JSON by its value, anything else by its bytes.
     Whole,
+    /// The bytes as sent.
+    Exact,
     JsonFields(Vec<Arc<str>>),
     Ignored,
 }
@@ -54,6 +60,15 @@ impl Fingerprint {
             body: BodyPart::JsonFields(pointers.into_iter().map(Into::into).collect()),
             headers: Vec::new(),
             enabled: true,
+        }
+    }
+
+    /// Method, route, path and query, and the SHA-256 of the body's bytes exactly as
+    /// sent, JSON or not: `{"amount": 100}` and `{"amount":100}` are two requests.
+    pub fn exact_body() -> Self {
+        Fingerprint {
+            body: BodyPart::Exact,
+            ..Fingerprint::default()
         }
     }
 
@@ -128,7 +143,17 @@ impl Fingerprint {
             }
         }
         match &self.body {
-            BodyPart::Whole => {
+            BodyPart::Whole => match canonical_json(parts, body) {
+                Some(json) => {
+                    hash.part(b"json body");
+                    hash.part(&json);
+                }
+                None => {
+                    hash.part(b"body");
+                    hash.part(body);
+                }
+            },
+            BodyPart::Exact => {
                 hash.part(b"body");
                 hash.part(body);
             }
@@ -153,6 +178,24 @@ impl Fingerprint {
 }
 
 /// Feeds length-prefixed parts, so that no two part lists hash the same input.
+/// The body of a request that says it is JSON, written in one canonical form: no
+/// whitespace, object keys sorted (serde_json's map is ordered by key). `None` when
+/// the request is not JSON or the body does not parse (its bytes count then).
+fn canonical_json(parts: &Parts, body: &[u8]) -> Option<Vec<u8>> {
+    let content_type = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)?
+        .to_str()
+        .ok()?;
+    let essence = content_type.split(';').next()?.trim().to_ascii_lowercase();
+    let is_json = essence == "application/json" || essence.ends_with("+json");
+    if !is_json {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    serde_json::to_vec(&value).ok()
+}
+
 struct Hasher(Sha256);
 
 impl Hasher {
@@ -215,5 +258,52 @@ mod tests {
         );
         assert!(Fingerprint::none().compute(&eur, b"x").unwrap().is_empty());
         assert!(!Fingerprint::without_body().reads_body());
+    }
+
+    #[test]
+    fn json_bodies_with_the_same_parameters_are_the_same_request() {
+        let default = Fingerprint::default();
+        let json = parts(
+            "POST",
+            "/pay",
+            &[("content-type", "application/json; charset=utf-8")],
+        );
+        let a = default
+            .compute(&json, br#"{"amount":100,"currency":"EUR"}"#)
+            .unwrap();
+        let spaced = br#"{ "currency" : "EUR",
+            "amount": 100 }"#;
+        assert_eq!(a, default.compute(&json, spaced).unwrap());
+        assert_ne!(
+            a,
+            default
+                .compute(&json, br#"{"amount":101,"currency":"EUR"}"#)
+                .unwrap()
+        );
+        let problem = parts(
+            "POST",
+            "/pay",
+            &[("content-type", "application/merge-patch+json")],
+        );
+        assert_eq!(
+            default.compute(&problem, br#"{"a":1,"b":2}"#).unwrap(),
+            default.compute(&problem, br#"{"b":2, "a":1}"#).unwrap()
+        );
+        // Not declared JSON, or not parsing: the bytes count.
+        let text = parts("POST", "/pay", &[("content-type", "text/plain")]);
+        assert_ne!(
+            default.compute(&text, br#"{"a":1}"#).unwrap(),
+            default.compute(&text, br#"{ "a":1}"#).unwrap()
+        );
+        assert_ne!(
+            default.compute(&json, b"{not json").unwrap(),
+            default.compute(&json, b"{not  json").unwrap()
+        );
+        // Byte-exact on request.
+        let exact = Fingerprint::exact_body();
+        assert_ne!(
+            exact.compute(&json, br#"{"a":1}"#).unwrap(),
+            exact.compute(&json, br#"{"a": 1}"#).unwrap()
+        );
     }
 }

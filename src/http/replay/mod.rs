@@ -11,8 +11,9 @@
 //! | same key, different request ([`Fingerprint`]) | 422 `idempotency-key-reused` |
 //! | same key while the first is in flight, [`Contention::Reject`](super::Contention::Reject) | 409 `request-in-progress`, `Retry-After` = the holder's remaining ttl |
 //! | same key while the first is in flight, [`Contention::Wait`](super::Contention::Wait) | waits for the lock, then gets the first response replayed (or runs, if the first recorded nothing); 409 `request-in-progress` when the wait times out |
-//! | the first's outcome was not recorded because it is not worth keeping (status rejected by [`Replay::store_if`], by default 5xx, 408, 409 and 429; body larger than [`Replay::max_body`]) | the next request runs the handler again |
-//! | the first was interrupted: lease lost mid-handler, response future dropped, record write refused | 409 `outcome-unknown` with `Retry-After`, for [`UnknownOutcome`]'s time (default: the lock's ttl), then the next request runs the handler again |
+//! | the first's outcome was not recorded because it is not worth keeping (status rejected by [`Replay::store_if`], by default 5xx, 408, 409 and 429, and the refusals of a malformed request — 400, 411, 413, 415, 422, what axum's extractors answer before the handler runs; body larger than [`Replay::max_body`]) | the next request runs the handler again |
+//! | same key while the first is in flight after its client left (it runs to its end, [`OnDisconnect::Finish`](super::OnDisconnect::Finish)) | as while it is in flight: 409 `request-in-progress` or a wait, then the first's response replayed |
+//! | the first was interrupted: lease lost mid-handler, its process died, record write refused (or its client left under [`OnDisconnect::Cancel`](super::OnDisconnect::Cancel)) | 409 `outcome-unknown` with `Retry-After`, for [`UnknownOutcome`]'s time (default: the lock's ttl), then the next request runs the handler again |
 //! | the record's retention passed (default 24 h) | the key is new again: the handler runs |
 //! | the response body fails while being recorded | 500 `response-failed`; nothing recorded |
 //! | a method other than those of [`Replay::methods`] (default `POST` and `PATCH`) | locked as without replay; nothing looked up or recorded |
@@ -74,9 +75,10 @@
 //!
 //! # Limitations
 //!
-//! - A client that goes away while the handler runs makes hyper drop the handler: the
-//!   outcome is then unknown (409 `outcome-unknown` for a while), as it is when the
-//!   lease is lost.
+//! - A client that goes away while the handler runs makes hyper drop the response
+//!   future; the critical section goes on to its end and records its response
+//!   ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)), so the client's retry gets
+//!   it. Only a process that dies, or a lease lost, leaves the outcome unknown.
 //! - An unknown outcome is detected by the pending marker the interrupted attempt left
 //!   on a majority of nodes. The first request to find it shortens it to
 //!   [`UnknownOutcome`]'s time on every node where that request holds the lock; a node
@@ -311,14 +313,25 @@ impl fmt::Debug for Replay {
     }
 }
 
-/// The statuses [`Replay`] records by default: 2xx, 3xx, and 4xx except 408 Request
-/// Timeout, 409 Conflict and 429 Too Many Requests (those say "try again", and a retry
-/// should be able to succeed). 5xx are not recorded, so a retry after a server error
-/// runs the handler again — unlike Stripe, which replays 500s too; use
-/// [`Replay::store_if`] for that.
+/// The statuses [`Replay`] records by default: 2xx, 3xx, and 4xx except
+///
+/// - 400 Bad Request, 411 Length Required, 413 Content Too Large, 415 Unsupported Media
+///   Type and 422 Unprocessable Content: what axum's extractors answer for a request
+///   they refuse (malformed JSON, query, path or form; a missing `Content-Type`; a body
+///   too large; a type error) before the handler runs. As Stripe does, a result is
+///   saved only once the endpoint started executing: the client's corrected request,
+///   with the same key, runs. A handler's own refusals in the same statuses are not
+///   recorded either (they are validations, which a retry repeats for free); record
+///   them with [`Replay::store_if`].
+/// - 408 Request Timeout, 409 Conflict and 429 Too Many Requests: they say "try
+///   again", and a retry should be able to succeed.
+///
+/// 5xx are not recorded, so a retry after a server error runs the handler again —
+/// unlike Stripe, which replays 500s too; use [`Replay::store_if`] for that.
 pub fn stored_by_default(status: StatusCode) -> bool {
     match status.as_u16() {
         200..=399 => true,
+        400 | 411 | 413 | 415 | 422 => false,
         408 | 409 | 429 => false,
         400..=499 => true,
         _ => false,
@@ -430,10 +443,10 @@ mod tests {
 
     #[test]
     fn default_statuses() {
-        for ok in [200, 201, 204, 303, 400, 404, 410, 422] {
+        for ok in [200, 201, 204, 303, 402, 403, 404, 410] {
             assert!(stored_by_default(StatusCode::from_u16(ok).unwrap()), "{ok}");
         }
-        for no in [408, 409, 429, 500, 502, 503, 504] {
+        for no in [400, 408, 409, 411, 413, 415, 422, 429, 500, 502, 503, 504] {
             assert!(
                 !stored_by_default(StatusCode::from_u16(no).unwrap()),
                 "{no}"
