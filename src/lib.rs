@@ -163,8 +163,8 @@ pub use error::{ConfigError, NodeError, NodeFailure};
 pub use lock::fencing::{self, FencingToken};
 pub use lock::metrics;
 pub use lock::{
-    Backoff, Lease, LeaseHandle, LockError, LockOptions, LostCause, MetricsSnapshot, NodeState,
-    NodeStatus, Redlock, ReleaseOutcome, RetryPolicy, MAX_RESOURCES_PER_LEASE,
+    Backoff, Drained, Lease, LeaseHandle, LockError, LockOptions, LostCause, MetricsSnapshot,
+    NodeState, NodeStatus, Redlock, ReleaseOutcome, RetryPolicy, MAX_RESOURCES_PER_LEASE,
 };
 // The stores.
 #[cfg(feature = "etcd")]

@@ -361,11 +361,16 @@ mod tests {
                 .await
                 .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
         });
-        let mut body = std::pin::pin!(LeaseBody::holding(StreamBody::new(stream), lease, true));
+        let mut body = Box::pin(LeaseBody::holding(StreamBody::new(stream), lease, true));
         tx.send(Bytes::from_static(b"a")).await.unwrap();
         assert!(body.as_mut().frame().await.unwrap().is_ok());
         // Lost while the body waits for its next chunk: the wait ends with the error.
-        let next = tokio::spawn(async move { body_next_error(body).await });
+        let next = tokio::spawn(async move {
+            match body.as_mut().frame().await {
+                Some(Err(error)) => error,
+                _ => panic!("the body went on after its lease was lost"),
+            }
+        });
         tokio::task::yield_now().await;
         handle.lease_inner().mark_lost(LostCause::KeyLost);
         let error = next.await.unwrap();
@@ -374,18 +379,6 @@ mod tests {
             Some(&LeaseLost(LostCause::KeyLost))
         );
         drop(tx);
-    }
-
-    async fn body_next_error<B>(mut body: Pin<&mut LeaseBody<B>>) -> BoxError
-    where
-        B: Body + Send,
-        B::Data: From<Bytes>,
-        B::Error: Into<BoxError>,
-    {
-        match body.as_mut().frame().await {
-            Some(Err(error)) => error,
-            _ => panic!("the body went on after its lease was lost"),
-        }
     }
 
     #[tokio::test]

@@ -71,6 +71,13 @@ pub enum LockError {
         /// The configured bound ([`LockOptions::max_waiters`](crate::LockOptions::max_waiters)).
         limit: usize,
     },
+    /// The locker is draining ([`Redlock::drain`](crate::Redlock::drain)): the process
+    /// is shutting down and takes no new lease. Another instance can.
+    #[error("not locking `{resource}`: this locker is draining for shutdown")]
+    Draining {
+        /// The resource asked for.
+        resource: Resource,
+    },
     /// The lease is lost (expired, taken over, or renewals failed) and cannot be extended.
     #[error("the lease on `{resource}` is lost: {cause}")]
     Lost {
@@ -106,6 +113,7 @@ impl LockError {
             | LockError::Unavailable { resource, .. }
             | LockError::ValidityExpired { resource, .. }
             | LockError::QueueFull { resource, .. }
+            | LockError::Draining { resource }
             | LockError::Lost { resource, .. }
             | LockError::ResourceCount { resource, .. } => resource,
         }

@@ -29,6 +29,9 @@ pub enum LostCause {
     MaxHoldReached,
     /// The validity ran out without renewal (the watchdog is off).
     Expired,
+    /// [`Redlock::drain`](crate::Redlock::drain) released it at its deadline: the
+    /// process is shutting down.
+    Drained,
 }
 
 impl fmt::Display for LostCause {
@@ -38,6 +41,7 @@ impl fmt::Display for LostCause {
             LostCause::KeyLost => "the key is gone or owned by someone else on a majority of nodes",
             LostCause::MaxHoldReached => "the maximum hold time was reached",
             LostCause::Expired => "the validity ran out without renewal",
+            LostCause::Drained => "released by a drain at shutdown",
         })
     }
 }
@@ -389,7 +393,7 @@ impl Drop for Unfinished {
 }
 
 #[tracing::instrument(name = "redlock.release", level = "debug", skip_all, fields(resource = %inner.resource, token = %inner.token))]
-async fn release(inner: &LeaseInner) -> ReleaseOutcome {
+pub(crate) async fn release(inner: &LeaseInner) -> ReleaseOutcome {
     // Marked without waking the receivers: they only wait in `lost()`, which never
     // resolves for a released lease, so a wake-up would put each back to sleep (and
     // costs the release more than the rest of its bookkeeping).

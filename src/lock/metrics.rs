@@ -11,10 +11,10 @@
 //!
 //! | metric | type | labels | what it counts | when to alert |
 //! |---|---|---|---|---|
-//! | `tower_redlock_acquisitions_total` | counter | `outcome`: `acquired`, `held`, `timeout`, `unavailable`, `validity_expired`, `queue_full` | calls of [`try_acquire`](crate::Redlock::try_acquire) and [`acquire`](crate::Redlock::acquire) (so every locked request), by how they ended | a rising share of `unavailable` or `validity_expired` (the store, or the network to it, is failing); `held`/`timeout` is contention, alert only on a change from the usual rate |
+//! | `tower_redlock_acquisitions_total` | counter | `outcome`: `acquired`, `held`, `timeout`, `unavailable`, `validity_expired`, `queue_full`, `draining` | calls of [`try_acquire`](crate::Redlock::try_acquire) and [`acquire`](crate::Redlock::acquire) (so every locked request), by how they ended | a rising share of `unavailable` or `validity_expired` (the store, or the network to it, is failing); `held`/`timeout` is contention, alert only on a change from the usual rate |
 //! | `tower_redlock_acquire_duration_seconds` | histogram | `outcome` (as above) | time from the call to its answer, **including time spent waiting** for another holder | p99 of `acquired` far above one round trip: requests queue behind each other |
 //! | `tower_redlock_hold_duration_seconds` | histogram | — | time from acquisition to release, per lease (released, dropped or lost) | holds near the `max_hold` or ttl: handlers run longer than the lease was sized for |
-//! | `tower_redlock_leases_lost_total` | counter | `cause`: `renewal_failed`, `key_lost`, `max_hold_reached`, `expired` | leases lost while held | any increase: a handler ran (or may still run) without the lock; the fencing token is then the only guard |
+//! | `tower_redlock_leases_lost_total` | counter | `cause`: `renewal_failed`, `key_lost`, `max_hold_reached`, `expired`, `drained` | leases lost while held | any increase: a handler ran (or may still run) without the lock; the fencing token is then the only guard |
 //! | `tower_redlock_renewals_total` | counter | `outcome`: `renewed`, `no_quorum`, `key_lost` | extend rounds (the watchdog's and [`Lease::extend`](crate::Lease::extend)'s) | `no_quorum` or `key_lost` rising: leases are about to be lost |
 //! | `tower_redlock_node_errors_total` | counter | `node` (the node's name), `error`: `timeout`, `connection`, `server`, `protocol`, `unsupported` | node calls that failed, per node | one node's rate rising: it is down or slow (the quorum still answers); several: outage ahead |
 //! | `tower_redlock_waiters` | gauge | — | callers of this process inside [`acquire`](crate::Redlock::acquire) (queued, or contending at the nodes), over every locker | a level that keeps growing: requests pile up behind held resources |
@@ -136,6 +136,7 @@ pub(crate) fn acquisition<T>(result: &Result<T, LockError>, started: Started) {
             Err(LockError::Unavailable { .. }) => record!("unavailable"),
             Err(LockError::ValidityExpired { .. }) => record!("validity_expired"),
             Err(LockError::QueueFull { .. }) => record!("queue_full"),
+            Err(LockError::Draining { .. }) => record!("draining"),
             Err(_) => record!("error"),
         }
     }
@@ -157,6 +158,7 @@ pub(crate) fn lost_cause(cause: LostCause) -> &'static str {
         LostCause::KeyLost => "key_lost",
         LostCause::MaxHoldReached => "max_hold_reached",
         LostCause::Expired => "expired",
+        LostCause::Drained => "drained",
     }
 }
 

@@ -20,6 +20,7 @@
 
 mod acquire;
 mod background;
+mod drain;
 mod error;
 pub mod fencing;
 mod health;
@@ -44,6 +45,7 @@ use crate::node::identity;
 use round::Nodes;
 use wait::Queues;
 
+pub use drain::Drained;
 pub use error::LockError;
 pub use health::{NodeState, NodeStatus};
 pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
@@ -107,6 +109,8 @@ pub(crate) struct Shared {
     queues: Arc<Queues>,
     /// This locker's id in the nodes' wait queues (see `wait`).
     pub(crate) waiter_id: String,
+    /// Set by [`Redlock::drain`]: no new lease.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Redlock {
@@ -163,6 +167,7 @@ impl Redlock {
                 renewals: renewal::Renewals::default(),
                 queues: Arc::default(),
                 waiter_id: format!("{:016x}", rand::random::<u64>()),
+                draining: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -291,6 +296,7 @@ impl Redlock {
     }
 
     async fn try_once(&self, resource: Resource) -> Result<Lease, LockError> {
+        self.refuse_if_draining(&resource)?;
         let queue = self.shared.queues.get(&resource);
         let mut turn = queue.try_turn();
         if turn.is_none() && queue.releasing() {
@@ -343,9 +349,11 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<Lease, LockError> {
         let started = Instant::now();
-        let result = self
-            .queue_and_acquire(resource.into(), started, deadline)
-            .await;
+        let resource = resource.into();
+        let result = match self.refuse_if_draining(&resource) {
+            Ok(()) => self.queue_and_acquire(resource, started, deadline).await,
+            Err(error) => Err(error),
+        };
         metrics::acquisition(&result, metrics::Started::at(started));
         result
     }

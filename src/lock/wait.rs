@@ -116,6 +116,8 @@ pub(crate) struct Queues {
     map: Mutex<HashMap<Resource, (Arc<LocalQueue>, usize)>>,
     /// Subscriptions of queues that ended lately, with when they ended.
     parked: Mutex<HashMap<Resource, (Vec<ReleaseSignal>, Instant)>>,
+    /// Told when a queue ends (its holder released, its waiters gone): a drain waits on it.
+    pub(crate) changed: tokio::sync::Notify,
 }
 
 /// A counted reference to a resource's local queue. The queue is removed from the map
@@ -218,6 +220,7 @@ impl Drop for QueueRef {
             }
         };
         if ended {
+            self.queues.changed.notify_waiters();
             let signals = self
                 .queue
                 .signals
@@ -471,9 +474,9 @@ pub(crate) async fn next_release(signals: &mut [ReleaseSignal]) {
     select_all(signals.iter_mut().map(|s| Box::pin(s.changed()))).await;
 }
 
-#[cfg(feature = "test-util")]
 impl Queues {
-    /// The leases of this process that hold a resource now (for the test kit).
+    /// The leases of this process that hold a resource now (for a drain and the test
+    /// kit).
     pub(crate) fn holders(&self) -> Vec<Arc<LeaseInner>> {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.values()

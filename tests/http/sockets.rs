@@ -529,3 +529,105 @@ async fn a_client_mistake_does_not_burn_its_idempotency_key() {
         assert_eq!(runs.load(Ordering::SeqCst), 3, "{}", store.name());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_lets_running_sections_finish_then_releases_what_is_left() {
+    for store in Store::all() {
+        let payments = Payments::new();
+        let watch = DropWatch::default();
+        let locker = store.locker();
+        let served = Served::start(
+            payments
+                .app(
+                    LockLayer::new(locker.clone(), header("Idempotency-Key")).replay(Replay::new()),
+                )
+                .layer(watch.clone()),
+        )
+        .await;
+        // A handler runs on after its client left; the deploy starts.
+        let mut conn = served.connect().await;
+        conn.write(&pay("d1")).await;
+        payments.entered.notified().await;
+        drop(conn);
+        watch.dropped.notified().await;
+        let drain = tokio::spawn({
+            let locker = locker.clone();
+            async move { locker.drain(PROMPTLY).await }
+        });
+        // New requests are turned away to another instance.
+        eventually_draining(&locker).await;
+        let refused = served.send(pay("d2")).await;
+        assert_eq!(refused.status, 503, "{}: {}", store.name(), refused.text());
+        assert_eq!(refused.problem().as_deref(), Some("lock-unavailable"));
+        // The running section finishes and records; the drain ends with nothing left.
+        payments.open_gate();
+        let drained = drain.await.unwrap();
+        assert_eq!(drained.released_at_deadline, 0, "{}", store.name());
+        assert_eq!(payments.completed.load(Ordering::SeqCst), 1);
+        assert_eq!(locker.local_resources(), 0);
+        // Another instance replays the recorded response at once.
+        let other =
+            Served::start(payments.app(
+                LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new()),
+            ))
+            .await;
+        let replayed = other.send(pay("d1")).await;
+        assert_eq!(
+            replayed.status,
+            201,
+            "{}: {}",
+            store.name(),
+            replayed.text()
+        );
+        assert_eq!(replayed.header("idempotent-replayed"), Some("true"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_releases_at_its_deadline_what_is_still_held() {
+    for store in Store::all() {
+        let payments = Payments::new(); // its gate never opens
+        let locker = store.locker();
+        let served =
+            Served::start(payments.app(LockLayer::new(locker.clone(), header("Idempotency-Key"))))
+                .await;
+        let request = tokio::spawn({
+            let addr = served.addr;
+            async move {
+                crate::http_client::Conn::open(addr)
+                    .await
+                    .send(pay("d3"))
+                    .await
+            }
+        });
+        payments.entered.notified().await;
+        let drained = locker.drain(Duration::from_millis(1)).await;
+        assert_eq!(drained.released_at_deadline, 1, "{}", store.name());
+        // Released on the nodes when the drain returns: another instance takes it now.
+        let other = store.locker();
+        let resource = Resource::new("POST").join("/payments").join("d3");
+        let lease = other.try_acquire(resource).await;
+        assert!(lease.is_ok(), "{}: {lease:?}", store.name());
+        // The handler was stopped (`OnLost::Abort`) and its client told.
+        let stopped = request.await.unwrap();
+        assert_eq!(stopped.status, 503, "{}: {}", store.name(), stopped.text());
+        assert_eq!(stopped.problem().as_deref(), Some("lock-lost"));
+        assert_eq!(payments.completed.load(Ordering::SeqCst), 0);
+    }
+}
+
+/// Waits until `locker` refuses new leases.
+async fn eventually_draining(locker: &Redlock) {
+    let probe = Resource::new("probe");
+    crate::support::eventually_async("the locker drains", PROMPTLY, || {
+        let locker = locker.clone();
+        let probe = probe.clone();
+        async move {
+            matches!(
+                locker.try_acquire(probe).await,
+                Err(LockError::Draining { .. })
+            )
+        }
+    })
+    .await;
+}

@@ -83,6 +83,11 @@ pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Probl
             "the lock was lost while the request was processed",
         )
         .with_retry_after(RETRY_SOON),
+        LockError::Draining { .. } => Problem::new(
+            ProblemKind::LockUnavailable,
+            "this instance is shutting down and takes no new locks; retry",
+        )
+        .with_retry_after(RETRY_SOON),
         // The request named no lockable resource, or too many: the client's to fix.
         LockError::ResourceCount { count, limit, .. } => Problem::new(
             ProblemKind::KeyInvalid,

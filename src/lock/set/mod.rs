@@ -157,7 +157,10 @@ impl Redlock {
             return self.try_acquire(set.remove(0)).await;
         }
         let started = metrics::Started::now();
-        let result = self.try_set_once(self.set_of(set)).await;
+        let result = match self.refuse_if_draining(&set[0]) {
+            Ok(()) => self.try_set_once(self.set_of(set)).await,
+            Err(error) => Err(error),
+        };
         metrics::acquisition(&result, started);
         result
     }
@@ -214,9 +217,13 @@ impl Redlock {
             return self.acquire_until(set.remove(0), deadline).await;
         }
         let started = Instant::now();
-        let result = self
-            .queue_and_acquire_set(self.set_of(set), started, deadline)
-            .await;
+        let result = match self.refuse_if_draining(&set[0]) {
+            Ok(()) => {
+                self.queue_and_acquire_set(self.set_of(set), started, deadline)
+                    .await
+            }
+            Err(error) => Err(error),
+        };
         metrics::acquisition(&result, metrics::Started::at(started));
         result
     }

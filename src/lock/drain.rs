@@ -1,0 +1,105 @@
+//! Graceful shutdown: [`Redlock::drain`].
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::lease::{release, LeaseInner, LostCause};
+use super::{LockError, Redlock, Resource};
+
+/// What [`Redlock::drain`] found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Drained {
+    /// Leases still held at the deadline, marked lost and released by the drain.
+    pub released_at_deadline: usize,
+}
+
+impl Redlock {
+    /// Shuts this locker (and every clone of it) down gracefully, as a deploy does:
+    ///
+    /// 1. From now on no new lease is granted: `try_acquire`, `acquire` and their set
+    ///    forms fail with [`LockError::Draining`] (the layer answers 503
+    ///    `lock-unavailable` with `Retry-After`, so clients go to another instance).
+    /// 2. The leases held now — handlers in their critical section, including those
+    ///    finishing after their client left — are given until `deadline` to end and be
+    ///    released by their holders.
+    /// 3. At the deadline, every lease still held is marked lost
+    ///    ([`LostCause::Drained`]: under [`OnLost::Abort`](crate::OnLost::Abort) its
+    ///    handler is stopped) and released on the nodes at once, so no key waits out
+    ///    its ttl and no other instance answers 409 or waits for it.
+    ///
+    /// Composes with axum's graceful shutdown: `axum::serve(..).with_graceful_shutdown(signal)`
+    /// stops taking connections and waits for the responses in flight; then
+    /// `locker.drain(deadline)` waits for what runs on without a client.
+    ///
+    /// ```no_run
+    /// # async fn run(app: axum::Router, locker: tower_redlock::Redlock) -> std::io::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    /// axum::serve(listener, app)
+    ///     .with_graceful_shutdown(async { let _ = tokio::signal::ctrl_c().await; })
+    ///     .await?;
+    /// let drained = locker.drain(Duration::from_secs(10)).await;
+    /// tracing::info!(?drained, "locks drained");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn drain(&self, deadline: Duration) -> Drained {
+        self.shared.draining.store(true, Ordering::Release);
+        let until = Instant::now()
+            .checked_add(deadline)
+            .unwrap_or_else(super::acquire::far_future);
+        loop {
+            // Listening before looking: a release between the two still wakes us.
+            let emptied = self.shared.queues.changed.notified();
+            let mut emptied = std::pin::pin!(emptied);
+            emptied.as_mut().enable();
+            let held = self.held_now();
+            if held.is_empty() {
+                tracing::info!("drained: every lease of this locker was released by its holder");
+                return Drained {
+                    released_at_deadline: 0,
+                };
+            }
+            if tokio::time::timeout_at(until, emptied).await.is_err() {
+                break;
+            }
+        }
+        let held = self.held_now();
+        tracing::warn!(
+            leases = held.len(),
+            "drain deadline passed: releasing the leases still held"
+        );
+        let releases = held.iter().map(|inner| async move {
+            inner.mark_lost(LostCause::Drained);
+            release(inner).await
+        });
+        futures_util::future::join_all(releases).await;
+        Drained {
+            released_at_deadline: held.len(),
+        }
+    }
+
+    /// Whether [`drain`](Redlock::drain) was called: then `Err` for `resource`.
+    pub(crate) fn refuse_if_draining(&self, resource: &Resource) -> Result<(), LockError> {
+        if self.shared.draining.load(Ordering::Acquire) {
+            return Err(LockError::Draining {
+                resource: resource.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The leases of this locker held in this process now, each once (a set's lease
+    /// holds several resources).
+    fn held_now(&self) -> Vec<Arc<LeaseInner>> {
+        let mut held = self.shared.queues.holders();
+        held.sort_by_key(|inner| Arc::as_ptr(inner) as usize);
+        held.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        held
+    }
+}
