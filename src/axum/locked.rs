@@ -10,6 +10,7 @@ use http::request::Parts;
 
 use super::LockRejection;
 use crate::http::acquire::{check_key, missing_key, name_keys, take, Taken, Target};
+use crate::http::detach::Critical;
 use crate::http::extensions::add_request_lease;
 use crate::http::key::{KeySetFromParts, Keys};
 use crate::http::problem::Problem;
@@ -200,6 +201,13 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// Unlike the layer, the extractor cannot stop the handler when the lease is lost:
 /// race the critical section against [`lost`](crate::LeaseHandle::lost), as below, and pass
 /// the fencing token to the storage.
+///
+/// **A client that hangs up.** hyper drops the handler's future when its connection
+/// closes, which would cut the handler at its next `.await` and release the lease
+/// halfway through what it protects. Put
+/// [`FinishOnDisconnectLayer`](crate::http::FinishOnDisconnectLayer) on the route: once
+/// `Locked` holds its lease, the handler then runs to its end in a task of its own.
+/// (The layer does this for its own locks by default.)
 ///
 /// **Several keys.** With a multi-key extractor every key names a resource of its own,
 /// and all are acquired together as one lease (in a canonical order, so two requests
@@ -430,6 +438,7 @@ where
             Some(_) => {
                 tracing::debug!(resources = ?target.resources, token = %handle.fencing_token(), "lease acquired by the Locked extractor");
                 add_request_lease(&mut parts.extensions, &handle);
+                Critical::enter(&parts.extensions);
             }
             None => {
                 tracing::debug!(resources = ?target.resources, "the request holds this lock already: reusing its lease");

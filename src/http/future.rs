@@ -15,16 +15,15 @@ use tracing::{Instrument, Span};
 
 use super::acquire::{check_key, covered, missing_key, name_keys, Taken, Target};
 use super::body::LeaseBody;
+use super::detach::{finish_detached, BoxFuture};
 use super::extensions::{RequestKey, RequestKeys, Unlocked};
 use super::key::{KeySetExtractor, Keys};
 use super::policy::{matched_path_in, MissingKey, OnDisconnect, ScopePrefix};
 use super::replay::{self, ReplayRequest, ReplayStep};
 use super::run::{call_unlocked, critical, lock, refuse, NotLocked};
 use super::settings::Settings;
-use crate::lock::metrics;
 
 type Output<RB, E> = Result<Response<LeaseBody<RB>>, E>;
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The response future of [`LockService`](super::LockService).
 ///
@@ -147,23 +146,6 @@ where
             detach(section);
         }
     }
-}
-
-/// Runs a critical section whose response no one awaits any more to its end; what it
-/// answers is dropped, which releases a lease its body still holds.
-fn finish_detached<O: 'static>(section: BoxFuture<O>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        // No runtime (it is shutting down): nothing can run it; the lease drops.
-        tracing::warn!("response future dropped outside a runtime: the handler is cancelled");
-        return;
-    };
-    tracing::debug!("the client left while the handler held its lease: finishing it");
-    metrics::handlers_finishing(1.0);
-    runtime.spawn(async move {
-        drop(section.await);
-        metrics::handlers_finishing(-1.0);
-        tracing::debug!("handler finished after its client left");
-    });
 }
 
 impl<S, K, B, RB> fmt::Debug for ResponseFuture<S, K, B, RB>

@@ -183,6 +183,7 @@
 #[cfg_attr(not(feature = "axum"), allow(dead_code))]
 pub(crate) mod acquire;
 mod body;
+pub(crate) mod detach;
 pub(crate) mod extensions;
 mod future;
 pub mod key;
@@ -196,6 +197,7 @@ mod settings;
 mod tokens;
 
 pub use body::{BoxError, LeaseBody};
+pub use detach::{FinishOnDisconnect, FinishOnDisconnectLayer, FinishingFuture};
 pub use extensions::{LeaseLost, RequestKey, RequestKeys, RequestLeases, Unlocked};
 pub use future::ResponseFuture;
 pub use key::{

@@ -20,7 +20,8 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, watch, Notify};
 use tower_redlock::axum::{LockKey, Locked};
 use tower_redlock::http::{
-    header, path_param, Contention, Header, LockLayer, PathParam, Replay, Scope,
+    header, path_param, Contention, FinishOnDisconnectLayer, Header, LockLayer, PathParam, Replay,
+    Scope,
 };
 use tower_redlock::{LeaseHandle, LockError, MemoryNode, Redlock, Resource};
 
@@ -630,4 +631,64 @@ async fn eventually_draining(locker: &Redlock) {
         }
     })
     .await;
+}
+
+struct PaymentKey;
+
+impl LockKey for PaymentKey {
+    type Extractor = Header;
+
+    fn extractor() -> Header {
+        header("Idempotency-Key")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_handler_under_finish_on_disconnect_runs_whole() {
+    for store in Store::all() {
+        let payments = Payments::new();
+        let watch = DropWatch::default();
+        let locker = store.locker();
+        let app = {
+            let payments = payments.clone();
+            Router::new()
+                .route(
+                    "/payments",
+                    post(move |lock: Locked<PaymentKey>| {
+                        let payments = payments.clone();
+                        async move {
+                            let answer = payments.pay().await;
+                            drop(lock);
+                            answer
+                        }
+                    }),
+                )
+                .route_layer(FinishOnDisconnectLayer::new())
+                .with_state(locker.clone())
+                .layer(watch.clone())
+        };
+        let served = Served::start(app).await;
+        let mut conn = served.connect().await;
+        conn.write(&pay("l1")).await;
+        payments.entered.notified().await;
+        drop(conn);
+        watch.dropped.notified().await;
+
+        let during = served.send(pay("l1")).await;
+        assert_eq!(during.status, 409, "{}: {}", store.name(), during.text());
+        payments.open_gate();
+        payments.finished.notified().await;
+        assert_eq!(
+            payments.completed.load(Ordering::SeqCst),
+            1,
+            "{}",
+            store.name()
+        );
+        eventually("the finished handler's lease is released", PROMPTLY, || {
+            locker.local_resources() == 0
+        })
+        .await;
+        let after = served.send(pay("l1")).await;
+        assert_eq!(after.status, 201, "{}: {}", store.name(), after.text());
+    }
 }

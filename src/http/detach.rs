@@ -1,0 +1,197 @@
+//! A critical section runs whole: what the layer does for its own leases
+//! ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)), and
+//! [`FinishOnDisconnectLayer`] for the leases handlers take themselves (the `Locked`
+//! extractor).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::Request;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::lock::metrics;
+
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Runs a critical section whose response no one awaits any more to its end; what it
+/// answers is dropped, which releases a lease its body still holds.
+pub(crate) fn finish_detached<O: 'static>(section: BoxFuture<O>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime (it is shutting down): nothing can run it; the lease drops.
+        tracing::warn!("response future dropped outside a runtime: the handler is cancelled");
+        return;
+    };
+    tracing::debug!("the client left while the handler held its lease: finishing it");
+    metrics::handlers_finishing(1.0);
+    runtime.spawn(async move {
+        drop(section.await);
+        metrics::handlers_finishing(-1.0);
+        tracing::debug!("handler finished after its client left");
+    });
+}
+
+/// A request extension [`FinishOnDisconnectLayer`] gives the request, set by whatever
+/// takes a lease for it inside the handler (the `Locked` extractor): from then on the
+/// handler is in its critical section.
+#[derive(Clone, Default)]
+pub(crate) struct Critical(Arc<AtomicBool>);
+
+impl Critical {
+    /// The handler holds a lease now.
+    pub(crate) fn enter(extensions: &http::Extensions) {
+        if let Some(critical) = extensions.get::<Critical>() {
+            critical.0.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// A [`Layer`] that lets a handler which took a lock itself run to its end when its
+/// client goes away, as [`LockLayer`](super::LockLayer) does for its own locks
+/// ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
+///
+/// hyper drops a request's future when its connection closes: a handler holding a
+/// `Locked` lease would be cut at its next `.await` and its lease released, halfway
+/// through what it protects. Under this layer, once a `Locked` extractor of the
+/// request acquired its lease, a dropped response future is run to its end in a task
+/// of its own (counted in the `redlock_http_handlers_finishing` gauge); before that,
+/// it is dropped as usual. Put it on the routes that use `Locked`:
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use tower_redlock::axum::{LockKey, Locked};
+/// use tower_redlock::http::{header, FinishOnDisconnectLayer, Header};
+/// use tower_redlock::Redlock;
+///
+/// struct PaymentKey;
+///
+/// impl LockKey for PaymentKey {
+///     type Extractor = Header;
+///
+///     fn extractor() -> Header {
+///         header("Idempotency-Key")
+///     }
+/// }
+///
+/// async fn pay(lock: Locked<PaymentKey>) -> String {
+///     // ... charge, then record: runs whole even if the client hangs up ...
+///     format!("paid under {}", lock.fencing_token())
+/// }
+///
+/// let app: Router = Router::new()
+///     .route("/payments", post(pay))
+///     .route_layer(FinishOnDisconnectLayer::new())
+///     .with_state(Redlock::in_memory());
+/// # let _ = app;
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FinishOnDisconnectLayer {
+    _private: (),
+}
+
+impl FinishOnDisconnectLayer {
+    /// The layer.
+    pub fn new() -> Self {
+        FinishOnDisconnectLayer::default()
+    }
+}
+
+impl<S> Layer<S> for FinishOnDisconnectLayer {
+    type Service = FinishOnDisconnect<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FinishOnDisconnect { inner }
+    }
+}
+
+/// The service of [`FinishOnDisconnectLayer`].
+#[derive(Debug, Clone)]
+pub struct FinishOnDisconnect<S> {
+    inner: S,
+}
+
+impl<S> FinishOnDisconnect<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B> Service<Request<B>> for FinishOnDisconnect<S>
+where
+    S: Service<Request<B>>,
+    S::Future: Send + 'static,
+    S::Response: 'static,
+    S::Error: 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = FinishingFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        let critical = Critical::default();
+        request.extensions_mut().insert(critical.clone());
+        FinishingFuture {
+            future: Some(Box::pin(self.inner.call(request))),
+            critical,
+            detach: finish_detached::<Result<S::Response, S::Error>>,
+        }
+    }
+}
+
+/// The response future of [`FinishOnDisconnect`].
+pub struct FinishingFuture<O> {
+    future: Option<BoxFuture<O>>,
+    critical: Critical,
+    /// Made where the output is known to be `'static`.
+    detach: fn(BoxFuture<O>),
+}
+
+impl<O> Future for FinishingFuture<O> {
+    type Output = O;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<O> {
+        let Some(future) = self.future.as_mut() else {
+            panic!("FinishingFuture polled after completion");
+        };
+        let output = std::task::ready!(future.as_mut().poll(cx));
+        self.future = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<O> Drop for FinishingFuture<O> {
+    fn drop(&mut self) {
+        if let Some(future) = self.future.take() {
+            if self.critical.0.load(Ordering::Acquire) {
+                (self.detach)(future);
+            }
+        }
+    }
+}
+
+impl<O> fmt::Debug for FinishingFuture<O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FinishingFuture")
+            .field("done", &self.future.is_none())
+            .finish()
+    }
+}
