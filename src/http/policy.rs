@@ -155,9 +155,15 @@ impl Scope {
     ) -> Resource {
         let method = method.as_str();
         let route = match self {
-            // A service's settings never change: its shared name is always the same.
             Scope::Shared(name) => {
-                return cache.0.get_or_init(|| Resource::from(&**name)).join(key)
+                let cached = cache.0.get_or_init(|| Resource::from(&**name));
+                // A name without `%`, `{` or `}` is its own spelling: compared in place.
+                let same = cached.as_str() == &**name || *cached == Resource::from(&**name);
+                return if same {
+                    cached.join(key)
+                } else {
+                    Resource::from(&**name).join(key)
+                };
             }
             Scope::Route => matched_path_in(extensions).unwrap_or_else(|| uri.path()),
         };
