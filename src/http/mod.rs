@@ -203,8 +203,8 @@ pub use future::ResponseFuture;
 pub use key::{
     each, header, json_field, json_fields, keys_fn, query_param, single_key, webhook, BoxKeyFuture,
     BoxKeySetFuture, Each, Header, JsonField, JsonFields, KeyExtractor, KeyFromParts, KeyRejection,
-    KeyResult, KeySetExtractor, KeySetFromParts, KeySetResult, Keys, KeysFn, OneKey, Or,
-    QueryParam, SingleKey,
+    KeyResult, KeySetExtractor, KeySetFromParts, KeySetResult, Keys, KeysFn, Normalized, OneKey,
+    Or, QueryParam, SingleKey,
 };
 #[cfg(feature = "axum")]
 pub use key::{path_param, PathParam};

@@ -20,8 +20,8 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, watch, Notify};
 use tower_redlock::axum::{LockKey, Locked};
 use tower_redlock::http::{
-    header, path_param, Contention, FinishOnDisconnectLayer, Header, LockLayer, PathParam, Replay,
-    Scope,
+    header, path_param, Contention, FinishOnDisconnectLayer, Header, KeyFromParts, LockLayer,
+    PathParam, Replay, Scope,
 };
 use tower_redlock::{LeaseHandle, LockError, MemoryNode, Redlock, Resource};
 
@@ -690,5 +690,51 @@ async fn a_locked_handler_under_finish_on_disconnect_runs_whole() {
         .await;
         let after = served.send(pay("l1")).await;
         assert_eq!(after.status, 201, "{}: {}", store.name(), after.text());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_the_handler_reads_as_one_value_lock_one_resource() {
+    for store in Store::all() {
+        let entered = Arc::new(Notify::new());
+        let gate = watch::channel(false).0;
+        let app = {
+            let (entered, gate) = (entered.clone(), gate.clone());
+            Router::new()
+                .route(
+                    "/orders/{id}/pay",
+                    post(move |Path(id): Path<u64>| {
+                        let (entered, gate) = (entered.clone(), gate.clone());
+                        async move {
+                            entered.notify_one();
+                            let _ = gate.subscribe().wait_for(|open| *open).await;
+                            format!("paid {id}")
+                        }
+                    }),
+                )
+                .route_layer(LockLayer::new(
+                    store.locker(),
+                    path_param("id").parse::<u64>(),
+                ))
+        };
+        let served = Served::start(app).await;
+        let addr = served.addr;
+        let first = tokio::spawn(async move {
+            crate::http_client::Conn::open(addr)
+                .await
+                .send(Req::post("/orders/007/pay"))
+                .await
+        });
+        entered.notified().await;
+        // The handler sees order 7 in both: one lock.
+        let same = served.send(Req::post("/orders/7/pay")).await;
+        assert_eq!(same.status, 409, "{}: {}", store.name(), same.text());
+        assert_eq!(same.problem().as_deref(), Some("lock-held"));
+        // Not an order id at all: refused as the handler's extractor would.
+        let bad = served.send(Req::post("/orders/seven/pay")).await;
+        assert_eq!(bad.status, 400, "{}: {}", store.name(), bad.text());
+        assert_eq!(bad.problem().as_deref(), Some("key-invalid"));
+        gate.send_replace(true);
+        assert_eq!(first.await.unwrap().text(), "paid 7");
     }
 }

@@ -52,6 +52,7 @@ mod rejection;
 mod set;
 pub mod webhook;
 
+use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::pin::Pin;
 
@@ -139,6 +140,105 @@ pub trait KeyFromParts: Clone + Send + Sync + 'static {
             first: self,
             fallback,
         }
+    }
+    /// This extractor's key as the handler reads it: parsed as `T` and locked in `T`'s
+    /// canonical form (its `Display`), so that the spellings a handler treats as one
+    /// value lock one resource. `path_param("id").parse::<u64>()` locks `/orders/007` and
+    /// `/orders/7` as the same order, as a `Path<u64>` handler sees them; a key that does
+    /// not parse gets 400 `key-invalid`, as the handler's extractor would refuse it.
+    ///
+    /// ```
+    /// use tower_redlock::http::{path_param, KeyFromParts, LockLayer};
+    /// use tower_redlock::Redlock;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = LockLayer::new(Redlock::in_memory(), path_param("id").parse::<u64>());
+    /// # let _ = layer;
+    /// # }
+    /// ```
+    fn parse<T>(self) -> Normalized<Self, fn(String) -> Result<String, String>>
+    where
+        Self: Sized,
+        T: std::str::FromStr + fmt::Display + 'static,
+    {
+        self.normalize(canonical::<T>)
+    }
+
+    /// This extractor's key passed through `normalize`, which returns the key to lock
+    /// (e.g. a UUID in lower case) or why the key is not acceptable (400 `key-invalid`,
+    /// with the reason in the problem's detail).
+    ///
+    /// ```
+    /// use tower_redlock::http::{path_param, KeyFromParts, LockLayer};
+    /// use tower_redlock::Redlock;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // One order whatever the case of its UUID.
+    /// let key = path_param("id").normalize(|id: String| Ok(id.to_ascii_lowercase()));
+    /// let layer = LockLayer::new(Redlock::in_memory(), key);
+    /// # let _ = layer;
+    /// # }
+    /// ```
+    fn normalize<F>(self, normalize: F) -> Normalized<Self, F>
+    where
+        Self: Sized,
+        F: Fn(String) -> Result<String, String> + Clone + Send + Sync + 'static,
+    {
+        Normalized {
+            inner: self,
+            normalize,
+        }
+    }
+}
+
+/// `key` parsed as `T`, written back in `T`'s own form.
+fn canonical<T: std::str::FromStr + fmt::Display>(key: String) -> Result<String, String> {
+    match key.parse::<T>() {
+        Ok(value) => Ok(value.to_string()),
+        Err(_) => Err(format!(
+            "`{key}` is not a valid {}",
+            std::any::type_name::<T>()
+                .rsplit("::")
+                .next()
+                .unwrap_or("value")
+        )),
+    }
+}
+
+/// A key passed through a normalising function; see [`KeyFromParts::normalize`] and
+/// [`KeyFromParts::parse`].
+#[derive(Clone)]
+pub struct Normalized<E, F> {
+    inner: E,
+    normalize: F,
+}
+
+impl<E: fmt::Debug, F> fmt::Debug for Normalized<E, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Normalized")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E, F> KeyFromParts for Normalized<E, F>
+where
+    E: KeyFromParts,
+    F: Fn(String) -> Result<String, String> + Clone + Send + Sync + 'static,
+{
+    fn key(&self, parts: &mut Parts) -> Result<Option<String>, KeyRejection> {
+        match self.inner.key(parts)? {
+            None => Ok(None),
+            Some(key) => (self.normalize)(key).map(Some).map_err(|detail| {
+                KeyRejection::invalid(format!("{}: {detail}", self.inner.describe()))
+            }),
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
     }
 }
 
