@@ -41,6 +41,7 @@ pub(crate) fn finish_detached<O: 'static>(section: BoxFuture<O>) {
 #[derive(Clone, Default)]
 pub(crate) struct Critical(Arc<AtomicBool>);
 
+#[cfg(feature = "axum")]
 impl Critical {
     /// The handler holds a lease now.
     pub(crate) fn enter(extensions: &http::Extensions) {

@@ -157,7 +157,7 @@ pub trait KeyFromParts: Clone + Send + Sync + 'static {
     /// # let _ = layer;
     /// # }
     /// ```
-    fn parse<T>(self) -> Normalized<Self, fn(String) -> Result<String, String>>
+    fn parse<T>(self) -> Normalized<Self, NormalizeFn>
     where
         Self: Sized,
         T: std::str::FromStr + fmt::Display + 'static,
@@ -192,6 +192,10 @@ pub trait KeyFromParts: Clone + Send + Sync + 'static {
         }
     }
 }
+
+/// The normalising function of [`KeyFromParts::parse`]: the key to lock, or why the
+/// key is refused.
+pub type NormalizeFn = fn(String) -> Result<String, String>;
 
 /// `key` parsed as `T`, written back in `T`'s own form.
 fn canonical<T: std::str::FromStr + fmt::Display>(key: String) -> Result<String, String> {
