@@ -175,19 +175,52 @@ pub async fn main() -> Result<(), BoxError> {
             "GET /metrics is empty: run with `--features metrics` to record the lock's metrics"
         );
     }
-    let app = build(&config)?.route("/metrics", get(move || async move { prometheus.render() }));
+    let (locker, ledger) = locker_and_ledger(&config)?;
+    let app = app(locker.clone(), ledger, &config)
+        .route("/metrics", get(move || async move { prometheus.render() }));
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
+    // A deploy: stop taking connections and answer those in flight, then give the
+    // handlers that run on without their client (they hold their leases) until the
+    // deadline, and release whatever is left at once rather than leave it for its ttl.
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(shutdown_signal())
         .await?;
+    let drained = locker.drain(DRAIN_DEADLINE).await;
+    tracing::info!(?drained, "shut down");
     Ok(())
+}
+
+/// How long a shutdown waits for running critical sections.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Ctrl-C, or SIGTERM (what a container runtime sends).
+async fn shutdown_signal() {
+    let terminate = async {
+        #[cfg(unix)]
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            term.recv().await;
+            return;
+        }
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down: finishing the requests in flight");
 }
 
 /// The locker and the ledger that `config` asks for, and the app over them.
 pub fn build(config: &Config) -> Result<Router, BoxError> {
+    let (locker, ledger) = locker_and_ledger(config)?;
+    Ok(app(locker, ledger, config))
+}
+
+/// The locker and the ledger that `config` asks for.
+pub fn locker_and_ledger(config: &Config) -> Result<(Redlock, Ledger), BoxError> {
     let mut options = LockOptions::default().ttl(config.lock_ttl);
     let etcd = config
         .redis_urls
@@ -238,7 +271,7 @@ pub fn build(config: &Config) -> Result<Router, BoxError> {
             (locker, Ledger::redis(ledger_url)?)
         }
     };
-    Ok(app(locker, ledger, config))
+    Ok((locker, ledger))
 }
 
 // ------------------------------------------------------------------------------------
