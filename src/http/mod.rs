@@ -73,6 +73,11 @@
 //! | several keys, one held | 409 `lock-held` (or `lock-wait-timeout`) naming the held one in `resource` and `detail`; `Retry-After` = the holders' longest ttl; nothing locked |
 //! | several keys, acquired | as for one, with [`RequestKeys`] instead of [`RequestKey`], and one `Fencing-Token` line per resource |
 //! | the request holds the resources already (an outer layer, same locker and scope) | the handler runs under that lease: nothing acquired ([`RequestLeases`]) |
+//! | the client hangs up while the request waits for its lock | the request is dropped: it never started |
+//! | the client hangs up while the handler holds its lease, [`OnDisconnect::Finish`] (default) | the handler runs to its end under its lease; with replay its response is recorded; then the lease is released |
+//! | the client hangs up while the handler holds its lease, [`OnDisconnect::Cancel`] | the handler future is dropped, the lease released in the background |
+//! | the locker is draining ([`Redlock::drain`](crate::Redlock::drain)) | 503 `lock-unavailable`, `Retry-After: 1` |
+//! | a streamed body whose lease is lost, [`OnLost::Abort`] | the body ends with a [`LeaseLost`] error: the response is cut short |
 //!
 //! Refusals are [RFC 9457](https://www.rfc-editor.org/rfc/rfc9457) problems
 //! (`application/problem+json`, `Cache-Control: no-store`); see [`problem`] for the
@@ -163,13 +168,17 @@
 //!
 //! # Lease lifetime
 //!
-//! The lease is released, in the background and never blocking:
+//! The lease is released:
 //!
-//! - when the response body ends ([`LeaseBody`]), or right after the handler returns
-//!   with [`LockLayer::hold_through_body`]`(false)`;
-//! - at once when the client goes away: dropping the response future (while waiting
-//!   for the lock or while the handler runs) or the body drops the lease;
-//! - when the inner service fails.
+//! - when the response body has been produced ([`LeaseBody`]), **before** its end is
+//!   handed on — the last frame waits for the nodes to answer the release, so a client
+//!   that read the whole response finds the lock free; or before the response is sent,
+//!   with [`LockLayer::hold_through_body`]`(false)` or an empty body;
+//! - when the handler ends, if the client went away meanwhile ([`OnDisconnect::Finish`]);
+//!   at once, in the background, under [`OnDisconnect::Cancel`] or while the request
+//!   still waits for its lock;
+//! - in the background when the body is dropped before its end (the client left
+//!   mid-stream), or when the inner service fails.
 //!
 //! While it lives, the locker's watchdog renews it. Each locked request runs in a
 //! `redlock` tracing span (DEBUG) with the fields `resource`, `outcome`, `wait_ms` and
