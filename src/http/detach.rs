@@ -83,11 +83,14 @@ impl Critical {
 ///     format!("paid under {}", lock.fencing_token())
 /// }
 ///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
 /// let app: Router = Router::new()
 ///     .route("/payments", post(pay))
 ///     .route_layer(FinishOnDisconnectLayer::new())
 ///     .with_state(Redlock::in_memory());
 /// # let _ = app;
+/// # }
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FinishOnDisconnectLayer {

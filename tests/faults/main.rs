@@ -42,6 +42,9 @@
 //! the contending load, the end-of-scenario checks); each scenario group is a module
 //! that takes them with `use super::*`, the HTTP ones over the `web` module.
 
+#[cfg(feature = "axum")]
+#[path = "../support/http_client.rs"]
+mod http_client;
 #[path = "../support/mod.rs"]
 mod support;
 

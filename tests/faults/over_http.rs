@@ -323,3 +323,146 @@ async fn s08c_http_client_disconnect_releases_promptly() {
     );
     assert_eq!(summary.cycles, rounds);
 }
+
+/// 8d. One execution per key through real HTTP: clients that hang up at random points
+/// of their requests and retry with the same key, on either of two instances, while a
+/// lock node is restarted (AOF, fsync always: it comes back with its keys). Idempotent
+/// replay, `OnDisconnect::Finish` (the default), `Contention::Reject`. The checker
+/// counts each key's side effects — charges made by the handler — and requires exactly
+/// one per key, and every client to end with the first charge's response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s08d_clients_that_hang_up_and_retry_are_charged_once() {
+    use crate::http_client::{Conn, Req, Served};
+    use axum::Extension;
+    use rand::Rng;
+    use std::collections::HashMap;
+    use tower_redlock::http::{header, LockLayer, Replay, RequestKey};
+
+    let _serial = SERIAL.lock().await;
+    let mut servers: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::builder().appendonly(true).start())
+        .collect();
+    let options = support::patient().ttl(Duration::from_secs(5));
+    let lockers = lockers(2, &urls(&servers), &options);
+    // The side effect: charges per key, over both instances.
+    let charges: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let mut instances = Vec::new();
+    for locker in &lockers {
+        let charges = charges.clone();
+        let app = axum::Router::new()
+            .route(
+                "/charges",
+                axum::routing::post(move |Extension(key): Extension<RequestKey>| {
+                    let charges = charges.clone();
+                    async move {
+                        // Charge first, then the slow part, as a payment handler does.
+                        let charge = {
+                            let mut charges = charges.lock().unwrap_or_else(|p| p.into_inner());
+                            let count = charges.entry(key.as_str().to_owned()).or_insert(0);
+                            *count += 1;
+                            *count
+                        };
+                        let work = rand::rng().random_range(0..30);
+                        tokio::time::sleep(Duration::from_millis(work)).await;
+                        (
+                            axum::http::StatusCode::CREATED,
+                            format!("charge {charge} of {}", key.as_str()),
+                        )
+                    }
+                }),
+            )
+            .route_layer(
+                LockLayer::new(locker.clone(), header("Idempotency-Key")).replay(Replay::new()),
+            );
+        instances.push(Served::start(app).await);
+    }
+    let addrs: Vec<_> = instances.iter().map(|s| s.addr).collect();
+
+    let keys = n(60);
+    let clients = (0..keys).map(|i| {
+        let addrs = addrs.clone();
+        tokio::spawn(async move {
+            let key = format!("pay-{i}");
+            let request = Req::post("/charges").header("idempotency-key", &key);
+            let (mut hangups, mut refusals) = (0u32, 0u32);
+            for attempt in 0.. {
+                assert!(attempt < 2000, "{key}: no answer after {attempt} attempts");
+                let (addr, hang_up) = {
+                    let mut rng = rand::rng();
+                    let addr = addrs[rng.random_range(0..addrs.len())];
+                    // Half the attempts hang up after a random moment.
+                    let hang_up = rng.random_bool(0.5).then(|| rng.random_range(0..20));
+                    (addr, hang_up)
+                };
+                let mut conn = Conn::open(addr).await;
+                conn.write(&request).await;
+                if let Some(after) = hang_up {
+                    tokio::time::sleep(Duration::from_millis(after)).await;
+                    drop(conn);
+                    hangups += 1;
+                    continue;
+                }
+                let reply = conn.read_reply().await;
+                match reply.status {
+                    201 => return (key, reply.text(), hangups, refusals),
+                    // In progress, held, a node restarting: retry.
+                    409 | 503 => {
+                        refusals += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    other => panic!("{key}: unexpected {other}: {}", reply.text()),
+                }
+            }
+            unreachable!()
+        })
+    });
+    let clients: Vec<_> = clients.collect();
+
+    // Meanwhile one node restarts, with its keys.
+    let victim = &mut servers[1];
+    tokio::task::block_in_place(|| victim.restart());
+    let done_at_restart = clients.iter().filter(|c| c.is_finished()).count();
+
+    let mut answers = Vec::new();
+    for client in clients {
+        answers.push(
+            tokio::time::timeout(bound(120), client)
+                .await
+                .expect("a client hung")
+                .unwrap(),
+        );
+    }
+    let charges = charges.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let (mut hangups, mut refusals) = (0, 0);
+    for (key, body, hung, refused) in &answers {
+        assert_eq!(
+            charges.get(key),
+            Some(&1),
+            "{key}: charged {:?} times",
+            charges.get(key)
+        );
+        assert_eq!(
+            body,
+            &format!("charge 1 of {key}"),
+            "{key}: the answer is the first charge's"
+        );
+        hangups += hung;
+        refusals += refused;
+    }
+    assert_eq!(charges.len() as u64, keys);
+    println!(
+        "[faults] s08d: {keys} keys, each charged once; {hangups} hang-ups, {refusals} refusals retried; one node restarted with {done_at_restart} keys done"
+    );
+    drop(instances);
+    // Every lock released (the records stay, for their retention).
+    support::eventually("every lock key is gone", bound(30), || {
+        answers.iter().all(|(key, ..)| {
+            let lock = format!(
+                "redlock:{{{}}}",
+                Resource::new("POST").join("/charges").join(key)
+            );
+            servers.iter().all(|server| !server.exists(&lock))
+        }) && lockers.iter().all(|l| l.local_resources() == 0)
+    })
+    .await;
+}

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 use tower_redlock::axum::LayerLease;
 use tower_redlock::http::problem::{CONTENT_TYPE_PROBLEM, TYPE_BASE};
-use tower_redlock::http::{header, path_param, Contention, LockLayer, OnLost, Scope};
+use tower_redlock::http::{header, path_param, Contention, LockLayer, OnDisconnect, OnLost, Scope};
 use tower_redlock::{LeaseHandle, LeaseLost, ProblemKind};
 
 /// A request with this header is a witness: its handler stays inside until the
@@ -544,7 +544,9 @@ pub struct Entered {
 
 /// One app instance of s08c, served over TCP: `POST /jobs` (reject) and
 /// `POST /jobs/wait` (wait up to `wait`), both locking `Scope::shared("job")` on the
-/// `Idempotency-Key` header. The handler announces itself, then never finishes.
+/// `Idempotency-Key` header. The handler announces itself, then never finishes; the
+/// layer cancels a handler whose client left (`OnDisconnect::Cancel`: the default runs
+/// it to its end, which s08d checks).
 pub fn job_app(
     name: &'static str,
     locker: &Redlock,
@@ -577,8 +579,11 @@ pub fn job_app(
             }
         }
     };
-    let layer =
-        || LockLayer::new(locker.clone(), header("Idempotency-Key")).scope(Scope::shared("job"));
+    let layer = || {
+        LockLayer::new(locker.clone(), header("Idempotency-Key"))
+            .scope(Scope::shared("job"))
+            .on_disconnect(OnDisconnect::Cancel)
+    };
     Router::new()
         .route("/jobs", post(handler.clone()).layer(layer()))
         .route(

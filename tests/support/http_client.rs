@@ -3,6 +3,9 @@
 //! connection alive for its next request, or hanging up mid-request. `oneshot` cannot
 //! show what hyper does with a connection that closes or stays open.
 
+// Each test binary that includes this file uses part of it.
+#![allow(dead_code)]
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
