@@ -161,11 +161,12 @@ pub(crate) async fn take(
             });
         }
     }
+    // A set's futures are boxed: inline, they would set the size of every request's.
     let lease = match (contention, wanted.len()) {
         (Contention::Reject, 1) => locker.try_acquire(wanted.swap_remove(0)).await,
         (Contention::Wait { timeout }, 1) => locker.acquire(wanted.swap_remove(0), timeout).await,
-        (Contention::Reject, _) => locker.try_acquire_all(wanted).await,
-        (Contention::Wait { timeout }, _) => locker.acquire_all(wanted, timeout).await,
+        (Contention::Reject, _) => Box::pin(locker.try_acquire_all(wanted)).await,
+        (Contention::Wait { timeout }, _) => Box::pin(locker.acquire_all(wanted, timeout)).await,
     }?;
     Ok(Taken {
         handle: lease.handle(),

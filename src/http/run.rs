@@ -102,8 +102,12 @@ where
     let (settings, span) = (&*settings, &span);
     let Taken { lease, handle, .. } = taken;
     match (replay, lease) {
+        // Boxed: inline, replay's steps would set the size of every section.
         (Some(step), Some(lease)) => {
-            replay::critical(settings, span, inner, request, lease, handle, step).await
+            Box::pin(replay::critical(
+                settings, span, inner, request, lease, handle, step,
+            ))
+            .await
         }
         (_, lease) => {
             if lease.is_none() {
@@ -241,7 +245,8 @@ pub(crate) async fn finish_with<RB: Body>(
             // Released before the response leaves: the client's next request finds
             // the lock free.
             if let Some(lease) = lease {
-                lease.release().await;
+                // Boxed: off the common path (the body releases), and large.
+                Box::pin(lease.release()).await;
             }
             body(None)
         }
