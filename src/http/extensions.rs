@@ -55,6 +55,68 @@ impl fmt::Display for RequestKey {
     }
 }
 
+/// A request extension under [idempotent replay](super::replay): an earlier attempt
+/// with this request's key was interrupted — its lease lost, its process gone — before
+/// it recorded a response, and this request runs the handler again.
+///
+/// Whether the interrupted attempt took effect is unknown: a payment handler that
+/// charges before its slow part may have charged. Ask your own store, by the attempt's
+/// fencing token (which the attempt wrote with its effects), before repeating it:
+///
+/// ```
+/// use axum::{http::StatusCode, Extension};
+/// use tower_redlock::http::InterruptedAttempt;
+/// use tower_redlock::{FencingToken, LeaseHandle};
+///
+/// # struct Charges;
+/// # impl Charges {
+/// #     async fn find_by_token(&self, _t: FencingToken) -> Option<u64> { None }
+/// #     async fn charge(&self, _t: FencingToken) -> u64 { 1 }
+/// # }
+/// # let charges = Charges;
+/// async fn pay(
+///     interrupted: Option<Extension<InterruptedAttempt>>,
+///     Extension(lease): Extension<LeaseHandle>,
+///     charges: &Charges,
+/// ) -> (StatusCode, String) {
+///     if let Some(Extension(attempt)) = interrupted {
+///         // The earlier attempt charged before it was cut: answer with its charge.
+///         if let Some(charge) = charges.find_by_token(attempt.fencing_token()).await {
+///             return (StatusCode::CREATED, format!("charge {charge}"));
+///         }
+///     }
+///     let charge = charges.charge(lease.fencing_token()).await;
+///     (StatusCode::CREATED, format!("charge {charge}"))
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InterruptedAttempt {
+    token: FencingToken,
+}
+
+impl InterruptedAttempt {
+    pub(crate) fn new(token: FencingToken) -> Self {
+        InterruptedAttempt { token }
+    }
+
+    /// The interrupted attempt's fencing token (the one its handler saw).
+    pub fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// When the interrupted attempt took its lock, to the millisecond, read from its
+    /// token: with fencing on, the default, a token is made from the acquiring
+    /// client's clock (see [`fencing`](crate::fencing)). `None` for a token that
+    /// does not carry a time (etcd's revisions, `LockOptions::fencing(false)`).
+    pub fn started_at(&self) -> Option<std::time::SystemTime> {
+        // A clock floor is `unix_ms × 2¹⁰`; tokens below 2020 carry no time.
+        const SINCE_2020_MS: u64 = 1_577_836_800_000;
+        let unix_ms = self.token.get() >> 10;
+        (unix_ms >= SINCE_2020_MS)
+            .then(|| std::time::UNIX_EPOCH + std::time::Duration::from_millis(unix_ms))
+    }
+}
+
 /// A request extension: the handler runs without a lock, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -207,7 +207,9 @@ mod tokens;
 
 pub use body::{BoxError, LeaseBody};
 pub use detach::{FinishOnDisconnect, FinishOnDisconnectLayer, FinishingFuture};
-pub use extensions::{LeaseLost, RequestKey, RequestKeys, RequestLeases, Unlocked};
+pub use extensions::{
+    InterruptedAttempt, LeaseLost, RequestKey, RequestKeys, RequestLeases, Unlocked,
+};
 pub use future::ResponseFuture;
 pub use key::{
     each, header, json_field, json_fields, keys_fn, query_param, single_key, webhook, BoxKeyFuture,

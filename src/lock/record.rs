@@ -68,7 +68,7 @@ use crate::lock::round::Nodes;
 use crate::lock::LockError;
 use crate::lock::Redlock;
 use crate::node::{unsupported, Node, NodeFuture, RecordStore};
-use crate::node::{LockKeys, Resource};
+use crate::node::{FencingToken, LockKeys, Resource};
 
 // The wire types moved to `crate::node`; their old paths keep working.
 pub use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
@@ -83,6 +83,18 @@ pub enum Claim {
     Claimed,
     /// The work was done already: here is its outcome.
     Completed(Record),
+    /// As [`Claimed`](Claim::Claimed), after an earlier attempt at the work was
+    /// interrupted (its lease lost, its process gone) and its outcome left unknown: the
+    /// work is this lease's to do, and it should first find out, in its own store,
+    /// whether the attempt with the token `interrupted` took effect (a charge made, a
+    /// row written), rather than repeat it. Reported while the interruption is
+    /// remembered (the claim's `remember_interrupted`, [`DEFAULT_REMEMBER_INTERRUPTED`]
+    /// for [`Lease::claim_record`]); nodes that cannot remember it (etcd) answer
+    /// `Claimed`.
+    Reclaimed {
+        /// The fencing token of the interrupted attempt.
+        interrupted: FencingToken,
+    },
     /// An earlier holder started the work and never recorded an outcome (its lease was
     /// lost, or it was dropped mid-way): whether its effects happened is unknown.
     Unknown {
@@ -91,6 +103,10 @@ pub enum Claim {
         retry_after: Option<Duration>,
     },
 }
+/// How long [`Lease::claim_record`] has the nodes remember an interrupted attempt's
+/// token for the claim that runs the work again ([`Claim::Reclaimed`]): 24 hours.
+pub const DEFAULT_REMEMBER_INTERRUPTED: Duration = Duration::from_secs(24 * 3600);
+
 impl Redlock {
     /// Refuses a locker with a node that stores no outcome records (see
     /// [`Node::records`]): idempotent replay checks it when its layer is built.
@@ -152,7 +168,14 @@ impl Lease {
         pending_ttl: Duration,
         unknown_for: Option<Duration>,
     ) -> Result<Claim, LockError> {
-        claim(self.lease_inner(), fingerprint, pending_ttl, unknown_for).await
+        claim(
+            self.lease_inner(),
+            fingerprint,
+            pending_ttl,
+            unknown_for,
+            Some(DEFAULT_REMEMBER_INTERRUPTED),
+        )
+        .await
     }
 
     /// Stores the outcome of this lease's work, for `retention`.
@@ -248,8 +271,17 @@ pub(crate) async fn claim_owned(
     fingerprint: Bytes,
     pending_ttl: Duration,
     unknown_for: Option<Duration>,
+    remember_interrupted: Option<Duration>,
 ) -> Result<Claim, LockError> {
-    claim(handle.lease_inner(), &fingerprint, pending_ttl, unknown_for).await
+    let inner = handle.lease_inner();
+    claim(
+        inner,
+        &fingerprint,
+        pending_ttl,
+        unknown_for,
+        remember_interrupted,
+    )
+    .await
 }
 
 /// [`store`] for a future that owns what it needs.
@@ -319,6 +351,7 @@ pub(crate) async fn claim(
     fingerprint: &[u8],
     pending_ttl: Duration,
     unknown_for: Option<Duration>,
+    remember_interrupted: Option<Duration>,
 ) -> Result<Claim, LockError> {
     let nodes = &inner.locker.nodes;
     if !holds(inner) {
@@ -332,8 +365,11 @@ pub(crate) async fn claim(
         fingerprint,
         pending_ttl,
         orphan_ttl: unknown_for,
+        remember_interrupted,
     };
     let mut claimed = 0;
+    // The latest interrupted attempt any claiming node remembers.
+    let mut interrupted: Option<u64> = None;
     let mut not_owner = 0;
     let mut completed = Seen::default();
     let mut orphaned: Option<Option<Duration>> = None;
@@ -357,6 +393,10 @@ pub(crate) async fn claim(
                         answered += 1;
                         match reply {
                             ClaimReply::Claimed => claimed += 1,
+                            ClaimReply::ClaimedAfter { interrupted: token } => {
+                                claimed += 1;
+                                interrupted = interrupted.max(Some(token));
+                            }
                             ClaimReply::Completed(record) => completed.add(record),
                             ClaimReply::Orphaned { pttl } => {
                                 orphaned = Some(orphaned.flatten().max(pttl));
@@ -382,7 +422,12 @@ pub(crate) async fn claim(
     } else if let Some(retry_after) = orphaned {
         Ok(Claim::Unknown { retry_after })
     } else if claimed >= quorum && holds(inner) {
-        return Ok(Claim::Claimed);
+        return Ok(match interrupted {
+            Some(token) => Claim::Reclaimed {
+                interrupted: FencingToken::new(token),
+            },
+            None => Claim::Claimed,
+        });
     } else if not_owner >= quorum || !holds(inner) {
         Err(lost(inner))
     } else {

@@ -18,6 +18,12 @@ impl LockKeys {
     pub fn record(&self) -> String {
         format!("{}:record", self.lock)
     }
+
+    /// The key that remembers an interrupted attempt's token:
+    /// `{prefix}{<resource>}:interrupted`, in the lock key's slot.
+    pub fn interrupted(&self) -> String {
+        format!("{}:interrupted", self.lock)
+    }
 }
 
 /// A completed outcome stored under a resource: the fencing token of the lease that
@@ -81,6 +87,10 @@ pub struct ClaimRequest<'a> {
     /// When an earlier holder's marker is found: shorten its time to live to this, once
     /// (`None`: leave it as it is).
     pub orphan_ttl: Option<Duration>,
+    /// When an earlier holder's marker is found: remember its token this long, and
+    /// report it to the claim that runs the work again
+    /// ([`ClaimReply::ClaimedAfter`]); `None`: remember nothing.
+    pub remember_interrupted: Option<Duration>,
 }
 
 /// One node's answer to [`RecordStore::claim_record`].
@@ -88,6 +98,12 @@ pub struct ClaimRequest<'a> {
 pub enum ClaimReply {
     /// The pending marker of this lease is stored (or already was).
     Claimed,
+    /// As `Claimed`, and an earlier attempt with the token `interrupted` was found
+    /// interrupted (its marker orphaned) within the time it is remembered.
+    ClaimedAfter {
+        /// The interrupted attempt's fencing token.
+        interrupted: u64,
+    },
     /// A completed record exists (whoever holds the lock).
     Completed(Record),
     /// An earlier holder's pending marker exists; it lives `pttl` more.

@@ -738,3 +738,115 @@ async fn keys_the_handler_reads_as_one_value_lock_one_resource() {
         assert_eq!(first.await.unwrap().text(), "paid 7");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_execution_is_told_which_attempt_was_interrupted() {
+    use tower_redlock::http::{InterruptedAttempt, UnknownOutcome};
+    use tower_redlock::FencingToken;
+
+    for store in Store::all() {
+        let locker = match &store {
+            Store::Memory(node) => Redlock::new(
+                [node.clone()],
+                support::patient().ttl(Duration::from_secs(3)),
+            )
+            .unwrap(),
+            Store::Redis(servers) => Redlock::from_urls(
+                servers.iter().map(RedisServer::url),
+                support::patient().ttl(Duration::from_secs(3)),
+            )
+            .unwrap(),
+        };
+        // The payment provider: charges by the token of the attempt that made them.
+        let charges: Arc<Mutex<Vec<FencingToken>>> = Arc::default();
+        let entered = Arc::new(Notify::new());
+        let app = {
+            let (charges, entered) = (charges.clone(), entered.clone());
+            Router::new()
+                .route(
+                    "/payments",
+                    post(
+                        move |Extension(lease): Extension<LeaseHandle>,
+                              interrupted: Option<Extension<InterruptedAttempt>>| {
+                            let (charges, entered) = (charges.clone(), entered.clone());
+                            async move {
+                                if let Some(Extension(attempt)) = interrupted {
+                                    let known = charges.lock().unwrap().contains(&attempt.fencing_token());
+                                    if known {
+                                        return (StatusCode::CREATED, format!("reconciled {}", attempt.fencing_token()));
+                                    }
+                                }
+                                charges.lock().unwrap().push(lease.fencing_token());
+                                if charges.lock().unwrap().len() == 1 {
+                                    // The first attempt is cut after its charge.
+                                    entered.notify_one();
+                                    std::future::pending::<()>().await;
+                                }
+                                (StatusCode::CREATED, format!("charged {}", lease.fencing_token()))
+                            }
+                        },
+                    ),
+                )
+                .route_layer(
+                    LockLayer::new(locker.clone(), header("Idempotency-Key")).replay(
+                        Replay::new()
+                            .unknown_outcome(UnknownOutcome::ReexecuteAfter(Duration::from_millis(1))),
+                    ),
+                )
+        };
+        let served = Served::start(app).await;
+        let addr = served.addr;
+        let first = tokio::spawn(async move {
+            crate::http_client::Conn::open(addr)
+                .await
+                .send(pay("i1"))
+                .await
+        });
+        entered.notified().await;
+        let first_token = charges.lock().unwrap()[0];
+        // The attempt loses its lock (as a paused or partitioned process would).
+        let lock_key = format!(
+            "redlock:{{{}}}",
+            Resource::new("POST").join("/payments").join("i1").as_str()
+        );
+        match &store {
+            Store::Memory(node) => node.delete(&lock_key),
+            Store::Redis(servers) => servers.iter().for_each(|s| {
+                s.cmd(&["DEL", &lock_key]);
+            }),
+        }
+        let cut = first.await.unwrap();
+        assert_eq!(cut.status, 503, "{}: {}", store.name(), cut.text());
+        assert_eq!(cut.problem().as_deref(), Some("lock-lost"));
+
+        // Retries: `outcome-unknown` for the configured time, then the next execution
+        // runs, told which attempt was interrupted, and reconciles instead of charging.
+        let mut answer = served.send(pay("i1")).await;
+        for _ in 0..1000 {
+            if answer.status != 409 {
+                break;
+            }
+            assert_eq!(
+                answer.problem().as_deref(),
+                Some("outcome-unknown"),
+                "{}",
+                store.name()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            answer = served.send(pay("i1")).await;
+        }
+        assert_eq!(answer.status, 201, "{}: {}", store.name(), answer.text());
+        assert_eq!(
+            answer.text(),
+            format!("reconciled {first_token}"),
+            "{}",
+            store.name()
+        );
+        assert_eq!(
+            charges.lock().unwrap().len(),
+            1,
+            "{}: charged once",
+            store.name()
+        );
+    }
+}

@@ -13,7 +13,7 @@
 //! | same key while the first is in flight, [`Contention::Wait`](super::Contention::Wait) | waits for the lock, then gets the first response replayed (or runs, if the first recorded nothing); 409 `request-in-progress` when the wait times out |
 //! | the first's outcome was not recorded because it is not worth keeping (status rejected by [`Replay::store_if`], by default 5xx, 408, 409 and 429, and the refusals of a malformed request — 400, 411, 413, 415, 422, what axum's extractors answer before the handler runs; body larger than [`Replay::max_body`]) | the next request runs the handler again |
 //! | same key while the first is in flight after its client left (it runs to its end, [`OnDisconnect::Finish`](super::OnDisconnect::Finish)) | as while it is in flight: 409 `request-in-progress` or a wait, then the first's response replayed |
-//! | the first was interrupted: lease lost mid-handler, its process died, record write refused (or its client left under [`OnDisconnect::Cancel`](super::OnDisconnect::Cancel)) | 409 `outcome-unknown` with `Retry-After`, for [`UnknownOutcome`]'s time (default: the lock's ttl), then the next request runs the handler again |
+//! | the first was interrupted: lease lost mid-handler, its process died, record write refused (or its client left under [`OnDisconnect::Cancel`](super::OnDisconnect::Cancel)) | 409 `outcome-unknown` with `Retry-After`, for [`UnknownOutcome`]'s time (default: the lock's ttl), then the next request runs the handler again, with the interrupted attempt's token in an [`InterruptedAttempt`](super::InterruptedAttempt) extension, so it can ask its store whether that attempt took effect (for the record's retention; not on etcd nodes) |
 //! | the record's retention passed (default 24 h) | the key is new again: the handler runs |
 //! | the response body fails while being recorded | 500 `response-failed`; nothing recorded |
 //! | a method other than those of [`Replay::methods`] (default `POST` and `PATCH`) | locked as without replay; nothing looked up or recorded |
@@ -345,7 +345,9 @@ pub fn stored_by_default(status: StatusCode) -> bool {
 #[non_exhaustive]
 pub enum UnknownOutcome {
     /// 409 `outcome-unknown` for this long after the first request that finds the
-    /// interrupted attempt, then run the handler again. The default, with the lock's ttl.
+    /// interrupted attempt, then run the handler again, telling it which attempt was
+    /// interrupted ([`InterruptedAttempt`](super::InterruptedAttempt)). The default,
+    /// with the lock's ttl.
     ReexecuteAfter(Duration),
     /// 409 `outcome-unknown` until the retention ends: an operator (or the client,
     /// with a new key after checking) must resolve it.

@@ -14,7 +14,7 @@ use tower_service::Service;
 use tracing::Span;
 
 use super::super::body::LeaseBody;
-use super::super::extensions::LeaseLost;
+use super::super::extensions::{InterruptedAttempt, LeaseLost};
 use super::super::policy::OnLost;
 use super::super::problem::{self, lock_error_problem};
 use super::super::run::{call_locked, finish, finish_with, refuse, Called};
@@ -89,10 +89,18 @@ where
         fingerprint.clone(),
         policy.pending_ttl(),
         policy.unknown_for,
+        Some(policy.retention),
     )
     .await;
+    let mut request = request;
     match claimed {
         Ok(Claim::Claimed) => {}
+        Ok(Claim::Reclaimed { interrupted }) => {
+            tracing::warn!(%interrupted, "an earlier attempt with this key was interrupted: running again, the handler is told");
+            request
+                .extensions_mut()
+                .insert(InterruptedAttempt::new(interrupted));
+        }
         Ok(Claim::Completed(record)) => {
             lease.release().await;
             return Ok(answer_record(

@@ -36,9 +36,19 @@ impl RecordStore for MemoryNode {
         let token = request.token;
         let fingerprint = request.fingerprint.to_vec();
         let (pending_ttl, orphan_ttl) = (request.pending_ttl, request.orphan_ttl);
+        let remember = request.remember_interrupted;
+        let interrupted_key = request.keys.interrupted();
         self.run(move |shared| {
             let now = Instant::now();
             let mut store = lock(&shared.store);
+            // Ours: with the interrupted attempt's token, when one is remembered.
+            let claimed = |store: &mut super::Store| match store
+                .live(&interrupted_key, now)
+                .map(|e| e.value.parse())
+            {
+                Some(Ok(interrupted)) => ClaimReply::ClaimedAfter { interrupted },
+                _ => ClaimReply::Claimed,
+            };
             let current = match store.live(&key, now) {
                 Some(entry) => Some(MemRecord::parse(&entry.value)?),
                 None => None,
@@ -56,7 +66,7 @@ impl RecordStore for MemoryNode {
                     orphan,
                 }) => {
                     if other == token {
-                        return Ok(ClaimReply::Claimed);
+                        return Ok(claimed(&mut store));
                     }
                     let Some(entry) = store.live(&key, now) else {
                         return Ok(ClaimReply::Orphaned { pttl: None });
@@ -73,6 +83,15 @@ impl RecordStore for MemoryNode {
                         }
                     }
                     let pttl = entry.expires.map(|at| at.saturating_duration_since(now));
+                    if let (false, Some(ttl)) = (orphan, remember) {
+                        store.entries.insert(
+                            interrupted_key,
+                            Entry {
+                                value: other.to_string(),
+                                expires: now.checked_add(ttl),
+                            },
+                        );
+                    }
                     Ok(ClaimReply::Orphaned { pttl })
                 }
                 Some(MemRecord::Done(_)) | None => {
@@ -90,7 +109,7 @@ impl RecordStore for MemoryNode {
                         },
                     );
                     store.wrote(now);
-                    Ok(ClaimReply::Claimed)
+                    Ok(claimed(&mut store))
                 }
             }
         })

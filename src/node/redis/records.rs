@@ -132,11 +132,16 @@ impl ClaimCall {
             .orphan_ttl
             .map(|ttl| millis_ceil(ttl).to_string())
             .unwrap_or_default();
+        let remember = request
+            .remember_interrupted
+            .map(|ttl| millis_ceil(ttl).to_string())
+            .unwrap_or_default();
         ClaimCall(Eval {
             code: CLAIM,
             keys: vec![
                 request.keys.lock.clone().into(),
                 request.keys.record().into(),
+                request.keys.interrupted().into(),
             ],
             args: vec![
                 request.owner.as_str().as_bytes().to_vec(),
@@ -144,6 +149,7 @@ impl ClaimCall {
                 request.fingerprint.to_vec(),
                 millis_ceil(request.pending_ttl).to_string().into_bytes(),
                 orphan_ttl.into_bytes(),
+                remember.into_bytes(),
             ],
         })
     }
@@ -161,7 +167,7 @@ pub(crate) async fn claim<C: SendOne>(
         .run(
             conn,
             wait,
-            |v| matches!(v, Value::Array(a) if a.first().and_then(int) == Some(2)),
+            |v| matches!(v, Value::Array(a) if matches!(a.first().and_then(int), Some(2 | 4))),
         )
         .await?;
     let Value::Array(items) = &value else {
@@ -170,6 +176,12 @@ pub(crate) async fn claim<C: SendOne>(
     match items.as_slice() {
         [tag] if int(tag) == Some(0) => Ok(ClaimReply::NotOwner),
         [tag] if int(tag) == Some(2) => Ok(ClaimReply::Claimed),
+        [tag, Value::BulkString(token)] if int(tag) == Some(4) => {
+            match std::str::from_utf8(token).ok().and_then(|t| t.parse().ok()) {
+                Some(interrupted) => Ok(ClaimReply::ClaimedAfter { interrupted }),
+                None => Err(protocol("claim", &value)),
+            }
+        }
         [tag, pttl] if int(tag) == Some(3) => Ok(ClaimReply::Orphaned {
             pttl: int(pttl)
                 .and_then(|ms| u64::try_from(ms).ok())
@@ -192,6 +204,7 @@ impl StoreCall {
             keys: vec![
                 request.keys.lock.clone().into(),
                 request.keys.record().into(),
+                request.keys.interrupted().into(),
             ],
             args: vec![
                 request.owner.as_str().as_bytes().to_vec(),
