@@ -411,6 +411,7 @@ async fn create_payment(
     Extension(key): Extension<RequestKey>,
     Query(params): Query<WorkParams>,
     lease: LayerLease,
+    interrupted: Option<Extension<lock_http::InterruptedAttempt>>,
 ) -> Result<Json<Value>, ApiProblem> {
     let work = work_of(&params)?;
     // The key the layer locked (`"8e03978e"` in the structured form gives `8e03978e`):
@@ -420,7 +421,28 @@ async fn create_payment(
     // The ledger entry of this payment is named after its key (`GET /orders/payment:<key>`
     // shows it): a token orders writes of one lock only, so it gets its own entry.
     let entry = format!("payment:{key}");
-    let payment = work_on_order(&state.ledger, &entry, Entry::Payment, token, work).await?;
+    // An earlier attempt with this key was cut (its lease lost, its process gone) after
+    // it may have charged: the ledger says whether its token made the charge.
+    if let Some(Extension(attempt)) = interrupted {
+        let record = state.ledger.order(&entry).await?;
+        if record.last_token == Some(attempt.fencing_token().get()) {
+            tracing::info!(idempotency_key = key, interrupted = %attempt.fencing_token(), "the interrupted attempt had charged: not charging again");
+            return Ok(Json(json!({
+                "idempotency_key": key,
+                "payment": record.payments,
+                "fencing_token": attempt.fencing_token().to_string(),
+            })));
+        }
+    }
+    // Charge first, then the slow part (the provider's confirmation, a receipt), as a
+    // real payment handler does: a handler cut half-way has charged.
+    let payment = state
+        .ledger
+        .enter(&entry)
+        .await?
+        .record(Entry::Payment, token)
+        .await?;
+    tokio::time::sleep(work).await;
     tracing::info!(idempotency_key = key, payment, %token, "payment created");
     Ok(Json(json!({
         "idempotency_key": key,
