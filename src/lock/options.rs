@@ -125,7 +125,10 @@ impl LockOptions {
         self
     }
 
-    /// Stop renewing a lease once it has been held this long (default: no limit).
+    /// Stop renewing a lease once it has been held this long (default: no limit): no
+    /// renewal, by the watchdog or [`Lease::extend`](crate::Lease::extend), may carry it
+    /// past this. A limit too long for the clock to express (`Duration::MAX`) is no
+    /// limit.
     pub fn max_hold(mut self, max: Option<Duration>) -> Self {
         self.max_hold = max;
         self
@@ -188,8 +191,17 @@ impl LockOptions {
                 self.ttl
             )));
         }
-        if self.node_timeout.is_zero() {
-            return Err(ConfigError::new("node_timeout must be greater than zero"));
+        if self.node_timeout.is_zero() || self.node_timeout >= self.ttl {
+            return Err(ConfigError::new(format!(
+                "node_timeout must be greater than zero and shorter than the ttl ({:?}), got {:?}",
+                self.ttl, self.node_timeout
+            )));
+        }
+        if self.min_validity >= self.ttl {
+            return Err(ConfigError::new(format!(
+                "min_validity must be shorter than the ttl ({:?}), got {:?}",
+                self.ttl, self.min_validity
+            )));
         }
         if !(0.0..0.5).contains(&self.drift_factor) {
             return Err(ConfigError::new(format!(
@@ -197,6 +209,7 @@ impl LockOptions {
                 self.drift_factor
             )));
         }
+        // Each term is below the ttl (at most 30 days) here: the sum cannot overflow.
         let reserved = self.drift() + self.min_validity;
         if self.ttl <= reserved + self.node_timeout {
             return Err(ConfigError::new(format!(
@@ -297,7 +310,7 @@ impl RetryPolicy for Backoff {
         let mut bound = self.base.saturating_mul(1 << exp).min(self.max);
         if let Some(ttl) = holder_ttl {
             // The holder's key is gone by then at the latest; wake up just after.
-            bound = bound.min(ttl + Duration::from_millis(1));
+            bound = bound.min(ttl.saturating_add(Duration::from_millis(1)));
         }
         bound.mul_f64(rand::random::<f64>())
     }
@@ -319,6 +332,8 @@ mod tests {
             LockOptions::default().ttl(Duration::from_millis(10)),
             LockOptions::default().ttl(Duration::from_secs(365 * 24 * 3600)),
             LockOptions::default().node_timeout(Duration::ZERO),
+            LockOptions::default().node_timeout(Duration::MAX),
+            LockOptions::default().min_validity(Duration::MAX),
             LockOptions::default().drift_factor(0.5),
             LockOptions::default().drift_factor(f64::NAN),
             LockOptions::default().drift_factor(-0.1),
