@@ -338,3 +338,63 @@ mod extremes {
         }
     }
 }
+
+/// `LockLayer` and `Replay` setters at their extremes, on a Redis node: every request
+/// gets an answer of the layer (no panic, no 503 from a value Redis refuses). Before
+/// the fix `Replay::retention(Duration::MAX)` made every replayed request answer 503
+/// here (Redis refused the record's expiry) and panic on a `MemoryNode`.
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_and_replay_settings_at_their_extremes_answer_requests() {
+    use axum::{body::Body, routing::post, Router};
+    use http::{Request, StatusCode};
+    use tower::ServiceExt;
+    use tower_redlock::http::{header, Contention, LockLayer, Replay, UnknownOutcome};
+
+    let server = RedisServer::start();
+    let durations = [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::from_secs(u64::MAX),
+        Duration::MAX,
+    ];
+    let mut case = 0;
+    for retention in durations {
+        for (wait, sizes) in durations.into_iter().zip([0, 1, usize::MAX, usize::MAX]) {
+            case += 1;
+            for memory in [false, true] {
+                let locker = if memory {
+                    Redlock::new([MemoryNode::new()], LockOptions::default()).unwrap()
+                } else {
+                    Redlock::from_urls([server.url()], LockOptions::default()).unwrap()
+                };
+                let replay = Replay::new()
+                    .retention(retention)
+                    .unknown_outcome(UnknownOutcome::ReexecuteAfter(retention))
+                    .max_body(sizes)
+                    .max_request_body(sizes);
+                let layer = LockLayer::new(locker, header("Idempotency-Key"))
+                    .contention(Contention::Wait { timeout: wait })
+                    .max_key_len(sizes)
+                    .queue_limit(sizes)
+                    .replay(replay);
+                let app = Router::new()
+                    .route("/pay", post(|| async { (StatusCode::CREATED, "paid") }))
+                    .route_layer(layer);
+                let key = format!("ops-{case}-{memory}");
+                for _ in 0..2 {
+                    let request = Request::post("/pay")
+                        .header("Idempotency-Key", &key)
+                        .body(Body::from("{}"))
+                        .unwrap();
+                    let response = app.clone().oneshot(request).await.unwrap();
+                    assert_ne!(
+                        response.status(),
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "retention {retention:?}, wait {wait:?}, sizes {sizes}, memory {memory}"
+                    );
+                }
+            }
+        }
+    }
+}
