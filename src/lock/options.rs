@@ -10,6 +10,11 @@ use crate::error::ConfigError;
 const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Longest fence-counter ttl accepted.
 const MAX_FENCE_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
+/// How often a connected locker checks its servers' setup again, by default.
+const DEFAULT_SETUP_CHECK_INTERVAL: Duration = Duration::from_secs(60);
+/// The shortest interval between two checks of the servers' setup: each asks every
+/// server a few commands.
+const MIN_SETUP_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// Redis expires keys with 1 ms precision; the drift allowance covers it.
 const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 
@@ -41,6 +46,8 @@ pub struct LockOptions {
     pub(crate) max_waiters: usize,
     pub(crate) fencing: bool,
     pub(crate) seed_only_when_missing: bool,
+    pub(crate) accept_evicting_nodes: bool,
+    pub(crate) setup_check_interval: Duration,
 }
 
 impl Default for LockOptions {
@@ -58,6 +65,8 @@ impl Default for LockOptions {
             max_waiters: 1000,
             fencing: true,
             seed_only_when_missing: false,
+            accept_evicting_nodes: false,
+            setup_check_interval: DEFAULT_SETUP_CHECK_INTERVAL,
         }
     }
 }
@@ -152,6 +161,29 @@ impl LockOptions {
         self
     }
 
+    /// Accept nodes whose `maxmemory-policy` evicts keys (default `false`: refused).
+    ///
+    /// Under memory pressure such a server deletes keys it chooses, held lock keys
+    /// among them (they all have a ttl, so the `volatile-*` policies take them too);
+    /// the next acquirer then gets a lease while the first holder's still reports
+    /// itself held. [`Redlock::connect`](crate::Redlock::connect) refuses such a node
+    /// unless this is set, in which case it logs a warning on every connect. Prefer
+    /// `maxmemory-policy noeviction` on the lock servers (a managed service's parameter
+    /// group), or servers of their own for the locks.
+    pub fn accept_evicting_nodes(mut self, accept: bool) -> Self {
+        self.accept_evicting_nodes = accept;
+        self
+    }
+
+    /// How often a locker built by [`Redlock::connect`](crate::Redlock::connect) checks
+    /// its servers' setup again (default 60 s, at least 100 ms): a server that became a
+    /// replica, started evicting or lost a permission since is logged at `warn` and
+    /// shows in [`NodeState::setup_warning`](crate::NodeState::setup_warning).
+    pub fn setup_check_interval(mut self, interval: Duration) -> Self {
+        self.setup_check_interval = interval;
+        self
+    }
+
     /// BROKEN on purpose, for the fault suite only: seed a node's fence counter from the
     /// clock only when it is missing, trusting a counter that came back behind (after an
     /// RDB restart, an AOF tail loss, a restored backup or a failover to a lagging
@@ -240,6 +272,12 @@ impl LockOptions {
         if self.max_waiters == 0 {
             return Err(ConfigError::new("max_waiters must be at least 1"));
         }
+        if self.setup_check_interval < MIN_SETUP_CHECK_INTERVAL {
+            return Err(ConfigError::new(format!(
+                "setup_check_interval must be at least {MIN_SETUP_CHECK_INTERVAL:?}, got {:?}",
+                self.setup_check_interval
+            )));
+        }
         Ok(())
     }
 }
@@ -258,6 +296,8 @@ impl fmt::Debug for LockOptions {
             .field("max_waiters", &self.max_waiters)
             .field("fencing", &self.fencing)
             .field("seed_only_when_missing", &self.seed_only_when_missing)
+            .field("accept_evicting_nodes", &self.accept_evicting_nodes)
+            .field("setup_check_interval", &self.setup_check_interval)
             .finish_non_exhaustive()
     }
 }
@@ -341,6 +381,7 @@ mod tests {
             LockOptions::default().fence_ttl(Duration::from_secs(1)),
             LockOptions::default().max_hold(Some(Duration::ZERO)),
             LockOptions::default().max_waiters(0),
+            LockOptions::default().setup_check_interval(Duration::ZERO),
         ];
         for options in bad {
             let err = options.validate().expect_err(&format!("{options:?}"));

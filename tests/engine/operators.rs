@@ -38,6 +38,178 @@ async fn renewed_twice_more(locker: &Redlock) {
 }
 
 // ---------------------------------------------------------------------------------
+// 1. An evicting maxmemory-policy is refused at connect
+// ---------------------------------------------------------------------------------
+
+/// Before the fix `connect` accepted both servers (`expect_err` failed here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_node_is_refused_at_connect_unless_accepted() {
+    for policy in ["allkeys-lru", "volatile-ttl"] {
+        let server = RedisServer::builder()
+            .arg("--maxmemory", "64mb")
+            .arg("--maxmemory-policy", policy)
+            .start();
+        let error = Redlock::connect([server.url()], LockOptions::default())
+            .await
+            .expect_err("an evicting node was accepted");
+        let message = error.to_string();
+        for expected in [
+            policy,
+            "noeviction",
+            "accept_evicting_nodes",
+            &server.addr().to_string(),
+        ] {
+            assert!(message.contains(expected), "{message} (missing {expected})");
+        }
+        // Accepted on request: it then shows (and is logged) as a risk.
+        let locker = Redlock::connect(
+            [server.url()],
+            LockOptions::default().accept_evicting_nodes(true),
+        )
+        .await
+        .unwrap();
+        let warning = locker.node_states()[0].setup_warning.clone();
+        assert!(warning.is_some_and(|w| w.contains(policy)));
+        locker.try_acquire("ops:evicting").await.unwrap();
+    }
+}
+
+/// The periodic check finds a policy changed after connect. Before the fix there was
+/// no check (nor `NodeState::setup_warning`: the test did not compile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_changed_later_is_found_by_the_periodic_check() {
+    let server = RedisServer::start();
+    let options = LockOptions::default().setup_check_interval(Duration::from_millis(100));
+    let locker = Redlock::connect([server.url()], options).await.unwrap();
+    assert_eq!(locker.node_states()[0].setup_warning, None);
+    server.cmd(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lfu"]);
+    eventually("the periodic check finds the policy", LIMIT, || {
+        locker.node_states()[0]
+            .setup_warning
+            .as_deref()
+            .is_some_and(|w| w.contains("allkeys-lfu"))
+    })
+    .await;
+    server.cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    eventually("the periodic check sees it fixed", LIMIT, || {
+        locker.node_states()[0].setup_warning.is_none()
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------
+// 2. A replica is refused at connect
+// ---------------------------------------------------------------------------------
+
+/// Before the fix `connect` accepted the replica, and every acquisition on it then
+/// failed with `READONLY`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_is_refused_at_connect() {
+    let master = RedisServer::start();
+    let replica = RedisServer::builder()
+        .arg("--replicaof", format!("127.0.0.1 {}", master.port()))
+        .start();
+    let error = Redlock::connect([master.url(), replica.url()], LockOptions::default())
+        .await
+        .expect_err("a replica was accepted");
+    let message = error.to_string();
+    assert!(message.contains("replica"), "{message}");
+    assert!(
+        message.starts_with("invalid lock configuration: node 1"),
+        "{message}"
+    );
+    assert!(message.contains(&replica.addr().to_string()), "{message}");
+    Redlock::connect([master.url()], LockOptions::default())
+        .await
+        .unwrap();
+}
+
+// ---------------------------------------------------------------------------------
+// 3. A restricted ACL user
+// ---------------------------------------------------------------------------------
+
+/// Creates ACL user `name` (password `pw`) with `rules` and returns its URL.
+fn acl_user(server: &RedisServer, name: &str, rules: &[&str]) -> String {
+    let mut args = vec!["ACL", "SETUSER", name, "reset", "on", ">pw"];
+    args.extend_from_slice(rules);
+    server.cmd(&args);
+    format!("redis://{name}:pw@127.0.0.1:{}/0", server.port())
+}
+
+/// Redis 7's default for a new user has no channel permission. Before the fix the
+/// release popped the queued waiter, `PUBLISH` was refused (`NOPERM`), the script
+/// stopped, and the lock key stayed (the release answered `Unconfirmed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_deletes_the_key_when_the_wake_up_is_refused() {
+    let server = RedisServer::start();
+    let url = acl_user(&server, "nochannels", &["~redlock:*", "+@all"]);
+    let locker = Redlock::connect([url], LockOptions::default())
+        .await
+        .expect("a user without channels is accepted (waiters poll)");
+    let warning = locker.node_states()[0].setup_warning.clone();
+    assert!(
+        warning.as_deref().is_some_and(|w| w.contains("&redlock:*")),
+        "{warning:?}"
+    );
+    let lease = locker.try_acquire("ops:acl").await.unwrap();
+    // Another process's waiter, queued on the server.
+    server.cmd(&["ZADD", "redlock:{ops%3Aacl}:queue", "1", "a-waiter"]);
+    assert_eq!(lease.release().await, ReleaseOutcome::Released);
+    assert!(!server.exists("redlock:{ops%3Aacl}"));
+    locker.try_acquire("ops:acl").await.unwrap();
+}
+
+/// A waiter of a user without channels still gets the lock when it is released: it
+/// finds it free by polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_channels_a_waiter_finds_the_lock_by_polling() {
+    let server = RedisServer::start();
+    let url = acl_user(&server, "nochannels", &["~redlock:*", "+@all"]);
+    let holder = Redlock::connect([url.clone()], LockOptions::default())
+        .await
+        .unwrap();
+    let waiter = Redlock::connect([url], LockOptions::default())
+        .await
+        .unwrap();
+    let lease = holder.try_acquire("ops:acl-wait").await.unwrap();
+    let waiting = tokio::spawn(async move { waiter.acquire("ops:acl-wait", LIMIT).await });
+    eventually("the waiter queues", LIMIT, || {
+        server.exists("redlock:{ops%3Aacl-wait}:queue")
+    })
+    .await;
+    assert_eq!(lease.release().await, ReleaseOutcome::Released);
+    let won = waiting.await.unwrap().expect("the waiter got the lock");
+    assert_eq!(won.release().await, ReleaseOutcome::Released);
+}
+
+/// Before the fix `connect` accepted both users, and every acquisition then failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_refused_the_scripts_or_the_keys_is_refused_at_connect() {
+    let server = RedisServer::start();
+    for (user, rules, missing) in [
+        (
+            "noscripts",
+            &["~redlock:*", "&*", "+@all", "-evalsha"][..],
+            "+evalsha",
+        ),
+        (
+            "noeval",
+            &["~redlock:*", "&*", "+@all", "-eval"][..],
+            "+eval",
+        ),
+        ("otherkeys", &["~other:*", "&*", "+@all"][..], "~redlock:*"),
+    ] {
+        let url = acl_user(&server, user, rules);
+        let error = Redlock::connect([url], LockOptions::default())
+            .await
+            .expect_err(user);
+        let message = error.to_string();
+        assert!(message.contains(missing), "{user}: {message}");
+        assert!(message.contains("ACL SETUSER"), "{user}: {message}");
+    }
+}
+
+// ---------------------------------------------------------------------------------
 // 4. No option value can stop the watchdog; a failed renewal task loses its leases
 // ---------------------------------------------------------------------------------
 

@@ -19,7 +19,9 @@ use crate::node::redis::call::{
 use crate::node::redis::conn::Resending;
 use crate::node::redis::pubsub::Hub;
 use crate::node::redis::records;
+use crate::node::redis::setup;
 use crate::node::LockKeys;
+use crate::node::ServerSetup;
 use crate::node::Waiter;
 use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node, NodeError,
@@ -366,6 +368,17 @@ impl Node for RedisNode {
     fn server_ids(&self) -> NodeFuture<Vec<String>> {
         let mut conn = self.inner.conn.clone();
         Box::pin(async move { identity::run_id(&mut conn).await })
+    }
+
+    fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+        let mut conn = self.inner.conn.clone();
+        let inner = self.inner.clone();
+        let probe = probe.clone();
+        Box::pin(async move {
+            let mut found = setup::read_info(&mut conn, &inner.address).await?;
+            setup::probe_permissions(&mut conn, &probe, &mut found).await?;
+            Ok(vec![found])
+        })
     }
 
     fn records(&self) -> Option<&dyn RecordStore> {

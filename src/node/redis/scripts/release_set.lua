@@ -9,12 +9,14 @@ for i, key in ipairs(KEYS) do
   if redis.call('GET', key) == ARGV[1] then
     redis.call('DEL', key)
     local channel = ARGV[i + 2]
+    -- Through `redis.pcall`, after the DEL: a refused wake-up (NOPERM) must not stop
+    -- the script before the other members are deleted.
     if channel == '' then
       -- nothing to wake
     elseif ARGV[2] == '1' then
-      redis.call('SPUBLISH', channel, '')
+      redis.pcall('SPUBLISH', channel, '')
     else
-      redis.call('PUBLISH', channel, '')
+      redis.pcall('PUBLISH', channel, '')
     end
   else
     all = 0
