@@ -223,17 +223,8 @@ impl LockOptions {
                 self.ttl
             )));
         }
-        if self.node_timeout.is_zero() || self.node_timeout >= self.ttl {
-            return Err(ConfigError::new(format!(
-                "node_timeout must be greater than zero and shorter than the ttl ({:?}), got {:?}",
-                self.ttl, self.node_timeout
-            )));
-        }
-        if self.min_validity >= self.ttl {
-            return Err(ConfigError::new(format!(
-                "min_validity must be shorter than the ttl ({:?}), got {:?}",
-                self.ttl, self.min_validity
-            )));
+        if self.node_timeout.is_zero() {
+            return Err(ConfigError::new("node_timeout must be greater than zero"));
         }
         if !(0.0..0.5).contains(&self.drift_factor) {
             return Err(ConfigError::new(format!(
@@ -241,9 +232,12 @@ impl LockOptions {
                 self.drift_factor
             )));
         }
-        // Each term is below the ttl (at most 30 days) here: the sum cannot overflow.
-        let reserved = self.drift() + self.min_validity;
-        if self.ttl <= reserved + self.node_timeout {
+        // Checked sums: `Duration::MAX` for either is a configuration error, not a panic.
+        let reserved = self
+            .drift()
+            .checked_add(self.min_validity)
+            .and_then(|reserved| reserved.checked_add(self.node_timeout));
+        if reserved.is_none_or(|reserved| self.ttl <= reserved) {
             return Err(ConfigError::new(format!(
                 "ttl {:?} leaves no validity: drift {:?} + min_validity {:?} + node_timeout {:?} reach it; use a longer ttl",
                 self.ttl,

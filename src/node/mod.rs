@@ -484,6 +484,8 @@ impl fmt::Debug for Owner {
 /// [`mark_seen`](ReleaseSignal::mark_seen) and waiting is never missed.
 #[derive(Clone)]
 pub struct ReleaseSignal {
+    // Declared before the guard, so dropped before it: the guard of the last clone
+    // finds no receiver of this signal left (see `MemoryNode`'s subscriptions).
     rx: watch::Receiver<u64>,
     _subscription: Arc<dyn Send + Sync>,
 }

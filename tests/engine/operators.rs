@@ -570,3 +570,105 @@ async fn layer_and_replay_settings_at_their_extremes_answer_requests() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------
+// 8. A set release hands off to a waiter queued on a member
+// ---------------------------------------------------------------------------------
+
+/// A set release hands member `setx` to the single waiter queued on it, which is woken
+/// (not found by its timer). Before the fix the key was deleted, the waiter stayed
+/// queued and unwoken: the key was missing right after the release, and the waiter's
+/// `wakeups` stayed 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_release_hands_a_member_to_its_single_waiter() {
+    let server = RedisServer::start();
+    let holder = Redlock::from_urls([server.url()], LockOptions::default()).unwrap();
+    // Its timer never fires within the test: only a wake-up gets it the lock in time.
+    let patient =
+        LockOptions::default().retry_policy(|_: u32, _: Option<Duration>| Duration::from_secs(60));
+    let waiter = Redlock::from_urls([server.url()], patient).unwrap();
+    let set = holder.try_acquire_all(["setx", "sety"]).await.unwrap();
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.acquire("setx", LIMIT).await })
+    };
+    eventually("the waiter queues on the member", LIMIT, || {
+        server.exists("redlock:{setx}:queue")
+    })
+    .await;
+    assert_eq!(set.release().await, ReleaseOutcome::Released);
+    // Reserved for the waiter (`~id:ticket`), or already its own.
+    assert!(
+        server.get("redlock:{setx}").is_some(),
+        "the member was not handed over"
+    );
+    assert!(!server.exists("redlock:{sety}"));
+    let lease = waiting.await.unwrap().unwrap();
+    assert!(waiter.metrics().wakeups >= 1, "{:?}", waiter.metrics());
+    assert_eq!(lease.release().await, ReleaseOutcome::Released);
+}
+
+/// The same on memory nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_release_hands_a_member_to_its_single_waiter_on_memory_nodes() {
+    let node = MemoryNode::new();
+    let holder = Redlock::new([node.clone()], LockOptions::default()).unwrap();
+    let patient =
+        LockOptions::default().retry_policy(|_: u32, _: Option<Duration>| Duration::from_secs(60));
+    let waiter = Redlock::new([node.clone()], patient).unwrap();
+    let set = holder.try_acquire_all(["setx", "sety"]).await.unwrap();
+    let contended = waiter.metrics().contended;
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.acquire("setx", LIMIT).await })
+    };
+    // Two attempts found it held: the waiter is subscribed, queued and sleeping.
+    eventually("the waiter sleeps", LIMIT, || {
+        waiter.metrics().contended >= contended + 2
+    })
+    .await;
+    assert_eq!(set.release().await, ReleaseOutcome::Released);
+    assert!(
+        node.get("redlock:{setx}").is_some(),
+        "the member was not handed over"
+    );
+    let lease = waiting.await.unwrap().unwrap();
+    assert!(waiter.metrics().wakeups >= 1, "{:?}", waiter.metrics());
+    assert_eq!(lease.release().await, ReleaseOutcome::Released);
+}
+
+// ---------------------------------------------------------------------------------
+// 9. MemoryNode's wake-up channels go when nobody listens
+// ---------------------------------------------------------------------------------
+
+/// Before the fix every waiter's channel stayed for good: 64 here after the waits, and
+/// the test timed out waiting for none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_node_channels_go_when_nobody_listens() {
+    let node = MemoryNode::new();
+    let holder = Redlock::new([node.clone()], LockOptions::default()).unwrap();
+    let waiter = Redlock::new([node.clone()], LockOptions::default()).unwrap();
+    for i in 0..64 {
+        let resource = format!("chan-{i}");
+        let lease = holder.try_acquire(resource.as_str()).await.unwrap();
+        let contended = waiter.metrics().contended;
+        let waiting = {
+            let waiter = waiter.clone();
+            let resource = resource.clone();
+            tokio::spawn(async move { waiter.acquire(resource.as_str(), LIMIT).await })
+        };
+        eventually("the waiter sleeps", LIMIT, || {
+            waiter.metrics().contended >= contended + 2
+        })
+        .await;
+        assert!(node.channels() >= 1);
+        lease.release().await;
+        waiting.await.unwrap().unwrap().release().await;
+    }
+    // The waiter keeps its subscriptions a moment for a next wait (the locker's
+    // `LINGER`), then lets them go: nobody listens any more.
+    eventually("the channels go with their listeners", LIMIT, || {
+        node.channels() == 0
+    })
+    .await;
+}
