@@ -672,3 +672,61 @@ async fn memory_node_channels_go_when_nobody_listens() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------------
+// 7. Replay keeps the representation headers with the stored bytes
+// ---------------------------------------------------------------------------------
+
+/// A gzip response replayed from Redis keeps `Content-Encoding` (and
+/// `Content-Language`) without being named in `allow_header`. Before the fix the
+/// replay carried the compressed bytes without the header.
+#[cfg(feature = "axum")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_keeps_the_headers_that_give_the_body_its_meaning() {
+    use axum::{body::Body, routing::post, Router};
+    use http::header::{CONTENT_ENCODING, CONTENT_LANGUAGE};
+    use http::{Request, StatusCode};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    use tower_redlock::http::{header, LockLayer, Replay, IDEMPOTENT_REPLAYED};
+
+    // The gzip member of an empty body: bytes that mean nothing without the header.
+    const GZIP: &[u8] =
+        b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00";
+    let server = RedisServer::start();
+    let locker = Redlock::connect([server.url()], LockOptions::default())
+        .await
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/report",
+            post(|| async {
+                (
+                    StatusCode::CREATED,
+                    [(CONTENT_ENCODING, "gzip"), (CONTENT_LANGUAGE, "de")],
+                    GZIP,
+                )
+            }),
+        )
+        .route_layer(LockLayer::new(locker, header("Idempotency-Key")).replay(Replay::new()));
+    let request = || {
+        Request::post("/report")
+            .header("Idempotency-Key", "gz-1")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let again = app.oneshot(request()).await.unwrap();
+    assert_eq!(again.headers()[IDEMPOTENT_REPLAYED], "true");
+    assert_eq!(
+        again.headers().get(CONTENT_ENCODING).map(|v| v.as_bytes()),
+        Some(&b"gzip"[..])
+    );
+    assert_eq!(
+        again.headers().get(CONTENT_LANGUAGE).map(|v| v.as_bytes()),
+        Some(&b"de"[..])
+    );
+    let body = again.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], GZIP);
+}
