@@ -328,10 +328,15 @@ impl Drop for Failed<'_> {
                 lost += usize::from(inner.mark_lost(LostCause::RenewalFailed));
             }
         }
-        tracing::error!(
-            leases_lost = lost,
-            "the renewal task failed; its leases are marked lost and renewal restarts with the next lease"
-        );
+        if std::thread::panicking() {
+            tracing::error!(
+                leases_lost = lost,
+                "the renewal task panicked; its leases are marked lost and renewal restarts with the next lease"
+            );
+        } else {
+            // Dropped unfinished: the runtime is shutting down.
+            tracing::debug!(leases_lost = lost, "the renewal task was stopped");
+        }
     }
 }
 
