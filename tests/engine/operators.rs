@@ -319,6 +319,38 @@ async fn extend_by_hand_is_refused_past_max_hold() {
     assert_eq!(lease.release().await, ReleaseOutcome::Released);
 }
 
+/// `wait_timeout_ms` at its extremes on a server with a replica. Before the fix
+/// `u64::MAX` sent a `WAIT` timeout Redis refuses ("timeout is out of range"): no grant
+/// ever counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_timeouts_at_their_extremes_work() {
+    let master = RedisServer::builder()
+        .arg("--repl-diskless-sync-delay", "0")
+        .start();
+    let replica = RedisServer::builder()
+        .arg("--replicaof", format!("127.0.0.1 {}", master.port()))
+        .start();
+    eventually("the replica is in sync", LIMIT, || {
+        master
+            .info_field("replication", "connected_slaves")
+            .is_some_and(|n| n == "1")
+            && replica
+                .info_field("replication", "master_link_status")
+                .is_some_and(|s| s == "up")
+    })
+    .await;
+    for ms in ["0", "1", &u64::MAX.to_string()] {
+        let url = format!("{}?wait_replicas=1&wait_timeout_ms={ms}", master.url());
+        let options = LockOptions::default().node_timeout(Duration::from_millis(500));
+        let locker = Redlock::connect([url], options).await.unwrap();
+        let lease = locker
+            .acquire("ops:wait", LIMIT)
+            .await
+            .unwrap_or_else(|e| panic!("wait_timeout_ms={ms}: {e}"));
+        assert_eq!(lease.release().await, ReleaseOutcome::Released);
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // 6. Extreme option values fail with a ConfigError naming the option, or work
 // ---------------------------------------------------------------------------------

@@ -200,6 +200,9 @@ impl RedisNode {
     /// counted until its first acknowledgement, up to a second later, so votes may
     /// fail during that second; after a failover, until the old master rejoins as a
     /// replica, a master with a single replica has none to acknowledge.
+    ///
+    /// `timeout` is sent in whole milliseconds from 1 ms (Redis's `WAIT 0` would block
+    /// until enough replicas acknowledged) to 30 days (`Duration::MAX` included).
     #[must_use]
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
