@@ -41,7 +41,8 @@ async fn renewed_twice_more(locker: &Redlock) {
 // 1. An evicting maxmemory-policy is refused at connect
 // ---------------------------------------------------------------------------------
 
-/// Before the fix `connect` accepted both servers (`expect_err` failed here).
+/// Fails if `connect` accepts an evicting node (the lock keys it would evict let a
+/// second holder in).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicting_node_is_refused_at_connect_unless_accepted() {
     for policy in ["allkeys-lru", "volatile-ttl"] {
@@ -74,8 +75,7 @@ async fn an_evicting_node_is_refused_at_connect_unless_accepted() {
     }
 }
 
-/// The periodic check finds a policy changed after connect. Before the fix there was
-/// no check (nor `NodeState::setup_warning`: the test did not compile).
+/// The periodic check finds a policy changed after connect, and sees it fixed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_changed_later_is_found_by_the_periodic_check() {
     let server = RedisServer::start();
@@ -101,8 +101,8 @@ async fn a_policy_changed_later_is_found_by_the_periodic_check() {
 // 2. A replica is refused at connect
 // ---------------------------------------------------------------------------------
 
-/// Before the fix `connect` accepted the replica, and every acquisition on it then
-/// failed with `READONLY`.
+/// Fails if `connect` accepts a replica, on which every acquisition fails with
+/// `READONLY`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_is_refused_at_connect() {
     let master = RedisServer::start();
@@ -136,9 +136,10 @@ fn acl_user(server: &RedisServer, name: &str, rules: &[&str]) -> String {
     format!("redis://{name}:pw@127.0.0.1:{}/0", server.port())
 }
 
-/// Redis 7's default for a new user has no channel permission. Before the fix the
-/// release popped the queued waiter, `PUBLISH` was refused (`NOPERM`), the script
-/// stopped, and the lock key stayed (the release answered `Unconfirmed`).
+/// Redis 7's default for a new user has no channel permission: the release pops the
+/// queued waiter and its `PUBLISH` is refused (`NOPERM`). Fails if that stops the
+/// script before the key is deleted (the release then answers `Unconfirmed` and the
+/// key stays its ttl).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_deletes_the_key_when_the_wake_up_is_refused() {
     let server = RedisServer::start();
@@ -182,7 +183,7 @@ async fn without_channels_a_waiter_finds_the_lock_by_polling() {
     assert_eq!(won.release().await, ReleaseOutcome::Released);
 }
 
-/// Before the fix `connect` accepted both users, and every acquisition then failed.
+/// Fails if `connect` accepts a user on which every acquisition would fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_refused_the_scripts_or_the_keys_is_refused_at_connect() {
     let server = RedisServer::start();
@@ -213,8 +214,8 @@ async fn a_user_refused_the_scripts_or_the_keys_is_refused_at_connect() {
 // 4. No option value can stop the watchdog; a failed renewal task loses its leases
 // ---------------------------------------------------------------------------------
 
-/// Before the fix the renewal task panicked on `acquired_at + Duration::MAX` at the
-/// lease's first renewal: no renewal ever came and this test timed out waiting.
+/// Fails (no renewal comes) if `acquired_at + Duration::MAX` panics the renewal task
+/// at the lease's first renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_hold_of_duration_max_is_no_limit() {
     let server = RedisServer::start();
@@ -265,8 +266,8 @@ impl Node for PanickingRenewals {
     }
 }
 
-/// Before the fix the panic left the scheduler's `running` flag set: the lease was
-/// never reported lost (`lost()` timed out here) and no later lease was renewed.
+/// Fails if the panic leaves the lease counted as held (`lost()` never resolves) or
+/// leaves no scheduler for later leases (the second is never renewed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_renewal_task_loses_its_leases_and_renewal_restarts() {
     let server = RedisServer::start();
@@ -293,7 +294,7 @@ async fn a_failed_renewal_task_loses_its_leases_and_renewal_restarts() {
 // 5. Lease::extend respects max_hold
 // ---------------------------------------------------------------------------------
 
-/// Before the fix `extend` renewed the lease past `max_hold` and answered `Ok`.
+/// Fails if `extend` renews the lease past `max_hold`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extend_by_hand_is_refused_past_max_hold() {
     let server = RedisServer::start();
@@ -319,9 +320,8 @@ async fn extend_by_hand_is_refused_past_max_hold() {
     assert_eq!(lease.release().await, ReleaseOutcome::Released);
 }
 
-/// `wait_timeout_ms` at its extremes on a server with a replica. Before the fix
-/// `u64::MAX` sent a `WAIT` timeout Redis refuses ("timeout is out of range"): no grant
-/// ever counted.
+/// `wait_timeout_ms` at its extremes on a server with a replica. Fails if a `WAIT`
+/// timeout Redis refuses ("timeout is out of range") is sent: no grant would count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_timeouts_at_their_extremes_work() {
     let master = RedisServer::builder()
@@ -355,7 +355,7 @@ async fn wait_timeouts_at_their_extremes_work() {
 // 6. Extreme option values fail with a ConfigError naming the option, or work
 // ---------------------------------------------------------------------------------
 
-/// Before the fix both panicked in `Redlock::new` (`Duration` overflow).
+/// Fails (panics) if `Redlock::new` adds these durations unchecked.
 #[tokio::test]
 async fn duration_max_timeouts_are_refused_by_name() {
     for (name, options) in [
@@ -544,9 +544,9 @@ mod extremes {
 }
 
 /// `LockLayer` and `Replay` setters at their extremes, on a Redis node: every request
-/// gets an answer of the layer (no panic, no 503 from a value Redis refuses). Before
-/// the fix `Replay::retention(Duration::MAX)` made every replayed request answer 503
-/// here (Redis refused the record's expiry) and panic on a `MemoryNode`.
+/// gets an answer of the layer (no panic, no 503 from a value Redis refuses). Fails
+/// if `Replay::retention(Duration::MAX)` reaches the nodes as it is: Redis refuses the
+/// record's expiry (503) and a `MemoryNode` panics.
 #[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layer_and_replay_settings_at_their_extremes_answer_requests() {
@@ -608,9 +608,8 @@ async fn layer_and_replay_settings_at_their_extremes_answer_requests() {
 // ---------------------------------------------------------------------------------
 
 /// A set release hands member `setx` to the single waiter queued on it, which is woken
-/// (not found by its timer). Before the fix the key was deleted, the waiter stayed
-/// queued and unwoken: the key was missing right after the release, and the waiter's
-/// `wakeups` stayed 0.
+/// (not found by its timer). Fails if the set release only deletes the member: the key
+/// is then missing right after the release, and the waiter's `wakeups` stays 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_release_hands_a_member_to_its_single_waiter() {
     let server = RedisServer::start();
@@ -673,8 +672,7 @@ async fn a_set_release_hands_a_member_to_its_single_waiter_on_memory_nodes() {
 // 9. MemoryNode's wake-up channels go when nobody listens
 // ---------------------------------------------------------------------------------
 
-/// Before the fix every waiter's channel stayed for good: 64 here after the waits, and
-/// the test timed out waiting for none.
+/// Fails (times out) if a waiter's channel outlives its listener: 64 would stay here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_node_channels_go_when_nobody_listens() {
     let node = MemoryNode::new();
@@ -710,8 +708,8 @@ async fn memory_node_channels_go_when_nobody_listens() {
 // ---------------------------------------------------------------------------------
 
 /// A gzip response replayed from Redis keeps `Content-Encoding` (and
-/// `Content-Language`) without being named in `allow_header`. Before the fix the
-/// replay carried the compressed bytes without the header.
+/// `Content-Language`) without being named in `allow_header`. Fails if the compressed
+/// bytes are replayed without the header.
 #[cfg(feature = "axum")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_keeps_the_headers_that_give_the_body_its_meaning() {
