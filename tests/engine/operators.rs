@@ -541,6 +541,125 @@ mod extremes {
             runtime.block_on(async { tower_redlock::node_from_url(&url).map(drop) }).ok();
         }
     }
+
+    /// The settings of a `LockLayer` with `Replay`, each at an edge or anywhere.
+    #[cfg(feature = "axum")]
+    #[derive(Debug, Clone)]
+    struct LayerSettings {
+        retention: Duration,
+        unknown: Option<Duration>,
+        max_body: usize,
+        max_request_body: usize,
+        max_key_len: usize,
+        queue_limit: usize,
+        wait: Option<Duration>,
+        hold_through_body: bool,
+    }
+
+    #[cfg(feature = "axum")]
+    fn size() -> impl Strategy<Value = usize> {
+        prop_oneof![Just(0), Just(1), Just(usize::MAX), any::<usize>()]
+    }
+
+    #[cfg(feature = "axum")]
+    fn layer_settings() -> impl Strategy<Value = LayerSettings> {
+        (
+            duration(),
+            proptest::option::of(duration()),
+            size(),
+            size(),
+            size(),
+            size(),
+            proptest::option::of(duration()),
+            any::<bool>(),
+        )
+            .prop_map(
+                |(
+                    retention,
+                    unknown,
+                    max_body,
+                    max_request_body,
+                    max_key_len,
+                    queue_limit,
+                    wait,
+                    hold_through_body,
+                )| {
+                    LayerSettings {
+                        retention,
+                        unknown,
+                        max_body,
+                        max_request_body,
+                        max_key_len,
+                        queue_limit,
+                        wait,
+                        hold_through_body,
+                    }
+                },
+            )
+    }
+
+    /// Two requests with one key through a layer with `settings` on a memory node: each
+    /// is answered by the handler, the replay or a problem of the layer, never with a
+    /// panic nor a 5xx.
+    #[cfg(feature = "axum")]
+    fn answers_requests(settings: LayerSettings) -> Result<(), TestCaseError> {
+        use axum::{body::Body, routing::post, Router};
+        use http::{Request, StatusCode};
+        use tower::ServiceExt;
+        use tower_redlock::http::{header, Contention, LockLayer, Replay, UnknownOutcome};
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let replay = Replay::new()
+                .retention(settings.retention)
+                .unknown_outcome(match settings.unknown {
+                    Some(after) => UnknownOutcome::ReexecuteAfter(after),
+                    None => UnknownOutcome::Refuse,
+                })
+                .max_body(settings.max_body)
+                .max_request_body(settings.max_request_body);
+            let contention = match settings.wait {
+                Some(timeout) => Contention::Wait { timeout },
+                None => Contention::Reject,
+            };
+            let layer = LockLayer::new(Redlock::in_memory(), header("Idempotency-Key"))
+                .contention(contention)
+                .max_key_len(settings.max_key_len)
+                .queue_limit(settings.queue_limit)
+                .hold_through_body(settings.hold_through_body)
+                .replay(replay);
+            let app = Router::new()
+                .route("/pay", post(|| async { (StatusCode::CREATED, "paid") }))
+                .route_layer(layer);
+            for _ in 0..2 {
+                let request = Request::post("/pay")
+                    .header("Idempotency-Key", "k-1")
+                    .body(Body::from("{}"))
+                    .unwrap();
+                let response = app.clone().oneshot(request).await.unwrap();
+                prop_assert!(
+                    !response.status().is_server_error(),
+                    "{:?}",
+                    response.status()
+                );
+            }
+            Ok(())
+        })
+    }
+
+    #[cfg(feature = "axum")]
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn every_layer_and_replay_setting_answers_requests(settings in layer_settings()) {
+            answers_requests(settings)?;
+        }
+    }
 }
 
 /// `LockLayer` and `Replay` setters at their extremes, on a Redis node: every request
