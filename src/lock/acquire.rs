@@ -117,11 +117,15 @@ impl Redlock {
                 // we are not at the head yet. Still at least every quarter of
                 // `QUEUE_TTL`, which keeps our place alive.
                 let runs_out = holder_ttl
-                    .map_or(HANDOFF_TTL, |ttl| ttl + Duration::from_millis(1))
+                    .map_or(HANDOFF_TTL, |ttl| {
+                        ttl.saturating_add(Duration::from_millis(1))
+                    })
                     .min(HANDOFF_TTL);
                 delay = delay.max(runs_out).min(QUEUE_TTL / 4);
             }
-            let retry_at = (Instant::now() + delay).min(deadline);
+            let retry_at = Instant::now()
+                .checked_add(delay)
+                .map_or(deadline, |at| at.min(deadline));
             let woken = tokio::select! {
                 () = next_release(signals.as_mut().map_or(&mut [][..], Vec::as_mut_slice)) => true,
                 () = tokio::time::sleep_until(retry_at) => false,

@@ -130,6 +130,7 @@
 //! | AOF `everysec` | a process crash loses nothing; a machine crash loses up to ~2 s of grants: the node may vote again. Holds with a delayed restart after a machine crash | the same | holds |
 //! | AOF `always` | holds across crashes and restarts, as long as the disk honours fsync | the same | holds |
 //! | failover to a replica that lagged (Sentinel, Cluster) | grants not yet replicated are lost: the new master may grant again (one vote of N for independent nodes, the whole lock for a single Sentinel group or cluster) | narrowed, not closed: a grant counts only once `N` replicas have it; holds if every replica that can be promoted is among the `N` | holds: the promoted replica's counter is behind or missing, and the floor overtakes it |
+//! | evicting `maxmemory-policy` (any but `noeviction`; refused by `connect` unless `accept_evicting_nodes`) | under memory pressure the server deletes keys it picks, held lock keys among them: the next acquirer gets a lease while the holder's still reports itself held (that node's vote is lost, as with a restart) | the same: the replicas replay the eviction | holds: an evicted counter is re-created at the floor |
 //!
 //! Fencing holding where exclusion may not is the point of the token: when two holders
 //! overlap, the storage accepts the newer one's writes and rejects the older one's.

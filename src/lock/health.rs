@@ -46,6 +46,12 @@ pub struct NodeState {
     pub since: Instant,
     /// The latest error of a call to it, if any, even while it is up again.
     pub last_error: Option<NodeError>,
+    /// What the latest check of its servers' setup found that puts locks at risk or
+    /// slows them down (an evicting `maxmemory-policy`, a replica, a missing
+    /// permission), if anything: checked by [`Redlock::connect`](crate::Redlock::connect)
+    /// and then periodically (see
+    /// [`LockOptions::setup_check_interval`](crate::LockOptions::setup_check_interval)).
+    pub setup_warning: Option<Arc<str>>,
 }
 
 /// The state of one node, fed with the answer of every call the locker makes to it.
@@ -65,6 +71,7 @@ struct Entry {
     /// change the status back.
     decided_by: Instant,
     last_error: Option<NodeError>,
+    setup_warning: Option<Arc<str>>,
 }
 
 /// What an answer says about the node.
@@ -87,6 +94,7 @@ impl Health {
                 since: now,
                 decided_by: now,
                 last_error: None,
+                setup_warning: None,
             }),
         }
     }
@@ -148,6 +156,27 @@ impl Health {
             status: entry.status,
             since: entry.since,
             last_error: entry.last_error.clone(),
+            setup_warning: entry.setup_warning.clone(),
+        }
+    }
+
+    /// Records what a check of the node's setup found (`None`: nothing), and logs a
+    /// change once: at `warn` when a finding appears or changes, at `info` when it is
+    /// gone.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn note_setup(&self, warning: Option<String>) {
+        let changed = {
+            let mut entry = self.entry.lock().unwrap_or_else(|p| p.into_inner());
+            if entry.setup_warning.as_deref() == warning.as_deref() {
+                return;
+            }
+            std::mem::replace(&mut entry.setup_warning, warning.clone().map(Arc::from))
+        };
+        match warning {
+            Some(warning) => {
+                tracing::warn!(node = %self.name, %warning, "node setup puts locks at risk")
+            }
+            None => tracing::info!(node = %self.name, was = ?changed, "node setup fixed"),
         }
     }
 }

@@ -164,6 +164,20 @@ impl LeaseInner {
         marked
     }
 
+    /// Whether an extension starting at `now` would carry the lease past
+    /// [`max_hold`](crate::LockOptions::max_hold): no renewal may, by the watchdog or
+    /// by hand. A limit past the end of the monotonic clock is no limit.
+    pub(crate) fn renewal_passes_max_hold(&self, now: Instant) -> bool {
+        let options = &self.locker.options;
+        let Some(until) = options
+            .max_hold
+            .and_then(|max| self.acquired_at.checked_add(max))
+        else {
+            return false;
+        };
+        now.checked_add(options.ttl).is_none_or(|end| end > until)
+    }
+
     /// The lock keys of this lease, one per resource.
     pub(crate) fn lock_keys(&self) -> &[LockKeys] {
         match &self.set {
@@ -307,11 +321,19 @@ impl Lease {
     /// start of this round. Never re-creates a key that is gone: a lost lease stays lost.
     ///
     /// The watchdog does this on its own; call it only with the watchdog off.
+    ///
+    /// Refused with [`LockError::Lost`] and [`LostCause::MaxHoldReached`] when the
+    /// extension would carry the lease past
+    /// [`max_hold`](crate::LockOptions::max_hold) (the watchdog's rule too); the lease
+    /// stays held until its current validity runs out, and then counts as expired.
     pub async fn extend(&self) -> Result<Duration, LockError> {
         let inner = &self.handle.inner;
         let status = inner.status();
         if let Some(cause) = status.lost {
             return Err(self.lost_error(cause));
+        }
+        if inner.renewal_passes_max_hold(Instant::now()) {
+            return Err(self.lost_error(LostCause::MaxHoldReached));
         }
         if status.valid_until <= Instant::now() && !inner.locker.options.watchdog {
             // Ran out before anyone asked: the same answer `lost()` gives.

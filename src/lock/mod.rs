@@ -31,6 +31,8 @@ pub mod record;
 mod renewal;
 mod round;
 mod set;
+#[cfg(feature = "redis")]
+mod setup;
 mod wait;
 
 use std::fmt;
@@ -214,6 +216,22 @@ impl Redlock {
     /// answer in time is not checked, so the locker still starts with a minority down;
     /// and whatever this check misses, now or after later failovers, a server listed
     /// twice still never votes twice (see [`from_nodes`](Redlock::from_nodes)).
+    ///
+    /// Each node's servers are also asked about their setup ([`Node::server_setup`]),
+    /// and refused with a [`ConfigError`] saying what to change:
+    ///
+    /// - a replica (`INFO replication` role other than `master`): every lock write
+    ///   would fail with `READONLY`;
+    /// - a `maxmemory-policy` other than `noeviction` (`INFO memory`, readable where
+    ///   managed services disable `CONFIG`): it may evict a held lock key, and a second
+    ///   holder gets the lock; accepted, with a warning on every connect, under
+    ///   [`LockOptions::accept_evicting_nodes`];
+    /// - a user refused the scripts (`EVALSHA`, `EVAL`) or the key prefix's keys.
+    ///
+    /// A user refused the wake-up channels is accepted with a warning: waiters then
+    /// poll. The locker checks again every
+    /// [`setup_check_interval`](LockOptions::setup_check_interval) and logs a change
+    /// (see [`NodeState::setup_warning`]).
     #[cfg(feature = "redis")]
     pub async fn connect<U: AsRef<str>>(
         urls: impl IntoIterator<Item = U>,
@@ -225,6 +243,8 @@ impl Redlock {
             let nodes: Vec<Arc<dyn Node>> = locker.shared.nodes.each().cloned().collect();
             identity::check_servers(&nodes, timeout).await?;
         }
+        setup::check(&locker.shared, timeout).await?;
+        setup::spawn_periodic(&locker.shared, timeout);
         Ok(locker)
     }
 

@@ -10,6 +10,11 @@ use crate::error::ConfigError;
 const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Longest fence-counter ttl accepted.
 const MAX_FENCE_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
+/// How often a connected locker checks its servers' setup again, by default.
+const DEFAULT_SETUP_CHECK_INTERVAL: Duration = Duration::from_secs(60);
+/// The shortest interval between two checks of the servers' setup: each asks every
+/// server a few commands.
+const MIN_SETUP_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// Redis expires keys with 1 ms precision; the drift allowance covers it.
 const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 
@@ -41,6 +46,8 @@ pub struct LockOptions {
     pub(crate) max_waiters: usize,
     pub(crate) fencing: bool,
     pub(crate) seed_only_when_missing: bool,
+    pub(crate) accept_evicting_nodes: bool,
+    pub(crate) setup_check_interval: Duration,
 }
 
 impl Default for LockOptions {
@@ -58,6 +65,8 @@ impl Default for LockOptions {
             max_waiters: 1000,
             fencing: true,
             seed_only_when_missing: false,
+            accept_evicting_nodes: false,
+            setup_check_interval: DEFAULT_SETUP_CHECK_INTERVAL,
         }
     }
 }
@@ -125,7 +134,10 @@ impl LockOptions {
         self
     }
 
-    /// Stop renewing a lease once it has been held this long (default: no limit).
+    /// Stop renewing a lease once it has been held this long (default: no limit): no
+    /// renewal, by the watchdog or [`Lease::extend`](crate::Lease::extend), may carry it
+    /// past this. A limit too long for the clock to express (`Duration::MAX`) is no
+    /// limit.
     pub fn max_hold(mut self, max: Option<Duration>) -> Self {
         self.max_hold = max;
         self
@@ -146,6 +158,29 @@ impl LockOptions {
     /// the storage from a holder paused past its lease (see [`fencing`](crate::fencing)).
     pub fn fencing(mut self, enabled: bool) -> Self {
         self.fencing = enabled;
+        self
+    }
+
+    /// Accept nodes whose `maxmemory-policy` evicts keys (default `false`: refused).
+    ///
+    /// Under memory pressure such a server deletes keys it chooses, held lock keys
+    /// among them (they all have a ttl, so the `volatile-*` policies take them too);
+    /// the next acquirer then gets a lease while the first holder's still reports
+    /// itself held. [`Redlock::connect`](crate::Redlock::connect) refuses such a node
+    /// unless this is set, in which case it logs a warning on every connect. Prefer
+    /// `maxmemory-policy noeviction` on the lock servers (a managed service's parameter
+    /// group), or servers of their own for the locks.
+    pub fn accept_evicting_nodes(mut self, accept: bool) -> Self {
+        self.accept_evicting_nodes = accept;
+        self
+    }
+
+    /// How often a locker built by [`Redlock::connect`](crate::Redlock::connect) checks
+    /// its servers' setup again (default 60 s, at least 100 ms): a server that became a
+    /// replica, started evicting or lost a permission since is logged at `warn` and
+    /// shows in [`NodeState::setup_warning`](crate::NodeState::setup_warning).
+    pub fn setup_check_interval(mut self, interval: Duration) -> Self {
+        self.setup_check_interval = interval;
         self
     }
 
@@ -197,8 +232,12 @@ impl LockOptions {
                 self.drift_factor
             )));
         }
-        let reserved = self.drift() + self.min_validity;
-        if self.ttl <= reserved + self.node_timeout {
+        // Checked sums: `Duration::MAX` for either is a configuration error, not a panic.
+        let reserved = self
+            .drift()
+            .checked_add(self.min_validity)
+            .and_then(|reserved| reserved.checked_add(self.node_timeout));
+        if reserved.is_none_or(|reserved| self.ttl <= reserved) {
             return Err(ConfigError::new(format!(
                 "ttl {:?} leaves no validity: drift {:?} + min_validity {:?} + node_timeout {:?} reach it; use a longer ttl",
                 self.ttl,
@@ -227,6 +266,12 @@ impl LockOptions {
         if self.max_waiters == 0 {
             return Err(ConfigError::new("max_waiters must be at least 1"));
         }
+        if self.setup_check_interval < MIN_SETUP_CHECK_INTERVAL {
+            return Err(ConfigError::new(format!(
+                "setup_check_interval must be at least {MIN_SETUP_CHECK_INTERVAL:?}, got {:?}",
+                self.setup_check_interval
+            )));
+        }
         Ok(())
     }
 }
@@ -245,6 +290,8 @@ impl fmt::Debug for LockOptions {
             .field("max_waiters", &self.max_waiters)
             .field("fencing", &self.fencing)
             .field("seed_only_when_missing", &self.seed_only_when_missing)
+            .field("accept_evicting_nodes", &self.accept_evicting_nodes)
+            .field("setup_check_interval", &self.setup_check_interval)
             .finish_non_exhaustive()
     }
 }
@@ -297,7 +344,7 @@ impl RetryPolicy for Backoff {
         let mut bound = self.base.saturating_mul(1 << exp).min(self.max);
         if let Some(ttl) = holder_ttl {
             // The holder's key is gone by then at the latest; wake up just after.
-            bound = bound.min(ttl + Duration::from_millis(1));
+            bound = bound.min(ttl.saturating_add(Duration::from_millis(1)));
         }
         bound.mul_f64(rand::random::<f64>())
     }
@@ -319,6 +366,8 @@ mod tests {
             LockOptions::default().ttl(Duration::from_millis(10)),
             LockOptions::default().ttl(Duration::from_secs(365 * 24 * 3600)),
             LockOptions::default().node_timeout(Duration::ZERO),
+            LockOptions::default().node_timeout(Duration::MAX),
+            LockOptions::default().min_validity(Duration::MAX),
             LockOptions::default().drift_factor(0.5),
             LockOptions::default().drift_factor(f64::NAN),
             LockOptions::default().drift_factor(-0.1),
@@ -326,6 +375,7 @@ mod tests {
             LockOptions::default().fence_ttl(Duration::from_secs(1)),
             LockOptions::default().max_hold(Some(Duration::ZERO)),
             LockOptions::default().max_waiters(0),
+            LockOptions::default().setup_check_interval(Duration::ZERO),
         ];
         for options in bad {
             let err = options.validate().expect_err(&format!("{options:?}"));

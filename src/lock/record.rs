@@ -178,7 +178,8 @@ impl Lease {
         .await
     }
 
-    /// Stores the outcome of this lease's work, for `retention`.
+    /// Stores the outcome of this lease's work, for `retention` (from 1 ms to ten
+    /// years: shorter or longer is taken as the nearest bound).
     ///
     /// Written on every node where the lock key still holds this lease's owner value;
     /// succeeds once a majority accepted it within the lease's validity. Fails with
@@ -207,6 +208,17 @@ impl Lease {
     pub async fn discard_record(&self) -> Result<(), LockError> {
         discard(self.lease_inner()).await
     }
+}
+
+/// The longest a record or a pending marker is kept: longer times (up to
+/// `Duration::MAX`) are taken as this one, which every node can express (Redis's
+/// millisecond expiry, the monotonic clock) and which outlives any retry.
+pub(crate) const MAX_RECORD_TTL: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
+
+/// A record's time to live as the nodes can keep it: from 1 ms (Redis refuses an
+/// expiry of 0) to [`MAX_RECORD_TTL`].
+fn record_ttl(ttl: Duration) -> Duration {
+    ttl.clamp(Duration::from_millis(1), MAX_RECORD_TTL)
 }
 
 fn unavailable(
@@ -363,9 +375,9 @@ pub(crate) async fn claim(
         owner: &inner.owner,
         token: inner.token.get(),
         fingerprint,
-        pending_ttl,
-        orphan_ttl: unknown_for,
-        remember_interrupted,
+        pending_ttl: record_ttl(pending_ttl),
+        orphan_ttl: unknown_for.map(record_ttl),
+        remember_interrupted: remember_interrupted.map(record_ttl),
     };
     let mut claimed = 0;
     // The latest interrupted attempt any claiming node remembers.
@@ -458,7 +470,7 @@ pub(crate) async fn store(
         keys: &inner.keys,
         owner: &inner.owner,
         record: &record,
-        retention,
+        retention: record_ttl(retention),
     };
     let deadline = inner.status().valid_until;
     let mut stored = 0;

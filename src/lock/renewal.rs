@@ -90,14 +90,14 @@ struct Step {
 }
 
 /// Where a registered lease is in its locker's schedule.
-#[derive(Clone, Copy)]
 enum Place {
     /// In `fresh`.
     Fresh,
     /// In `due`, at this time.
     Due(Instant),
-    /// Taken out by the scheduler: a round extends it.
-    Extending,
+    /// Taken out by the scheduler: a round extends it. The lease is kept here too, so
+    /// that a scheduler that fails mid-round can still mark it lost.
+    Extending(Weak<LeaseInner>),
 }
 
 /// The most entries `fresh` holds: past it, the entries of leases that left are dropped,
@@ -239,6 +239,15 @@ struct Settled {
 /// The scheduler of one locker: runs until no lease is registered and nothing it
 /// started is in flight.
 async fn run(locker: Arc<Shared>) {
+    // Should this task end any other way than by the return below (a panic here or in a
+    // node's `extend_many`, the runtime shutting down), nothing renews its leases any
+    // more: the guard marks them lost at once rather than letting them count as held,
+    // and clears the schedule so that the next registration starts a new scheduler.
+    let mut guard = Failed {
+        locker: &locker,
+        armed: true,
+    };
+    let locker = guard.locker;
     let renewals = &locker.renewals;
     let mut rounds: FuturesUnordered<Round> = FuturesUnordered::new();
     let mut leftovers: FuturesUnordered<Leftover> = FuturesUnordered::new();
@@ -252,6 +261,7 @@ async fn run(locker: Arc<Shared>) {
                 schedule.running = false;
                 schedule.fresh.clear();
                 schedule.fresh_first = None;
+                guard.armed = false;
                 return;
             }
             schedule.wake_at = schedule.first_due();
@@ -259,15 +269,73 @@ async fn run(locker: Arc<Shared>) {
         };
         tokio::select! {
             Some(settled) = rounds.next(), if !rounds.is_empty() => {
-                leftovers.extend(apply(&locker, settled));
+                leftovers.extend(apply(locker, settled));
             }
             Some(()) = leftovers.next(), if !leftovers.is_empty() => {}
             () = sleep_until(next) => {
-                if let Some(round) = take_due(&locker) {
+                if let Some(round) = take_due(locker) {
                     rounds.push(round);
                 }
             }
             () = renewals.earlier.notified() => {}
+        }
+    }
+}
+
+/// Marks every lease of the schedule lost when the scheduler ends without finishing its
+/// work (see `run`).
+struct Failed<'a> {
+    locker: &'a Arc<Shared>,
+    armed: bool,
+}
+
+impl Drop for Failed<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let leases: Vec<Weak<LeaseInner>> = {
+            let mut schedule = self.locker.renewals.lock();
+            let schedule = &mut *schedule;
+            let mut leases = Vec::with_capacity(schedule.registered.len());
+            let steps = schedule
+                .due
+                .values()
+                .chain(schedule.fresh.iter().map(|(_, _, step)| step));
+            leases.extend(steps.map(|step| step.lease.clone()));
+            leases.extend(
+                schedule
+                    .registered
+                    .values()
+                    .filter_map(|place| match place {
+                        Place::Extending(lease) => Some(lease.clone()),
+                        Place::Fresh | Place::Due(_) => None,
+                    }),
+            );
+            // Nothing is left to renew: a lease that registers from now on starts a new
+            // scheduler, and the `Registration`s of these find nothing to remove.
+            schedule.due.clear();
+            schedule.fresh.clear();
+            schedule.fresh_first = None;
+            schedule.registered.clear();
+            schedule.wake_at = None;
+            schedule.running = false;
+            leases
+        };
+        let mut lost = 0usize;
+        for lease in leases {
+            if let Some(inner) = lease.upgrade() {
+                lost += usize::from(inner.mark_lost(LostCause::RenewalFailed));
+            }
+        }
+        if std::thread::panicking() {
+            tracing::error!(
+                leases_lost = lost,
+                "the renewal task panicked; its leases are marked lost and renewal restarts with the next lease"
+            );
+        } else {
+            // Dropped unfinished: the runtime is shutting down.
+            tracing::debug!(leases_lost = lost, "the renewal task was stopped");
         }
     }
 }
@@ -297,12 +365,12 @@ fn take_due(locker: &Arc<Shared>) -> Option<Round> {
         keys.into_iter()
             .filter_map(|key| {
                 let step = schedule.due.remove(&key)?;
-                schedule.registered.insert(key.1, Place::Extending);
+                let lease = step.lease.clone();
+                schedule.registered.insert(key.1, Place::Extending(lease));
                 Some((key.1, step))
             })
             .collect()
     };
-    let hold_until = |inner: &LeaseInner| options.max_hold.map(|max| inner.acquired_at + max);
     let mut batch = Vec::with_capacity(taken.len());
     for (id, step) in taken {
         let Some(inner) = step.lease.upgrade() else {
@@ -319,7 +387,7 @@ fn take_due(locker: &Arc<Shared>) -> Option<Round> {
                 inner.mark_lost(cause);
                 forget(locker, id);
             }
-            Kind::Renew if hold_until(&inner).is_some_and(|until| now + options.ttl > until) => {
+            Kind::Renew if inner.renewal_passes_max_hold(now) => {
                 // No renewal may carry the lease past `max_hold`: let the last validity
                 // run out.
                 schedule(

@@ -344,7 +344,7 @@ impl LocalQueue {
     /// Records the holder's remaining ttl that the nodes reported to the head waiter.
     pub(crate) fn note_remote_holder(&self, ttl: Option<std::time::Duration>) {
         *self.remote_until.lock().unwrap_or_else(|p| p.into_inner()) =
-            ttl.map(|ttl| Instant::now() + ttl);
+            ttl.and_then(|ttl| Instant::now().checked_add(ttl));
     }
 
     /// The wake-up subscriptions, if they are already made: a waiter holding them

@@ -18,6 +18,7 @@
 //! | [`ReleaseSignal`] | what a subscription hands waiters: wakes them when the resource is released |
 //! | [`RecordStore`] | the capability of storing outcome records, which [`Node::records`] hands out |
 //! | [`Record`], [`ClaimRequest`] / [`ClaimReply`], [`StoreRequest`] / [`StoreReply`] | outcome records of idempotent replay (see [`lock::record`](crate::lock::record)) |
+//! | [`ServerSetup`] | what a node's servers report about the settings a lock relies on (role, eviction policy, permissions) |
 //! | [`FencingToken`] | the number a fence counter hands out (see [`fencing`](crate::fencing)) |
 //! | [`NodeError`] | how one node's operation failed |
 //! | [`MemoryNode`] | the in-process implementation, a reference for the semantics |
@@ -41,6 +42,7 @@ mod records;
 pub(crate) mod redis;
 mod resource;
 mod set;
+mod setup;
 mod token;
 
 use std::fmt;
@@ -63,6 +65,9 @@ pub use resource::{LockKeys, Resource};
 #[cfg(feature = "redis")]
 pub(crate) use resource::{CHANNEL_SUFFIX, QUEUE_SUFFIX};
 pub use set::{AcquireSetReply, AcquireSetRequest};
+#[cfg(feature = "redis")]
+pub(crate) use setup::parse_info;
+pub use setup::ServerSetup;
 pub use token::FencingToken;
 
 use crate::error::ConfigError;
@@ -278,6 +283,21 @@ pub trait Node: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Vec::new())))
     }
 
+    /// What this node's servers report about the settings a lock relies on, one
+    /// [`ServerSetup`] per server that votes through it (a cluster's masters, a
+    /// Sentinel group's current master). [`Redlock::connect`](crate::Redlock::connect)
+    /// refuses a replica, an evicting memory policy and a user without the permissions
+    /// the locker needs, and the locker it builds asks again periodically and logs
+    /// what changed. Empty (the default) when the node cannot tell.
+    ///
+    /// `probe` are the keys of a resource under the locker's key prefix that no lease
+    /// uses: a node may run its commands on them to learn what the connection's user
+    /// is allowed (it must leave no key behind).
+    fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+        let _ = probe;
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
     /// The node's outcome records (idempotent replay), if it stores them: every node
     /// kind of the crate does; the default is `None`. A [`LockLayer`](crate::LockLayer)
     /// with [`replay`](crate::LockLayer::replay) refuses, when it is built, a locker with
@@ -464,6 +484,8 @@ impl fmt::Debug for Owner {
 /// [`mark_seen`](ReleaseSignal::mark_seen) and waiting is never missed.
 #[derive(Clone)]
 pub struct ReleaseSignal {
+    // Declared before the guard, so dropped before it: the guard of the last clone
+    // finds no receiver of this signal left (see `MemoryNode`'s subscriptions).
     rx: watch::Receiver<u64>,
     _subscription: Arc<dyn Send + Sync>,
 }

@@ -685,13 +685,14 @@ async fn requirepass_acl_users_and_wrong_passwords() {
         next.release().await;
     }
 
-    // The user's key pattern is enforced: outside it, the server refuses.
-    let limited = Redlock::connect(
-        [format!("redis://locker:lockerpw@{addr}/0")],
-        options().key_prefix("other:"),
-    )
-    .await
-    .unwrap();
+    // The user's key pattern is enforced: `connect` names the pattern it lacks, and a
+    // locker built without that check is refused by the server on every request.
+    let url = format!("redis://locker:lockerpw@{addr}/0");
+    let refused = Redlock::connect([&url], options().key_prefix("other:"))
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("~other:*"), "{refused}");
+    let limited = Redlock::from_urls([&url], options().key_prefix("other:")).unwrap();
     let err = limited.try_acquire(resource).await.unwrap_err();
     assert!(err.to_string().to_lowercase().contains("noperm"), "{err}");
 

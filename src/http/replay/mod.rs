@@ -215,6 +215,8 @@ impl Replay {
     }
 
     /// How long a record is kept (default 24 h); after that the key is new again.
+    /// Longer than ten years (up to `Duration::MAX`) is taken as ten years, shorter than
+    /// 1 ms as 1 ms.
     #[must_use]
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
@@ -377,8 +379,12 @@ impl ReplaySettings {
             UnknownOutcome::ReexecuteAfter(after) => Some(after),
             UnknownOutcome::Refuse => None,
         };
+        // Capped where the nodes would be asked to keep something longer than they can
+        // express; `Duration::MAX` means "as long as possible".
+        let cap = crate::lock::record::MAX_RECORD_TTL;
+        let unknown_for = unknown_for.map(|after| after.min(cap));
         ReplaySettings {
-            retention: replay.retention,
+            retention: replay.retention.min(cap),
             max_body: replay.max_body,
             headers: replay.headers,
             store_if: replay.store_if,

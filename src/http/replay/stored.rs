@@ -1,7 +1,10 @@
 //! The recorded response and its wire format.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::header::{HeaderName, HeaderValue};
+use http::header::{
+    HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_LOCATION, CONTENT_RANGE,
+    CONTENT_TYPE,
+};
 use http::{HeaderMap, StatusCode};
 
 /// A response as recorded: status, allowed headers, body.
@@ -15,8 +18,21 @@ pub(crate) struct StoredResponse {
 /// Format version of [`StoredResponse::encode`].
 const FORMAT: u8 = 1;
 
+/// The headers that say what the stored bytes are (RFC 9110's representation metadata
+/// and the range a partial body covers): recorded with every body, whatever the
+/// allow-list, since a body replayed without them means something else (gzip bytes
+/// without `Content-Encoding` are garbage to the client).
+const REPRESENTATION: [HeaderName; 5] = [
+    CONTENT_TYPE,
+    CONTENT_ENCODING,
+    CONTENT_LANGUAGE,
+    CONTENT_LOCATION,
+    CONTENT_RANGE,
+];
+
 impl StoredResponse {
-    /// Keeps the headers of `all` that the allow-list names.
+    /// Keeps the headers of `all` that the allow-list names, and always the
+    /// representation headers (see [`REPRESENTATION`]).
     pub(crate) fn new(
         status: StatusCode,
         all: &HeaderMap,
@@ -24,7 +40,8 @@ impl StoredResponse {
         body: Bytes,
     ) -> Self {
         let mut headers = HeaderMap::new();
-        for name in allowed {
+        let representation = REPRESENTATION.iter().filter(|name| !allowed.contains(name));
+        for name in allowed.iter().chain(representation) {
             for value in all.get_all(name) {
                 headers.append(name.clone(), value.clone());
             }
@@ -88,7 +105,6 @@ impl StoredResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header::CONTENT_TYPE;
 
     #[test]
     fn responses_round_trip() {
@@ -118,5 +134,21 @@ mod tests {
             );
         }
         assert!(StoredResponse::decode(Bytes::from_static(b"\x02\x00\xc8\x00\x00")).is_none());
+    }
+
+    #[test]
+    fn representation_headers_are_kept_with_the_body() {
+        let mut all = HeaderMap::new();
+        all.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        all.insert(CONTENT_LANGUAGE, HeaderValue::from_static("de"));
+        all.insert("x-other", HeaderValue::from_static("1"));
+        let stored =
+            StoredResponse::new(StatusCode::OK, &all, &[], Bytes::from_static(b"\x1f\x8b"));
+        assert_eq!(stored.headers[CONTENT_ENCODING], "gzip");
+        assert_eq!(stored.headers[CONTENT_LANGUAGE], "de");
+        assert!(!stored.headers.contains_key("x-other"));
+        // Named in the allow-list too: kept once.
+        let twice = StoredResponse::new(StatusCode::OK, &all, &[CONTENT_ENCODING], Bytes::new());
+        assert_eq!(twice.headers.get_all(CONTENT_ENCODING).iter().count(), 1);
     }
 }

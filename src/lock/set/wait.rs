@@ -112,7 +112,9 @@ impl Redlock {
                 .retry
                 .delay(attempt, holder_ttl)
                 .min(QUEUE_TTL / 4);
-            let retry_at = (Instant::now() + delay).min(deadline);
+            let retry_at = Instant::now()
+                .checked_add(delay)
+                .map_or(deadline, |at| at.min(deadline));
             let woken = tokio::select! {
                 () = next_release(signals.as_mut().map_or(&mut [][..], Vec::as_mut_slice)) => true,
                 () = tokio::time::sleep_until(retry_at) => false,

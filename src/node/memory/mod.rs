@@ -204,6 +204,12 @@ impl MemoryNode {
         self.len() == 0
     }
 
+    /// Number of wake-up channels kept: one per channel someone listens on (a waiter's
+    /// own, a resource's); a channel goes with its last listener.
+    pub fn channels(&self) -> usize {
+        lock(&self.shared.channels).len()
+    }
+
     fn run<T, F>(&self, op: F) -> NodeFuture<T>
     where
         T: Send + 'static,
@@ -553,18 +559,46 @@ impl Node for MemoryNode {
 
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
         let channel = keys.channel.clone();
+        let node = Arc::downgrade(&self.shared);
         self.run(move |shared| {
             let mut channels = lock(&shared.channels);
             let rx = channels
-                .entry(channel)
+                .entry(channel.clone())
                 .or_insert_with(|| watch::channel(0).0)
                 .subscribe();
-            Ok(ReleaseSignal::new(rx, Arc::new(())))
+            Ok(ReleaseSignal::new(
+                rx,
+                Arc::new(Subscription { node, channel }),
+            ))
         })
     }
 
     fn records(&self) -> Option<&dyn RecordStore> {
         Some(self)
+    }
+}
+
+/// One subscription's end: dropped with the last clone of its `ReleaseSignal` (after
+/// its receiver, which the signal declares first), it drops the channel once no
+/// receiver is left, so that the channels stay as many as the listeners (one per
+/// waiter: each listens on its own).
+struct Subscription {
+    node: std::sync::Weak<Shared>,
+    channel: String,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let Some(shared) = self.node.upgrade() else {
+            return;
+        };
+        let mut channels = lock(&shared.channels);
+        if channels
+            .get(&self.channel)
+            .is_some_and(|tx| tx.receiver_count() == 0)
+        {
+            channels.remove(&self.channel);
+        }
     }
 }
 

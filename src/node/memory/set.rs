@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::queue::HandOff;
 use super::{lock, Entry, MemoryNode};
 use crate::error::NodeError;
 use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, NodeFuture, Owner};
@@ -108,23 +109,30 @@ impl MemoryNode {
         let owner = owner.as_str().to_owned();
         self.run(move |shared| {
             let now = Instant::now();
-            let mut released = Vec::with_capacity(keys.len());
+            let mut all = true;
+            // Each member as a single release: handed to the next waiter of its queue,
+            // else deleted and its own channel woken (after the store's lock).
+            let mut broadcast = Vec::new();
             {
                 let mut store = lock(&shared.store);
                 for member in &keys {
                     let ours = store
                         .live(&member.lock, now)
                         .is_some_and(|e| e.value == owner);
-                    if ours {
+                    if !ours {
+                        all = false;
+                    } else if member.channel.is_empty() {
                         store.entries.remove(&member.lock);
+                    } else if shared.hand_off(&mut store, member, "", now) != HandOff::Reserved {
+                        store.entries.remove(&member.lock);
+                        broadcast.push(&member.channel);
                     }
-                    released.push(ours);
                 }
             }
-            for (member, _) in keys.iter().zip(&released).filter(|(_, &ours)| ours) {
-                shared.notify(&member.channel);
+            for channel in broadcast {
+                shared.notify(channel);
             }
-            Ok(released.iter().all(|&ours| ours))
+            Ok(all)
         })
     }
 

@@ -22,7 +22,9 @@ use crate::node::redis::line::{in_turn, Line, Place};
 use crate::node::redis::pubsub::{ClusterBuilder, Hub};
 use crate::node::redis::records;
 use crate::node::redis::seeds;
+use crate::node::redis::setup;
 use crate::node::LockKeys;
+use crate::node::{parse_info, ServerSetup};
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal, Waiter};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
@@ -401,6 +403,59 @@ impl Node for ClusterNode {
                     _ => None,
                 })
                 .collect())
+        })
+    }
+
+    /// The role and eviction policy of every master, and the permissions of the user
+    /// on the master that owns the probe's slot (a cluster's users are set per server;
+    /// the others are expected to match).
+    fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+        let inner = self.inner.clone();
+        let probe = probe.clone();
+        Box::pin(async move {
+            let (mut conn, _) = inner.connection().await?;
+            let mut setups: Vec<ServerSetup> = Vec::new();
+            for section in ["memory", "replication"] {
+                let mut cmd = redis::cmd("INFO");
+                cmd.arg(section);
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let answers = conn
+                    .route_command(cmd, routing)
+                    .await
+                    .map_err(call::node_error)?;
+                let Value::Map(answers) = answers else {
+                    return Err(NodeError::Protocol(
+                        format!("INFO on every master returned {answers:?}").into(),
+                    ));
+                };
+                for (server, info) in answers {
+                    let server = match server {
+                        Value::BulkString(text) => String::from_utf8_lossy(&text).into_owned(),
+                        Value::SimpleString(text) => text,
+                        other => format!("{other:?}"),
+                    };
+                    let text = match info {
+                        Value::BulkString(text) => String::from_utf8_lossy(&text).into_owned(),
+                        Value::VerbatimString { text, .. } => text,
+                        _ => continue,
+                    };
+                    let found = parse_info(server.clone(), &text);
+                    match setups.iter_mut().find(|s| s.server == server) {
+                        Some(setup) => {
+                            setup.role = setup.role.take().or(found.role);
+                            setup.maxmemory_policy =
+                                setup.maxmemory_policy.take().or(found.maxmemory_policy);
+                        }
+                        None => setups.push(found),
+                    }
+                }
+            }
+            let mut permissions = ServerSetup::new(inner.name.to_string());
+            setup::probe_permissions(&mut conn, &probe, &mut permissions).await?;
+            if !permissions.refused.is_empty() || permissions.channels_refused {
+                setups.push(permissions);
+            }
+            Ok(setups)
         })
     }
 

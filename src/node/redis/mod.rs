@@ -17,6 +17,7 @@ pub(crate) mod pubsub;
 pub(crate) mod records;
 mod seeds;
 mod sentinel;
+mod setup;
 mod standalone;
 pub(crate) mod url;
 

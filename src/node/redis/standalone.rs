@@ -19,7 +19,9 @@ use crate::node::redis::call::{
 use crate::node::redis::conn::Resending;
 use crate::node::redis::pubsub::Hub;
 use crate::node::redis::records;
+use crate::node::redis::setup;
 use crate::node::LockKeys;
+use crate::node::ServerSetup;
 use crate::node::Waiter;
 use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node, NodeError,
@@ -198,6 +200,9 @@ impl RedisNode {
     /// counted until its first acknowledgement, up to a second later, so votes may
     /// fail during that second; after a failover, until the old master rejoins as a
     /// replica, a master with a single replica has none to acknowledge.
+    ///
+    /// `timeout` is sent in whole milliseconds from 1 ms (Redis's `WAIT 0` would block
+    /// until enough replicas acknowledged) to 30 days (`Duration::MAX` included).
     #[must_use]
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
@@ -366,6 +371,17 @@ impl Node for RedisNode {
     fn server_ids(&self) -> NodeFuture<Vec<String>> {
         let mut conn = self.inner.conn.clone();
         Box::pin(async move { identity::run_id(&mut conn).await })
+    }
+
+    fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+        let mut conn = self.inner.conn.clone();
+        let inner = self.inner.clone();
+        let probe = probe.clone();
+        Box::pin(async move {
+            let mut found = setup::read_info(&mut conn, &inner.address).await?;
+            setup::probe_permissions(&mut conn, &probe, &mut found).await?;
+            Ok(vec![found])
+        })
     }
 
     fn records(&self) -> Option<&dyn RecordStore> {

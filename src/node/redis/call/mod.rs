@@ -87,13 +87,25 @@ pub(crate) struct ReplicaWait {
     pub(crate) timeout: Duration,
 }
 
+/// The longest `WAIT` sent: the locker cuts every call at its node timeout (shorter than
+/// the ttl, at most 30 days) anyway, and Redis refuses a timeout past its clock's range.
+const MAX_WAIT_MS: u64 = 30 * 24 * 3600 * 1000;
+
+impl ReplicaWait {
+    /// The timeout as `WAIT` takes it: from 1 ms (0 would block until enough replicas
+    /// acknowledged, however long) to [`MAX_WAIT_MS`].
+    fn timeout_ms(&self) -> u64 {
+        millis_ceil(self.timeout).clamp(1, MAX_WAIT_MS)
+    }
+}
+
 impl fmt::Display for ReplicaWait {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "wait for {} replica(s) within {} ms",
             self.replicas,
-            millis_ceil(self.timeout)
+            self.timeout_ms()
         )
     }
 }
@@ -329,9 +341,7 @@ pub(crate) async fn query<C: SendOne>(
 ) -> Result<Vec<RedisResult<Value>>, CallError> {
     let expected = replies + usize::from(wait.is_some());
     if let Some(wait) = wait {
-        pipe.cmd("WAIT")
-            .arg(wait.replicas)
-            .arg(millis_ceil(wait.timeout));
+        pipe.cmd("WAIT").arg(wait.replicas).arg(wait.timeout_ms());
     }
     pipe.ignore_errors();
     let replies = conn.send_pipeline(&pipe).await?;

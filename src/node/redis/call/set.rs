@@ -12,12 +12,16 @@ use redis::Value;
 use super::{int, parse_flag, Call, CallError, Lua, ReplicaWait, EXTEND_MANY};
 use crate::error::NodeError;
 use crate::node::redis::millis_ceil;
-use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Owner};
+use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Owner, HANDOFF_TTL};
 
 static ACQUIRE_SET: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../scripts/acquire_set.lua")));
-static RELEASE_SET: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../scripts/release_set.lua")));
+static RELEASE_SET: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../scripts/hand_off.lua"),
+        include_str!("../scripts/release_set.lua")
+    ))
+});
 static RAISE_FENCES: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../scripts/raise_fences.lua")));
 
@@ -128,16 +132,17 @@ pub(crate) fn extend_set(keys: &[LockKeys], owner: &Owner, ttl: Duration) -> Set
     }
 }
 
-/// The release-set script: compare-and-delete every member, publishing on each
-/// member's channel (`SPUBLISH` when `sharded`).
+/// The release-set script: compare-and-delete every member, handing each to the next
+/// waiter of its queue as a single release does (`SPUBLISH` when `sharded`).
 pub(crate) fn release_set(keys: &[LockKeys], owner: &Owner, sharded: bool) -> SetCall<bool> {
-    let mut call = Call::new(&RELEASE_SET, keys.len());
+    let mut call = Call::new(&RELEASE_SET, 2 * keys.len());
     for member in keys {
-        call = call.arg(&member.lock);
+        call = call.arg(&member.lock).arg(member.queue());
     }
     call = call
         .arg(owner.as_str())
-        .arg(if sharded { "1" } else { "0" });
+        .arg(if sharded { "1" } else { "0" })
+        .arg(millis_ceil(HANDOFF_TTL));
     for member in keys {
         call = call.arg(&member.channel);
     }

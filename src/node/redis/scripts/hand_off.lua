@@ -10,6 +10,23 @@
 -- all at once; a listener still refused marks the queue again.
 -- Returns 'reserved', 'me' when the head is `me` (taken off the queue, nothing written),
 -- or 'none' when no waiter listens (the queue is gone; nothing written).
+-- Publishes on `channel` (SPUBLISH when `sharded` is '1') and returns how many heard.
+-- Through `redis.pcall`: a user refused the channel (NOPERM) must not stop the script
+-- half-way with the lock key still set; a refused wake-up is heard by nobody, and the
+-- waiters find the lock free by polling.
+local function publish(channel, sharded)
+  local heard
+  if sharded == '1' then
+    heard = redis.pcall('SPUBLISH', channel, '')
+  else
+    heard = redis.pcall('PUBLISH', channel, '')
+  end
+  if type(heard) ~= 'number' then
+    return 0
+  end
+  return heard
+end
+
 local function hand_off(lock, queue, prefix, sharded, hold, me)
   while true do
     local top = redis.call('ZPOPMIN', queue)
@@ -21,20 +38,10 @@ local function hand_off(lock, queue, prefix, sharded, hold, me)
       return 'me'
     end
     if head == '*' then
-      if sharded == '1' then
-        redis.call('SPUBLISH', prefix, '')
-      else
-        redis.call('PUBLISH', prefix, '')
-      end
+      publish(prefix, sharded)
       return 'none'
     end
-    local heard
-    if sharded == '1' then
-      heard = redis.call('SPUBLISH', prefix .. ':' .. head, '')
-    else
-      heard = redis.call('PUBLISH', prefix .. ':' .. head, '')
-    end
-    if heard > 0 then
+    if publish(prefix .. ':' .. head, sharded) > 0 then
       redis.call('SET', lock, '~' .. head .. ':' .. top[2], 'PX', hold)
       return 'reserved'
     end

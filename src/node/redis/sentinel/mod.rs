@@ -30,6 +30,7 @@ use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
 use crate::node::LockKeys;
 use crate::node::RecordStore;
+use crate::node::ServerSetup;
 use crate::node::Waiter;
 use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node,
@@ -604,6 +605,17 @@ impl Node for SentinelNode {
             let (generation, master) = inner.master().await;
             let master = master.inspect_err(|_| inner.invalidate(generation))?;
             master.node.server_ids().await
+        })
+    }
+
+    /// The setup of the current master (the sentinels resolve it, as for every call).
+    fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+        let inner = self.inner.clone();
+        let probe = probe.clone();
+        Box::pin(async move {
+            let (generation, master) = inner.master().await;
+            let master = master.inspect_err(|_| inner.invalidate(generation))?;
+            master.node.server_setup(&probe).await
         })
     }
 

@@ -1,0 +1,211 @@
+//! What [`Redlock::connect`](crate::Redlock::connect) checks of its servers' setup, and
+//! the periodic re-check of a connected locker.
+//!
+//! A lock relies on more than the servers answering: on a master that accepts writes,
+//! on a memory policy that never deletes a held key, and on a user allowed to run the
+//! scripts on the lock keys. Each node reports what its servers say
+//! ([`Node::server_setup`](crate::Node::server_setup)); this module decides. At connect, a replica, a missing
+//! permission and (unless [`LockOptions::accept_evicting_nodes`]) an evicting policy
+//! are refused with a [`ConfigError`] saying what to change; a user that may not
+//! publish on the wake-up channels is accepted with a warning (waiters then poll).
+//! Later changes (a failover to a replica address, `CONFIG SET maxmemory-policy`) are
+//! found by the periodic check, logged, and shown in
+//! [`NodeState::setup_warning`](crate::NodeState::setup_warning).
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::error::ConfigError;
+use crate::lock::{LockOptions, Shared};
+use crate::node::{LockKeys, Resource, ServerSetup};
+
+/// The resource whose keys the nodes may probe: no lease takes it (resource names are
+/// percent-encoded, so none contains a raw space).
+const PROBE_RESOURCE: &str = "tower-redlock setup probe";
+
+/// One node's findings: refusals (the locker cannot work, or must not) and warnings.
+#[derive(Default)]
+struct Findings {
+    refusals: Vec<String>,
+    warnings: Vec<String>,
+}
+
+impl Findings {
+    fn warning(&self) -> Option<String> {
+        let all: Vec<&str> = self
+            .refusals
+            .iter()
+            .chain(&self.warnings)
+            .map(String::as_str)
+            .collect();
+        (!all.is_empty()).then(|| all.join("; "))
+    }
+}
+
+/// The keys a node may probe, under the locker's prefix.
+fn probe_keys(options: &LockOptions) -> LockKeys {
+    LockKeys::new(&options.key_prefix, &Resource::new(PROBE_RESOURCE))
+}
+
+/// What `setups`, one node's servers, mean for a locker with `options`.
+fn judge(options: &LockOptions, setups: &[ServerSetup]) -> Findings {
+    let prefix = &options.key_prefix;
+    let mut findings = Findings::default();
+    for setup in setups {
+        let server = &setup.server;
+        if setup.is_replica() {
+            findings.refusals.push(format!(
+                "server {server} is a replica (role {}): every lock write would fail with \
+                 READONLY; list its master instead (a Sentinel or Cluster URL finds the \
+                 master itself)",
+                setup.role.as_deref().unwrap_or_default()
+            ));
+        }
+        if !setup.refused.is_empty() {
+            findings.refusals.push(format!(
+                "the user on server {server} is refused {}: the locker runs its scripts \
+                 (EVALSHA, EVAL when not loaded) on keys `{prefix}*`; grant them \
+                 (ACL SETUSER <user> +evalsha +eval ~{prefix}* &{prefix}*)",
+                setup.refused.join(", ")
+            ));
+        }
+        if setup.evicts() {
+            let policy = setup.maxmemory_policy.as_deref().unwrap_or_default();
+            let risk = format!(
+                "server {server} has maxmemory-policy {policy}: under memory pressure it \
+                 evicts held lock keys and a second holder gets the lock; set \
+                 `maxmemory-policy noeviction`"
+            );
+            if options.accept_evicting_nodes {
+                findings.warnings.push(format!(
+                    "{risk} (accepted with LockOptions::accept_evicting_nodes)"
+                ));
+            } else {
+                findings.refusals.push(format!(
+                    "{risk}, or accept the risk with LockOptions::accept_evicting_nodes(true)"
+                ));
+            }
+        }
+        if setup.channels_refused {
+            findings.warnings.push(format!(
+                "the user on server {server} may not publish on the wake-up channels \
+                 `{prefix}*`: releases wake no waiter, who find the lock free by polling \
+                 (LockOptions::retry_policy); grant `&{prefix}*` to wake them"
+            ));
+        }
+    }
+    findings
+}
+
+/// Asks every node for its servers' setup (each within `timeout`; a node that does not
+/// answer is not checked), records the findings in each node's health, and logs them.
+async fn survey(shared: &Shared, timeout: Duration) -> Vec<Option<Findings>> {
+    let probe = probe_keys(&shared.options);
+    let nodes = &shared.nodes;
+    let answers = join_all(nodes.each().map(|node| {
+        let call = node.server_setup(&probe);
+        async move {
+            match tokio::time::timeout(timeout, call).await {
+                Ok(Ok(setups)) => Some(setups),
+                Ok(Err(error)) => {
+                    tracing::debug!(node = %node.name(), %error, "server setup unknown");
+                    None
+                }
+                Err(_) => {
+                    tracing::debug!(node = %node.name(), ?timeout, "server setup unknown");
+                    None
+                }
+            }
+        }
+    }))
+    .await;
+    answers
+        .into_iter()
+        .zip(nodes.health.iter())
+        .map(|(setups, health)| {
+            let findings = judge(&shared.options, &setups?);
+            health.note_setup(findings.warning());
+            Some(findings)
+        })
+        .collect()
+}
+
+/// The check of [`Redlock::connect`](crate::Redlock::connect): refuses the first node
+/// with a refusal, naming it; warnings are logged (on every connect).
+pub(crate) async fn check(shared: &Shared, timeout: Duration) -> Result<(), ConfigError> {
+    let findings = survey(shared, timeout).await;
+    for (index, findings) in findings.into_iter().enumerate() {
+        let Some(findings) = findings else {
+            continue;
+        };
+        if !findings.refusals.is_empty() {
+            return Err(ConfigError::new(format!(
+                "node {index} ({}): {}",
+                shared.nodes.name(index),
+                findings.refusals.join("; ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the servers' setup again every `setup_check_interval`, for as long as the
+/// locker lives.
+pub(crate) fn spawn_periodic(shared: &Arc<Shared>, timeout: Duration) {
+    let interval = shared.options.setup_check_interval;
+    let weak: Weak<Shared> = Arc::downgrade(shared);
+    crate::lock::metrics::spawn(&shared.runtime, async move {
+        loop {
+            tokio::time::sleep(interval).await;
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            survey(&shared, timeout).await;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup(policy: &str, role: &str) -> ServerSetup {
+        let mut setup = ServerSetup::new("h:1");
+        setup.maxmemory_policy = Some(policy.to_owned());
+        setup.role = Some(role.to_owned());
+        setup
+    }
+
+    #[test]
+    fn evicting_policies_are_refused_unless_accepted() {
+        let options = LockOptions::default();
+        let found = judge(&options, &[setup("volatile-lru", "master")]);
+        assert!(
+            found.refusals[0].contains("noeviction"),
+            "{:?}",
+            found.refusals
+        );
+        let accepted = judge(
+            &options.clone().accept_evicting_nodes(true),
+            &[setup("allkeys-lru", "master")],
+        );
+        assert!(accepted.refusals.is_empty());
+        assert!(accepted.warnings[0].contains("allkeys-lru"));
+        let fine = judge(&options, &[setup("noeviction", "master")]);
+        assert!(fine.refusals.is_empty() && fine.warnings.is_empty());
+    }
+
+    #[test]
+    fn replicas_and_missing_permissions_are_refused() {
+        let options = LockOptions::default();
+        assert!(judge(&options, &[setup("noeviction", "slave")]).refusals[0].contains("replica"));
+        let mut restricted = setup("noeviction", "master");
+        restricted.refused.push("+evalsha".into());
+        restricted.channels_refused = true;
+        let found = judge(&options, &[restricted]);
+        assert!(found.refusals[0].contains("+evalsha"));
+        assert!(found.warnings[0].contains("&redlock:*"));
+    }
+}

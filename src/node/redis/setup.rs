@@ -1,0 +1,107 @@
+//! [`Node::server_setup`](crate::Node::server_setup) of the Redis nodes: the role and
+//! eviction policy from `INFO` (readable where managed services disable `CONFIG`), and
+//! what the connection's user is allowed, learnt by running the commands the locker
+//! needs on keys and a channel no lease uses (`ACL DRYRUN` would need admin rights).
+
+use redis::aio::ConnectionLike;
+use redis::{RedisError, Value};
+
+use crate::error::NodeError;
+use crate::node::redis::call::node_error;
+use crate::node::{parse_info, LockKeys, ServerSetup};
+
+/// The SHA1 of no script the crate loads: `EVALSHA` answers `NOSCRIPT` when the user may
+/// run it on the probe key, and `NOPERM` when not.
+const UNKNOWN_SHA: &str = "0000000000000000000000000000000000000000";
+
+/// Whether Redis refused `error` for the user's ACL.
+fn refused(error: &RedisError) -> bool {
+    error.code() == Some("NOPERM")
+}
+
+/// The permission a `NOPERM` refusal of `command` on the probe's key names.
+fn missing(error: &RedisError, command: &str, probe: &LockKeys) -> String {
+    let detail = error.detail().unwrap_or_default();
+    if detail.contains("key") {
+        // The lock key is the prefix, then the resource in braces.
+        let prefix = probe.lock.split('{').next().unwrap_or_default();
+        format!("~{prefix}*")
+    } else {
+        format!("+{command}")
+    }
+}
+
+/// `INFO <section>`, or `None` when the user may not run it (nothing is known then).
+async fn info<C: ConnectionLike + Send>(
+    conn: &mut C,
+    section: &str,
+) -> Result<Option<String>, NodeError> {
+    match redis::cmd("INFO")
+        .arg(section)
+        .query_async::<String>(conn)
+        .await
+    {
+        Ok(text) => Ok(Some(text)),
+        Err(error) if refused(&error) => Ok(None),
+        Err(error) => Err(node_error(error)),
+    }
+}
+
+/// The role and eviction policy of the server behind `conn`.
+pub(crate) async fn read_info<C: ConnectionLike + Send>(
+    conn: &mut C,
+    server: &str,
+) -> Result<ServerSetup, NodeError> {
+    let memory = info(conn, "memory").await?.unwrap_or_default();
+    let replication = info(conn, "replication").await?.unwrap_or_default();
+    Ok(parse_info(server, &format!("{memory}\n{replication}")))
+}
+
+/// Adds to `setup` what the user behind `conn` is refused: the scripts on the lock
+/// keys (`EVALSHA`, and `EVAL`, which runs a script the server lost), and publishing
+/// on the wake-up channels. Writes nothing: the scripts are not run, and nobody
+/// listens on the probe's channel.
+pub(crate) async fn probe_permissions<C: ConnectionLike + Send>(
+    conn: &mut C,
+    probe: &LockKeys,
+    setup: &mut ServerSetup,
+) -> Result<(), NodeError> {
+    let evalsha = redis::cmd("EVALSHA")
+        .arg(UNKNOWN_SHA)
+        .arg(1)
+        .arg(&probe.lock)
+        .query_async::<Value>(conn)
+        .await;
+    if let Err(error) = &evalsha {
+        if refused(error) {
+            setup.refused.push(missing(error, "evalsha", probe));
+        }
+    }
+    let eval = redis::cmd("EVAL")
+        .arg("return 0")
+        .arg(1)
+        .arg(&probe.lock)
+        .query_async::<Value>(conn)
+        .await;
+    match eval {
+        Err(error) if refused(&error) => {
+            let permission = missing(&error, "eval", probe);
+            if !setup.refused.contains(&permission) {
+                setup.refused.push(permission);
+            }
+        }
+        Err(error) => return Err(node_error(error)),
+        Ok(_) => {}
+    }
+    let publish = redis::cmd("PUBLISH")
+        .arg(&probe.channel)
+        .arg("")
+        .query_async::<Value>(conn)
+        .await;
+    match publish {
+        Err(error) if refused(&error) => setup.channels_refused = true,
+        Err(error) => return Err(node_error(error)),
+        Ok(_) => {}
+    }
+    Ok(())
+}
