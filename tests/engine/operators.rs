@@ -154,9 +154,9 @@ async fn a_release_deletes_the_key_when_the_wake_up_is_refused() {
     );
     let lease = locker.try_acquire("ops:acl").await.unwrap();
     // Another process's waiter, queued on the server.
-    server.cmd(&["ZADD", "redlock:{ops%3Aacl}:queue", "1", "a-waiter"]);
+    server.cmd(&["ZADD", "redlock:{ops:acl}:queue", "1", "a-waiter"]);
     assert_eq!(lease.release().await, ReleaseOutcome::Released);
-    assert!(!server.exists("redlock:{ops%3Aacl}"));
+    assert!(!server.exists("redlock:{ops:acl}"));
     locker.try_acquire("ops:acl").await.unwrap();
 }
 
@@ -175,7 +175,7 @@ async fn without_channels_a_waiter_finds_the_lock_by_polling() {
     let lease = holder.try_acquire("ops:acl-wait").await.unwrap();
     let waiting = tokio::spawn(async move { waiter.acquire("ops:acl-wait", LIMIT).await });
     eventually("the waiter queues", LIMIT, || {
-        server.exists("redlock:{ops%3Aacl-wait}:queue")
+        server.exists("redlock:{ops:acl-wait}:queue")
     })
     .await;
     assert_eq!(lease.release().await, ReleaseOutcome::Released);
