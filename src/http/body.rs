@@ -326,18 +326,27 @@ mod tests {
         assert!(empty.is_end_stream());
     }
 
-    #[tokio::test]
-    async fn the_lease_is_released_after_the_last_frame() {
-        let locker = Redlock::in_memory();
-        let lease = locker.try_acquire("body").await.unwrap();
-        let handle = lease.handle();
+    /// A streamed body whose chunks the test sends.
+    fn chunks() -> (
+        mpsc::Sender<Bytes>,
+        impl Body<Data = Bytes, Error = Infallible> + Send,
+    ) {
         let (tx, rx) = mpsc::channel::<Bytes>(1);
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv()
                 .await
                 .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
         });
-        let mut body = std::pin::pin!(LeaseBody::holding(StreamBody::new(stream), lease, true));
+        (tx, StreamBody::new(stream))
+    }
+
+    #[tokio::test]
+    async fn the_lease_is_released_after_the_last_frame() {
+        let locker = Redlock::in_memory();
+        let lease = locker.try_acquire("body").await.unwrap();
+        let handle = lease.handle();
+        let (tx, stream) = chunks();
+        let mut body = std::pin::pin!(LeaseBody::holding(stream, lease, true));
         tx.send(Bytes::from_static(b"a")).await.unwrap();
         let frame = body.as_mut().frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap(), "a");
@@ -355,13 +364,8 @@ mod tests {
         let locker = Redlock::in_memory();
         let lease = locker.try_acquire("lost").await.unwrap();
         let handle = lease.handle();
-        let (tx, rx) = mpsc::channel::<Bytes>(1);
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv()
-                .await
-                .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
-        });
-        let mut body = Box::pin(LeaseBody::holding(StreamBody::new(stream), lease, true));
+        let (tx, stream) = chunks();
+        let mut body = Box::pin(LeaseBody::holding(stream, lease, true));
         tx.send(Bytes::from_static(b"a")).await.unwrap();
         assert!(body.as_mut().frame().await.unwrap().is_ok());
         // Lost while the body waits for its next chunk: the wait ends with the error.

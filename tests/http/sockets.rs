@@ -131,6 +131,16 @@ fn pay(key: &str) -> Req {
         .json("{\"amount\":100}")
 }
 
+/// A client sends `request` to `served`, and hangs up once the handler is inside
+/// (`entered`); returns when hyper has dropped the response future (`watch`).
+async fn hang_up_inside(served: &Served, request: Req, entered: &Notify, watch: &DropWatch) {
+    let mut conn = served.connect().await;
+    conn.write(&request).await;
+    entered.notified().await;
+    drop(conn);
+    watch.dropped.notified().await;
+}
+
 fn wait(timeout: Duration) -> Contention {
     Contention::Wait { timeout }
 }
@@ -158,11 +168,8 @@ async fn a_client_that_hangs_up_is_charged_once_and_its_retry_gets_the_response(
         )
         .await;
 
-        let mut conn = a.connect().await;
-        conn.write(&pay("k1")).await;
-        payments.entered.notified().await;
-        drop(conn); // the client times out and hangs up mid-handler
-        watch.dropped.notified().await; // hyper dropped the response future
+        // The client times out and hangs up mid-handler.
+        hang_up_inside(&a, pay("k1"), &payments.entered, &watch).await;
 
         let retry = a.send(pay("k1")).await;
         assert_eq!(retry.status, 409, "{}: {}", store.name(), retry.text());
@@ -222,11 +229,7 @@ async fn a_hang_up_does_not_cut_the_handler_in_half() {
                 .layer(watch.clone()),
         )
         .await;
-        let mut conn = served.connect().await;
-        conn.write(&pay("k2")).await;
-        payments.entered.notified().await;
-        drop(conn);
-        watch.dropped.notified().await;
+        hang_up_inside(&served, pay("k2"), &payments.entered, &watch).await;
 
         // Still running, still under its lease: a second request is refused.
         let during = served.send(pay("k2")).await;
@@ -546,11 +549,7 @@ async fn a_drain_lets_running_sections_finish_then_releases_what_is_left() {
         )
         .await;
         // A handler runs on after its client left; the deploy starts.
-        let mut conn = served.connect().await;
-        conn.write(&pay("d1")).await;
-        payments.entered.notified().await;
-        drop(conn);
-        watch.dropped.notified().await;
+        hang_up_inside(&served, pay("d1"), &payments.entered, &watch).await;
         let drain = tokio::spawn({
             let locker = locker.clone();
             async move { locker.drain(PROMPTLY).await }
@@ -668,11 +667,7 @@ async fn a_locked_handler_under_finish_on_disconnect_runs_whole() {
                 .layer(watch.clone())
         };
         let served = Served::start(app).await;
-        let mut conn = served.connect().await;
-        conn.write(&pay("l1")).await;
-        payments.entered.notified().await;
-        drop(conn);
-        watch.dropped.notified().await;
+        hang_up_inside(&served, pay("l1"), &payments.entered, &watch).await;
 
         let during = served.send(pay("l1")).await;
         assert_eq!(during.status, 409, "{}: {}", store.name(), during.text());
