@@ -229,29 +229,34 @@ async fn a_hang_up_does_not_cut_the_handler_in_half() {
                 .layer(watch.clone()),
         )
         .await;
-        hang_up_inside(&served, pay("k2"), &payments.entered, &watch).await;
-
-        // Still running, still under its lease: a second request is refused.
-        let during = served.send(pay("k2")).await;
-        assert_eq!(during.status, 409, "{}: {}", store.name(), during.text());
-        assert_eq!(during.problem().as_deref(), Some("lock-held"));
-
-        payments.open_gate();
-        payments.finished.notified().await;
-        assert_eq!(
-            payments.completed.load(Ordering::SeqCst),
-            1,
-            "{}",
-            store.name()
-        );
-        // Then the lease is released.
-        eventually("the finished handler's lease is released", PROMPTLY, || {
-            locker.local_resources() == 0
-        })
-        .await;
-        let after = served.send(pay("k2")).await;
-        assert_eq!(after.status, 201, "{}: {}", store.name(), after.text());
+        runs_whole_after_its_client_left(&served, "k2", &payments, &watch, &locker, &store).await;
     }
+}
+
+/// A client hangs up inside the handler: the handler still holds its lease (a second
+/// request is refused), runs to its end once let go, and then releases it.
+async fn runs_whole_after_its_client_left(
+    served: &Served,
+    key: &str,
+    payments: &Payments,
+    watch: &DropWatch,
+    locker: &Redlock,
+    store: &Store,
+) {
+    hang_up_inside(served, pay(key), &payments.entered, watch).await;
+    let during = served.send(pay(key)).await;
+    assert_eq!(during.status, 409, "{}: {}", store.name(), during.text());
+    assert_eq!(during.problem().as_deref(), Some("lock-held"));
+    payments.open_gate();
+    payments.finished.notified().await;
+    let completed = payments.completed.load(Ordering::SeqCst);
+    assert_eq!(completed, 1, "{}", store.name());
+    eventually("the finished handler's lease is released", PROMPTLY, || {
+        locker.local_resources() == 0
+    })
+    .await;
+    let after = served.send(pay(key)).await;
+    assert_eq!(after.status, 201, "{}: {}", store.name(), after.text());
 }
 
 struct OrderId;
@@ -667,24 +672,7 @@ async fn a_locked_handler_under_finish_on_disconnect_runs_whole() {
                 .layer(watch.clone())
         };
         let served = Served::start(app).await;
-        hang_up_inside(&served, pay("l1"), &payments.entered, &watch).await;
-
-        let during = served.send(pay("l1")).await;
-        assert_eq!(during.status, 409, "{}: {}", store.name(), during.text());
-        payments.open_gate();
-        payments.finished.notified().await;
-        assert_eq!(
-            payments.completed.load(Ordering::SeqCst),
-            1,
-            "{}",
-            store.name()
-        );
-        eventually("the finished handler's lease is released", PROMPTLY, || {
-            locker.local_resources() == 0
-        })
-        .await;
-        let after = served.send(pay("l1")).await;
-        assert_eq!(after.status, 201, "{}: {}", store.name(), after.text());
+        runs_whole_after_its_client_left(&served, "l1", &payments, &watch, &locker, &store).await;
     }
 }
 
