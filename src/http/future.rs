@@ -295,6 +295,15 @@ where
         OnDisconnect::Finish => Some(finish_detached::<Output<RB, S::Error>> as fn(_)),
         OnDisconnect::Cancel => None,
     };
-    let section = critical(settings, span.clone(), inner, request, taken, replay).instrument(span);
-    Step::Critical(Box::pin(section), detach)
+    let section: BoxFuture<_> = match (replay, taken.lease) {
+        (Some(step), Some(lease)) => {
+            let section = replay::critical(settings, span.clone(), inner, request, lease, step);
+            Box::pin(section.instrument(span))
+        }
+        (_, lease) => {
+            let taken = Taken { lease, ..taken };
+            Box::pin(critical(settings, span.clone(), inner, request, taken).instrument(span))
+        }
+    };
+    Step::Critical(section, detach)
 }

@@ -19,7 +19,6 @@ use super::body::LeaseBody;
 use super::extensions::{add_request_lease, LeaseLost, Unlocked};
 use super::policy::{OnLost, Unavailable};
 use super::problem::{self, Problem, ProblemKind};
-use super::replay::{self, ReplayStep};
 use super::settings::Settings;
 use super::tokens::set_fencing_header;
 use crate::lock::LockError;
@@ -83,17 +82,16 @@ where
     Ok(finish(settings, span, response, None, None).await)
 }
 
-/// The critical section of a request that holds its locks: the handler under the lease
-/// (with replay: claimed, run and recorded), then the layer's response. It owns all it
-/// needs, so that it can run to its end after the client left
-/// ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
+/// The critical section of a request that holds its locks: the handler under the
+/// lease, then the layer's response. It owns all it needs, so that it can run to its
+/// end after the client left ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
+/// (A replaying request's section is [`replay::critical`](super::replay::critical).)
 pub(crate) async fn critical<S, B, RB>(
     settings: Arc<Settings>,
     span: Span,
     inner: S,
     request: Request<B>,
     taken: Taken,
-    replay: Option<ReplayStep>,
 ) -> Result<Response<LeaseBody<RB>>, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>>,
@@ -101,26 +99,15 @@ where
 {
     let (settings, span) = (&*settings, &span);
     let Taken { lease, handle, .. } = taken;
-    match (replay, lease) {
-        // Boxed: inline, replay's steps would set the size of every section.
-        (Some(step), Some(lease)) => {
-            Box::pin(replay::critical(
-                settings, span, inner, request, lease, handle, step,
-            ))
-            .await
+    if lease.is_none() {
+        tracing::debug!(token = %handle.fencing_token(), "the request holds this lock already: reusing its lease");
+    }
+    match call_locked(settings, span, inner, request, &handle).await? {
+        Called::Answered(response) => {
+            Ok(finish(settings, span, response, lease, Some(handle)).await)
         }
-        (_, lease) => {
-            if lease.is_none() {
-                tracing::debug!(token = %handle.fencing_token(), "the request holds this lock already: reusing its lease");
-            }
-            match call_locked(settings, span, inner, request, &handle).await? {
-                Called::Answered(response) => {
-                    Ok(finish(settings, span, response, lease, Some(handle)).await)
-                }
-                // The lease drops: lost, released in the background.
-                Called::Stopped(response) => Ok(response),
-            }
-        }
+        // The lease drops: lost, released in the background.
+        Called::Stopped(response) => Ok(response),
     }
 }
 

@@ -63,18 +63,19 @@ pub(crate) async fn lookup<RB: Body>(
 /// Under the lease: the record claimed, the handler run, its response recorded before
 /// it is sent.
 pub(crate) async fn critical<S, B, RB>(
-    settings: &Settings,
-    span: &Span,
+    settings: Arc<Settings>,
+    span: Span,
     inner: S,
     request: Request<B>,
     lease: Lease,
-    handle: LeaseHandle,
     step: ReplayStep,
 ) -> Result<Response<LeaseBody<RB>>, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>>,
     RB: Body,
 {
+    let (settings, span) = (&*settings, &span);
+    let handle = lease.handle();
     let ReplayStep {
         policy,
         fingerprint,
