@@ -186,6 +186,10 @@ pub async fn main() -> Result<(), BoxError> {
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
+    tracing::info!(
+        finishing = lock_http::handlers_finishing(),
+        "connections closed; waiting for the handlers that run on after their client left"
+    );
     let drained = locker.drain(DRAIN_DEADLINE).await;
     tracing::info!(?drained, "shut down");
     Ok(())

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -18,6 +18,23 @@ use crate::lock::metrics;
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// Handlers of this process running on after their client left.
+static FINISHING: AtomicUsize = AtomicUsize::new(0);
+
+/// How many handlers of this process run on, under their leases, after their client
+/// left ([`OnDisconnect::Finish`](super::OnDisconnect::Finish),
+/// [`FinishOnDisconnectLayer`]); also the `tower_redlock_http_handlers_finishing`
+/// gauge (feature `metrics`). Log it at shutdown, before
+/// [`Redlock::drain`](crate::Redlock::drain) waits for them.
+///
+/// Each one is bounded by its lease: it is stopped when the lease is lost under
+/// [`OnLost::Abort`](super::OnLost::Abort), and
+/// [`LockOptions::max_hold`](crate::LockOptions::max_hold) bounds how long any lease
+/// is renewed.
+pub fn handlers_finishing() -> usize {
+    FINISHING.load(Ordering::Relaxed)
+}
+
 /// Runs a critical section whose response no one awaits any more to its end; what it
 /// answers is dropped, which releases a lease its body still holds.
 pub(crate) fn finish_detached<O: 'static>(section: BoxFuture<O>) {
@@ -28,8 +45,10 @@ pub(crate) fn finish_detached<O: 'static>(section: BoxFuture<O>) {
     };
     tracing::debug!("the client left while the handler held its lease: finishing it");
     metrics::handlers_finishing(1.0);
+    FINISHING.fetch_add(1, Ordering::Relaxed);
     runtime.spawn(async move {
         drop(section.await);
+        FINISHING.fetch_sub(1, Ordering::Relaxed);
         metrics::handlers_finishing(-1.0);
         tracing::debug!("handler finished after its client left");
     });

@@ -206,7 +206,9 @@ mod settings;
 mod tokens;
 
 pub use body::{BoxError, LeaseBody};
-pub use detach::{FinishOnDisconnect, FinishOnDisconnectLayer, FinishingFuture};
+pub use detach::{
+    handlers_finishing, FinishOnDisconnect, FinishOnDisconnectLayer, FinishingFuture,
+};
 pub use extensions::{
     InterruptedAttempt, LeaseLost, RequestKey, RequestKeys, RequestLeases, Unlocked,
 };

@@ -244,6 +244,8 @@ async fn runs_whole_after_its_client_left(
     store: &Store,
 ) {
     hang_up_inside(served, pay(key), &payments.entered, watch).await;
+    // Counted while it runs on (other tests of this process may add theirs).
+    assert!(tower_redlock::http::handlers_finishing() >= 1);
     let during = served.send(pay(key)).await;
     assert_eq!(during.status, 409, "{}: {}", store.name(), during.text());
     assert_eq!(during.problem().as_deref(), Some("lock-held"));
