@@ -27,6 +27,7 @@ mod health;
 mod lease;
 pub mod metrics;
 mod options;
+mod quorum;
 pub mod record;
 mod renewal;
 mod round;

@@ -482,11 +482,8 @@ fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -> Round {
         while let Some((index, answer)) = calls.next().await {
             add_answers(&locker, &leases, &mut tallies, index, answer);
             let pending = calls.len();
-            let decided = |t: &OwnerTally| {
-                t.yes >= quorum
-                    || t.no >= quorum
-                    || (t.yes + pending < quorum && t.no + pending < quorum)
-            };
+            let decided =
+                |t: &OwnerTally| super::quorum::tally_decided(quorum, t.yes, t.no, pending);
             if tallies.iter().all(decided) {
                 break;
             }

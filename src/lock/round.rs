@@ -157,7 +157,7 @@ impl OwnerTally {
 
 impl Nodes {
     pub(crate) fn new(list: Vec<Arc<dyn Node>>, timeout: Duration) -> Self {
-        let quorum = list.len() / 2 + 1;
+        let quorum = super::quorum::of(list.len());
         let health = list
             .iter()
             .map(|node| Arc::new(Health::new(node.name().into(), timeout)))
@@ -257,12 +257,7 @@ impl Nodes {
                 }
                 let won = tally.won.len();
                 let answered = won + tally.held.len();
-                // Success is decided by a majority of grants; failure once a majority
-                // is out of reach *and* it is clear whether enough nodes answered to
-                // call it contention rather than an unavailable store.
-                won >= quorum
-                    || (won + pending < quorum
-                        && (answered >= quorum || answered + pending < quorum))
+                super::quorum::acquisition_decided(quorum, won, answered, pending)
             },
         )
         .await;
@@ -418,9 +413,7 @@ impl Nodes {
             call,
             |index, answer, pending| {
                 tally.add(answer, || self.name(index));
-                tally.yes >= quorum
-                    || tally.no >= quorum
-                    || (tally.yes + pending < quorum && tally.no + pending < quorum)
+                super::quorum::tally_decided(quorum, tally.yes, tally.no, pending)
             },
         )
         .await;

@@ -76,9 +76,7 @@ impl Nodes {
                 }
                 let won = tally.won.len();
                 let answered = won + tally.held.len();
-                won >= quorum
-                    || (won + pending < quorum
-                        && (answered >= quorum || answered + pending < quorum))
+                crate::lock::quorum::acquisition_decided(quorum, won, answered, pending)
             },
         )
         .await;
