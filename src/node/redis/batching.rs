@@ -6,12 +6,12 @@
 //! socket as it comes (under Tokio's multi-thread runtime its connection task runs right
 //! after each caller). With `TCP_NODELAY` every write is a packet, and on the server a
 //! read and a reply write of its own: with 64 tasks acquiring and releasing, most of the
-//! client's and the server's time went to system calls (session 7's measurements in
-//! `BENCHMARKS.md`). Nagle's algorithm would coalesce them, at the price of up to a round
+//! client's and the server's time went to system calls (measured in `BENCHMARKS.md`,
+//! "the transport, not the client"). Nagle's algorithm would coalesce them, at the price of up to a round
 //! trip per command on a real network. Batching here coalesces them without that wait:
 //! commands are held back only while the caller that sends them yields once to the
 //! scheduler, and only when an earlier command or batch of the node still waits for its
-//! replies (with nothing in flight, a command goes out at once, as before).
+//! replies (with nothing in flight, a command goes out at once).
 //!
 //! # How
 //!

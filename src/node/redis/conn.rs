@@ -100,9 +100,9 @@ struct State {
 enum Connection {
     /// No connection and no attempt: before the first command, and after the
     /// connection was found broken or an attempt failed. The next command makes an
-    /// attempt, so a failure is never handed to a later caller (redis-rs's
-    /// `ConnectionManager`, which this replaces, kept the outcome of its last attempt
-    /// for the next caller, possibly a refusal from while the server was still down).
+    /// attempt, so a failure is never handed to a later caller (keeping an attempt's
+    /// outcome for the next caller, as redis-rs's `ConnectionManager` does, can hand it
+    /// a refusal from while the server was still down).
     Idle,
     /// An attempt, in a task of its own, numbered as the connection it makes.
     Connecting(u64),
