@@ -192,13 +192,7 @@ impl Redlock {
                     ttl: options.ttl,
                     fence_ttl: options.fence_ttl,
                     fencing: options.fencing,
-                    // Once per round: equal floors keep the nodes' counters equal. Without
-                    // fencing no node reads it, and the wall clock is not read for it.
-                    fence_floor: if options.fencing {
-                        fencing::floor(fencing::unix_ms())
-                    } else {
-                        0
-                    },
+                    fence_floor: fencing::round_floor(options.fencing),
                     seed_only_when_missing: options.seed_only_when_missing,
                     waiter,
                 },

@@ -145,6 +145,17 @@
 #[doc(inline)]
 pub use crate::node::FencingToken;
 
+/// The floor one acquisition round sends every node (for one resource or a set): read
+/// once per round, as equal floors keep the nodes' counters equal; 0 without fencing,
+/// when no node reads it and the wall clock is not read for it.
+pub(crate) fn round_floor(fencing: bool) -> u64 {
+    if fencing {
+        floor(unix_ms())
+    } else {
+        0
+    }
+}
+
 /// The least token a round started at `unix_ms` may hand out: the clock in ms × 2¹⁰.
 pub(crate) fn floor(unix_ms: u64) -> u64 {
     unix_ms.saturating_mul(1024)

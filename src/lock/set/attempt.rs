@@ -72,7 +72,7 @@ impl Redlock {
                     ttl: options.ttl,
                     fence_ttl: options.fence_ttl,
                     fencing: options.fencing,
-                    fence_floor: fencing::floor(fencing::unix_ms()),
+                    fence_floor: fencing::round_floor(options.fencing),
                     seed_only_when_missing: options.seed_only_when_missing,
                 },
             )
@@ -146,7 +146,10 @@ impl Redlock {
                 cleanup(stragglers);
                 let validity = valid_until.saturating_duration_since(Instant::now());
                 if validity <= options.min_validity {
+                    // The write-back was cut short by the validity deadline: a majority
+                    // answered, too slowly. Not an unavailable store; worth a retry.
                     shared.metrics.slow.inc();
+                    tracing::warn!(resource = %first, ?validity, elapsed = ?start.elapsed(), "fence write-back of a set ran out of validity");
                     return Err(LockError::ValidityExpired {
                         resource: first.clone(),
                         validity,
