@@ -21,6 +21,11 @@ pub struct PathParam {
 /// [`Router::route_layer`](axum::Router::route_layer), [`Router::layer`](axum::Router::layer)
 /// or [`MethodRouter::layer`](axum::routing::MethodRouter::layer), not around the whole
 /// router. Outside a router no key is found (and a warning is logged).
+///
+/// Lock the key as the handler reads it: a `Path<u64>` handler sees `/orders/007` and
+/// `/orders/7` as one order, so lock `path_param("id").parse::<u64>()` (see
+/// [`KeyFromParts::parse`]), and normalise other spellings (a UUID's case) with
+/// [`KeyFromParts::normalize`]; otherwise two requests for one order take two locks.
 #[cfg(feature = "axum")]
 pub fn path_param(name: impl Into<Arc<str>>) -> PathParam {
     PathParam { name: name.into() }
