@@ -703,16 +703,16 @@ async fn a_lost_lease_records_nothing_then_the_key_answers_outcome_unknown_then_
     assert_eq!(payments.runs(), 2, "the handler ran again");
     assert_eq!(rerun.status, StatusCode::CREATED);
     assert!(!rerun.replayed());
-    eventually(
-        "the re-executed outcome is recorded everywhere",
-        PROMPTLY,
-        || {
-            backend
-                .record_states(&resource)
-                .iter()
-                .all(|s| s.as_deref() == Some("done"))
-        },
-    )
+    // Recorded on a majority, as a store counts (a node whose acquire answered after
+    // the node timeout on a loaded machine holds neither the lock nor the record).
+    eventually("the re-executed outcome is recorded", PROMPTLY, || {
+        let states = backend.record_states(&resource);
+        states
+            .iter()
+            .filter(|s| s.as_deref() == Some("done"))
+            .count()
+            >= 2
+    })
     .await;
 }
 
