@@ -54,6 +54,7 @@
 //! | `axum` | yes | [`path_param`](http::path_param) keys, axum's matched route in [`Scope::Route`], and the extractors of [`axum`](mod@crate::axum) |
 //! | `tls` | no | `rediss://` URLs, through redis-rs's rustls support |
 //! | `metrics` | no | records the [`metrics`] listed there through the `metrics` facade, for the exporter the application installs |
+//! | `postgres` | no | [`fence::postgres`]: guarded writes to PostgreSQL through sqlx, a stale holder's transaction refused by the database |
 //! | `test-util` | no | [`test_util`]: a lock store for tests that drives handlers into every path (held, unavailable, lost, slow) without Redis or sleeps |
 //!
 //! Without `redis`, only [`MemoryNode`] (one process) is available.
@@ -64,6 +65,7 @@
 //! |---|---|
 //! | [`lock`] | the lock engine: [`Redlock`] over N nodes, [`Lease`], [`LockOptions`], waiting, the watchdog, outcome records ([`lock::record`]), many resources in one lease ([`Redlock::try_acquire_all`]). Knows nothing of HTTP nor Redis. |
 //! | [`fencing`] | [`FencingToken`]: how tokens are made across a quorum, why they increase, and the assumptions |
+//! | [`fence`] | guarded writes: the storage refuses a stale token ([`fence::postgres`] with `postgres`, [`fence::redis`] with `redis`) |
 //! | [`http`] | [`LockLayer`] and [`LockService`]: the tower middleware and its policies |
 //! | [`http::key`] | where a request's key comes from: [`KeyFromParts`], [`KeyExtractor`], the built-ins and the webhook presets |
 //! | [`http::problem`] | the RFC 9457 problem responses, [`ProblemRenderer`], and [`problem_response`](http::problem::problem_response) for errors of code that locks by hand |
@@ -145,6 +147,7 @@
 #[cfg(feature = "axum")]
 pub mod axum;
 mod error;
+pub mod fence;
 pub mod http;
 pub mod lock;
 pub mod node;
