@@ -456,3 +456,53 @@ async fn the_payment_names_the_key_the_layer_locked() {
     assert_eq!(bare.json, created.json, "the same payment, replayed");
     assert_eq!(bare.headers["idempotent-replayed"], "true");
 }
+
+/// With `DATABASE_URL` (feature `postgres`) the ledger lives in PostgreSQL and every
+/// write is fenced: the payment counted with its token, a writer with an older token
+/// refused by the database (409 `stale-fencing-token` from the route, nothing counted).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_ledger_fences_every_write() {
+    let db = support::postgres::TestDatabase::create().await;
+    let config = Config {
+        database_url: Some(db.url().to_owned()),
+        wait_timeout: RESPONSE_LIMIT,
+        ..Config::default()
+    };
+    let (locker, ledger) = orders::locker_and_ledger(&config).unwrap();
+    let app = orders::app(locker.clone(), ledger.clone(), &config);
+
+    let first = send(&app, "POST", "/orders/5/pay?work_ms=0", None).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.json);
+    let status = send(&app, "GET", "/orders/5", None).await;
+    assert_eq!(status.json["payments"], 1);
+    assert_eq!(status.json["last_fencing_token"], first.token().to_string());
+
+    // A writer with a newer token than any lease of this locker got there first.
+    let newer = first.token() + (1 << 40);
+    let visit = ledger.enter("5").await.unwrap();
+    assert_eq!(
+        visit
+            .record(Entry::Payment, FencingToken::new(newer))
+            .await
+            .unwrap(),
+        2
+    );
+    // An older token: refused by the fence, nothing of its transaction counted.
+    let visit = ledger.enter("5").await.unwrap();
+    assert!(matches!(
+        visit.record(Entry::Payment, FencingToken::new(first.token())).await,
+        Err(orders::LedgerError::Stale { last, .. }) if last == newer
+    ));
+    support::eventually("the first lease is released", RESPONSE_LIMIT, || {
+        locker.local_resources() == 0
+    })
+    .await;
+    let stale = send(&app, "POST", "/orders/5/pay?work_ms=0", None).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.json);
+    assert_eq!(stale.problem_code(), "stale-fencing-token");
+    let status = send(&app, "GET", "/orders/5", None).await;
+    assert_eq!(status.json["payments"], 2);
+    assert_eq!(status.json["max_in_flight"], 1);
+    assert_eq!(status.json["last_fencing_token"], newer.to_string());
+}
