@@ -14,7 +14,7 @@
 //!   script sets a value (a string, or hash fields) only if the token is not below the
 //!   one stored for it.
 //!
-//! Both take what holds the tokens through [`Fenced`]: a [`Lease`](crate::Lease), a
+//! Both take what holds the tokens through [`Fenced`]: a [`Lease`], a
 //! [`LeaseHandle`], the layer's [`RequestLeases`](crate::http::RequestLeases), the axum
 //! extractors `LayerLease` and `Locked<K>`, or a `(Resource, FencingToken)` pair. A
 //! lease over a set of resources advances one fence per member, each with its own token.
