@@ -14,10 +14,13 @@
 //!   script sets a value (a string, or hash fields) only if the token is not below the
 //!   one stored for it.
 //!
-//! Both take what holds the tokens through [`Fenced`]: a [`Lease`], a
-//! [`LeaseHandle`], the layer's [`RequestLeases`](crate::http::RequestLeases), the axum
-//! extractors `LayerLease` and `Locked<K>`, or a `(Resource, FencingToken)` pair. A
-//! lease over a set of resources advances one fence per member, each with its own token.
+//! PostgreSQL's fences are the resources': [`postgres::advance`](crate::fence::postgres::advance)
+//! takes whatever holds the tokens through [`Fenced`] — a [`Lease`], a [`LeaseHandle`],
+//! the layer's [`RequestLeases`](crate::http::RequestLeases), the axum extractors
+//! `LayerLease` and `Locked<K>`, or a `(Resource, FencingToken)` pair — and a lease over
+//! a set of resources advances one fence per member, each with its own token. A Redis
+//! value has a fence of its own, beside its key: the write takes the token
+//! (`lease.fencing_token()`, or `fencing_token_of(&resource)` for a member of a set).
 //!
 //! # The rule
 //!
@@ -134,7 +137,7 @@ impl<T: Fenced + ?Sized> Fenced for &T {
 
 /// The token as PostgreSQL's `bigint` (or any signed 64-bit column), refused rather
 /// than wrapped above `i64::MAX`: for a row that carries its own fence column (see
-/// [`postgres`'s "A row's own fence column"](crate::fence#a-rows-own-fence-column)).
+/// "A row's own fence column" in `fence::postgres`, feature `postgres`).
 ///
 /// ```
 /// use tower_redlock::fence::{self, FenceError};
