@@ -14,7 +14,7 @@
 //!   script sets a value (a string, or hash fields) only if the token is not below the
 //!   one stored for it.
 //!
-//! PostgreSQL's fences are the resources': [`postgres::advance`](crate::fence::postgres::advance)
+//! PostgreSQL's fences are the resources': [`postgres::advance`]
 //! takes whatever holds the tokens through [`Fenced`] — a [`Lease`], a [`LeaseHandle`],
 //! the layer's [`RequestLeases`](crate::http::RequestLeases), the axum extractors
 //! `LayerLease` and `Locked<K>`, or a `(Resource, FencingToken)` pair — and a lease over
