@@ -12,7 +12,8 @@
 //!
 //! Every lease carries a [`FencingToken`] that grows from one holder to the next, so
 //! the storage can refuse a late write from a holder whose lease ran out (see
-//! [`fencing`]): a lock alone cannot promise that.
+//! [`fencing`]; [`fence`] makes PostgreSQL and Redis refuse it): a lock alone cannot
+//! promise that.
 //!
 //! ```
 //! use axum::{routing::post, Router};
@@ -127,8 +128,9 @@
 //! of the nodes run at about the same rate and a node does not lose keys while they
 //! should live (persistence with `appendfsync always`, or a restart delayed by one
 //! ttl). A process paused longer than its lease (GC, swap, a stopped VM) can still
-//! write after another took over: that is what the fencing token is for. The details
-//! are in [`fencing`] and [`lock`].
+//! write after another took over: that is what the fencing token is for, once the
+//! storage checks it ([`fence`]: PostgreSQL and Redis refuse the stale write). The
+//! details are in [`fencing`] and [`lock`].
 //!
 //! # Layout
 //!
