@@ -12,7 +12,8 @@
 //!
 //! Every lease carries a [`FencingToken`] that grows from one holder to the next, so
 //! the storage can refuse a late write from a holder whose lease ran out (see
-//! [`fencing`]): a lock alone cannot promise that.
+//! [`fencing`]; [`fence`] makes PostgreSQL and Redis refuse it): a lock alone cannot
+//! promise that.
 //!
 //! ```
 //! use axum::{routing::post, Router};
@@ -54,6 +55,7 @@
 //! | `axum` | yes | [`path_param`](http::path_param) keys, axum's matched route in [`Scope::Route`], and the extractors of [`axum`](mod@crate::axum) |
 //! | `tls` | no | `rediss://` URLs, through redis-rs's rustls support |
 //! | `metrics` | no | records the [`metrics`] listed there through the `metrics` facade, for the exporter the application installs |
+//! | `postgres` | no | [`fence::postgres`]: guarded writes to PostgreSQL through sqlx, a stale holder's transaction refused by the database |
 //! | `test-util` | no | [`test_util`]: a lock store for tests that drives handlers into every path (held, unavailable, lost, slow) without Redis or sleeps |
 //!
 //! Without `redis`, only [`MemoryNode`] (one process) is available.
@@ -64,6 +66,7 @@
 //! |---|---|
 //! | [`lock`] | the lock engine: [`Redlock`] over N nodes, [`Lease`], [`LockOptions`], waiting, the watchdog, outcome records ([`lock::record`]), many resources in one lease ([`Redlock::try_acquire_all`]). Knows nothing of HTTP nor Redis. |
 //! | [`fencing`] | [`FencingToken`]: how tokens are made across a quorum, why they increase, and the assumptions |
+//! | [`fence`] | guarded writes: the storage refuses a stale token ([`fence::postgres`] with `postgres`, [`fence::redis`] with `redis`) |
 //! | [`http`] | [`LockLayer`] and [`LockService`]: the tower middleware and its policies |
 //! | [`http::key`] | where a request's key comes from: [`KeyFromParts`], [`KeyExtractor`], the built-ins and the webhook presets |
 //! | [`http::problem`] | the RFC 9457 problem responses, [`ProblemRenderer`], and [`problem_response`](http::problem::problem_response) for errors of code that locks by hand |
@@ -125,8 +128,9 @@
 //! of the nodes run at about the same rate and a node does not lose keys while they
 //! should live (persistence with `appendfsync always`, or a restart delayed by one
 //! ttl). A process paused longer than its lease (GC, swap, a stopped VM) can still
-//! write after another took over: that is what the fencing token is for. The details
-//! are in [`fencing`] and [`lock`].
+//! write after another took over: that is what the fencing token is for, once the
+//! storage checks it ([`fence`]: PostgreSQL and Redis refuse the stale write). The
+//! details are in [`fencing`] and [`lock`].
 //!
 //! # Layout
 //!
@@ -145,6 +149,7 @@
 #[cfg(feature = "axum")]
 pub mod axum;
 mod error;
+pub mod fence;
 pub mod http;
 pub mod lock;
 pub mod node;

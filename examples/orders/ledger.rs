@@ -1,7 +1,8 @@
 //! The orders demo's ledger: what the lock protects (see `main.rs`). Counts payments
 //! and shipments per order, the most handlers ever inside one order at once
-//! (`max_in_flight`), and accepts a write only with a fencing token above the last one
-//! accepted; in Redis (`LEDGER_URL`) or in this process.
+//! (`max_in_flight`), and refuses a write whose fencing token is below one it accepted
+//! (in Redis through the crate's guarded write, `tower_redlock::fence::redis`); in Redis
+//! (`LEDGER_URL`) or in this process.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,6 +16,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::IntoConnectionInfo;
 use tokio::sync::OnceCell;
+use tower_redlock::fence::{self, FenceError};
 use tower_redlock::FencingToken;
 
 use super::BoxError;
@@ -55,8 +57,8 @@ pub struct OrderRecord {
 /// Why the ledger refused.
 #[derive(Debug)]
 pub enum LedgerError {
-    /// The writer's fencing token is not larger than the last accepted one: its lease
-    /// ended and another holder wrote since.
+    /// A larger fencing token than the writer's was accepted: its lease ended and
+    /// another holder wrote since.
     Stale {
         /// The refused token.
         token: FencingToken,
@@ -83,6 +85,8 @@ pub struct Ledger {
 #[derive(Clone)]
 pub(super) enum Store {
     Memory(Arc<Mutex<HashMap<String, OrderRecord>>>),
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::PgLedger),
     Redis {
         connection: LedgerConnection,
         scripts: Arc<Scripts>,
@@ -93,7 +97,6 @@ pub(super) enum Store {
 pub(super) struct Scripts {
     enter: redis::Script,
     leave: redis::Script,
-    record: redis::Script,
 }
 
 // KEYS[1]: the order's hash. A handler starts working on the order: count it in
@@ -110,22 +113,6 @@ return n
 // KEYS[1]: the order's hash. A handler stopped without recording anything.
 pub(super) const LEAVE: &str = r"
 return redis.call('HINCRBY', KEYS[1], 'in_flight', -1)
-";
-
-// KEYS[1]: the order's hash; ARGV[1]: the counter (`payments` or `shipments`);
-// ARGV[2]: the writer's fencing token, in decimal. The writer leaves the in-flight
-// count, then its write is accepted only with a token larger than the last one.
-// Tokens are compared as decimal text (longer is larger; equal lengths compare as
-// text), which stays exact for every u64, unlike Lua's floating-point numbers.
-const RECORD: &str = r"
-redis.call('HINCRBY', KEYS[1], 'in_flight', -1)
-local token = ARGV[2]
-local last = redis.call('HGET', KEYS[1], 'last_token')
-if last and (#last > #token or (#last == #token and last >= token)) then
-  return {'stale', last}
-end
-redis.call('HSET', KEYS[1], 'last_token', token)
-return {'ok', tostring(redis.call('HINCRBY', KEYS[1], ARGV[1], 1))}
 ";
 
 impl Ledger {
@@ -149,9 +136,17 @@ impl Ledger {
                 scripts: Arc::new(Scripts {
                     enter: redis::Script::new(ENTER),
                     leave: redis::Script::new(LEAVE),
-                    record: redis::Script::new(RECORD),
                 }),
             },
+        })
+    }
+
+    /// A ledger in the PostgreSQL at `url` (`DATABASE_URL`): its tables are created on
+    /// first use, every write is fenced (`tower_redlock::fence::postgres`).
+    #[cfg(feature = "postgres")]
+    pub fn postgres(url: &str) -> Result<Ledger, BoxError> {
+        Ok(Ledger {
+            store: Store::Postgres(postgres::PgLedger::connect_lazy(url)?),
         })
     }
 
@@ -168,6 +163,8 @@ impl Ledger {
                 record.in_flight += 1;
                 record.max_in_flight = record.max_in_flight.max(record.in_flight);
             }
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => pg.enter(order).await?,
             Store::Redis {
                 connection,
                 scripts,
@@ -190,18 +187,16 @@ impl Ledger {
     pub async fn order(&self, order: &str) -> Result<OrderRecord, LedgerError> {
         match &self.store {
             Store::Memory(orders) => Ok(lock(orders).get(order).cloned().unwrap_or_default()),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => pg.order(order).await,
             Store::Redis { connection, .. } => {
+                let mut connection = connection.get().await?;
                 let fields: Vec<Option<String>> = redis::cmd("HMGET")
                     .arg(Self::key(order))
-                    .arg(&[
-                        "payments",
-                        "shipments",
-                        "in_flight",
-                        "max_in_flight",
-                        "last_token",
-                    ])
-                    .query_async(&mut connection.get().await?)
+                    .arg(&["payments", "shipments", "in_flight", "max_in_flight"])
+                    .query_async(&mut connection)
                     .await?;
+                let last_token = fence::redis::current(&mut connection, &Self::key(order)).await?;
                 let number = |i: usize| -> Result<Option<i64>, LedgerError> {
                     match fields.get(i).cloned().flatten() {
                         None => Ok(None),
@@ -216,11 +211,7 @@ impl Ledger {
                     shipments: count(1)?,
                     in_flight: number(2)?.unwrap_or(0),
                     max_in_flight: number(3)?.unwrap_or(0),
-                    last_token: fields
-                        .get(4)
-                        .cloned()
-                        .flatten()
-                        .and_then(|text| text.parse().ok()),
+                    last_token: last_token.map(FencingToken::get),
                 })
             }
         }
@@ -383,8 +374,9 @@ pub struct Visit {
 }
 
 impl Visit {
-    /// Records `entry` with the writer's fencing token, and leaves. Refused when the
-    /// token is not larger than the last accepted one. Returns the entry's number.
+    /// Records `entry` with the writer's fencing token, and leaves. Refused when a
+    /// larger token was accepted before (the rule of `tower_redlock::fence`; in Redis
+    /// through `fence::redis`). Returns the entry's number.
     pub async fn record(mut self, entry: Entry, token: FencingToken) -> Result<u64, LedgerError> {
         self.open = false;
         match &self.ledger.store {
@@ -392,7 +384,7 @@ impl Visit {
                 let mut orders = lock(orders);
                 let record = orders.entry(self.order.clone()).or_default();
                 record.in_flight -= 1;
-                if let Some(last) = record.last_token.filter(|&last| last >= token.get()) {
+                if let Some(last) = record.last_token.filter(|&last| last > token.get()) {
                     return Err(LedgerError::Stale { token, last });
                 }
                 record.last_token = Some(token.get());
@@ -403,26 +395,36 @@ impl Visit {
                 *count += 1;
                 Ok(*count)
             }
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => pg.record(&self.order, entry, token).await,
             Store::Redis {
                 connection,
                 scripts,
             } => {
-                let (outcome, value): (String, String) = scripts
-                    .record
-                    .key(Ledger::key(&self.order))
-                    .arg(entry.field())
-                    .arg(token.get())
-                    .invoke_async(&mut connection.get().await?)
+                let key = Ledger::key(&self.order);
+                let mut connection = connection.get().await?;
+                let _: i64 = scripts
+                    .leave
+                    .key(&key)
+                    .invoke_async(&mut connection)
                     .await?;
-                let number = value.parse().map_err(|_| {
-                    LedgerError::Unavailable(format!("unexpected ledger reply {value:?}"))
-                })?;
-                match outcome.as_str() {
-                    "ok" => Ok(number),
-                    _ => Err(LedgerError::Stale {
+                let count: Option<u64> = redis::cmd("HGET")
+                    .arg(&key)
+                    .arg(entry.field())
+                    .query_async(&mut connection)
+                    .await?;
+                let number = count.unwrap_or(0) + 1;
+                // The crate's guarded write: the count is written only if no later
+                // holder of the order's lock wrote before (its token is kept beside
+                // the order's hash, `fence::redis::fence_key`).
+                let fields = [(entry.field(), number)];
+                match fence::redis::set_fields(&mut connection, token, &key, &fields).await {
+                    Ok(()) => Ok(number),
+                    Err(FenceError::Stale { current, .. }) => Err(LedgerError::Stale {
                         token,
-                        last: number,
+                        last: current.get(),
                     }),
+                    Err(other) => Err(LedgerError::Unavailable(other.to_string())),
                 }
             }
         }
@@ -440,6 +442,8 @@ impl Drop for Visit {
                     record.in_flight -= 1;
                 }
             }
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => pg.leave_in_background(&self.order),
             Store::Redis {
                 connection,
                 scripts,
@@ -459,6 +463,169 @@ impl Drop for Visit {
                     }
                 });
             }
+        }
+    }
+}
+
+/// The ledger in PostgreSQL (`DATABASE_URL`, feature `postgres`): one row per order in
+/// `orders_example_ledger`, each write in a transaction fenced by the order's fence
+/// (`tower_redlock::fence::postgres`, table `redlock_fences`), so a writer whose lease
+/// ran out is refused by the database and its transaction commits nothing.
+#[cfg(feature = "postgres")]
+pub(super) mod postgres {
+    use std::sync::Arc;
+
+    use sqlx::postgres::PgPoolOptions;
+    use sqlx::PgPool;
+    use tokio::sync::OnceCell;
+    use tower_redlock::fence::postgres::FenceTable;
+    use tower_redlock::fence::{self, FenceError};
+    use tower_redlock::{FencingToken, Resource};
+
+    use super::{BoxError, Entry, LedgerError, OrderRecord};
+
+    const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS orders_example_ledger (
+        entry text PRIMARY KEY,
+        payments bigint NOT NULL DEFAULT 0,
+        shipments bigint NOT NULL DEFAULT 0,
+        in_flight bigint NOT NULL DEFAULT 0,
+        max_in_flight bigint NOT NULL DEFAULT 0,
+        last_token bigint
+    )";
+
+    impl From<sqlx::Error> for LedgerError {
+        fn from(error: sqlx::Error) -> Self {
+            LedgerError::Unavailable(error.to_string())
+        }
+    }
+
+    #[derive(Clone)]
+    pub(in super::super) struct PgLedger {
+        pool: PgPool,
+        ready: Arc<OnceCell<()>>,
+    }
+
+    impl PgLedger {
+        pub(super) fn connect_lazy(url: &str) -> Result<PgLedger, BoxError> {
+            let pool = PgPoolOptions::new()
+                .max_connections(8)
+                .connect_lazy(url)
+                .map_err(|e| format!("DATABASE_URL {url:?}: {e}"))?;
+            Ok(PgLedger {
+                pool,
+                ready: Arc::default(),
+            })
+        }
+
+        /// The pool, once the tables exist.
+        async fn pool(&self) -> Result<&PgPool, LedgerError> {
+            self.ready
+                .get_or_try_init(|| async {
+                    let mut conn = self.pool.acquire().await?;
+                    sqlx::query(SCHEMA).execute(&mut *conn).await?;
+                    FenceTable::default().create(&mut conn).await?;
+                    Ok::<(), sqlx::Error>(())
+                })
+                .await?;
+            Ok(&self.pool)
+        }
+
+        /// The fence of a ledger entry: one per entry, as a token orders the writes of
+        /// one lock only.
+        fn fence(order: &str, token: FencingToken) -> (Resource, FencingToken) {
+            (Resource::new("orders-example").join(order), token)
+        }
+
+        pub(super) async fn enter(&self, order: &str) -> Result<(), LedgerError> {
+            sqlx::query(
+                "INSERT INTO orders_example_ledger AS l (entry, in_flight, max_in_flight)
+                 VALUES ($1, 1, 1)
+                 ON CONFLICT (entry) DO UPDATE SET in_flight = l.in_flight + 1,
+                     max_in_flight = greatest(l.max_in_flight, l.in_flight + 1)",
+            )
+            .bind(order)
+            .execute(self.pool().await?)
+            .await?;
+            Ok(())
+        }
+
+        pub(super) async fn order(&self, order: &str) -> Result<OrderRecord, LedgerError> {
+            let row: Option<(i64, i64, i64, i64, Option<i64>)> = sqlx::query_as(
+                "SELECT payments, shipments, in_flight, max_in_flight, last_token
+                 FROM orders_example_ledger WHERE entry = $1",
+            )
+            .bind(order)
+            .fetch_optional(self.pool().await?)
+            .await?;
+            Ok(match row {
+                None => OrderRecord::default(),
+                Some((payments, shipments, in_flight, max_in_flight, last_token)) => OrderRecord {
+                    payments: payments.max(0) as u64,
+                    shipments: shipments.max(0) as u64,
+                    in_flight,
+                    max_in_flight,
+                    last_token: last_token.map(|token| token as u64),
+                },
+            })
+        }
+
+        /// Leaves the in-flight count, then, in one transaction, advances the entry's
+        /// fence and counts the entry: both or neither.
+        pub(super) async fn record(
+            &self,
+            order: &str,
+            entry: Entry,
+            token: FencingToken,
+        ) -> Result<u64, LedgerError> {
+            let pool = self.pool().await?;
+            self.leave(order).await?;
+            let mut tx = pool.begin().await?;
+            match fence::postgres::advance(&mut tx, &Self::fence(order, token)).await {
+                Ok(()) => {}
+                // `tx` is dropped: rolled back, nothing counted.
+                Err(FenceError::Stale { current, .. }) => {
+                    return Err(LedgerError::Stale {
+                        token,
+                        last: current.get(),
+                    })
+                }
+                Err(other) => return Err(LedgerError::Unavailable(other.to_string())),
+            }
+            let column = match entry {
+                Entry::Payment => "payments",
+                Entry::Shipment => "shipments",
+            };
+            let count: i64 = sqlx::query_scalar(&format!(
+                "UPDATE orders_example_ledger SET {column} = {column} + 1, last_token = $2
+                 WHERE entry = $1 RETURNING {column}"
+            ))
+            .bind(order)
+            .bind(fence::to_i64::<()>(token).map_err(|_| {
+                LedgerError::Unavailable(format!("fencing token {token} does not fit bigint"))
+            })?)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(count.max(0) as u64)
+        }
+
+        async fn leave(&self, order: &str) -> Result<(), LedgerError> {
+            sqlx::query(
+                "UPDATE orders_example_ledger SET in_flight = in_flight - 1 WHERE entry = $1",
+            )
+            .bind(order)
+            .execute(self.pool().await?)
+            .await?;
+            Ok(())
+        }
+
+        pub(super) fn leave_in_background(&self, order: &str) {
+            let (ledger, order) = (self.clone(), order.to_owned());
+            tokio::spawn(async move {
+                if let Err(error) = ledger.leave(&order).await {
+                    tracing::warn!(?error, "ledger: leaving the in-flight count failed");
+                }
+            });
         }
     }
 }

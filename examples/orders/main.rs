@@ -9,6 +9,8 @@
 //! LOCK_URLS=etcd://127.0.0.1:2379,127.0.0.1:22379,127.0.0.1:32379/orders \
 //! LEDGER_URL=redis://127.0.0.1:7001 \
 //!     cargo run --example orders --features etcd  # one etcd cluster, revisions as tokens
+//! DATABASE_URL=postgres://postgres@127.0.0.1/orders \
+//!     cargo run --example orders --features postgres  # the ledger in PostgreSQL, fenced
 //! ```
 //!
 //! Environment:
@@ -18,6 +20,7 @@
 //! | `PORT` | 3000 | listens on `127.0.0.1:$PORT` |
 //! | `LOCK_URLS` (or its old name `REDIS_URLS`) | unset | node URLs separated by commas or whitespace (`redis://`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/master`, `etcd://h1:p1,h2:p2/prefix` with `--features etcd`; see `tower_redlock::lock::split_node_urls`): Redlock over them (majority); an etcd node must be the only one. Unset: the in-process `MemoryNode` and an in-process ledger |
 //! | `LEDGER_URL` | the first of `LOCK_URLS` (required when that is etcd) | the Redis of the ledger: a server, a Cluster or a Sentinel master, as in `LOCK_URLS`. Give it one of its own to let any one lock node fail: with the default, the first node must stay up for the ledger |
+//! | `DATABASE_URL` | unset | with `--features postgres`: the ledger's orders and payments live in this PostgreSQL (`postgres://user@host/db`; tables created on first use), every write in a transaction fenced by `tower_redlock::fence::postgres`; transfers' balances stay where they would be without it |
 //! | `LOCK_TTL_MS` | 10000 | lease time to live (the watchdog renews it while a handler runs) |
 //! | `WAIT_TIMEOUT_MS` | 5000 | how long `ship` waits for the order's lock |
 //! | `LOCK_NODE_TIMEOUT_MS` | 50 (500 for etcd) | how long one lock node may take to answer |
@@ -101,6 +104,9 @@ pub struct Config {
     pub redis_urls: Vec<String>,
     /// `LEDGER_URL`; `None` for the first of `redis_urls`.
     pub ledger_url: Option<String>,
+    /// `DATABASE_URL`: the ledger's orders and payments in PostgreSQL (feature
+    /// `postgres`); `None` for the Redis or in-process ledger.
+    pub database_url: Option<String>,
     /// `LOCK_TTL_MS`.
     pub lock_ttl: Duration,
     /// `WAIT_TIMEOUT_MS`.
@@ -115,6 +121,7 @@ impl Default for Config {
             port: 3000,
             redis_urls: Vec::new(),
             ledger_url: None,
+            database_url: None,
             lock_ttl: Duration::from_millis(10_000),
             wait_timeout: Duration::from_millis(5_000),
             node_timeout: None,
@@ -145,6 +152,10 @@ impl Config {
                     .unwrap_or_default(),
             ),
             ledger_url: std::env::var("LEDGER_URL")
+                .ok()
+                .map(|url| url.trim().to_owned())
+                .filter(|url| !url.is_empty()),
+            database_url: std::env::var("DATABASE_URL")
                 .ok()
                 .map(|url| url.trim().to_owned())
                 .filter(|url| !url.is_empty()),
@@ -273,6 +284,24 @@ pub fn locker_and_ledger(config: &Config) -> Result<(Redlock, Ledger), BoxError>
                 if etcd { "etcd" } else { "Redis" }
             );
             (locker, Ledger::redis(ledger_url)?)
+        }
+    };
+    let ledger = match &config.database_url {
+        None => ledger,
+        #[cfg(feature = "postgres")]
+        Some(url) => {
+            tracing::info!(
+                "DATABASE_URL is set: orders and payments live in PostgreSQL, every write fenced"
+            );
+            Ledger::postgres(url)?
+        }
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => {
+            return Err(
+                "DATABASE_URL is set: run with `--features postgres` for the \
+                        PostgreSQL ledger"
+                    .into(),
+            )
         }
     };
     Ok((locker, ledger))

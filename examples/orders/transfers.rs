@@ -258,7 +258,8 @@ struct AccountScripts {
 // KEYS[1]: the account's hash; ARGV[1]: the amount to add (negative for a debit);
 // ARGV[2]: the writer's fencing token, in decimal. The writer leaves the in-flight
 // count, then its write is accepted only with a token larger than the last one
-// (compared as decimal text, as the ledger's RECORD does).
+// (compared as decimal text, as `tower_redlock::fence::redis` does). An increment is not a
+// plain set, so this one keeps a script of its own.
 const WRITE: &str = r"
 redis.call('HINCRBY', KEYS[1], 'in_flight', -1)
 local token = ARGV[2]
@@ -276,6 +277,9 @@ impl Accounts {
     pub fn beside(ledger: &Ledger) -> Accounts {
         let store = match &ledger.store {
             Store::Memory(_) => AccountStore::Memory(Arc::default()),
+            // The balances stay in this process when the orders live in PostgreSQL.
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => AccountStore::Memory(Arc::default()),
             Store::Redis { connection, .. } => AccountStore::Redis {
                 connection: connection.clone(),
                 scripts: Arc::new(AccountScripts {

@@ -128,3 +128,10 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for LayerLease {
             .map(LayerLease))
     }
 }
+
+/// The layer's lease: every resource it holds with its token.
+impl crate::fence::Fenced for LayerLease {
+    fn tokens(&self) -> Vec<(crate::Resource, crate::FencingToken)> {
+        self.0.tokens()
+    }
+}

@@ -459,3 +459,18 @@ fn refuse(problem: Problem) -> LockRejection {
     crate::lock::metrics::refusal(problem.kind().code());
     LockRejection::from(problem)
 }
+
+/// The resources of this lock with their tokens (its own lease's and the reused ones'),
+/// in the extractor's order: `fence::postgres::advance(&mut tx, &locked)` fences them
+/// all.
+impl<K> crate::fence::Fenced for Locked<K> {
+    fn tokens(&self) -> Vec<(Resource, FencingToken)> {
+        self.resources
+            .iter()
+            .filter_map(|resource| {
+                self.fencing_token_of(resource)
+                    .map(|token| (resource.clone(), token))
+            })
+            .collect()
+    }
+}

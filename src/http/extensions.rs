@@ -289,3 +289,19 @@ pub(crate) fn add_request_lease(extensions: &mut http::Extensions, lease: &Lease
         }
     }
 }
+
+/// Every lease of the request, each resource with its token: a guarded write under
+/// [`RequestLeases`] advances the fence of every resource the request holds.
+impl crate::fence::Fenced for RequestLeases {
+    fn tokens(&self) -> Vec<(Resource, FencingToken)> {
+        let mut tokens: Vec<(Resource, FencingToken)> = Vec::new();
+        for lease in self.iter() {
+            for (resource, token) in lease.fencing_tokens() {
+                if !tokens.iter().any(|(held, _)| held == resource) {
+                    tokens.push((resource.clone(), token));
+                }
+            }
+        }
+        tokens
+    }
+}

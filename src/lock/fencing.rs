@@ -110,7 +110,8 @@
 //! - **The counter's own lifetime** ([`LockOptions::fence_ttl`](crate::LockOptions::fence_ttl),
 //!   one hour from the last acquisition by default) only bounds memory: when it expires
 //!   the counter is re-created at the floor, still above every earlier token.
-//! - **The storage must check the token.** A token the storage ignores protects nothing.
+//! - **The storage must check the token.** A token the storage ignores protects nothing
+//!   (see [Where the token is checked](#where-the-token-is-checked)).
 //!
 //! # What each persistence mode guarantees
 //!
@@ -139,6 +140,90 @@
 //! key's create revision, a cluster-wide counter kept by consensus that never comes back
 //! behind, so it ignores the floor and the write-back never runs (it is a locker's only
 //! node).
+//!
+//! # Where the token is checked
+//!
+//! Tokens protect nothing until the store refuses a smaller one: the lock cannot stop a
+//! holder that does not know it lost it. The crate ships that check for the stores
+//! applications write to, in [`fence`](crate::fence):
+//!
+//! - PostgreSQL ([`fence::postgres`](crate::fence::postgres), feature `postgres`): one
+//!   statement in the application's own transaction advances the resource's fence
+//!   (a row of a fence table) to the token, or fails with
+//!   [`FenceError::Stale`](crate::fence::FenceError::Stale) carrying the token already
+//!   there; the transaction that fails it commits nothing;
+//! - Redis ([`fence::redis`](crate::fence::redis)): one script writes a value only if the
+//!   token is not below the one stored beside it.
+//!
+//! ## A paused holder, end to end
+//!
+//! 1. A acquires `invoice:7` with token 1000, reads, and pauses (GC, swap, a stopped
+//!    VM) for longer than its ttl. Its lease expires; it does not know.
+//! 2. B acquires `invoice:7`: its token is larger than 1000 (the argument above, even
+//!    if nodes came back from stale snapshots), say 1500. B's transaction advances the
+//!    fence to 1500, writes, commits.
+//! 3. A wakes up and writes under 1000. Its transaction's fence statement finds 1500:
+//!    `Stale { current: 1500 }`. A rolls back; nothing of its transaction lands, B's
+//!    write stays. A's correct reaction is to give up this attempt: acquire again, read
+//!    the current state, decide again.
+//!
+//! Without step 3's check, A's late write would silently overwrite B's: the lock alone
+//! gives exclusion only while every holder stays within its lease.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # mod postgres {
+//! use tower_redlock::fence::{self, FenceError};
+//! use tower_redlock::Redlock;
+//!
+//! async fn send_invoice(locker: &Redlock, pool: &sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//!     let lease = locker.try_acquire("invoice:7").await?;
+//!     let mut tx = pool.begin().await?;
+//!     sqlx::query("UPDATE invoices SET sent = true WHERE id = 7").execute(&mut *tx).await?;
+//!     // In the same transaction: refused if a later holder already wrote.
+//!     match fence::postgres::advance(&mut tx, &lease).await {
+//!         Ok(()) => tx.commit().await?,
+//!         // `tx` is dropped: rolled back, the UPDATE above never lands.
+//!         Err(FenceError::Stale { current, .. }) => return Err(format!("superseded by {current}").into()),
+//!         Err(other) => return Err(other.into()),
+//!     }
+//!     Ok(())
+//! }
+//! # }
+//! ```
+//!
+//! The same with Redis as the store, for a value of its own:
+//!
+//! ```no_run
+//! # #[cfg(feature = "redis")]
+//! # mod redis_store {
+//! use tower_redlock::fence::{self, FenceError};
+//! use tower_redlock::Redlock;
+//!
+//! async fn set_total(
+//!     locker: &Redlock,
+//!     conn: &mut redis::aio::MultiplexedConnection,
+//! ) -> Result<(), Box<dyn std::error::Error>> {
+//!     let lease = locker.try_acquire("invoice:7").await?;
+//!     let token = lease.fencing_token();
+//!     match fence::redis::set_fields(conn, token, "invoice:7", &[("total", "100")]).await {
+//!         Ok(()) => Ok(()),
+//!         Err(FenceError::Stale { current, .. }) => Err(format!("superseded by {current}").into()),
+//!         Err(other) => Err(other.into()),
+//!     }
+//! }
+//! # }
+//! ```
+//!
+//! Behind the layer, the handler's [`LayerLease`](crate::axum::LayerLease), the request's
+//! [`RequestLeases`](crate::http::RequestLeases) and [`Locked`](crate::axum::Locked) are
+//! all [`Fenced`](crate::fence::Fenced): `fence::postgres::advance(&mut tx, &lease)`
+//! takes any of them, and fences every resource they hold (one token per member of a
+//! set).
+//!
+//! Tokens are `u64`; PostgreSQL's `bigint` holds them until the year ~287,000, past which
+//! a token is refused ([`FenceError::OutOfRange`](crate::fence::FenceError::OutOfRange)),
+//! never wrapped.
 
 // The type lives with the nodes, which read tokens back from records; the argument
 // for it lives here.

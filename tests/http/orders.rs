@@ -456,3 +456,122 @@ async fn the_payment_names_the_key_the_layer_locked() {
     assert_eq!(bare.json, created.json, "the same payment, replayed");
     assert_eq!(bare.headers["idempotent-replayed"], "true");
 }
+
+/// With `DATABASE_URL` (feature `postgres`) the ledger lives in PostgreSQL and every
+/// write is fenced: the payment counted with its token, a writer with an older token
+/// refused by the database (409 `stale-fencing-token` from the route, nothing counted).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_ledger_fences_every_write() {
+    let db = support::postgres::TestDatabase::create().await;
+    let config = Config {
+        database_url: Some(db.url().to_owned()),
+        wait_timeout: RESPONSE_LIMIT,
+        ..Config::default()
+    };
+    let (locker, ledger) = orders::locker_and_ledger(&config).unwrap();
+    let app = orders::app(locker.clone(), ledger.clone(), &config);
+
+    let first = send(&app, "POST", "/orders/5/pay?work_ms=0", None).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.json);
+    let status = send(&app, "GET", "/orders/5", None).await;
+    assert_eq!(status.json["payments"], 1);
+    assert_eq!(status.json["last_fencing_token"], first.token().to_string());
+
+    // A writer with a newer token than any lease of this locker got there first.
+    let newer = first.token() + (1 << 40);
+    let visit = ledger.enter("5").await.unwrap();
+    assert_eq!(
+        visit
+            .record(Entry::Payment, FencingToken::new(newer))
+            .await
+            .unwrap(),
+        2
+    );
+    // An older token: refused by the fence, nothing of its transaction counted.
+    let visit = ledger.enter("5").await.unwrap();
+    assert!(matches!(
+        visit.record(Entry::Payment, FencingToken::new(first.token())).await,
+        Err(orders::LedgerError::Stale { last, .. }) if last == newer
+    ));
+    support::eventually("the first lease is released", RESPONSE_LIMIT, || {
+        locker.local_resources() == 0
+    })
+    .await;
+    let stale = send(&app, "POST", "/orders/5/pay?work_ms=0", None).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.json);
+    assert_eq!(stale.problem_code(), "stale-fencing-token");
+    let status = send(&app, "GET", "/orders/5", None).await;
+    assert_eq!(status.json["payments"], 2);
+    assert_eq!(status.json["max_in_flight"], 1);
+    assert_eq!(status.json["last_fencing_token"], newer.to_string());
+}
+
+/// With the ledger in PostgreSQL, `/payments` reconciles an interrupted attempt through
+/// its token: the first attempt charges (its transaction fenced and committed), then
+/// loses its lock mid-way; the retry, told of the interrupted attempt, finds that
+/// attempt's token on the ledger row and answers with its charge instead of charging
+/// again.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_ledger_reconciles_an_interrupted_payment_through_its_token() {
+    let db = support::postgres::TestDatabase::create().await;
+    let servers = RedisServer::start_many(1);
+    let config = Config {
+        database_url: Some(db.url().to_owned()),
+        // The interrupted attempt blocks its key for one ttl: short here.
+        lock_ttl: Duration::from_secs(1),
+        node_timeout: Some(Duration::from_millis(200)),
+        ..config(&servers)
+    };
+    let (locker, ledger) = orders::locker_and_ledger(&config).unwrap();
+    let app = orders::app(locker, ledger.clone(), &config);
+
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, "POST", "/payments?work_ms=60000", Some("i1")).await })
+    };
+    // The first attempt has charged (its slow part runs on).
+    support::eventually_async("the first attempt charges", RESPONSE_LIMIT, || async {
+        ledger.order("payment:i1").await.unwrap().payments == 1
+    })
+    .await;
+    let charged_by = ledger
+        .order("payment:i1")
+        .await
+        .unwrap()
+        .last_token
+        .unwrap();
+    // It loses its lock, as a paused or partitioned process would.
+    let lock_key = format!(
+        "redlock:{{{}}}",
+        tower_redlock::Resource::new("POST")
+            .join("/payments")
+            .join("i1")
+            .as_str()
+    );
+    servers[0].cmd(&["DEL", &lock_key]);
+    let cut = first.await.unwrap();
+    assert_eq!(cut.status, StatusCode::SERVICE_UNAVAILABLE, "{}", cut.json);
+
+    // The retries: `outcome-unknown` for one ttl, then the handler runs, reconciles.
+    let mut answer = send(&app, "POST", "/payments?work_ms=0", Some("i1")).await;
+    let deadline = std::time::Instant::now() + RESPONSE_LIMIT;
+    while answer.status == StatusCode::CONFLICT && std::time::Instant::now() < deadline {
+        assert_eq!(answer.problem_code(), "outcome-unknown");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        answer = send(&app, "POST", "/payments?work_ms=0", Some("i1")).await;
+    }
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.json);
+    assert_eq!(
+        answer.token(),
+        charged_by,
+        "answered with the interrupted attempt's charge"
+    );
+    assert_eq!(answer.json["payment"], 1);
+    assert_eq!(
+        ledger.order("payment:i1").await.unwrap().payments,
+        1,
+        "charged once"
+    );
+}

@@ -39,6 +39,8 @@ pub mod etcd;
 mod eventually;
 pub mod history;
 pub mod node_calls;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod proxy;
 pub mod resp;
 pub mod sockets;

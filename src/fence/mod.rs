@@ -1,0 +1,171 @@
+//! Guarded writes: the storage itself refuses a write made under a stale
+//! [`FencingToken`].
+//!
+//! A token protects nothing until the storage checks it (see [`fencing`](crate::fencing)
+//! for why tokens grow and [the walk-through there](crate::fencing#where-the-token-is-checked)
+//! for a paused holder end to end). This module is that check for the stores
+//! applications write to:
+//!
+//! - [`postgres`] (feature `postgres`, through sqlx): one statement in the application's
+//!   own transaction advances the resource's *fence* (a row in a fence table) to the
+//!   lease's token, or fails with [`FenceError::Stale`]; the transaction that fails it
+//!   commits nothing;
+//! - [`redis`](mod@crate::fence::redis) (feature `redis`, any redis-rs connection): one
+//!   script sets a value (a string, or hash fields) only if the token is not below the
+//!   one stored for it.
+//!
+//! PostgreSQL's fences are the resources': [`postgres::advance`]
+//! takes whatever holds the tokens through [`Fenced`] — a [`Lease`], a [`LeaseHandle`],
+//! the layer's [`RequestLeases`](crate::http::RequestLeases), the axum extractors
+//! `LayerLease` and `Locked<K>`, or a `(Resource, FencingToken)` pair — and a lease over
+//! a set of resources advances one fence per member, each with its own token. A Redis
+//! value has a fence of its own, beside its key: the write takes the token
+//! (`lease.fencing_token()`, or `fencing_token_of(&resource)` for a member of a set).
+//!
+//! # The rule
+//!
+//! A fence stores the largest token that wrote through it. A write under token `t` is
+//! accepted when `t ≥` the stored token (the fence moves to `t`; a second write under
+//! the same lease finds its own token there and is accepted too), and refused with
+//! [`FenceError::Stale`] carrying the stored token when that token is larger: a later
+//! holder has written, so this holder's lease ran out while it was paused.
+
+use crate::lock::LeaseHandle;
+use crate::node::{FencingToken, Resource};
+use crate::Lease;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+/// Why a guarded write was refused.
+///
+/// `E` is the store's own error ([`sqlx::Error`], [`redis::RedisError`](::redis::RedisError)).
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError<E> {
+    /// The fence holds a larger token than this write's: a later holder of the lock has
+    /// written, so this holder's lease is over (it was paused, or its lease was lost).
+    /// Do not retry with the same token: acquire the lock again, read the current state
+    /// and decide again.
+    #[error(
+        "stale fencing token {token} for {fence}: the fence is at {current}, a later holder \
+         of the lock has written; nothing of this write was applied"
+    )]
+    Stale {
+        /// The fence that refused: the resource's encoded name (PostgreSQL), or the key
+        /// written (Redis).
+        fence: String,
+        /// The token this write carried.
+        token: FencingToken,
+        /// The token the fence holds, larger than `token`.
+        current: FencingToken,
+    },
+    /// The token does not fit the store's number type (PostgreSQL's `bigint`: tokens
+    /// reach 2⁶³ in the year ~287,000 with a correct clock; a clock set that far ahead
+    /// yields them). Refused before anything is sent: a token is never wrapped.
+    #[error("fencing token {token} does not fit a signed 64-bit integer (bigint); refused, never wrapped")]
+    OutOfRange {
+        /// The token refused.
+        token: FencingToken,
+    },
+    /// The store failed (connection, permissions, a serialization failure…). Whatever
+    /// the transaction did is for the application to roll back or retry.
+    #[error("the store failed: {0}")]
+    Store(#[source] E),
+}
+
+impl<E> FenceError<E> {
+    /// `true` for [`FenceError::Stale`].
+    pub fn is_stale(&self) -> bool {
+        matches!(self, FenceError::Stale { .. })
+    }
+
+    /// The token stored in the fence when the write was refused as stale.
+    pub fn current(&self) -> Option<FencingToken> {
+        match self {
+            FenceError::Stale { current, .. } => Some(*current),
+            _ => None,
+        }
+    }
+}
+
+/// Something that holds fencing tokens: one per resource it holds.
+///
+/// Implemented for the crate's leases ([`Lease`], [`LeaseHandle`]), the request's leases
+/// ([`RequestLeases`](crate::http::RequestLeases)), the axum extractors (`LayerLease`,
+/// `Locked<K>`) and a `(Resource, FencingToken)` pair (a token read back, say from
+/// [`InterruptedAttempt`](crate::http::InterruptedAttempt)).
+///
+/// ```
+/// use tower_redlock::fence::Fenced;
+/// use tower_redlock::{FencingToken, Resource};
+///
+/// let pair = (Resource::from("order:42"), FencingToken::new(7));
+/// assert_eq!(pair.tokens(), vec![(Resource::from("order:42"), FencingToken::new(7))]);
+/// ```
+pub trait Fenced {
+    /// Each resource held with its token; empty when nothing is held.
+    fn tokens(&self) -> Vec<(Resource, FencingToken)>;
+}
+
+impl Fenced for LeaseHandle {
+    fn tokens(&self) -> Vec<(Resource, FencingToken)> {
+        self.fencing_tokens()
+            .map(|(resource, token)| (resource.clone(), token))
+            .collect()
+    }
+}
+
+impl Fenced for Lease {
+    fn tokens(&self) -> Vec<(Resource, FencingToken)> {
+        (**self).tokens()
+    }
+}
+
+impl Fenced for (Resource, FencingToken) {
+    fn tokens(&self) -> Vec<(Resource, FencingToken)> {
+        vec![self.clone()]
+    }
+}
+
+impl<T: Fenced + ?Sized> Fenced for &T {
+    fn tokens(&self) -> Vec<(Resource, FencingToken)> {
+        (**self).tokens()
+    }
+}
+
+/// The token as PostgreSQL's `bigint` (or any signed 64-bit column), refused rather
+/// than wrapped above `i64::MAX`: for a row that carries its own fence column (see
+/// "A row's own fence column" in `fence::postgres`, feature `postgres`).
+///
+/// ```
+/// use tower_redlock::fence::{self, FenceError};
+/// use tower_redlock::FencingToken;
+///
+/// assert_eq!(fence::to_i64::<()>(FencingToken::new(42)).unwrap(), 42);
+/// let huge = FencingToken::new(u64::MAX);
+/// assert!(matches!(fence::to_i64::<()>(huge), Err(FenceError::OutOfRange { .. })));
+/// ```
+pub fn to_i64<E>(token: FencingToken) -> Result<i64, FenceError<E>> {
+    i64::try_from(token.get()).map_err(|_| FenceError::OutOfRange { token })
+}
+
+impl<E> FenceError<E> {
+    /// Maps the store's error.
+    pub fn map_store<F>(self, f: impl FnOnce(E) -> F) -> FenceError<F> {
+        match self {
+            FenceError::Stale {
+                fence,
+                token,
+                current,
+            } => FenceError::Stale {
+                fence,
+                token,
+                current,
+            },
+            FenceError::OutOfRange { token } => FenceError::OutOfRange { token },
+            FenceError::Store(e) => FenceError::Store(f(e)),
+        }
+    }
+}
