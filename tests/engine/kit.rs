@@ -189,9 +189,25 @@ async fn a_hold_runs_out_with_its_ttl() {
     let store = TestStore::new();
     let locker = store.locker();
     store.hold("r", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(store.held(), vec![Resource::from("r")]);
     assert!(locker.try_acquire("r").await.is_err());
     let lease = locker.acquire("r", Duration::from_secs(60)).await.unwrap();
     assert!(lease.is_held());
+    lease.release().await;
+    // Ran out: no longer listed.
+    assert!(store.held().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn held_lists_holds_until_released() {
+    let store = TestStore::new();
+    store.hold("b", Duration::from_secs(5)).await.unwrap();
+    let lease = store.locker().try_acquire("a").await.unwrap();
+    assert_eq!(store.held(), vec![Resource::from("a"), Resource::from("b")]);
+    store.release("b").await.unwrap();
+    assert_eq!(store.held(), vec![Resource::from("a")]);
+    lease.release().await;
+    assert!(store.held().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
