@@ -159,6 +159,7 @@ impl Redlock {
         }
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ConfigError::new("a locker must be created inside a Tokio runtime"))?;
+        metrics::engine_series(nodes.iter().map(|node| node.name()));
         Ok(Redlock {
             max_waiters: options.max_waiters,
             shared: Arc::new(Shared {
