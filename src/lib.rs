@@ -172,3 +172,9 @@ pub use node::EtcdNode;
 #[cfg(feature = "redis")]
 pub use node::{node_from_url, ClusterNode, RedisNode, SentinelNode};
 pub use node::{MemoryNode, Node, Resource};
+
+/// The README's Rust snippets, compiled as doc-tests: each compiles as written (the
+/// `# ` lines give a fragment its context).
+#[cfg(all(doctest, feature = "redis", feature = "axum"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -26,7 +26,7 @@
 //!
 //! ```
 //! use axum::{body::Body, routing::post, Router};
-//! use http::{Request, StatusCode};
+//! use axum::http::{Request, StatusCode};
 //! use tower::ServiceExt;
 //! use tower_redlock::http::{path_param, LockLayer};
 //! use tower_redlock::test_util::TestStore;

@@ -131,7 +131,7 @@ pub trait KeySetExtractor<B>: Clone + Send + Sync + 'static {
 /// extractors and [`KeysFn`](super::KeysFn).
 ///
 /// ```
-/// use http::request::Parts;
+/// use axum::http::request::Parts;
 /// use tower_redlock::axum::{LockKey, Locked};
 /// use tower_redlock::http::{KeyRejection, KeySetFromParts, Keys, Scope};
 ///
