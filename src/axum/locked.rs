@@ -50,6 +50,12 @@ use crate::lock::{Lease, LeaseHandle, Redlock, Resource};
 ///     }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not name a lock",
+    label = "`Locked<{Self}>` needs `{Self}: LockKey`",
+    note = "implement `LockKey` for `{Self}` (its `extractor()`, optionally `scope()` and `contention()`), or `LockSpec<S>` to read them from the state",
+    note = "see https://docs.rs/tower-redlock/latest/tower_redlock/axum/trait.LockKey.html"
+)]
 pub trait LockKey: Send + Sync + 'static {
     /// The type of [`extractor`](LockKey::extractor): a built-in such as
     /// [`Header`](crate::http::Header) or [`PathParam`](crate::http::PathParam), a
@@ -137,6 +143,12 @@ pub trait LockKey: Send + Sync + 'static {
 /// #     .with_state(AppState { locker: Redlock::in_memory(), transfer_wait: Duration::from_secs(1) });
 /// # }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not name a lock for the state `{S}`",
+    label = "`Locked<{Self}>` needs `{Self}: LockKey` (or `LockSpec<{S}>`)",
+    note = "implement `LockKey` for `{Self}` (its `extractor()`, optionally `scope()` and `contention()`), or `LockSpec<{S}>` to read them from the state",
+    note = "see https://docs.rs/tower-redlock/latest/tower_redlock/axum/trait.LockKey.html"
+)]
 pub trait LockSpec<S>: Send + Sync + 'static {
     /// The type of [`extractor`](LockSpec::extractor) (see [`LockKey::Extractor`]).
     type Extractor: KeySetFromParts;
