@@ -56,10 +56,14 @@ pub use record::Claim;
 pub use set::MAX_RESOURCES_PER_LEASE;
 
 // The node items moved to `crate::node` (level 1); these paths keep working.
+#[cfg(feature = "cluster")]
+pub use crate::node::ClusterNode;
 #[cfg(feature = "etcd")]
 pub use crate::node::EtcdNode;
+#[cfg(feature = "sentinel")]
+pub use crate::node::SentinelNode;
 #[cfg(feature = "redis")]
-pub use crate::node::{node_from_url, split_node_urls, ClusterNode, RedisNode, SentinelNode};
+pub use crate::node::{node_from_url, split_node_urls, RedisNode};
 pub use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ClaimReply, ClaimRequest,
     LockKeys, MemoryNode, Node, NodeFuture, Owner, Record, ReleaseSignal, Resource, StoreReply,
