@@ -230,7 +230,7 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// **Reentrancy.** Resources this request already holds — a
 /// [`LockLayer`](crate::http::LockLayer) on the route, or another `Locked` in the same
 /// handler, with the same locker and so the same resource names — are not acquired
-/// again: `Locked` reuses the request's lease ([`RequestLeases`]) instead of waiting
+/// again: `Locked` reuses the request's lease ([`RequestLeases`](crate::http::RequestLeases)) instead of waiting
 /// for itself, and acquires only what the request does not hold yet. A reused lease
 /// stays its owner's: [`lease`](Locked::lease) is `None` when nothing was left to
 /// acquire.
