@@ -1,18 +1,18 @@
 //! Webhook receivers for GitHub and Stripe that process each delivery once.
 //!
 //! ```sh
-//! cargo run --example webhooks        # PORT (default 3001), REDIS_URLS as in `orders`
+//! cargo run --example webhooks        # PORT (default 3002), LOCK_URLS as in `orders`
 //!
 //! # Two copies of one GitHub delivery at once: one is processed, the other gets 409.
-//! curl -s -X POST localhost:3001/webhooks/github -H 'X-GitHub-Delivery: 72d3162e' \
+//! curl -s -X POST localhost:3002/webhooks/github -H 'X-GitHub-Delivery: 72d3162e' \
 //!      -H 'X-GitHub-Event: push' -d '{}' &
-//! curl -s -X POST localhost:3001/webhooks/github -H 'X-GitHub-Delivery: 72d3162e' \
+//! curl -s -X POST localhost:3002/webhooks/github -H 'X-GitHub-Delivery: 72d3162e' \
 //!      -H 'X-GitHub-Event: push' -d '{}'; wait
 //! # The same delivery again, later: recognised as a duplicate (200).
-//! curl -s -X POST localhost:3001/webhooks/github -H 'X-GitHub-Delivery: 72d3162e' -d '{}'
+//! curl -s -X POST localhost:3002/webhooks/github -H 'X-GitHub-Delivery: 72d3162e' -d '{}'
 //!
 //! # Stripe: the key is the event id in the body.
-//! curl -s -X POST localhost:3001/webhooks/stripe -H 'Content-Type: application/json' \
+//! curl -s -X POST localhost:3002/webhooks/stripe -H 'Content-Type: application/json' \
 //!      -d '{"id": "evt_1", "type": "invoice.paid"}'
 //! ```
 //!
@@ -47,6 +47,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tower_redlock::axum::LayerLease;
 use tower_redlock::http::{webhook, LockLayer, RequestKey};
+use tower_redlock::lock::split_node_urls;
 use tower_redlock::{LockOptions, Redlock};
 use tracing_subscriber::EnvFilter;
 
@@ -193,17 +194,16 @@ async fn main() -> Result<(), BoxError> {
         .init();
     let port: u16 = match std::env::var("PORT") {
         Ok(port) => port.parse().map_err(|_| format!("PORT: {port:?}"))?,
-        Err(_) => 3001,
+        // Not 3001: the README starts a second `orders` instance there.
+        Err(_) => 3002,
     };
-    let urls: Vec<String> = std::env::var("REDIS_URLS")
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|url| !url.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let urls = split_node_urls(
+        &std::env::var("LOCK_URLS")
+            .or_else(|_| std::env::var("REDIS_URLS"))
+            .unwrap_or_default(),
+    );
     let locker = if urls.is_empty() {
-        tracing::info!("REDIS_URLS is not set: locking with the in-process MemoryNode");
+        tracing::info!("LOCK_URLS is not set: locking with the in-process MemoryNode");
         Redlock::in_memory()
     } else {
         Redlock::connect(&urls, LockOptions::default()).await?

@@ -51,7 +51,9 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `redis` | yes | the Redis nodes ([`RedisNode`], [`ClusterNode`], [`SentinelNode`]), [`Redlock::connect`] and [`node_from_url`] |
+//! | `redis` | yes | the standalone Redis node ([`RedisNode`]), [`Redlock::connect`] and [`node_from_url`] |
+//! | `cluster` | yes | Redis Cluster ([`ClusterNode`], `redis+cluster://`); implies `redis` |
+//! | `sentinel` | yes | Sentinel-managed groups ([`SentinelNode`], `redis+sentinel://`); implies `redis` |
 //! | `axum` | yes | [`path_param`](http::path_param) keys, axum's matched route in [`Scope::Route`], and the extractors of [`axum`](mod@crate::axum) |
 //! | `tls` | no | `rediss://` URLs, through redis-rs's rustls support |
 //! | `metrics` | no | records the [`metrics`] listed there through the `metrics` facade, for the exporter the application installs |
@@ -84,7 +86,7 @@
 //! |---|---|
 //! | locking | [`Redlock`] (the locker over N nodes), [`LockOptions`] (ttl, timeouts, waiting, fencing), [`Resource`] (the name of a lock), [`RetryPolicy`] and [`Backoff`] (how a waiting acquire retries) |
 //! | a held lock | [`Lease`] (owned: released on drop), [`LeaseHandle`] (a cheap view of it: token, validity, lost signal), [`FencingToken`] (the number the storage checks), [`LostCause`] (why a lease ended), [`ReleaseOutcome`] (what an explicit release found) |
-//! | nodes | [`MemoryNode`] (in process), [`RedisNode`], [`ClusterNode`] and [`SentinelNode`] (feature `redis`), [`node_from_url`] (one from a URL), the [`Node`] trait |
+//! | nodes | [`MemoryNode`] (in process), [`RedisNode`], [`ClusterNode`] and [`SentinelNode`] (features `redis`, `cluster`, `sentinel`), [`node_from_url`] (one from a URL), the [`Node`] trait |
 //! | the HTTP layer | [`LockLayer`] and [`LockService`] (the middleware), [`LeaseBody`] (the response body holding the lease) |
 //! | its policies | [`Contention`] (refuse or wait), [`MissingKey`], [`OnLost`], [`Unavailable`], [`Scope`] (which requests share a lock), [`Replay`] (idempotent replay) |
 //! | keys | [`KeyFromParts`] (a key from the request head; closures are one), [`KeyExtractor`] (from the whole request, body included), [`KeyRejection`] (a malformed key) |
@@ -172,8 +174,18 @@ pub use lock::{
     NodeState, NodeStatus, Redlock, ReleaseOutcome, RetryPolicy, MAX_RESOURCES_PER_LEASE,
 };
 // The stores.
+#[cfg(feature = "cluster")]
+pub use node::ClusterNode;
 #[cfg(feature = "etcd")]
 pub use node::EtcdNode;
+#[cfg(feature = "sentinel")]
+pub use node::SentinelNode;
 #[cfg(feature = "redis")]
-pub use node::{node_from_url, ClusterNode, RedisNode, SentinelNode};
+pub use node::{node_from_url, RedisNode};
 pub use node::{MemoryNode, Node, Resource};
+
+/// The README's Rust snippets, compiled as doc-tests: each compiles as written (the
+/// `# ` lines give a fragment its context).
+#[cfg(all(doctest, feature = "redis", feature = "axum"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

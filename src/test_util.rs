@@ -26,7 +26,7 @@
 //!
 //! ```
 //! use axum::{body::Body, routing::post, Router};
-//! use http::{Request, StatusCode};
+//! use axum::http::{Request, StatusCode};
 //! use tower::ServiceExt;
 //! use tower_redlock::http::{path_param, LockLayer};
 //! use tower_redlock::test_util::TestStore;
@@ -331,7 +331,9 @@ impl TestStore {
         Ok(())
     }
 
-    /// The resources that leases of the store's locker hold now, sorted.
+    /// The resources held now, sorted: those of the leases of the store's locker, and
+    /// those of [`hold`](TestStore::hold)s whose key a majority of the nodes still has
+    /// (a hold ends with [`release`](TestStore::release) or its ttl).
     pub fn held(&self) -> Vec<Resource> {
         let mut held: Vec<Resource> = self
             .inner
@@ -340,6 +342,22 @@ impl TestStore {
             .iter()
             .flat_map(|lease| lease.resources().iter().cloned())
             .collect();
+        let prefix = &self.inner.locker.options().key_prefix;
+        let quorum = self.inner.nodes.len() / 2 + 1;
+        held.extend(
+            self.holds()
+                .iter()
+                .filter(|(resource, owner)| {
+                    let keys = LockKeys::new(prefix, resource);
+                    let holding = self
+                        .inner
+                        .nodes
+                        .iter()
+                        .filter(|node| node.get(&keys.lock).as_deref() == Some(owner.as_str()));
+                    holding.count() >= quorum
+                })
+                .map(|(resource, _)| resource.clone()),
+        );
         held.sort();
         held.dedup();
         held

@@ -179,8 +179,9 @@ pub async fn main() -> Result<(), BoxError> {
         .init();
     let config = Config::from_env()?;
     // `GET /metrics`: the lock's metrics (feature `metrics`) in the Prometheus text format.
+    // Installed before the locker and the layers are built: they register their series
+    // at zero with it.
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-    tower_redlock::metrics::describe();
     if !cfg!(feature = "metrics") {
         tracing::info!(
             "GET /metrics is empty: run with `--features metrics` to record the lock's metrics"

@@ -26,7 +26,7 @@ use crate::lock::LeaseHandle;
 ///
 /// ```
 /// use axum::{routing::post, Router};
-/// use http::{Request, StatusCode};
+/// use axum::http::{Request, StatusCode};
 /// use tower::ServiceExt;
 /// use tower_redlock::axum::LayerLease;
 /// use tower_redlock::http::{header, LockLayer};

@@ -50,6 +50,12 @@ use crate::lock::{Lease, LeaseHandle, Redlock, Resource};
 ///     }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not name a lock",
+    label = "`Locked<{Self}>` needs `{Self}: LockKey`",
+    note = "implement `LockKey` for `{Self}` (its `extractor()`, optionally `scope()` and `contention()`), or `LockSpec<S>` to read them from the state",
+    note = "see https://docs.rs/tower-redlock/latest/tower_redlock/axum/trait.LockKey.html"
+)]
 pub trait LockKey: Send + Sync + 'static {
     /// The type of [`extractor`](LockKey::extractor): a built-in such as
     /// [`Header`](crate::http::Header) or [`PathParam`](crate::http::PathParam), a
@@ -137,6 +143,12 @@ pub trait LockKey: Send + Sync + 'static {
 /// #     .with_state(AppState { locker: Redlock::in_memory(), transfer_wait: Duration::from_secs(1) });
 /// # }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not name a lock for the state `{S}`",
+    label = "`Locked<{Self}>` needs `{Self}: LockKey` (or `LockSpec<{S}>`)",
+    note = "implement `LockKey` for `{Self}` (its `extractor()`, optionally `scope()` and `contention()`), or `LockSpec<{S}>` to read them from the state",
+    note = "see https://docs.rs/tower-redlock/latest/tower_redlock/axum/trait.LockKey.html"
+)]
 pub trait LockSpec<S>: Send + Sync + 'static {
     /// The type of [`extractor`](LockSpec::extractor) (see [`LockKey::Extractor`]).
     type Extractor: KeySetFromParts;
@@ -189,7 +201,10 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// enable by default: add `axum = { version = "0.8", features = ["macros"] }` to use it,
 /// or write the impl by hand (see [`LockSpec`]'s example); without it the compiler
 /// reports that `FromRef` is not a derive macro and that `Redlock: FromRef<AppState>`
-/// does not hold. The key is read from the request head by
+/// does not hold. A state that gives no `Redlock` shows in a plain handler as axum's
+/// "`Handler<_, _>` is not satisfied"; `#[axum::debug_handler]` on the handler names
+/// the missing `FromRef` instead (that error is axum's trait's, so the crate cannot word
+/// it; `tests/diagnostics` shows it). The key is read from the request head by
 /// [`K::extractor`](LockKey::extractor) and checked like the layer checks it; the
 /// resource is [`K::scope`](LockKey::scope)'s, and the lease is acquired as
 /// [`K::contention`](LockKey::contention) says.

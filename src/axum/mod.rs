@@ -28,7 +28,7 @@
 //!
 //! ```
 //! use axum::{extract::State, routing::post, Router};
-//! use http::{Request, StatusCode};
+//! use axum::http::{Request, StatusCode};
 //! use tower::ServiceExt;
 //! use tower_redlock::axum::{LockKey, Locked};
 //! use tower_redlock::http::{path_param, PathParam};

@@ -75,7 +75,7 @@ impl LockRejection {
     /// The HTTP status of the response.
     ///
     /// ```
-    /// use http::StatusCode;
+    /// use axum::http::StatusCode;
     /// use tower_redlock::axum::LockRejection;
     /// use tower_redlock::{Problem, ProblemKind};
     ///

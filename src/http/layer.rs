@@ -7,7 +7,7 @@ use http::header::HeaderName;
 use tower_layer::Layer;
 
 use super::policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
-use super::problem::ProblemRenderer;
+use super::problem::{ProblemKind, ProblemRenderer};
 use super::replay::{Replay, ReplaySettings, Replaying};
 use super::service::LockService;
 use super::settings::Settings;
@@ -38,6 +38,7 @@ impl<K> LockLayer<K> {
     /// ends, [`Scope::Route`], keys of at most 255 bytes, the locker's own queue limit
     /// (1000 unless set), [`Unavailable::FailClosed`] and [`DefaultRenderer`](super::DefaultRenderer).
     pub fn new(locker: Redlock, key: K) -> Self {
+        crate::lock::metrics::http_series(ProblemKind::ALL.map(ProblemKind::code), false);
         LockLayer {
             key,
             settings: Arc::new(Settings::new(locker)),
@@ -184,6 +185,7 @@ impl<K> LockLayer<K> {
             settings: self.settings,
         };
         layer.settings().replay = Some(replay);
+        crate::lock::metrics::http_series([], true);
         Ok(layer)
     }
 

@@ -19,7 +19,7 @@
 //!
 //! ```
 //! use axum::{body::Body, routing::post, Extension, Router};
-//! use http::{Request, StatusCode};
+//! use axum::http::{Request, StatusCode};
 //! use tower::ServiceExt;
 //! use tower_redlock::http::{header, Contention, LockLayer};
 //! use tower_redlock::{LeaseHandle, Redlock};
@@ -96,7 +96,7 @@
 //!
 //! ```
 //! use axum::{body::Body, routing::post, Extension, Router};
-//! use http::{Request, StatusCode};
+//! use axum::http::{Request, StatusCode};
 //! use tower::ServiceExt;
 //! use tower_redlock::http::{json_fields, LockLayer, RequestKeys, Scope};
 //! use tower_redlock::{LeaseHandle, Redlock};

@@ -22,6 +22,12 @@
 //! | `tower_redlock_http_handlers_finishing` | gauge | — | handlers that run on under their lease after their client left ([`OnDisconnect::Finish`](crate::OnDisconnect::Finish)) | a level that keeps growing: clients give up before handlers finish (their timeouts are shorter than the handlers) |
 //! | `tower_redlock_http_replays_total` | counter | `outcome`: `replayed`, `key-reused`, `recorded`, `not-recorded` | [idempotent replay](crate::http::replay): responses replayed, keys reused for another request, responses recorded or not | `not-recorded` rising: the store failed after the handler ran, retries will run the handler again |
 //!
+//! Every series is described and registered at zero when it can first move: the
+//! engine's when a locker is built (per node for `node_errors_total`), the layer's
+//! when a [`LockLayer`](crate::LockLayer) is built (`http_replays_total` with
+//! [`replay`](crate::LockLayer::replay)). So a scrape before the first request already
+//! lists them, as Prometheus expects: install the recorder before building either.
+//!
 //! The per-locker counters of [`Redlock::metrics`](crate::Redlock::metrics) are
 //! always kept, with or without this feature, and so is [`tasks_spawned`]: the
 //! background tasks the engine started, for benchmarks that count client work per
@@ -55,8 +61,9 @@ pub const HTTP_REPLAYS: &str = "tower_redlock_http_replays_total";
 pub const HTTP_HANDLERS_FINISHING: &str = "tower_redlock_http_handlers_finishing";
 
 /// Registers the descriptions and units with the installed recorder, so exporters
-/// print `# HELP` lines. Optional: recording works without it. Call it once after
-/// installing the recorder.
+/// print `# HELP` lines. Building a locker or a [`LockLayer`](crate::LockLayer) does
+/// it (and registers every series at zero), so an application that installs its
+/// recorder first need not call it; recording works without it.
 pub fn describe() {
     #[cfg(feature = "metrics")]
     {
@@ -84,6 +91,88 @@ pub fn describe() {
             "Requests refused by the lock layer, by problem code."
         );
         describe_counter!(HTTP_REPLAYS, "Idempotent replay outcomes.");
+    }
+}
+
+/// The `outcome` labels of [`ACQUISITIONS`] and [`ACQUIRE_DURATION`].
+#[cfg(feature = "metrics")]
+const ACQUIRE_OUTCOMES: [&str; 7] = [
+    "acquired",
+    "held",
+    "timeout",
+    "unavailable",
+    "validity_expired",
+    "queue_full",
+    "draining",
+];
+/// The `cause` labels of [`LEASES_LOST`].
+#[cfg(feature = "metrics")]
+const LOST_CAUSES: [LostCause; 5] = [
+    LostCause::RenewalFailed,
+    LostCause::KeyLost,
+    LostCause::MaxHoldReached,
+    LostCause::Expired,
+    LostCause::Drained,
+];
+/// The `outcome` labels of [`RENEWALS`].
+#[cfg(feature = "metrics")]
+const RENEWAL_OUTCOMES: [&str; 3] = ["renewed", "no_quorum", "key_lost"];
+/// The `error` labels of [`NODE_ERRORS`].
+#[cfg(feature = "metrics")]
+const NODE_ERROR_KINDS: [&str; 5] = ["timeout", "connection", "server", "protocol", "unsupported"];
+/// The `outcome` labels of [`HTTP_REPLAYS`].
+#[cfg(feature = "metrics")]
+const REPLAY_OUTCOMES: [&str; 4] = ["replayed", "key-reused", "recorded", "not-recorded"];
+
+/// Describes the engine's series and registers each one at zero (every documented
+/// label value, every node), so that a scrape before the first acquisition already
+/// shows them: Prometheus's `rate()` and alerts on `increase()` need the zero before
+/// the first event. Called when a locker is built; the recorder must be installed
+/// before.
+pub(crate) fn engine_series<'a>(nodes: impl IntoIterator<Item = &'a str>) {
+    let _ = nodes;
+    #[cfg(feature = "metrics")]
+    {
+        describe();
+        for outcome in ACQUIRE_OUTCOMES {
+            ::metrics::counter!(ACQUISITIONS, "outcome" => outcome).increment(0);
+            // Registered, not recorded: an exporter shows it with a count of zero.
+            let _ = ::metrics::histogram!(ACQUIRE_DURATION, "outcome" => outcome);
+        }
+        let _ = ::metrics::histogram!(HOLD_DURATION);
+        for cause in LOST_CAUSES {
+            ::metrics::counter!(LEASES_LOST, "cause" => lost_cause(cause)).increment(0);
+        }
+        for outcome in RENEWAL_OUTCOMES {
+            ::metrics::counter!(RENEWALS, "outcome" => outcome).increment(0);
+        }
+        for node in nodes {
+            for error in NODE_ERROR_KINDS {
+                ::metrics::counter!(NODE_ERRORS, "node" => node.to_owned(), "error" => error)
+                    .increment(0);
+            }
+        }
+        // Moved by zero, not set: other lockers of the process may have waiters.
+        ::metrics::gauge!(WAITERS).increment(0.0);
+    }
+}
+
+/// As [`engine_series`], for the layer's series: refusals by every problem code in
+/// `codes`, the handlers finishing, and replay's outcomes when `replay` is on.
+pub(crate) fn http_series(codes: impl IntoIterator<Item = &'static str>, replay: bool) {
+    let _ = (&codes, replay);
+    #[cfg(feature = "metrics")]
+    {
+        describe();
+        for code in codes {
+            ::metrics::counter!(HTTP_REFUSALS, "problem" => code).increment(0);
+        }
+        ::metrics::gauge!(HTTP_HANDLERS_FINISHING).increment(0.0);
+        if replay {
+            for outcome in REPLAY_OUTCOMES {
+                ::metrics::counter!(HTTP_REPLAYS, "outcome" => outcome).increment(0);
+            }
+        }
     }
 }
 

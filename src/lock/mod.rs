@@ -57,10 +57,14 @@ pub use record::Claim;
 pub use set::MAX_RESOURCES_PER_LEASE;
 
 // The node items moved to `crate::node` (level 1); these paths keep working.
+#[cfg(feature = "cluster")]
+pub use crate::node::ClusterNode;
 #[cfg(feature = "etcd")]
 pub use crate::node::EtcdNode;
+#[cfg(feature = "sentinel")]
+pub use crate::node::SentinelNode;
 #[cfg(feature = "redis")]
-pub use crate::node::{node_from_url, split_node_urls, ClusterNode, RedisNode, SentinelNode};
+pub use crate::node::{node_from_url, split_node_urls, RedisNode};
 pub use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ClaimReply, ClaimRequest,
     LockKeys, MemoryNode, Node, NodeFuture, Owner, Record, ReleaseSignal, Resource, StoreReply,
@@ -160,6 +164,7 @@ impl Redlock {
         }
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ConfigError::new("a locker must be created inside a Tokio runtime"))?;
+        metrics::engine_series(nodes.iter().map(|node| node.name()));
         Ok(Redlock {
             max_waiters: options.max_waiters,
             shared: Arc::new(Shared {

@@ -99,7 +99,7 @@ pub(crate) fn address(addr: &redis::ConnectionAddr) -> String {
 
 /// The canonical address of a node reached through several seeds (a cluster's nodes, a
 /// sentinel group): the seeds' addresses sorted, without repeats, after `kind`.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 pub(crate) fn seeds_address(kind: &str, seeds: &[redis::ConnectionInfo]) -> String {
     let mut hosts: Vec<String> = seeds.iter().map(|s| address(s.addr())).collect();
     hosts.sort();

@@ -53,8 +53,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+#[cfg(feature = "cluster")]
+pub use self::redis::ClusterNode;
+#[cfg(feature = "sentinel")]
+pub use self::redis::SentinelNode;
 #[cfg(feature = "redis")]
-pub use self::redis::{node_from_url, split_node_urls, ClusterNode, RedisNode, SentinelNode};
+pub use self::redis::{node_from_url, split_node_urls, RedisNode};
 pub use crate::error::NodeError;
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdNode;

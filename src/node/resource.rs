@@ -61,6 +61,69 @@ impl Resource {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The parts, unescaped, in order.
+    ///
+    /// ```
+    /// use tower_redlock::Resource;
+    ///
+    /// let resource = Resource::new("POST").join("/invoices/{id}/send").join("7");
+    /// let parts: Vec<String> = resource.parts().collect();
+    /// assert_eq!(parts, ["POST", "/invoices/{id}/send", "7"]);
+    /// ```
+    pub fn parts(&self) -> impl Iterator<Item = String> + '_ {
+        self.0.split(':').map(unescape)
+    }
+
+    /// The name for people: the parts as given, joined by `:`, e.g.
+    /// `POST:/invoices/{id}/send:7` where [`as_str`](Resource::as_str) reads
+    /// `POST:/invoices/%7Bid%7D/send:7`. Problem bodies show this. It is not an
+    /// identifier: a part that contains `:` reads as two (compare resources, or
+    /// [`as_str`](Resource::as_str), instead).
+    ///
+    /// ```
+    /// use tower_redlock::Resource;
+    ///
+    /// let resource = Resource::new("POST").join("/invoices/{id}/send").join("7");
+    /// assert_eq!(resource.display_name(), "POST:/invoices/{id}/send:7");
+    /// assert_eq!(resource.as_str(), "POST:/invoices/%7Bid%7D/send:7");
+    /// ```
+    pub fn display_name(&self) -> String {
+        if !self.0.contains('%') {
+            return self.0.to_string();
+        }
+        self.parts().collect::<Vec<_>>().join(":")
+    }
+}
+
+/// One part as it was given: the four escapes undone.
+fn unescape(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    let mut rest = part;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let escaped = rest.get(at..at + 3);
+        let byte = match escaped {
+            Some("%25") => Some('%'),
+            Some("%3A") => Some(':'),
+            Some("%7B") => Some('{'),
+            Some("%7D") => Some('}'),
+            _ => None,
+        };
+        match byte {
+            Some(c) => {
+                out.push(c);
+                rest = &rest[at + 3..];
+            }
+            // Not an escape this module wrote (a name given whole): kept as it is.
+            None => {
+                out.push('%');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The characters a part may not contain as they are.
@@ -307,6 +370,23 @@ mod tests {
                 resource = resource.join(part);
             }
             assert_eq!(resource.as_str(), reference(list));
+        }
+    }
+
+    #[test]
+    fn parts_read_back_as_given() {
+        let lists: &[&[&str]] = &[
+            &["POST", "/invoices/{id}/send", "7"],
+            &["a:b", "%7B", ""],
+            &["%", "%%3A", "é{ü}"],
+        ];
+        for list in lists {
+            let mut resource = Resource::new(list[0]);
+            for part in &list[1..] {
+                resource = resource.join(part);
+            }
+            assert_eq!(resource.parts().collect::<Vec<_>>(), *list);
+            assert_eq!(resource.display_name(), list.join(":"));
         }
     }
 

@@ -19,8 +19,8 @@ use tower_redlock::{LeaseLost, LockOptions, LostCause, Resource};
 // README: begin
 #[tokio::test(start_paused = true)]
 async fn paying_an_order_under_contention_outage_and_loss() {
+    use axum::http::{Request, StatusCode};
     use axum::{body::Body, routing::post, Router};
-    use http::{Request, StatusCode};
     use tower::ServiceExt;
     use tower_redlock::http::{path_param, LockLayer};
     use tower_redlock::test_util::TestStore;
@@ -68,6 +68,45 @@ fn the_readme_shows_the_first_test_verbatim() {
         readme.contains(&block),
         "README's \"Testing your handlers\" must show tests/engine/kit.rs's first test verbatim"
     );
+}
+
+/// The README's Rust snippets import only crates its Cargo snippets name (and `std`):
+/// rustdoc compiles the snippets (`ReadmeDoctests` in src/lib.rs) with every dependency
+/// of this crate, so an import of one the README never names (`http`) would still pass
+/// there, and fail in a user's project.
+#[test]
+fn readme_snippets_import_only_the_crates_it_names() {
+    let readme = include_str!("../../README.md");
+    let mut named = vec!["std".to_owned(), "crate".to_owned(), "super".to_owned()];
+    let mut imports = Vec::new();
+    let mut block = None;
+    for line in readme.lines() {
+        match (block.as_deref(), line.strip_prefix("```")) {
+            (None, Some(lang)) => block = Some(lang.to_owned()),
+            (Some(_), Some(_)) => block = None,
+            (Some("toml"), None) => {
+                let name = line.split([' ', '=']).next().unwrap_or_default();
+                if !name.is_empty() && !name.starts_with('[') {
+                    named.push(name.replace('-', "_"));
+                }
+            }
+            (Some(lang), None) if lang.starts_with("rust") => {
+                let code = line.trim_start().trim_start_matches("# ");
+                if let Some(path) = code.strip_prefix("use ") {
+                    let root = path.split("::").next().unwrap_or_default();
+                    imports.push(root.trim_start_matches("::").to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(imports.len() > 10, "{imports:?}");
+    for root in imports {
+        assert!(
+            named.contains(&root),
+            "the README imports `{root}`, which none of its Cargo snippets name ({named:?})"
+        );
+    }
 }
 
 /// A route whose handler signals that it runs, then runs until dropped (or, with
@@ -189,9 +228,25 @@ async fn a_hold_runs_out_with_its_ttl() {
     let store = TestStore::new();
     let locker = store.locker();
     store.hold("r", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(store.held(), vec![Resource::from("r")]);
     assert!(locker.try_acquire("r").await.is_err());
     let lease = locker.acquire("r", Duration::from_secs(60)).await.unwrap();
     assert!(lease.is_held());
+    lease.release().await;
+    // Ran out: no longer listed.
+    assert!(store.held().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn held_lists_holds_until_released() {
+    let store = TestStore::new();
+    store.hold("b", Duration::from_secs(5)).await.unwrap();
+    let lease = store.locker().try_acquire("a").await.unwrap();
+    assert_eq!(store.held(), vec![Resource::from("a"), Resource::from("b")]);
+    store.release("b").await.unwrap();
+    assert_eq!(store.held(), vec![Resource::from("a")]);
+    lease.release().await;
+    assert!(store.held().is_empty());
 }
 
 #[tokio::test(start_paused = true)]

@@ -162,8 +162,16 @@ async fn acquisitions_by_outcome_with_their_durations() {
     // Only the listed outcomes, never a resource name.
     for labels in seen.label_sets(ACQUISITIONS) {
         assert_eq!(labels.len(), 1);
-        assert!(["acquired", "held", "timeout", "queue_full", "unavailable"]
-            .contains(&labels[0].1.as_str()));
+        assert!([
+            "acquired",
+            "held",
+            "timeout",
+            "queue_full",
+            "unavailable",
+            "validity_expired",
+            "draining"
+        ]
+        .contains(&labels[0].1.as_str()));
     }
 }
 
@@ -381,4 +389,45 @@ fn descriptions_name_every_metric_with_units() {
     let (_, unit, description, _) = &described[0];
     assert_eq!(*unit, Some(metrics::Unit::Seconds));
     assert!(description.is_some());
+}
+
+/// A scrape before anything happened lists every series at zero, with its `# HELP`:
+/// building the locker and the layers registers them.
+#[tokio::test]
+async fn a_scrape_before_the_first_request_shows_every_series_at_zero() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = TestStore::with_nodes(3, LockOptions::default()).unwrap();
+    let _layer = LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new());
+    let scrape = handle.render();
+
+    for line in [
+        "# HELP tower_redlock_acquisitions_total Lock acquire calls, by outcome.",
+        "tower_redlock_acquisitions_total{outcome=\"acquired\"} 0",
+        "tower_redlock_acquisitions_total{outcome=\"unavailable\"} 0",
+        "tower_redlock_acquire_duration_seconds_count{outcome=\"acquired\"} 0",
+        "tower_redlock_hold_duration_seconds_count 0",
+        "tower_redlock_leases_lost_total{cause=\"renewal_failed\"} 0",
+        "tower_redlock_renewals_total{outcome=\"no_quorum\"} 0",
+        "tower_redlock_waiters 0",
+        "tower_redlock_http_refusals_total{problem=\"lock-held\"} 0",
+        "tower_redlock_http_refusals_total{problem=\"lock-unavailable\"} 0",
+        "tower_redlock_http_handlers_finishing 0",
+        "tower_redlock_http_replays_total{outcome=\"not-recorded\"} 0",
+    ] {
+        assert!(
+            scrape.lines().any(|l| l == line),
+            "no `{line}` in:\n{scrape}"
+        );
+    }
+    // One series per node and error kind (the in-process nodes are all `memory`).
+    for error in ["timeout", "connection", "server", "protocol", "unsupported"] {
+        let line =
+            format!("tower_redlock_node_errors_total{{node=\"memory\",error=\"{error}\"}} 0");
+        assert!(
+            scrape.lines().any(|l| l == line),
+            "no `{line}` in:\n{scrape}"
+        );
+    }
 }

@@ -328,7 +328,9 @@ async fn locked_rejects_with_409_when_held_like_the_layer() {
     let held = locker.try_acquire(resource.clone()).await.unwrap();
     let answer = send(&app, post_to("/orders/7/send")).await;
     let json = answer.assert_problem(ProblemKind::LockHeld);
-    assert_eq!(json["resource"], resource.as_str());
+    // The route template as written, not escaped as in the lock's keys.
+    assert_eq!(json["resource"], "POST:/orders/{id}/send:7");
+    assert_eq!(json["resource"], resource.display_name());
     assert!(json["retry_after_ms"].as_u64().is_some());
     assert!(answer.headers.contains_key(RETRY_AFTER));
     // Another id, or the same id on another route, is another lock.

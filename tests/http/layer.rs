@@ -551,7 +551,7 @@ async fn held_lock_gets_409_with_retry_after() {
         ms <= 10_000 && retry == ms.div_ceil(1000).max(1),
         "{ms} ms vs {retry} s"
     );
-    assert_eq!(json["resource"], resource.as_str());
+    assert_eq!(json["resource"], resource.display_name());
     assert_eq!(runs.get(), 0);
 
     // Another key is free.
@@ -986,7 +986,7 @@ async fn lost_lease_with_abort_stops_the_handler_and_gets_503() {
     let json = answer.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "lock-lost");
     assert_eq!(
         json["resource"],
-        route_resource("POST", "/jobs", "job-1").as_str()
+        route_resource("POST", "/jobs", "job-1").display_name()
     );
     assert!(answer.extensions.get::<LeaseLost>().is_some());
     assert!(

@@ -85,6 +85,13 @@ pub type BoxKeyFuture<B> = Pin<Box<dyn Future<Output = KeyResult<B>> + Send + 's
 ///
 /// An extractor that reads the body must hand the request on with a body that yields
 /// the same bytes, as [`JsonField`] does.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a single-key extractor for `{B}` requests",
+    label = "one key per request expected here",
+    note = "replay (`LockLayer::replay`) takes a single-key extractor (`header`, `path_param`, `query_param`, `json_field`, a tuple, a closure `Fn(&Parts) -> Option<String>`); a multi-key extractor (`json_fields`, `each`, `keys_fn`) cannot be replayed: lock its keys without `.replay()`",
+    note = "body extractors (`json_field`) need a body that is `From<Bytes>` with `Bytes` data, as axum's `Body`",
+    note = "see https://docs.rs/tower-redlock/latest/tower_redlock/http/key/index.html"
+)]
 pub trait KeyExtractor<B>: Clone + Send + Sync + 'static {
     /// The future [`extract`](KeyExtractor::extract) returns.
     type Future: Future<Output = KeyResult<B>> + Send;
@@ -121,6 +128,12 @@ pub trait KeyExtractor<B>: Clone + Send + Sync + 'static {
 /// # let _ = layer;
 /// # }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not find a key in the request head",
+    label = "a head extractor expected here",
+    note = "use `header`, `path_param`, `query_param`, a tuple or `Or` of them, or a closure `Fn(&Parts) -> Option<String>`; a body key (`json_field`) needs a `LockLayer`, which reads the body",
+    note = "see https://docs.rs/tower-redlock/latest/tower_redlock/http/key/index.html"
+)]
 pub trait KeyFromParts: Clone + Send + Sync + 'static {
     /// The key of the request with head `parts`: `Ok(None)` when it has none.
     fn key(&self, parts: &mut Parts) -> Result<Option<String>, KeyRejection>;

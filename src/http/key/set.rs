@@ -105,6 +105,12 @@ pub type BoxKeySetFuture<B> = Pin<Box<dyn Future<Output = KeySetResult<B>> + Sen
 /// # let _ = layer;
 /// # }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a key extractor a `LockLayer` can use on `{B}` requests",
+    label = "a key extractor expected here",
+    note = "a `LockLayer` takes a head extractor (`header`, `path_param`, …), `json_field`/`json_fields` (for bodies that are `From<Bytes>`, as axum's `Body`), `each`/`keys_fn`, or `.replay()` over a single-key one: a multi-key extractor (`json_fields`, `each`, `keys_fn`) cannot be replayed",
+    note = "see https://docs.rs/tower-redlock/latest/tower_redlock/http/index.html#several-keys-per-request and https://docs.rs/tower-redlock/latest/tower_redlock/http/replay/index.html"
+)]
 pub trait KeySetExtractor<B>: Clone + Send + Sync + 'static {
     /// The future [`extract_keys`](KeySetExtractor::extract_keys) returns.
     type Future: Future<Output = KeySetResult<B>> + Send;
@@ -131,7 +137,7 @@ pub trait KeySetExtractor<B>: Clone + Send + Sync + 'static {
 /// extractors and [`KeysFn`](super::KeysFn).
 ///
 /// ```
-/// use http::request::Parts;
+/// use axum::http::request::Parts;
 /// use tower_redlock::axum::{LockKey, Locked};
 /// use tower_redlock::http::{KeyRejection, KeySetFromParts, Keys, Scope};
 ///
@@ -171,6 +177,12 @@ pub trait KeySetExtractor<B>: Clone + Send + Sync + 'static {
 ///     format!("{} accounts locked", accounts.resources().len())
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not find its keys in the request head, as `Locked`'s extractor must",
+    label = "a head extractor expected here",
+    note = "`Locked` sees only the request head: use `header`, `path_param`, `query_param`, a tuple, `each`, `keys_fn` or a closure `Fn(&Parts) -> Option<String>`; a body key (`json_field`, `json_fields`) needs a `LockLayer` on the route (and the `LayerLease` extractor)",
+    note = "see https://docs.rs/tower-redlock/latest/tower_redlock/axum/index.html"
+)]
 pub trait KeySetFromParts: Clone + Send + Sync + 'static {
     /// The keys of the request with head `parts`: `Ok(None)` when it has none.
     fn keys(&self, parts: &mut Parts) -> Result<Option<Keys>, KeyRejection>;

@@ -17,7 +17,9 @@
 //!
 //! The `type` URI is this page followed by `#` and a short, stable code (see
 //! [`ProblemKind::code`]); [`ProblemKind::from_type_uri`] reads it back. `resource`
-//! (the locked [`Resource`]) and `retry_after_ms` are extension members, present where
+//! (the locked [`Resource`], as [`Resource::display_name`] spells it: its parts as the
+//! layer got them, joined by `:`, so a route template reads `POST:/invoices/{id}/send:7`,
+//! not percent-encoded) and `retry_after_ms` are extension members, present where
 //! they apply. When a problem has a retry delay the response also carries
 //! `Retry-After` in whole seconds, rounded up, at least 1.
 //!
@@ -360,7 +362,7 @@ impl Problem {
         object.insert("status".into(), self.status().as_u16().into());
         object.insert("detail".into(), self.detail.clone().into());
         if let Some(resource) = &self.resource {
-            object.insert("resource".into(), resource.as_str().into());
+            object.insert("resource".into(), resource.display_name().into());
         }
         if let Some(delay) = self.retry_after {
             let ms = delay.as_nanos().div_ceil(1_000_000);
@@ -497,7 +499,7 @@ mod tests {
     #[test]
     fn default_rendering() {
         let problem = Problem::new(ProblemKind::LockHeld, "busy")
-            .with_resource(Resource::new("POST").join("/orders").join("k"))
+            .with_resource(Resource::new("POST").join("/invoices/{id}/send").join("k"))
             .with_retry_after(Duration::from_micros(1_500_100));
         let response = render(&DefaultRenderer, &problem);
         assert_eq!(response.status(), StatusCode::CONFLICT);
@@ -512,7 +514,8 @@ mod tests {
                 "title": "Lock held",
                 "status": 409,
                 "detail": "busy",
-                "resource": "POST:/orders:k",
+                // The route template as written, not as escaped in the keys.
+                "resource": "POST:/invoices/{id}/send:k",
                 "retry_after_ms": 1501,
             })
         );

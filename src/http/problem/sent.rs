@@ -103,11 +103,12 @@ pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Probl
 /// reports it); the others are those of one resource.
 pub(crate) fn set_error_problem(error: &LockError, count: usize) -> Problem {
     let resource = error.resource().clone();
+    let name = resource.display_name();
     let problem = match error {
         LockError::Held { holder_ttl, .. } => Problem::new(
             ProblemKind::LockHeld,
             format!(
-                "another request holds the lock on `{resource}`, one of the {count} resources \
+                "another request holds the lock on `{name}`, one of the {count} resources \
                  this request locks together; nothing was locked; retry later"
             ),
         )
@@ -117,7 +118,7 @@ pub(crate) fn set_error_problem(error: &LockError, count: usize) -> Problem {
         } => Problem::new(
             ProblemKind::LockWaitTimeout,
             format!(
-                "the lock on `{resource}`, one of the {count} resources this request locks \
+                "the lock on `{name}`, one of the {count} resources this request locks \
                  together, was still held after waiting {} ms; nothing was locked; retry later",
                 waited.as_millis()
             ),
@@ -142,10 +143,10 @@ pub(crate) fn lock_lost(resource: Resource) -> Problem {
 pub(crate) fn in_progress(error: &LockError, resource: Resource) -> Problem {
     let detail = match error {
         LockError::WaitTimeout { waited, .. } => format!(
-            "a request with this idempotency key is still being processed after waiting {} ms; retry later to get its response",
+            "a request with the same key is still being processed after waiting {} ms; retry later to get its response",
             waited.as_millis()
         ),
-        _ => "a request with this idempotency key is being processed; retry later to get its response".to_owned(),
+        _ => "a request with the same key is being processed; retry later to get its response".to_owned(),
     };
     Problem::new(ProblemKind::RequestInProgress, detail)
         .with_retry_after(error.holder_ttl().unwrap_or(RETRY_SOON))
@@ -169,7 +170,7 @@ pub(crate) fn outcome_unknown(retry_after: Option<Duration>, resource: Resource)
 pub(crate) fn record_unreadable(resource: Resource) -> Problem {
     Problem::new(
         ProblemKind::OutcomeUnknown,
-        "the response recorded for this idempotency key cannot be read",
+        "the response recorded for this key cannot be read",
     )
     .with_resource(resource)
 }
@@ -178,7 +179,7 @@ pub(crate) fn record_unreadable(resource: Resource) -> Problem {
 pub(crate) fn key_reused(resource: Resource) -> Problem {
     Problem::new(
         ProblemKind::IdempotencyKeyReused,
-        "this idempotency key was already used for a different request; use a new key for a new request",
+        "this key was already used for a different request; use a new key for a new request",
     )
     .with_resource(resource)
 }
@@ -190,4 +191,33 @@ pub(crate) fn response_failed(resource: Resource) -> Problem {
         "the response body failed before it was sent; nothing was recorded",
     )
     .with_resource(resource)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replay runs on any key (a Stripe event id, a GitHub delivery id), not only an
+    /// `Idempotency-Key` header: its problems call it the key.
+    #[test]
+    fn replay_problems_name_the_key_whatever_it_is() {
+        let event = Resource::new("POST").join("/webhooks/stripe").join("evt_1");
+        let held = LockError::Held {
+            resource: event.clone(),
+            holder_ttl: None,
+        };
+        let problems = [
+            in_progress(&held, event.clone()),
+            outcome_unknown(None, event.clone()),
+            record_unreadable(event.clone()),
+            key_reused(event),
+        ];
+        for problem in problems {
+            assert!(
+                !problem.detail().contains("idempotency"),
+                "{}",
+                problem.detail()
+            );
+        }
+    }
 }

@@ -132,7 +132,7 @@ type TenantFn = Arc<dyn Fn(&mut Parts) -> Result<Option<String>, KeyRejection> +
 /// ```
 /// use std::time::Duration;
 /// use axum::{body::Body, routing::post, Router};
-/// use http::{Request, StatusCode};
+/// use axum::http::{Request, StatusCode};
 /// use tower::ServiceExt;
 /// use tower_redlock::http::{header, LockLayer, Replay};
 /// use tower_redlock::Redlock;

@@ -68,6 +68,7 @@ use std::task::{Context, Waker};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value,
@@ -473,6 +474,7 @@ pub(crate) fn one_result_each(replies: Vec<Value>) -> Vec<RedisResult<Value>> {
         .collect()
 }
 
+#[cfg(feature = "cluster")]
 impl SendOne for ClusterConnection {
     fn send_one<'a>(
         &'a mut self,

@@ -10,12 +10,16 @@
 
 mod batching;
 pub(crate) mod call;
+#[cfg(feature = "cluster")]
 mod cluster;
 pub(crate) mod conn;
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 mod line;
 pub(crate) mod pubsub;
 pub(crate) mod records;
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 mod seeds;
+#[cfg(feature = "sentinel")]
 mod sentinel;
 mod setup;
 mod standalone;
@@ -23,7 +27,9 @@ pub(crate) mod url;
 
 use std::time::Duration;
 
+#[cfg(feature = "cluster")]
 pub use cluster::ClusterNode;
+#[cfg(feature = "sentinel")]
 pub use sentinel::SentinelNode;
 pub use standalone::RedisNode;
 pub use url::{node_from_url, split_node_urls};

@@ -25,7 +25,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
+#[cfg(feature = "cluster")]
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind, Value};
 use tokio::sync::{watch, Notify};
@@ -48,6 +50,7 @@ pub(crate) struct Hub {
 
 /// Builds the client of a cluster's pub/sub connection: seeds, credentials, TLS and
 /// retries, without the protocol and push sender, which the hub sets.
+#[cfg(feature = "cluster")]
 pub(crate) type ClusterBuilder = dyn Fn() -> ClusterClientBuilder + Send + Sync;
 
 /// Where the notifications come from, and so how a channel is (un)subscribed.
@@ -55,12 +58,14 @@ enum Source {
     /// One server: `SUBSCRIBE`, `UNSUBSCRIBE`.
     Server(Box<Client>),
     /// A cluster: `SSUBSCRIBE`, `SUNSUBSCRIBE`, routed by the channel's slot.
+    #[cfg(feature = "cluster")]
     Cluster(Arc<ClusterBuilder>),
 }
 
 /// A pub/sub connection of either source.
 enum Conn {
     Server(MultiplexedConnection),
+    #[cfg(feature = "cluster")]
     Cluster(ClusterConnection),
 }
 
@@ -122,6 +127,7 @@ impl Hub {
 
     /// A hub for a cluster, using sharded pub/sub; `builder` makes the client of each
     /// connection (it is opened again after a failure).
+    #[cfg(feature = "cluster")]
     pub(crate) fn cluster(name: Arc<str>, builder: Arc<ClusterBuilder>) -> Self {
         Self::with_source(name, Source::Cluster(builder))
     }
@@ -322,6 +328,7 @@ impl Shared {
                 }
             }
             // One command per channel: the channels of one command must share a slot.
+            #[cfg(feature = "cluster")]
             Conn::Cluster(conn) => {
                 for name in unsubscribe {
                     bounded(conn.sunsubscribe(name)).await?;
@@ -355,6 +362,7 @@ impl Shared {
                     bounded(client.get_multiplexed_async_connection_with_config(&config)).await?,
                 )
             }
+            #[cfg(feature = "cluster")]
             Source::Cluster(builder) => {
                 let client = builder()
                     .use_protocol(redis::ProtocolVersion::RESP3)

@@ -230,7 +230,8 @@ impl RedisNode {
         self.run(move |mut conn, wait| async move { call.run(&mut conn, wait).await })
     }
 
-    /// The command connection (for [`SentinelNode`](crate::SentinelNode)).
+    /// The command connection (for `SentinelNode`).
+    #[cfg(feature = "sentinel")]
     pub(crate) fn connection(&self) -> Batching {
         self.inner.conn.clone()
     }

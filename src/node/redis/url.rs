@@ -3,13 +3,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "cluster")]
 use redis::io::tcp::TcpSettings;
+#[cfg(feature = "sentinel")]
 use redis::sentinel::SentinelNodeConnectionInfo;
+#[cfg(feature = "sentinel")]
 use redis::{IntoConnectionInfo, TlsMode};
 
 use crate::error::ConfigError;
 use crate::node::percent::percent_decode;
+#[cfg(feature = "cluster")]
 use crate::node::redis::cluster::ClusterNode;
+#[cfg(feature = "sentinel")]
 use crate::node::redis::sentinel::SentinelNode;
 use crate::node::redis::standalone::RedisNode;
 use crate::node::Node;
@@ -102,34 +107,7 @@ pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
             }
             Ok(Arc::new(node))
         }
-        "redis+cluster" | "rediss+cluster" => {
-            let base = if url.scheme == "rediss+cluster" {
-                "rediss"
-            } else {
-                "redis"
-            };
-            let seeds = url
-                .hosts
-                .iter()
-                .map(|host| {
-                    Url {
-                        scheme: base,
-                        ..url.clone()
-                    }
-                    .rebuild(host, url.path)
-                })
-                .collect::<Vec<_>>();
-            let mut node = match nodelay {
-                None => ClusterNode::open(seeds)?,
-                Some(nodelay) => ClusterNode::with_config(seeds, move |builder| {
-                    builder.tcp_settings(TcpSettings::default().set_nodelay(nodelay))
-                })?,
-            };
-            if let Some((replicas, timeout)) = wait {
-                node = node.wait_for_replicas(replicas, timeout);
-            }
-            Ok(Arc::new(node))
-        }
+        "redis+cluster" | "rediss+cluster" => cluster(&url, nodelay, wait),
         "redis+sentinel" | "rediss+sentinel" => sentinel(&url, wait),
         other => Err(ConfigError::new(format!(
             "unknown URL scheme `{other}`: expected redis://, rediss://, redis+cluster://, \
@@ -198,6 +176,64 @@ fn starts_with_scheme(token: &str) -> bool {
     })
 }
 
+#[cfg(feature = "cluster")]
+fn cluster(
+    url: &Url<'_>,
+    nodelay: Option<bool>,
+    wait: Option<(usize, Duration)>,
+) -> Result<Arc<dyn Node>, ConfigError> {
+    let base = if url.scheme == "rediss+cluster" {
+        "rediss"
+    } else {
+        "redis"
+    };
+    let seeds = url
+        .hosts
+        .iter()
+        .map(|host| {
+            Url {
+                scheme: base,
+                ..url.clone()
+            }
+            .rebuild(host, url.path)
+        })
+        .collect::<Vec<_>>();
+    let mut node = match nodelay {
+        None => ClusterNode::open(seeds)?,
+        Some(nodelay) => ClusterNode::with_config(seeds, move |builder| {
+            builder.tcp_settings(TcpSettings::default().set_nodelay(nodelay))
+        })?,
+    };
+    if let Some((replicas, timeout)) = wait {
+        node = node.wait_for_replicas(replicas, timeout);
+    }
+    Ok(Arc::new(node))
+}
+
+#[cfg(not(feature = "cluster"))]
+fn cluster(
+    url: &Url<'_>,
+    _: Option<bool>,
+    _: Option<(usize, Duration)>,
+) -> Result<Arc<dyn Node>, ConfigError> {
+    Err(needs_feature(url.scheme, "cluster"))
+}
+
+#[cfg(not(feature = "sentinel"))]
+fn sentinel(url: &Url<'_>, _: Option<(usize, Duration)>) -> Result<Arc<dyn Node>, ConfigError> {
+    Err(needs_feature(url.scheme, "sentinel"))
+}
+
+/// A scheme this build knows but left out.
+#[cfg(not(all(feature = "cluster", feature = "sentinel")))]
+fn needs_feature(scheme: &str, feature: &str) -> ConfigError {
+    ConfigError::new(format!(
+        "{scheme}:// URLs need tower-redlock's `{feature}` feature (on by default; \
+         enable it in Cargo.toml)"
+    ))
+}
+
+#[cfg(feature = "sentinel")]
 fn sentinel(url: &Url<'_>, wait: Option<(usize, Duration)>) -> Result<Arc<dyn Node>, ConfigError> {
     let tls = url.scheme == "rediss+sentinel";
     let mut segments = url.path.trim_matches('/').split('/');
@@ -276,6 +312,7 @@ fn sentinel(url: &Url<'_>, wait: Option<(usize, Duration)>) -> Result<Arc<dyn No
     Ok(Arc::new(node))
 }
 
+#[cfg(feature = "sentinel")]
 fn has_port(host: &str) -> bool {
     match host.rsplit_once(':') {
         // `[v6]` alone has colons only inside the brackets.
@@ -522,6 +559,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "sentinel")]
     #[test]
     fn ports_and_decoding() {
         assert!(has_port("h:1"));
@@ -542,6 +580,31 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn cluster_and_sentinel_urls_build_with_their_feature_only() {
+        for (url, feature, on) in [
+            (
+                "redis+cluster://127.0.0.1:7001,127.0.0.1:7002",
+                "cluster",
+                cfg!(feature = "cluster"),
+            ),
+            (
+                "redis+sentinel://127.0.0.1:26379/m",
+                "sentinel",
+                cfg!(feature = "sentinel"),
+            ),
+        ] {
+            let built = node_from_url(url);
+            if on {
+                assert!(built.is_ok(), "{url}");
+            } else {
+                let err = built.map(|_| ()).unwrap_err().to_string();
+                assert!(err.contains(&format!("`{feature}` feature")), "{err}");
+            }
+        }
+    }
+
+    #[cfg(all(feature = "cluster", feature = "sentinel"))]
     #[tokio::test]
     async fn builds_every_kind_and_rejects_nonsense() {
         for (url, name) in [

@@ -111,6 +111,7 @@ impl fmt::Display for ReplicaWait {
 }
 
 /// The text of a node error without its kind's prefix.
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 pub(crate) fn detail(e: &NodeError) -> std::sync::Arc<str> {
     match e {
         NodeError::Connection(m) | NodeError::Server(m) | NodeError::Protocol(m) => m.clone(),
@@ -138,6 +139,7 @@ impl From<RedisError> for CallError {
 impl CallError {
     /// The server that answered may no longer be the master (it is unreachable, it
     /// answers as a replica, or it lost its replicas): ask the sentinels again.
+    #[cfg(feature = "sentinel")]
     pub(crate) fn master_may_have_moved(&self) -> bool {
         match self {
             CallError::Redis(e) => {
@@ -154,6 +156,7 @@ impl CallError {
 
     /// The script certainly did not run (the server refused every write, or no
     /// connection was made): the call may be sent again elsewhere without effect here.
+    #[cfg(feature = "sentinel")]
     pub(crate) fn certainly_not_run(&self) -> bool {
         match self {
             CallError::Redis(e) => {

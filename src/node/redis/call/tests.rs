@@ -214,6 +214,7 @@ fn the_eval_fallback_sends_the_same_keys_and_arguments() {
     assert_eq!(evalsha.last().map(String::as_str), Some("1500"));
 }
 
+#[cfg(feature = "sentinel")]
 #[test]
 fn errors_say_why() {
     let wait = ReplicaWait {
