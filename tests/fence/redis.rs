@@ -6,6 +6,7 @@ use tower_redlock::fence::redis as guarded;
 use tower_redlock::fence::FenceError;
 use tower_redlock::FencingToken;
 
+#[cfg(feature = "cluster")]
 use crate::support::cluster::RedisCluster;
 use crate::support::RedisServer;
 
@@ -116,6 +117,7 @@ async fn tokens_compare_exactly_across_the_whole_u64_range() {
 
 /// Over a Redis Cluster connection: the fence key lands in the value's slot (no
 /// `CROSSSLOT`), with and without a hash tag.
+#[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_a_cluster_connection() {
     let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
