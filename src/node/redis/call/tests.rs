@@ -1,3 +1,4 @@
+use super::acquire::{acquire_granted, parse_acquire};
 use super::*;
 
 #[test]
