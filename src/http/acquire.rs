@@ -98,7 +98,9 @@ pub(crate) struct Taken {
     pub(crate) lease: Option<Lease>,
     /// The acquired lease's handle, else the first reused one.
     pub(crate) handle: LeaseHandle,
-    /// The request's leases reused for resources it held already.
+    /// The request's leases reused for resources it held already (the `Locked`
+    /// extractor hands them to the handler).
+    #[cfg(feature = "axum")]
     pub(crate) reused: Vec<LeaseHandle>,
 }
 
@@ -157,6 +159,7 @@ pub(crate) async fn take(
             return Ok(Taken {
                 lease: None,
                 handle: first.clone(),
+                #[cfg(feature = "axum")]
                 reused,
             });
         }
@@ -171,6 +174,7 @@ pub(crate) async fn take(
     Ok(Taken {
         handle: lease.handle(),
         lease: Some(lease),
+        #[cfg(feature = "axum")]
         reused,
     })
 }

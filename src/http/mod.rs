@@ -189,7 +189,6 @@
 //! [`MethodRouter::layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.layer
 //! [`MethodRouter::route_layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.route_layer
 
-#[cfg_attr(not(feature = "axum"), allow(dead_code))]
 pub(crate) mod acquire;
 mod body;
 pub(crate) mod detach;

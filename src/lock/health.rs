@@ -163,7 +163,7 @@ impl Health {
     /// Records what a check of the node's setup found (`None`: nothing), and logs a
     /// change once: at `warn` when a finding appears or changes, at `info` when it is
     /// gone.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[cfg(feature = "redis")]
     pub(crate) fn note_setup(&self, warning: Option<String>) {
         let changed = {
             let mut entry = self.entry.lock().unwrap_or_else(|p| p.into_inner());

@@ -240,7 +240,7 @@ pub(crate) fn hold(acquired_at: tokio::time::Instant) {
 }
 
 /// The `cause` label of a lost lease.
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+#[cfg(feature = "metrics")]
 pub(crate) fn lost_cause(cause: LostCause) -> &'static str {
     match cause {
         LostCause::RenewalFailed => "renewal_failed",
@@ -268,7 +268,7 @@ pub(crate) fn renewal(outcome: &'static str) {
 }
 
 /// The `error` label of a node error.
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+#[cfg(feature = "metrics")]
 pub(crate) fn node_error_kind(error: &NodeError) -> &'static str {
     match error {
         NodeError::Timeout(_) => "timeout",

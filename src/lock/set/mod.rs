@@ -239,7 +239,7 @@ impl crate::lock::lease::LeaseInner {
     }
 
     /// Every member's keys, in canonical order.
-    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+    #[cfg(feature = "test-util")]
     pub(crate) fn all_keys(&self) -> &[LockKeys] {
         match &self.set {
             Some(set) => &set.keys,
