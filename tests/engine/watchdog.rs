@@ -121,12 +121,16 @@ async fn watchdog_keeps_a_lease_held_for_five_ttls() {
     assert!(probes > 5);
     assert!(lease.is_held());
     assert_eq!(lease.lost_cause(), None);
-    for (i, s) in servers.iter().enumerate() {
-        assert_eq!(
-            s.get(&lock_key("wd:long")).as_deref(),
-            Some(lease.owner_on(i).as_str())
-        );
-    }
+    // Held where it counts, on a majority (with a 50 ms node timeout, a loaded machine
+    // may let one node's extensions time out and its key run out: that costs a vote).
+    let holding = servers
+        .iter()
+        .enumerate()
+        .filter(|(i, s)| {
+            s.get(&lock_key("wd:long")).as_deref() == Some(lease.owner_on(*i).as_str())
+        })
+        .count();
+    assert!(holding >= 2, "our key on {holding} of 3 servers");
     // Each renewal adds at most one ttl: surviving five needs at least four.
     assert!(holder.metrics().renewals >= 4, "{:?}", holder.metrics());
     assert_eq!(holder.metrics().lost, 0);
