@@ -295,6 +295,35 @@ async fn redis_pay_and_ship_of_one_order_share_the_lock() {
     );
 }
 
+/// A writer with a newer token than any lease of `locker` records a payment of order 5
+/// first: the ledger refuses an older token (and counts it out of the in-flight count),
+/// and the route's next payment gets 409 `stale-fencing-token`. Returns the newer token
+/// and that answer.
+async fn a_newer_writer_fences_out_the_order(
+    ledger: &Ledger,
+    locker: &Redlock,
+    app: &Router,
+    first: u64,
+) -> (u64, Answer) {
+    let newer = first + (1 << 40);
+    let visit = ledger.enter("5").await.unwrap();
+    let recorded = visit.record(Entry::Payment, FencingToken::new(newer)).await;
+    assert_eq!(recorded.unwrap(), 2);
+    let visit = ledger.enter("5").await.unwrap();
+    assert!(matches!(
+        visit.record(Entry::Payment, FencingToken::new(first)).await,
+        Err(orders::LedgerError::Stale { last, .. }) if last == newer
+    ));
+    support::eventually("the first lease is released", RESPONSE_LIMIT, || {
+        locker.local_resources() == 0
+    })
+    .await;
+    let stale = send(app, "POST", "/orders/5/pay?work_ms=0", None).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.json);
+    assert_eq!(stale.problem_code(), "stale-fencing-token");
+    (newer, stale)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stale_fencing_token_is_refused_with_409() {
     let servers = RedisServer::start_many(3);
@@ -308,31 +337,8 @@ async fn redis_stale_fencing_token_is_refused_with_409() {
     let first = send(&app, "POST", "/orders/5/pay?work_ms=0", None).await;
     assert_eq!(first.status, StatusCode::OK, "{}", first.json);
 
-    // A writer with a newer token than any lease of this locker got there first.
-    let newer = first.token() + (1 << 40);
-    let visit = ledger.enter("5").await.unwrap();
-    assert_eq!(
-        visit
-            .record(Entry::Payment, FencingToken::new(newer))
-            .await
-            .unwrap(),
-        2
-    );
-    // A writer with an older token is refused, and counted out of the in-flight count.
-    let visit = ledger.enter("5").await.unwrap();
-    assert!(matches!(
-        visit.record(Entry::Payment, FencingToken::new(first.token())).await,
-        Err(orders::LedgerError::Stale { last, .. }) if last == newer
-    ));
-
-    // The first payment's lease is released in the background after its response.
-    support::eventually("the first lease is released", RESPONSE_LIMIT, || {
-        locker.local_resources() == 0
-    })
-    .await;
-    let stale = send(&app, "POST", "/orders/5/pay?work_ms=0", None).await;
-    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.json);
-    assert_eq!(stale.problem_code(), "stale-fencing-token");
+    let (newer, stale) =
+        a_newer_writer_fences_out_the_order(&ledger, &locker, &app, first.token()).await;
     assert_eq!(stale.json["last_fencing_token"], newer.to_string());
     assert!(
         stale.json["fencing_token"]
@@ -478,29 +484,8 @@ async fn postgres_ledger_fences_every_write() {
     assert_eq!(status.json["payments"], 1);
     assert_eq!(status.json["last_fencing_token"], first.token().to_string());
 
-    // A writer with a newer token than any lease of this locker got there first.
-    let newer = first.token() + (1 << 40);
-    let visit = ledger.enter("5").await.unwrap();
-    assert_eq!(
-        visit
-            .record(Entry::Payment, FencingToken::new(newer))
-            .await
-            .unwrap(),
-        2
-    );
-    // An older token: refused by the fence, nothing of its transaction counted.
-    let visit = ledger.enter("5").await.unwrap();
-    assert!(matches!(
-        visit.record(Entry::Payment, FencingToken::new(first.token())).await,
-        Err(orders::LedgerError::Stale { last, .. }) if last == newer
-    ));
-    support::eventually("the first lease is released", RESPONSE_LIMIT, || {
-        locker.local_resources() == 0
-    })
-    .await;
-    let stale = send(&app, "POST", "/orders/5/pay?work_ms=0", None).await;
-    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.json);
-    assert_eq!(stale.problem_code(), "stale-fencing-token");
+    let (newer, _) =
+        a_newer_writer_fences_out_the_order(&ledger, &locker, &app, first.token()).await;
     let status = send(&app, "GET", "/orders/5", None).await;
     assert_eq!(status.json["payments"], 2);
     assert_eq!(status.json["max_in_flight"], 1);
