@@ -68,7 +68,7 @@ use http_body_util::BodyExt;
 use redis::aio::MultiplexedConnection;
 use support::RedisServer;
 use tower::ServiceExt;
-use tower_redlock::http::{header, LockLayer};
+use tower_redlock::http::{key::header, LockLayer};
 use tower_redlock::{LockOptions, MemoryNode, Redlock, Resource};
 
 use common::{median, ms, percentile, thousands};

@@ -28,7 +28,10 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tower_redlock::axum::{LockKey, Locked};
-use tower_redlock::http::{path_param, Contention, PathParam, Scope};
+use tower_redlock::http::{
+    key::{path_param, PathParam},
+    Contention, Scope,
+};
 use tower_redlock::Redlock;
 use tracing_subscriber::EnvFilter;
 

@@ -46,8 +46,8 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tower_redlock::axum::LayerLease;
-use tower_redlock::http::{webhook, LockLayer, RequestKey};
-use tower_redlock::lock::split_node_urls;
+use tower_redlock::http::{key::webhook, LockLayer, RequestKey};
+use tower_redlock::split_node_urls;
 use tower_redlock::{LockOptions, Redlock};
 use tracing_subscriber::EnvFilter;
 

@@ -4,7 +4,7 @@
 //! that retries a timed-out `POST`, a webhook delivered again while the first delivery
 //! is still processed. Once a service runs on several machines, a mutex in one process
 //! no longer prevents that. `tower-redlock` puts a distributed lock around the handler:
-//! a [`LockLayer`] (a tower middleware, for axum or any tower stack) finds a key in each
+//! a [`LockLayer`](http::LockLayer) (a tower middleware, for axum or any tower stack) finds a key in each
 //! request — a path parameter, a header such as `Idempotency-Key`, a JSON field, a
 //! webhook's delivery id — and runs the handler only while holding the lock on that key.
 //! A second request with the same key gets `409 Conflict` (or waits its turn), as an
@@ -18,7 +18,7 @@
 //! ```
 //! use axum::{routing::post, Router};
 //! use tower_redlock::axum::LayerLease;
-//! use tower_redlock::http::{path_param, LockLayer};
+//! use tower_redlock::http::{key::path_param, LockLayer};
 //! use tower_redlock::Redlock;
 //!
 //! async fn pay(lease: LayerLease) -> String {
@@ -54,7 +54,7 @@
 //! | `redis` | yes | the standalone Redis node ([`RedisNode`]), [`Redlock::connect`] and [`node_from_url`] |
 //! | `cluster` | yes | Redis Cluster ([`ClusterNode`], `redis+cluster://`); implies `redis` |
 //! | `sentinel` | yes | Sentinel-managed groups ([`SentinelNode`], `redis+sentinel://`); implies `redis` |
-//! | `axum` | yes | [`path_param`](http::path_param) keys, axum's matched route in [`Scope::Route`], and the extractors of [`axum`](mod@crate::axum) |
+//! | `axum` | yes | [`path_param`](http::key::path_param) keys, axum's matched route in [`Scope::Route`](http::Scope::Route), and the extractors of [`axum`](mod@crate::axum) |
 //! | `tls` | no | `rediss://` URLs, through redis-rs's rustls support |
 //! | `metrics` | no | records the [`metrics`] listed there through the `metrics` facade, for the exporter the application installs |
 //! | `postgres` | no | [`fence::postgres`]: guarded writes to PostgreSQL through sqlx, a stale holder's transaction refused by the database |
@@ -64,41 +64,44 @@
 //!
 //! # Modules
 //!
+//! Every public item has one path. The crate root holds what an application uses
+//! outside HTTP; the modules hold the rest:
+//!
 //! | module | what it holds |
 //! |---|---|
-//! | [`lock`] | the lock engine: [`Redlock`] over N nodes, [`Lease`], [`LockOptions`], waiting, the watchdog, outcome records ([`lock::record`]), many resources in one lease ([`Redlock::try_acquire_all`]). Knows nothing of HTTP nor Redis. |
-//! | [`fencing`] | [`FencingToken`]: how tokens are made across a quorum, why they increase, and the assumptions |
+//! | the root | the engine: [`Redlock`] over N nodes, [`Lease`], [`LockOptions`], [`FencingToken`], the stores ([`MemoryNode`], [`RedisNode`] …), the errors. Knows nothing of HTTP. |
+//! | [`fencing`] | how tokens are made across a quorum, why they increase, and the assumptions |
 //! | [`fence`] | guarded writes: the storage refuses a stale token ([`fence::postgres`] with `postgres`, [`fence::redis`] with `redis`) |
-//! | [`http`] | [`LockLayer`] and [`LockService`]: the tower middleware and its policies |
-//! | [`http::key`] | where a request's key comes from: [`KeyFromParts`], [`KeyExtractor`], the built-ins and the webhook presets |
-//! | [`http::problem`] | the RFC 9457 problem responses, [`ProblemRenderer`], and [`problem_response`](http::problem::problem_response) for errors of code that locks by hand |
-//! | [`http::replay`] | idempotent replay ([`Replay`]): the first response for a key recorded and replayed |
+//! | [`http`] | [`LockLayer`](http::LockLayer) and [`LockService`](http::LockService): the tower middleware, its policies and what it puts in the request |
+//! | [`http::key`] | where a request's key comes from: [`KeyFromParts`](http::key::KeyFromParts), [`KeyExtractor`](http::key::KeyExtractor), the built-ins and the webhook presets |
+//! | [`http::problem`] | the RFC 9457 problem responses, [`ProblemRenderer`](http::problem::ProblemRenderer), and [`problem_response`](http::problem::problem_response) for errors of code that locks by hand |
+//! | [`http::replay`] | idempotent replay ([`Replay`](http::replay::Replay)): the first response for a key recorded and replayed |
 //! | [`axum`](mod@crate::axum) | [`Locked`](crate::axum::Locked), which takes a lease inside a handler, and [`LayerLease`](crate::axum::LayerLease), which reads the layer's |
-//! | [`node`] | the lock stores: the [`Node`] trait and what implementing one takes, [`MemoryNode`], the Redis nodes (feature `redis`) |
+//! | [`node`] | what implementing a lock store takes: the [`Node`](node::Node) trait, its requests and replies |
 //! | [`metrics`] | the metric names, what each counts and when to alert |
 //! | `test_util` | with `test-util`: [`TestStore`](crate::test_util::TestStore), the test kit for users' handlers |
 //!
-//! # At the crate root
+//! # Which type do I use
 //!
-//! The items most applications use are re-exported here, by what they are for:
-//!
-//! | for | items |
+//! | I want to … | use |
 //! |---|---|
-//! | locking | [`Redlock`] (the locker over N nodes), [`LockOptions`] (ttl, timeouts, waiting, fencing), [`Resource`] (the name of a lock), [`RetryPolicy`] and [`Backoff`] (how a waiting acquire retries) |
-//! | a held lock | [`Lease`] (owned: released on drop), [`LeaseHandle`] (a cheap view of it: token, validity, lost signal), [`FencingToken`] (the number the storage checks), [`LostCause`] (why a lease ended), [`ReleaseOutcome`] (what an explicit release found) |
-//! | nodes | [`MemoryNode`] (in process), [`RedisNode`], [`ClusterNode`] and [`SentinelNode`] (features `redis`, `cluster`, `sentinel`), [`node_from_url`] (one from a URL), the [`Node`] trait |
-//! | the HTTP layer | [`LockLayer`] and [`LockService`] (the middleware), [`LeaseBody`] (the response body holding the lease) |
-//! | its policies | [`Contention`] (refuse or wait), [`MissingKey`], [`OnLost`], [`Unavailable`], [`Scope`] (which requests share a lock), [`Replay`] (idempotent replay) |
-//! | keys | [`KeyFromParts`] (a key from the request head; closures are one), [`KeyExtractor`] (from the whole request, body included), [`KeyRejection`] (a malformed key) |
-//! | refusals | [`Problem`], [`ProblemKind`] (one per problem type), [`ProblemRenderer`] (the format); [`LeaseLost`] marks a response whose lease was lost |
-//! | errors | [`LockError`] (contention, no quorum, lost), [`NodeError`] and [`NodeFailure`] (one node's failure), [`ConfigError`] (options that cannot work) |
-//! | observing | [`MetricsSnapshot`] ([`Redlock::metrics`]); the [`metrics`] names (feature `metrics`) |
+//! | lock a route by a key of each request | [`http::LockLayer`] with a key from [`http::key`] (`header`, `path_param`, `json_field`, a closure) |
+//! | replay the first response to a retried request | [`LockLayer::replay`](http::LockLayer::replay) with [`http::replay::Replay`] |
+//! | read the layer's lease (its token) in the handler | [`axum::LayerLease`] (without axum: the [`LeaseHandle`] in the request's extensions) |
+//! | take a lock inside a handler, on a name the handler computes | [`axum::Locked`] with a [`LockKey`](crate::axum::LockKey) type |
+//! | lock by hand, outside HTTP | [`Redlock::try_acquire`] (refuse when held) or [`Redlock::acquire`] (wait), which give a [`Lease`] |
+//! | lock several resources at once | [`Redlock::try_acquire_all`] / [`Redlock::acquire_all`] |
+//! | hand the lease's token to a task or a log | [`Lease::handle`] gives a [`LeaseHandle`]: clone-able, token, validity, lost signal |
+//! | make the database refuse a stale holder | [`fence::postgres::advance`] or [`fence::redis::set`] with the [`FencingToken`] |
+//! | choose the stores | [`Redlock::connect`] with URLs; [`MemoryNode`] for one process; [`RedisNode`], [`ClusterNode`], [`SentinelNode`] to build them by hand |
+//! | test handlers without Redis | `test_util::TestStore` (feature `test-util`) |
+//! | write a store of my own | the [`node`] module |
 //!
 //! Four names for a lease, from the inside out: a [`Lease`] is the lock you hold (the
-//! engine's); a [`LeaseHandle`] is a clone-able view of it, which the layer puts in the
-//! request; [`LayerLease`](crate::axum::LayerLease) is the axum extractor for that
-//! handle; [`Locked`](crate::axum::Locked) is the axum extractor that takes a [`Lease`]
-//! itself. See CHANGELOG.md for the names reviewed and why they stay.
+//! engine's, released on drop); a [`LeaseHandle`] is a clone-able view of it, which the
+//! layer puts in the request; [`LayerLease`](crate::axum::LayerLease) is the axum
+//! extractor for that handle; [`Locked`](crate::axum::Locked) is the axum extractor that
+//! takes a [`Lease`] itself.
 //!
 //! # Observability
 //!
@@ -113,7 +116,7 @@
 //!
 //! | span | level | fields | covers | events inside |
 //! |---|---|---|---|---|
-//! | `redlock` | DEBUG | `resource`, `outcome`, `wait_ms`, `token` | one request through the [`LockLayer`]: `outcome` is `acquired`, `lost`, `bypassed`, `fail-open`, `replayed`, `recorded`, `not-recorded` or the [problem code](crate::http::problem) of a refusal | the spans below, `request refused`, `lease lost while the handler ran` |
+//! | `redlock` | DEBUG | `resource`, `outcome`, `wait_ms`, `token` | one request through the [`LockLayer`](http::LockLayer): `outcome` is `acquired`, `lost`, `bypassed`, `fail-open`, `replayed`, `recorded`, `not-recorded` or the [problem code](crate::http::problem) of a refusal | the spans below, `request refused`, `lease lost while the handler ran` |
 //! | `redlock.wait` | DEBUG | `resource` | one [`acquire`](Redlock::acquire) call: queueing in this process, then rounds until acquired or the deadline | `redlock.acquire` spans |
 //! | `redlock.acquire` | DEBUG | `resource` | one Redlock round on every node (and the fence write-back) | `lease acquired` (`votes`, `token`, `elapsed`), `resource held` (`held`, `won`, `elapsed`), `no quorum` (WARN: `answered`, `quorum`, `failures`), `majority won too slowly` (WARN: `validity`, `elapsed`) |
 //! | `redlock.extend` | DEBUG | `resource`, `token` | one extend round (the watchdog's or [`Lease::extend`]) | `lease extended` (TRACE: `votes`, `elapsed`), `extend round failed` (`votes`, `failures`) |
@@ -132,11 +135,11 @@
 //! ttl). A process paused longer than its lease (GC, swap, a stopped VM) can still
 //! write after another took over: that is what the fencing token is for, once the
 //! storage checks it ([`fence`]: PostgreSQL and Redis refuse the stale write). The
-//! details are in [`fencing`] and [`lock`].
+//! details are in [`fencing`] and [`Redlock`].
 //!
 //! # Layout
 //!
-//! Imports point down only: [`http`] and [`axum`](mod@crate::axum) use [`lock`], which
+//! Imports point down only: [`http`] and [`axum`](mod@crate::axum) use the engine, which
 //! uses [`node`], which uses only the errors. ARCHITECTURE.md in the repository says
 //! what lives where.
 #![warn(
@@ -153,36 +156,32 @@ pub mod axum;
 mod error;
 pub mod fence;
 pub mod http;
-pub mod lock;
+mod lock;
 pub mod node;
 #[cfg(feature = "test-util")]
 pub mod test_util;
 
-// The HTTP layer: the middleware, its policies, keys and problems.
-pub use crate::http::{
-    Contention, KeyExtractor, KeyFromParts, KeyRejection, LeaseBody, LeaseLost, LockLayer,
-    LockService, MissingKey, OnDisconnect, OnLost, Problem, ProblemKind, ProblemRenderer, Replay,
-    Scope, Unavailable,
-};
-// Errors, one per level: a node's, the configuration's, the engine's.
+// Each public item has one path. Here: what an application uses outside HTTP. The HTTP
+// layer is `http` (its keys `http::key`, replay `http::replay`, problems
+// `http::problem`), the extractors `axum`, guarded writes `fence`, and what implementing
+// a store takes `node`.
 pub use error::{ConfigError, NodeError, NodeFailure};
-// The engine: the locker, its options and leases, fencing and metrics.
-pub use lock::fencing::{self, FencingToken};
-pub use lock::metrics;
+pub use lock::{fencing, metrics, record};
 pub use lock::{
     Backoff, Drained, Lease, LeaseHandle, LockError, LockOptions, LostCause, MetricsSnapshot,
     NodeState, NodeStatus, Redlock, ReleaseOutcome, RetryPolicy, MAX_RESOURCES_PER_LEASE,
 };
-// The stores.
-#[cfg(feature = "cluster")]
-pub use node::ClusterNode;
 #[cfg(feature = "etcd")]
-pub use node::EtcdNode;
+pub use node::etcd::EtcdNode;
+pub use node::memory::MemoryNode;
+#[cfg(feature = "cluster")]
+pub use node::redis::ClusterNode;
 #[cfg(feature = "sentinel")]
-pub use node::SentinelNode;
+pub use node::redis::SentinelNode;
 #[cfg(feature = "redis")]
-pub use node::{node_from_url, RedisNode};
-pub use node::{MemoryNode, Node, Resource};
+pub use node::redis::{node_from_url, split_node_urls, RedisNode};
+pub use node::resource::Resource;
+pub use node::token::FencingToken;
 
 /// The README's Rust snippets, compiled as doc-tests: each compiles as written (the
 /// `# ` lines give a fragment its context).

@@ -3,15 +3,15 @@
 //! without Redis and without sleeps.
 //!
 //! [`TestStore`] is a set of [`MemoryNode`]s and the [`Redlock`] over them. Give
-//! [`TestStore::locker`] to your [`LockLayer`](crate::LockLayer) or extractor state,
+//! [`TestStore::locker`] to your [`LockLayer`](crate::http::LockLayer) or extractor state,
 //! then steer the store from the test:
 //!
 //! | to test | call | the client hears |
 //! |---|---|---|
 //! | someone else holds the key | [`hold`](TestStore::hold) (undo: [`release`](TestStore::release)) | 409 `lock-held` with `Retry-After` (or, waiting, the handler once released) |
-//! | the lock store is down | [`set_available(false)`](TestStore::set_available) | 503 `lock-unavailable`, or the handler without a lock under [`Unavailable::FailOpen`](crate::Unavailable::FailOpen) |
+//! | the lock store is down | [`set_available(false)`](TestStore::set_available) | 503 `lock-unavailable`, or the handler without a lock under [`Unavailable::FailOpen`](crate::http::Unavailable::FailOpen) |
 //! | one node of several is down | [`node(i)`](TestStore::node)`?.set_available(false)` | nothing changes while a majority answers; 503 once it does not |
-//! | the lease is lost mid-handler | [`lose`](TestStore::lose) | 503 `lock-lost` under [`OnLost::Abort`](crate::OnLost::Abort); the handler's response with [`LeaseLost`](crate::LeaseLost) under `Continue` |
+//! | the lease is lost mid-handler | [`lose`](TestStore::lose) | 503 `lock-lost` under [`OnLost::Abort`](crate::http::OnLost::Abort); the handler's response with [`LeaseLost`](crate::http::LeaseLost) under `Continue` |
 //! | a slow network | [`set_delay`](TestStore::set_delay), [`node(i)`](TestStore::node)`?.set_delay(d)` | slower answers; 503 once a majority is slower than [`LockOptions::node_timeout`](crate::LockOptions::node_timeout) |
 //!
 //! With `#[tokio::test(start_paused = true)]` delays and ttls run on Tokio's paused
@@ -19,7 +19,7 @@
 //! 100 ms delay finishes at once and always the same way.
 //!
 //! Resources are named as the layer names them: under the default
-//! [`Scope::Route`](crate::Scope::Route), `Resource::new("POST").join("/orders/{id}")
+//! [`Scope::Route`](crate::http::Scope::Route), `Resource::new("POST").join("/orders/{id}")
 //! .join("42")` for `POST /orders/42` on the route `/orders/{id}`; under
 //! `Scope::shared("order")`, `Resource::new("order").join("42")`.
 //! [`held`](TestStore::held) lists what is held, and the kit's errors say what is.
@@ -28,7 +28,7 @@
 //! use axum::{body::Body, routing::post, Router};
 //! use axum::http::{Request, StatusCode};
 //! use tower::ServiceExt;
-//! use tower_redlock::http::{path_param, LockLayer};
+//! use tower_redlock::http::{key::path_param, LockLayer};
 //! use tower_redlock::test_util::TestStore;
 //! use tower_redlock::Resource;
 //!
@@ -65,9 +65,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{ConfigError, NodeFailure};
-use crate::lock::{LockOptions, LostCause, MemoryNode, Redlock};
 use crate::node::{AcquireReply, AcquireRequest, Node, Owner};
-use crate::node::{LockKeys, Resource};
+use crate::{node::LockKeys, Resource};
+use crate::{LockOptions, LostCause, MemoryNode, Redlock};
 
 /// In-process lock nodes and the [`Redlock`] over them, with controls to drive the
 /// code under test into every path; see the [module docs](self).
@@ -249,7 +249,7 @@ impl TestStore {
             ttl,
             fence_ttl: options.fence_ttl,
             fencing: options.fencing,
-            fence_floor: crate::lock::fencing::floor(crate::lock::fencing::unix_ms()),
+            fence_floor: crate::fencing::floor(crate::fencing::unix_ms()),
             seed_only_when_missing: options.seed_only_when_missing,
             waiter: None,
         };
@@ -304,7 +304,7 @@ impl TestStore {
     /// [`lost`](crate::LeaseHandle::lost) resolves and the layer reacts ([`OnLost`])
     /// without waiting for the watchdog's next renewal.
     ///
-    /// [`OnLost`]: crate::OnLost
+    /// [`OnLost`]: crate::http::OnLost
     pub fn lose(&self, resource: impl Into<Resource>) -> Result<(), TestStoreError> {
         let resource = resource.into();
         let holders = self.inner.locker.held_leases();

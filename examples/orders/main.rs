@@ -18,7 +18,7 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `PORT` | 3000 | listens on `127.0.0.1:$PORT` |
-//! | `LOCK_URLS` (or its old name `REDIS_URLS`) | unset | node URLs separated by commas or whitespace (`redis://`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/master`, `etcd://h1:p1,h2:p2/prefix` with `--features etcd`; see `tower_redlock::lock::split_node_urls`): Redlock over them (majority); an etcd node must be the only one. Unset: the in-process `MemoryNode` and an in-process ledger |
+//! | `LOCK_URLS` (or its old name `REDIS_URLS`) | unset | node URLs separated by commas or whitespace (`redis://`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/master`, `etcd://h1:p1,h2:p2/prefix` with `--features etcd`; see `tower_redlock::split_node_urls`): Redlock over them (majority); an etcd node must be the only one. Unset: the in-process `MemoryNode` and an in-process ledger |
 //! | `LEDGER_URL` | the first of `LOCK_URLS` (required when that is etcd) | the Redis of the ledger: a server, a Cluster or a Sentinel master, as in `LOCK_URLS`. Give it one of its own to let any one lock node fail: with the default, the first node must stay up for the ledger |
 //! | `DATABASE_URL` | unset | with `--features postgres`: the ledger's orders and payments live in this PostgreSQL (`postgres://user@host/db`; tables created on first use), every write in a transaction fenced by `tower_redlock::fence::postgres`; transfers' balances stay where they would be without it |
 //! | `LOCK_TTL_MS` | 10000 | lease time to live (the watchdog renews it while a handler runs) |
@@ -74,9 +74,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tower_redlock::axum::LayerLease;
 use tower_redlock::http::{
-    self as lock_http, path_param, Contention, LockLayer, OnLost, RequestKey, Scope,
+    self as lock_http, key::path_param, Contention, LockLayer, OnLost, RequestKey, Scope,
 };
-use tower_redlock::lock::split_node_urls;
+use tower_redlock::split_node_urls;
 use tower_redlock::{FencingToken, LockOptions, MemoryNode, Redlock};
 use tracing_subscriber::EnvFilter;
 
@@ -435,8 +435,8 @@ async fn work_on_order(
 /// with another request (method, path, query or body).
 fn payments_route(locker: &Redlock) -> MethodRouter<AppState> {
     post(create_payment).route_layer(
-        LockLayer::new(locker.clone(), lock_http::header("Idempotency-Key"))
-            .replay(lock_http::Replay::new()),
+        LockLayer::new(locker.clone(), lock_http::key::header("Idempotency-Key"))
+            .replay(lock_http::replay::Replay::new()),
     )
 }
 

@@ -38,7 +38,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
 use tower_redlock::axum::LayerLease;
-use tower_redlock::http::{json_fields, Contention, LockLayer, RequestKeys, Scope};
+use tower_redlock::http::{key::json_fields, Contention, LockLayer, RequestKeys, Scope};
 use tower_redlock::{FencingToken, Redlock};
 
 use super::{

@@ -10,7 +10,7 @@ use http::request::Parts;
 use super::LockRejection;
 use crate::http::problem::{Problem, ProblemKind};
 use crate::http::Unlocked;
-use crate::lock::LeaseHandle;
+use crate::LeaseHandle;
 
 /// An extractor for the lease that [`LockLayer`](crate::http::LockLayer) took for this
 /// request.
@@ -29,7 +29,7 @@ use crate::lock::LeaseHandle;
 /// use axum::http::{Request, StatusCode};
 /// use tower::ServiceExt;
 /// use tower_redlock::axum::LayerLease;
-/// use tower_redlock::http::{header, LockLayer};
+/// use tower_redlock::http::{key::header, LockLayer};
 /// use tower_redlock::Redlock;
 ///
 /// async fn pay(lease: LayerLease) -> String {

@@ -15,8 +15,8 @@ use crate::http::extensions::add_request_lease;
 use crate::http::key::{KeySetFromParts, Keys};
 use crate::http::problem::Problem;
 use crate::http::{Contention, Scope, DEFAULT_MAX_KEY_LEN};
-use crate::lock::fencing::FencingToken;
-use crate::lock::{Lease, LeaseHandle, Redlock, Resource};
+use crate::FencingToken;
+use crate::{Lease, LeaseHandle, Redlock, Resource};
 
 /// Names the lock a [`Locked`] extractor takes: where the key comes from, which
 /// requests share the lock, and what to do when it is held.
@@ -28,7 +28,7 @@ use crate::lock::{Lease, LeaseHandle, Redlock, Resource};
 /// ```
 /// use std::time::Duration;
 /// use tower_redlock::axum::LockKey;
-/// use tower_redlock::http::{header, Contention, Header, Scope};
+/// use tower_redlock::http::{key::{header, Header}, Contention, Scope};
 ///
 /// /// Requests with the same `Idempotency-Key` on any route share one lock, and wait
 /// /// up to 2 s for it.
@@ -58,13 +58,13 @@ use crate::lock::{Lease, LeaseHandle, Redlock, Resource};
 )]
 pub trait LockKey: Send + Sync + 'static {
     /// The type of [`extractor`](LockKey::extractor): a built-in such as
-    /// [`Header`](crate::http::Header) or [`PathParam`](crate::http::PathParam), a
-    /// tuple of them, an [`Or`](crate::http::Or), or your own [`KeyFromParts`](crate::http::KeyFromParts).
-    /// Body keys ([`json_field`](crate::http::json_field)) need the whole request:
+    /// [`Header`](crate::http::key::Header) or [`PathParam`](crate::http::key::PathParam), a
+    /// tuple of them, an [`Or`](crate::http::key::Or), or your own [`KeyFromParts`](crate::http::key::KeyFromParts).
+    /// Body keys ([`json_field`](crate::http::key::json_field)) need the whole request:
     /// use [`LockLayer`](crate::http::LockLayer) for them.
     ///
-    /// A multi-key extractor ([`each`](crate::http::each) of head extractors,
-    /// [`keys_fn`](crate::http::keys_fn)) locks one resource per key, as one lease.
+    /// A multi-key extractor ([`each`](crate::http::key::each) of head extractors,
+    /// [`keys_fn`](crate::http::key::keys_fn)) locks one resource per key, as one lease.
     type Extractor: KeySetFromParts;
 
     /// Finds the key in the request head. Called once per request.
@@ -100,7 +100,7 @@ pub trait LockKey: Send + Sync + 'static {
 /// use std::time::Duration;
 /// use axum::extract::FromRef;
 /// use tower_redlock::axum::{LockSpec, Locked};
-/// use tower_redlock::http::{path_param, Contention, PathParam, Scope};
+/// use tower_redlock::http::{key::{path_param, PathParam}, Contention, Scope};
 /// use tower_redlock::Redlock;
 ///
 /// #[derive(Clone)]
@@ -254,7 +254,7 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// use axum::{extract::{FromRef, State}, http::StatusCode, routing::post, Json, Router};
 /// use serde_json::{json, Value};
 /// use tower_redlock::axum::{LockKey, Locked};
-/// use tower_redlock::http::{header, Header};
+/// use tower_redlock::http::key::{header, Header};
 /// use tower_redlock::{FencingToken, Redlock};
 ///
 /// // `derive(FromRef)` needs axum's `macros` feature.
@@ -316,7 +316,7 @@ impl<K> Locked<K> {
     ///
     /// ```
     /// # use tower_redlock::axum::{LockKey, Locked};
-    /// # use tower_redlock::http::{header, Header};
+    /// # use tower_redlock::http::key::{header, Header};
     /// # struct Key;
     /// # impl LockKey for Key {
     /// #     type Extractor = Header;
@@ -339,7 +339,7 @@ impl<K> Locked<K> {
     ///
     /// ```
     /// # use tower_redlock::axum::{LockKey, Locked};
-    /// # use tower_redlock::http::{header, Header};
+    /// # use tower_redlock::http::key::{header, Header};
     /// # struct Key;
     /// # impl LockKey for Key {
     /// #     type Extractor = Header;
@@ -471,7 +471,7 @@ where
 
 fn refuse(problem: Problem) -> LockRejection {
     tracing::debug!(%problem, "request refused by the Locked extractor");
-    crate::lock::metrics::refusal(problem.kind().code());
+    crate::metrics::refusal(problem.kind().code());
     LockRejection::from(problem)
 }
 

@@ -8,7 +8,7 @@
 //! The extractors cover the rest:
 //!
 //! - [`Locked<K>`] takes the lease itself, as the handler's argument. The key comes
-//!   from the request through the same [`KeyFromParts`](crate::http::KeyFromParts) extractors the layer uses,
+//!   from the request through the same [`KeyFromParts`](crate::http::key::KeyFromParts) extractors the layer uses,
 //!   named by a marker type that implements [`LockKey`] (settings in the code) or
 //!   [`LockSpec`] (settings from the state); the locker comes from the
 //!   router's state (`Redlock: FromRef<S>`). The lease is the handler's to use: it is
@@ -31,7 +31,7 @@
 //! use axum::http::{Request, StatusCode};
 //! use tower::ServiceExt;
 //! use tower_redlock::axum::{LockKey, Locked};
-//! use tower_redlock::http::{path_param, PathParam};
+//! use tower_redlock::http::key::{path_param, PathParam};
 //! use tower_redlock::Redlock;
 //!
 //! /// One lock per invoice id, per route (the default scope).

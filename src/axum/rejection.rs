@@ -11,8 +11,8 @@ use http::StatusCode;
 use crate::http::key::KeyRejection;
 use crate::http::problem::{self, DefaultRenderer, Problem};
 use crate::http::FENCING_TOKEN;
-use crate::lock::fencing::FencingToken;
-use crate::lock::LockError;
+use crate::FencingToken;
+use crate::LockError;
 
 /// Why [`Locked`](super::Locked) or [`LayerLease`](super::LayerLease) refused a request: a [`Problem`], answered as the
 /// layer answers it (`application/problem+json` by [`DefaultRenderer`],
@@ -23,7 +23,7 @@ use crate::lock::LockError;
 /// ```
 /// use axum::http::StatusCode;
 /// use tower_redlock::axum::{LockKey, LockRejection, Locked};
-/// use tower_redlock::http::{header, Header};
+/// use tower_redlock::http::key::{header, Header};
 ///
 /// struct Key;
 /// impl LockKey for Key {
@@ -50,7 +50,7 @@ impl LockRejection {
     ///
     /// ```
     /// use tower_redlock::axum::LockRejection;
-    /// use tower_redlock::{Problem, ProblemKind};
+    /// use tower_redlock::http::problem::{Problem, ProblemKind};
     ///
     /// let rejection = LockRejection::from(Problem::new(ProblemKind::LockHeld, "busy"));
     /// assert_eq!(rejection.problem().kind(), ProblemKind::LockHeld);
@@ -63,7 +63,7 @@ impl LockRejection {
     ///
     /// ```
     /// use tower_redlock::axum::LockRejection;
-    /// use tower_redlock::{Problem, ProblemKind};
+    /// use tower_redlock::http::problem::{Problem, ProblemKind};
     ///
     /// let rejection = LockRejection::from(Problem::new(ProblemKind::LockHeld, "busy"));
     /// assert_eq!(rejection.into_problem().detail(), "busy");
@@ -77,7 +77,7 @@ impl LockRejection {
     /// ```
     /// use axum::http::StatusCode;
     /// use tower_redlock::axum::LockRejection;
-    /// use tower_redlock::{Problem, ProblemKind};
+    /// use tower_redlock::http::problem::{Problem, ProblemKind};
     ///
     /// let rejection = LockRejection::from(Problem::new(ProblemKind::LockHeld, "busy"));
     /// assert_eq!(rejection.status(), StatusCode::CONFLICT);

@@ -30,9 +30,9 @@
 //! [`FenceError::Stale`] carrying the stored token when that token is larger: a later
 //! holder has written, so this holder's lease ran out while it was paused.
 
-use crate::lock::LeaseHandle;
-use crate::node::{FencingToken, Resource};
 use crate::Lease;
+use crate::LeaseHandle;
+use crate::{FencingToken, Resource};
 
 #[cfg(feature = "postgres")]
 pub mod postgres;

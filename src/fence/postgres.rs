@@ -102,7 +102,7 @@ use sqlx::PgConnection;
 
 use super::{to_i64, FenceError, Fenced};
 use crate::error::ConfigError;
-use crate::node::{FencingToken, Resource};
+use crate::{FencingToken, Resource};
 
 /// The fence table [`advance`] uses.
 pub const DEFAULT_TABLE: &str = "redlock_fences";

@@ -41,7 +41,7 @@ use redis::aio::ConnectionLike;
 use redis::Script;
 
 use super::FenceError;
-use crate::node::FencingToken;
+use crate::FencingToken;
 
 /// KEYS: the value's key, its fence key. ARGV: the token (decimal), `string` or `hash`,
 /// then the value, or the hash's field/value pairs. Answers `{1}` when written, `{0,

@@ -10,8 +10,8 @@ use super::extensions::RequestLeases;
 use super::key::validate;
 use super::policy::Contention;
 use super::problem::{lock_error_problem, set_error_problem, Problem, ProblemKind};
-use crate::lock::LockError;
-use crate::lock::{Lease, LeaseHandle, Redlock, Resource, MAX_RESOURCES_PER_LEASE};
+use crate::LockError;
+use crate::{Lease, LeaseHandle, Redlock, Resource, MAX_RESOURCES_PER_LEASE};
 
 /// A key an extractor found, checked: 400 `key-invalid` when it may not be used.
 pub(crate) fn check_key(key: String, max_len: usize) -> Result<String, Problem> {

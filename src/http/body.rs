@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project::pin_project;
 
 use super::extensions::LeaseLost;
-use crate::lock::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
+use crate::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
 
 /// The error type of [`LeaseBody`]: the handler body's own error, or [`LeaseLost`]
 /// when the lease was lost while the body was produced under
@@ -314,7 +314,7 @@ mod tests {
     use std::convert::Infallible;
     use tokio::sync::mpsc;
 
-    use crate::lock::Redlock;
+    use crate::Redlock;
 
     #[tokio::test]
     async fn problem_bodies_are_complete() {

@@ -14,7 +14,7 @@ use http::Request;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::lock::metrics;
+use crate::metrics;
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -84,7 +84,7 @@ impl Critical {
 /// ```
 /// use axum::{routing::post, Router};
 /// use tower_redlock::axum::{LockKey, Locked};
-/// use tower_redlock::http::{header, FinishOnDisconnectLayer, Header};
+/// use tower_redlock::http::{key::{header, Header}, FinishOnDisconnectLayer};
 /// use tower_redlock::Redlock;
 ///
 /// struct PaymentKey;

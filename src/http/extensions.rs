@@ -3,8 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::lock::fencing::FencingToken;
-use crate::lock::{LeaseHandle, LostCause, Redlock, Resource};
+use crate::FencingToken;
+use crate::{LeaseHandle, LostCause, Redlock, Resource};
 
 /// The lease was lost, and why.
 ///

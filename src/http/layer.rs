@@ -12,7 +12,7 @@ use super::replay::{Replay, ReplaySettings, Replaying};
 use super::service::LockService;
 use super::settings::Settings;
 use crate::error::ConfigError;
-use crate::lock::Redlock;
+use crate::Redlock;
 
 /// A [`Layer`] that runs each request under a Redlock lease named after its key.
 ///
@@ -30,15 +30,15 @@ pub struct LockLayer<K> {
 
 impl<K> LockLayer<K> {
     /// A layer locking on the key `key` finds, with `locker`: a single-key extractor
-    /// (one resource per request), or a multi-key one ([`KeySetExtractor`](super::KeySetExtractor):
+    /// (one resource per request), or a multi-key one ([`KeySetExtractor`](super::key::KeySetExtractor):
     /// one resource per key, locked together as one lease).
     ///
     /// Defaults: [`Contention::Reject`], a `Fencing-Token` response header,
     /// [`MissingKey::Reject`], [`OnLost::Abort`], [`OnDisconnect::Finish`], the lease held until the response body
     /// ends, [`Scope::Route`], keys of at most 255 bytes, the locker's own queue limit
-    /// (1000 unless set), [`Unavailable::FailClosed`] and [`DefaultRenderer`](super::DefaultRenderer).
+    /// (1000 unless set), [`Unavailable::FailClosed`] and [`DefaultRenderer`](super::problem::DefaultRenderer).
     pub fn new(locker: Redlock, key: K) -> Self {
-        crate::lock::metrics::http_series(ProblemKind::ALL.map(ProblemKind::code), false);
+        crate::metrics::http_series(ProblemKind::ALL.map(ProblemKind::code), false);
         LockLayer {
             key,
             settings: Arc::new(Settings::new(locker)),
@@ -135,7 +135,7 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Renders the problem responses (default [`DefaultRenderer`](super::DefaultRenderer), RFC 9457 JSON).
+    /// Renders the problem responses (default [`DefaultRenderer`](super::problem::DefaultRenderer), RFC 9457 JSON).
     #[must_use]
     pub fn problem_renderer(mut self, renderer: impl ProblemRenderer) -> Self {
         self.settings().renderer = Arc::new(renderer);
@@ -164,7 +164,7 @@ impl<K> LockLayer<K> {
     /// built that way would fail every request. [`try_replay`](Self::try_replay) returns
     /// the error instead. Every node kind of this crate stores records.
     ///
-    /// [`Node::records`]: crate::Node::records
+    /// [`Node::records`]: crate::node::Node::records
     #[track_caller]
     pub fn replay(self, replay: Replay) -> LockLayer<Replaying<K>> {
         match self.try_replay(replay) {
@@ -174,7 +174,7 @@ impl<K> LockLayer<K> {
     }
 
     /// [`replay`](Self::replay), refusing a locker with a node that stores no outcome
-    /// records ([`Node::records`](crate::Node::records) is `None`) with a
+    /// records ([`Node::records`](crate::node::Node::records) is `None`) with a
     /// [`ConfigError`] rather than a panic.
     pub fn try_replay(self, replay: Replay) -> Result<LockLayer<Replaying<K>>, ConfigError> {
         self.settings.locker.check_records()?;
@@ -185,7 +185,7 @@ impl<K> LockLayer<K> {
             settings: self.settings,
         };
         layer.settings().replay = Some(replay);
-        crate::lock::metrics::http_series([], true);
+        crate::metrics::http_series([], true);
         Ok(layer)
     }
 

@@ -21,7 +21,7 @@
 //! use axum::{body::Body, routing::post, Extension, Router};
 //! use axum::http::{Request, StatusCode};
 //! use tower::ServiceExt;
-//! use tower_redlock::http::{header, Contention, LockLayer};
+//! use tower_redlock::http::{key::header, Contention, LockLayer};
 //! use tower_redlock::{LeaseHandle, Redlock};
 //!
 //! async fn create_order(Extension(lease): Extension<LeaseHandle>) -> String {
@@ -69,7 +69,7 @@
 //! | acquired | the handler runs with the [`LeaseHandle`](crate::LeaseHandle) and the [`RequestKey`] in the request extensions; `Fencing-Token: <n>` on the response ([`LockLayer::fencing_header`]) |
 //! | several keys, one missing (others present) | 400 `key-missing` naming the missing one; nothing locked |
 //! | several keys, one invalid | 400 `key-invalid` naming it; nothing locked |
-//! | several keys, more than [`MAX_RESOURCES_PER_LEASE`](crate::lock::MAX_RESOURCES_PER_LEASE) distinct ones | 400 `key-invalid`; nothing locked |
+//! | several keys, more than [`MAX_RESOURCES_PER_LEASE`](crate::MAX_RESOURCES_PER_LEASE) distinct ones | 400 `key-invalid`; nothing locked |
 //! | several keys, one held | 409 `lock-held` (or `lock-wait-timeout`) naming the held one in `resource` and `detail`; `Retry-After` = the holders' longest ttl; nothing locked |
 //! | several keys, acquired | as for one, with [`RequestKeys`] instead of [`RequestKey`], and one `Fencing-Token` line per resource |
 //! | the request holds the resources already (an outer layer, same locker and scope) | the handler runs under that lease: nothing acquired ([`RequestLeases`]) |
@@ -88,8 +88,8 @@
 //! # Several keys per request
 //!
 //! A transfer debits one account and credits another: with a multi-key extractor —
-//! [`json_fields`], [`each`] of single-key extractors, [`keys_fn`], or your own
-//! [`KeySetExtractor`] — every key names a resource of its own (under the layer's
+//! [`json_fields`](key::json_fields), [`each`](key::each) of single-key extractors,
+//! [`keys_fn`](key::keys_fn), or your own [`KeySetExtractor`](key::KeySetExtractor) — every key names a resource of its own (under the layer's
 //! [`Scope`]), and the layer locks them all as **one lease**: all or nothing, in a
 //! canonical order, so two requests naming the same accounts in opposite orders never
 //! deadlock. The same key twice is one resource.
@@ -98,7 +98,7 @@
 //! use axum::{body::Body, routing::post, Extension, Router};
 //! use axum::http::{Request, StatusCode};
 //! use tower::ServiceExt;
-//! use tower_redlock::http::{json_fields, LockLayer, RequestKeys, Scope};
+//! use tower_redlock::http::{key::json_fields, LockLayer, RequestKeys, Scope};
 //! use tower_redlock::{LeaseHandle, Redlock};
 //!
 //! async fn transfer(
@@ -212,17 +212,7 @@ pub use extensions::{
     InterruptedAttempt, LeaseLost, RequestKey, RequestKeys, RequestLeases, Unlocked,
 };
 pub use future::ResponseFuture;
-pub use key::{
-    each, header, json_field, json_fields, keys_fn, query_param, single_key, webhook, BoxKeyFuture,
-    BoxKeySetFuture, Each, Header, JsonField, JsonFields, KeyExtractor, KeyFromParts, KeyRejection,
-    KeyResult, KeySetExtractor, KeySetFromParts, KeySetResult, Keys, KeysFn, Normalized, OneKey,
-    Or, QueryParam, SingleKey,
-};
-#[cfg(feature = "axum")]
-pub use key::{path_param, PathParam};
 pub use layer::LockLayer;
 pub use policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
-pub use problem::{DefaultRenderer, Problem, ProblemKind, ProblemRenderer};
-pub use replay::{Fingerprint, Replay, Replaying, UnknownOutcome, IDEMPOTENT_REPLAYED};
 pub use service::LockService;
 pub use settings::{DEFAULT_MAX_KEY_LEN, FENCING_TOKEN};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Extensions, Method, Request, Uri};
 
-use crate::lock::Resource;
+use crate::Resource;
 
 /// What a request does when another holds its lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

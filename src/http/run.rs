@@ -21,8 +21,8 @@ use super::policy::{OnLost, Unavailable};
 use super::problem::{self, Problem, ProblemKind};
 use super::settings::Settings;
 use super::tokens::set_fencing_header;
-use crate::lock::LockError;
-use crate::lock::{metrics, Lease, LeaseHandle, LostCause};
+use crate::LockError;
+use crate::{metrics, Lease, LeaseHandle, LostCause};
 
 /// Why [`lock`] took no lease.
 pub(crate) enum NotLocked {

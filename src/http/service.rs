@@ -14,7 +14,7 @@ use super::future::ResponseFuture;
 use super::key::KeySetExtractor;
 use super::policy::ScopePrefix;
 use super::settings::Settings;
-use crate::lock::Redlock;
+use crate::Redlock;
 
 /// Runs each request under a Redlock lease; made by [`LockLayer`](super::LockLayer).
 ///

@@ -8,7 +8,7 @@ use http::header::HeaderName;
 use super::policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
 use super::problem::{DefaultRenderer, ProblemRenderer};
 use super::replay::ReplaySettings;
-use crate::lock::Redlock;
+use crate::Redlock;
 
 /// The default [`LockLayer::fencing_header`](super::LockLayer::fencing_header):
 /// `Fencing-Token`.

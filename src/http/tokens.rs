@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::lock::LeaseHandle;
+use crate::LeaseHandle;
 
 /// Sets `name` on `headers` to the tokens of `lease`, replacing what was there. A
 /// locker without fencing (token 0) sets nothing.

@@ -27,7 +27,7 @@ impl Redlock {
     ///    finishing after their client left — are given until `deadline` to end and be
     ///    released by their holders.
     /// 3. At the deadline, every lease still held is marked lost
-    ///    ([`LostCause::Drained`]: under [`OnLost::Abort`](crate::OnLost::Abort) its
+    ///    ([`LostCause::Drained`]: under [`OnLost::Abort`](crate::http::OnLost::Abort) its
     ///    handler is stopped) and released on the nodes at once, so no key waits out
     ///    its ttl and no other instance answers 409 or waits for it.
     ///

@@ -225,10 +225,8 @@
 //! a token is refused ([`FenceError::OutOfRange`](crate::fence::FenceError::OutOfRange)),
 //! never wrapped.
 
-// The type lives with the nodes, which read tokens back from records; the argument
-// for it lives here.
-#[doc(inline)]
-pub use crate::node::FencingToken;
+// For the engine's modules, which name the token next to its argument.
+pub(crate) use crate::node::FencingToken;
 
 /// The floor one acquisition round sends every node (for one resource or a set): read
 /// once per round, as equal floors keep the nodes' counters equal; 0 without fencing,

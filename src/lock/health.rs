@@ -37,7 +37,7 @@ impl fmt::Display for NodeStatus {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct NodeState {
-    /// The node's name ([`Node::name`](crate::Node::name): no credentials).
+    /// The node's name ([`Node::name`](crate::node::Node::name): no credentials).
     pub name: Arc<str>,
     /// Whether it answers.
     pub status: NodeStatus,

@@ -18,14 +18,14 @@
 //! | `tower_redlock_renewals_total` | counter | `outcome`: `renewed`, `no_quorum`, `key_lost` | extend rounds (the watchdog's and [`Lease::extend`](crate::Lease::extend)'s) | `no_quorum` or `key_lost` rising: leases are about to be lost |
 //! | `tower_redlock_node_errors_total` | counter | `node` (the node's name), `error`: `timeout`, `connection`, `server`, `protocol`, `unsupported` | node calls that failed, per node | one node's rate rising: it is down or slow (the quorum still answers); several: outage ahead |
 //! | `tower_redlock_waiters` | gauge | — | callers of this process inside [`acquire`](crate::Redlock::acquire) (queued, or contending at the nodes), over every locker | a level that keeps growing: requests pile up behind held resources |
-//! | `tower_redlock_http_refusals_total` | counter | `problem`: the [problem code](crate::http::problem) (`lock-held`, `lock-wait-timeout`, `lock-unavailable`, `lock-queue-full`, `lock-lost`, `key-missing`, `key-invalid`, …) | requests the [`LockLayer`](crate::LockLayer) answered with a problem instead of the handler's response | `lock-unavailable` or `lock-lost` above zero; `key-missing`/`key-invalid` rising: a client sends bad requests |
-//! | `tower_redlock_http_handlers_finishing` | gauge | — | handlers that run on under their lease after their client left ([`OnDisconnect::Finish`](crate::OnDisconnect::Finish)) | a level that keeps growing: clients give up before handlers finish (their timeouts are shorter than the handlers) |
+//! | `tower_redlock_http_refusals_total` | counter | `problem`: the [problem code](crate::http::problem) (`lock-held`, `lock-wait-timeout`, `lock-unavailable`, `lock-queue-full`, `lock-lost`, `key-missing`, `key-invalid`, …) | requests the [`LockLayer`](crate::http::LockLayer) answered with a problem instead of the handler's response | `lock-unavailable` or `lock-lost` above zero; `key-missing`/`key-invalid` rising: a client sends bad requests |
+//! | `tower_redlock_http_handlers_finishing` | gauge | — | handlers that run on under their lease after their client left ([`OnDisconnect::Finish`](crate::http::OnDisconnect::Finish)) | a level that keeps growing: clients give up before handlers finish (their timeouts are shorter than the handlers) |
 //! | `tower_redlock_http_replays_total` | counter | `outcome`: `replayed`, `key-reused`, `recorded`, `not-recorded` | [idempotent replay](crate::http::replay): responses replayed, keys reused for another request, responses recorded or not | `not-recorded` rising: the store failed after the handler ran, retries will run the handler again |
 //!
 //! Every series is described and registered at zero when it can first move: the
 //! engine's when a locker is built (per node for `node_errors_total`), the layer's
-//! when a [`LockLayer`](crate::LockLayer) is built (`http_replays_total` with
-//! [`replay`](crate::LockLayer::replay)). So a scrape before the first request already
+//! when a [`LockLayer`](crate::http::LockLayer) is built (`http_replays_total` with
+//! [`replay`](crate::http::LockLayer::replay)). So a scrape before the first request already
 //! lists them, as Prometheus expects: install the recorder before building either.
 //!
 //! The per-locker counters of [`Redlock::metrics`](crate::Redlock::metrics) are
@@ -61,7 +61,7 @@ pub const HTTP_REPLAYS: &str = "tower_redlock_http_replays_total";
 pub const HTTP_HANDLERS_FINISHING: &str = "tower_redlock_http_handlers_finishing";
 
 /// Registers the descriptions and units with the installed recorder, so exporters
-/// print `# HELP` lines. Building a locker or a [`LockLayer`](crate::LockLayer) does
+/// print `# HELP` lines. Building a locker or a [`LockLayer`](crate::http::LockLayer) does
 /// it (and registers every series at zero), so an application that installs its
 /// recorder first need not call it; recording works without it.
 pub fn describe() {

@@ -53,24 +53,12 @@ pub use error::LockError;
 pub use health::{NodeState, NodeStatus};
 pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
 pub use options::{Backoff, LockOptions, RetryPolicy};
-pub use record::Claim;
 pub use set::MAX_RESOURCES_PER_LEASE;
 
-// The node items moved to `crate::node` (level 1); these paths keep working.
-#[cfg(feature = "cluster")]
-pub use crate::node::ClusterNode;
-#[cfg(feature = "etcd")]
-pub use crate::node::EtcdNode;
-#[cfg(feature = "sentinel")]
-pub use crate::node::SentinelNode;
+// For the engine's modules, which name node items as `crate::lock::…`.
 #[cfg(feature = "redis")]
-pub use crate::node::{node_from_url, split_node_urls, RedisNode};
-pub use crate::node::{
-    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ClaimReply, ClaimRequest,
-    LockKeys, MemoryNode, Node, NodeFuture, Owner, Record, ReleaseSignal, Resource, StoreReply,
-    StoreRequest,
-};
-
+use crate::node::redis::node_from_url;
+use crate::node::{LockKeys, MemoryNode, Node, Owner, Resource};
 /// A Redlock over one or more independent nodes.
 ///
 /// With one node it is the single-instance lock; with `N` nodes a lease needs a

@@ -2,7 +2,7 @@
 //! the current holder, for idempotent replay.
 //!
 //! The engine stores bytes; what they mean (an HTTP response, a job result) is the
-//! caller's business. The HTTP layer's [`Replay`](crate::http::Replay) is built on it.
+//! caller's business. The HTTP layer's [`Replay`](crate::http::replay::Replay) is built on it.
 //!
 //! # The record key and its two states
 //!
@@ -68,10 +68,8 @@ use crate::lock::round::Nodes;
 use crate::lock::LockError;
 use crate::lock::Redlock;
 use crate::node::{unsupported, Node, NodeFuture, RecordStore};
+use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 use crate::node::{FencingToken, LockKeys, Resource};
-
-// The wire types moved to `crate::node`; their old paths keep working.
-pub use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 
 /// What [`Lease::claim_record`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +131,7 @@ impl Redlock {
     /// record is immutable until its retention ends.
     ///
     /// Asks every node; a record counts when a majority of nodes holds it (see the
-    /// [module documentation](crate::lock::record)). `Ok(None)` when a majority answered
+    /// [module documentation](crate::record)). `Ok(None)` when a majority answered
     /// and no record is held by a majority; [`LockError::Unavailable`] when too few nodes
     /// answer to tell.
     pub async fn read_record(
@@ -152,7 +150,7 @@ impl Redlock {
 
 impl Lease {
     /// Claims the resource's work for this lease, or finds its outcome (see the
-    /// [module documentation](crate::lock::record)).
+    /// [module documentation](crate::record)).
     ///
     /// `fingerprint` describes the request the work answers; it is stored with the
     /// marker and with the record. The pending marker lives `pending_ttl`. When an

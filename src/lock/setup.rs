@@ -4,7 +4,7 @@
 //! A lock relies on more than the servers answering: on a master that accepts writes,
 //! on a memory policy that never deletes a held key, and on a user allowed to run the
 //! scripts on the lock keys. Each node reports what its servers say
-//! ([`Node::server_setup`](crate::Node::server_setup)); this module decides. At connect, a replica, a missing
+//! ([`Node::server_setup`](crate::node::Node::server_setup)); this module decides. At connect, a replica, a missing
 //! permission and (unless [`LockOptions::accept_evicting_nodes`]) an evicting policy
 //! are refused with a [`ConfigError`] saying what to change; a user that may not
 //! publish on the wake-up channels is accepted with a warning (waiters then poll).

@@ -5,7 +5,7 @@
 //! release of this process hands the resource to the next local waiter at once.
 //!
 //! Across processes, the head waiter joins the resource's **wait queue** on every node
-//! that keeps one ([`Node::wait_queue`](crate::Node::wait_queue): Redis and memory
+//! that keeps one ([`Node::wait_queue`](crate::node::Node::wait_queue): Redis and memory
 //! nodes), so that a release wakes only the next waiter, as ZooKeeper and etcd waiters
 //! watch only their predecessor:
 //!
@@ -49,7 +49,7 @@
 //! (etcd) keep the broadcast wake-up: every waiter of the resource retries. Waiting for
 //! sets of resources keeps the broadcast wake-up too, on each member's own channel; on
 //! the Redis nodes such a waiter first marks the member's queue
-//! ([`Node::listen_for_release`](crate::Node::listen_for_release): a member `*` after
+//! ([`Node::listen_for_release`](crate::node::Node::listen_for_release): a member `*` after
 //! every waiter, as long-lived as a waiter's place), since a release publishes on that
 //! channel only when its hand-off reaches the mark. So the release of a resource nobody
 //! waits for publishes nothing: `GET`, `EXISTS` of the queue and `DEL`.

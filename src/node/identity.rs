@@ -7,7 +7,7 @@
 //!    of its servers ([`Node::server_ids`], Redis's `run_id`) and refuses two nodes that
 //!    share one: the same server under two names.
 //! 3. Whatever both miss (a node down at start-up, a failover or a DNS change later),
-//!    every node gets its own owner value ([`Owner::for_node`](crate::Owner::for_node)),
+//!    every node gets its own owner value ([`Owner::for_node`](crate::node::Owner::for_node)),
 //!    so a second `SET NX` on the same server reads as held, never as our own grant.
 
 use std::collections::HashMap;

@@ -3,7 +3,7 @@
 //! (another database, a test double with injected failures) does.
 //!
 //! This is level 1 of the crate: the stores. It imports only `crate::error` (the errors); the
-//! engine ([`lock`](crate::lock)) builds on it, never the other way round.
+//! engine ([`Redlock`](crate::Redlock)) builds on it, never the other way round.
 //!
 //! | item | what it is |
 //! |---|---|
@@ -17,7 +17,7 @@
 //! | [`Waiter`] | one process's place in a resource's cross-process wait queue |
 //! | [`ReleaseSignal`] | what a subscription hands waiters: wakes them when the resource is released |
 //! | [`RecordStore`] | the capability of storing outcome records, which [`Node::records`] hands out |
-//! | [`Record`], [`ClaimRequest`] / [`ClaimReply`], [`StoreRequest`] / [`StoreReply`] | outcome records of idempotent replay (see [`lock::record`](crate::lock::record)) |
+//! | [`Record`], [`ClaimRequest`] / [`ClaimReply`], [`StoreRequest`] / [`StoreReply`] | outcome records of idempotent replay (see [`lock::record`](crate::record)) |
 //! | [`ServerSetup`] | what a node's servers report about the settings a lock relies on (role, eviction policy, permissions) |
 //! | [`FencingToken`] | the number a fence counter hands out (see [`fencing`](crate::fencing)) |
 //! | [`NodeError`] | how one node's operation failed |
@@ -32,18 +32,18 @@
 //! in Lua.
 
 #[cfg(feature = "etcd")]
-mod etcd;
+pub(crate) mod etcd;
 pub(crate) mod identity;
-mod memory;
+pub(crate) mod memory;
 #[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) mod percent;
 mod records;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
-mod resource;
+pub(crate) mod resource;
 mod set;
 mod setup;
-mod token;
+pub(crate) mod token;
 
 use std::fmt;
 use std::future::Future;
@@ -53,26 +53,21 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-#[cfg(feature = "cluster")]
-pub use self::redis::ClusterNode;
-#[cfg(feature = "sentinel")]
-pub use self::redis::SentinelNode;
-#[cfg(feature = "redis")]
-pub use self::redis::{node_from_url, split_node_urls, RedisNode};
-pub use crate::error::NodeError;
+pub(crate) use crate::error::NodeError;
 #[cfg(feature = "etcd")]
-pub use etcd::EtcdNode;
-pub use memory::MemoryNode;
+pub(crate) use etcd::EtcdNode;
+pub(crate) use memory::MemoryNode;
 pub(crate) use records::unsupported;
 pub use records::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
-pub use resource::{LockKeys, Resource};
+pub use resource::LockKeys;
+pub(crate) use resource::Resource;
 #[cfg(feature = "redis")]
 pub(crate) use resource::{CHANNEL_SUFFIX, QUEUE_SUFFIX};
 pub use set::{AcquireSetReply, AcquireSetRequest};
 #[cfg(feature = "redis")]
 pub(crate) use setup::parse_info;
 pub use setup::ServerSetup;
-pub use token::FencingToken;
+pub(crate) use token::FencingToken;
 
 use crate::error::ConfigError;
 
@@ -81,7 +76,7 @@ use crate::error::ConfigError;
 pub type NodeFuture<T> = Pin<Box<dyn Future<Output = Result<T, NodeError>> + Send + 'static>>;
 
 /// One lock store that casts one vote in the quorum: a Redis server
-/// ([`RedisNode`]) or the in-process [`MemoryNode`].
+/// ([`RedisNode`](crate::RedisNode)) or the in-process [`MemoryNode`].
 ///
 /// Every operation is atomic on the node. The locker bounds each call with the
 /// per-node timeout, so an implementation need not.
@@ -303,8 +298,8 @@ pub trait Node: Send + Sync + 'static {
     }
 
     /// The node's outcome records (idempotent replay), if it stores them: every node
-    /// kind of the crate does; the default is `None`. A [`LockLayer`](crate::LockLayer)
-    /// with [`replay`](crate::LockLayer::replay) refuses, when it is built, a locker with
+    /// kind of the crate does; the default is `None`. A [`LockLayer`](crate::http::LockLayer)
+    /// with [`replay`](crate::http::LockLayer::replay) refuses, when it is built, a locker with
     /// a node that answers `None` here, rather than failing each request.
     fn records(&self) -> Option<&dyn RecordStore> {
         None

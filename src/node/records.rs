@@ -1,7 +1,7 @@
 //! Outcome records on one node: the wire types of idempotent replay.
 //!
 //! The protocol over a quorum of nodes (majorities, orphaned markers, why a lost
-//! holder cannot overwrite a newer outcome) lives in [`lock::record`](crate::lock::record);
+//! holder cannot overwrite a newer outcome) lives in [`lock::record`](crate::record);
 //! this file holds only what one node receives and answers.
 
 use std::fmt;
@@ -36,7 +36,7 @@ pub struct Record {
 }
 
 impl Record {
-    /// A record, for [`Node`](crate::Node) implementations that read one back.
+    /// A record, for [`Node`](crate::node::Node) implementations that read one back.
     pub fn new(token: FencingToken, fingerprint: Bytes, data: Bytes) -> Self {
         Record {
             token,
@@ -140,8 +140,8 @@ pub enum StoreReply {
 }
 
 /// A node's outcome records: what idempotent replay needs from a node besides the
-/// lock. A [`Node`](crate::Node) that stores them hands this out from
-/// [`Node::records`](crate::Node::records); each operation is atomic on the node.
+/// lock. A [`Node`](crate::node::Node) that stores them hands this out from
+/// [`Node::records`](crate::node::Node::records); each operation is atomic on the node.
 pub trait RecordStore: Send + Sync {
     /// The completed record under the resource's record key, if any (a pending marker
     /// reads as none). Reads only; needs no lock.
@@ -165,7 +165,7 @@ pub trait RecordStore: Send + Sync {
     fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool>;
 }
 
-/// What the engine counts for a node without records (see [`Node::records`](crate::Node::records)).
+/// What the engine counts for a node without records (see [`Node::records`](crate::node::Node::records)).
 pub(crate) fn unsupported() -> NodeError {
     NodeError::Unsupported("outcome records (idempotent replay)".into())
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 /// `acquire_all(["account:bob", …])`, [`From<&str>`](#impl-From%3C%26str%3E-for-Resource))
 /// reads `:` as the separator of its parts: `"order:42"` is
 /// `Resource::new("order").join("42")`, which is exactly what a
-/// [`LockLayer`](crate::LockLayer) with `Scope::shared("order")` locks for the key `42`
+/// [`LockLayer`](crate::http::LockLayer) with `Scope::shared("order")` locks for the key `42`
 /// (and what a `Locked` extractor with that scope locks). A key that may itself contain
 /// `:` is joined as a part, never formatted into a string:
 /// `Resource::new("order").join(key)`, as the layer does.
@@ -260,7 +260,7 @@ pub struct LockKeys {
 
 impl LockKeys {
     /// The wait queue's key (a sorted set of waiter ids, see
-    /// [`Node::wait_queue`](crate::Node::wait_queue)): the lock key and `:queue`.
+    /// [`Node::wait_queue`](crate::node::Node::wait_queue)): the lock key and `:queue`.
     pub fn queue(&self) -> String {
         [self.lock.as_str(), QUEUE_SUFFIX].concat()
     }

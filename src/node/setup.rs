@@ -1,6 +1,6 @@
 //! [`ServerSetup`]: what a node's servers say about the settings a lock relies on, for
 //! the checks of [`Redlock::connect`](crate::Redlock::connect) and its periodic
-//! re-check (see [`Node::server_setup`](crate::Node::server_setup)).
+//! re-check (see [`Node::server_setup`](crate::node::Node::server_setup)).
 
 /// What one server of a node reports about the settings a lock relies on. A node kind
 /// fills in what it can tell; `None` and empty mean "not known", never "bad".

@@ -14,7 +14,7 @@ use support::RedisServer;
 use tower_redlock::node::{
     AcquireReply, AcquireRequest, ExtendEntry, LockKeys, NodeFuture, Owner, ReleaseSignal,
 };
-use tower_redlock::{Lease, LockOptions, MemoryNode, Node, RedisNode, Redlock};
+use tower_redlock::{node::Node, Lease, LockOptions, MemoryNode, RedisNode, Redlock};
 
 /// Over two script chunks' worth, so the pipeline carries three scripts.
 const ENTRIES: usize = 600;

@@ -18,7 +18,7 @@ use support::node_calls::{self, owners};
 use support::RedisServer;
 use tokio::sync::oneshot;
 use tower_redlock::node::{AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner};
-use tower_redlock::{Node, RedisNode};
+use tower_redlock::{node::Node, RedisNode};
 
 /// The least fence value of a fenced call.
 const FLOOR: u64 = 1 << 20;

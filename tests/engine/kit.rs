@@ -11,10 +11,11 @@ use http::{Request, StatusCode};
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 use tower_redlock::http::{
-    path_param, Contention, LockLayer, OnLost, PathParam, Unavailable, Unlocked,
+    key::{path_param, PathParam},
+    Contention, LockLayer, OnLost, Unavailable, Unlocked,
 };
 use tower_redlock::test_util::{TestStore, TestStoreError};
-use tower_redlock::{LeaseLost, LockOptions, LostCause, Resource};
+use tower_redlock::{http::LeaseLost, LockOptions, LostCause, Resource};
 
 // README: begin
 #[tokio::test(start_paused = true)]
@@ -22,7 +23,7 @@ async fn paying_an_order_under_contention_outage_and_loss() {
     use axum::http::{Request, StatusCode};
     use axum::{body::Body, routing::post, Router};
     use tower::ServiceExt;
-    use tower_redlock::http::{path_param, LockLayer};
+    use tower_redlock::http::{key::path_param, LockLayer};
     use tower_redlock::test_util::TestStore;
     use tower_redlock::Resource;
 

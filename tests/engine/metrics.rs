@@ -12,7 +12,7 @@ use http::{Request, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::oneshot;
 use tower::ServiceExt;
-use tower_redlock::http::{header, LockLayer, Replay};
+use tower_redlock::http::{key::header, replay::Replay, LockLayer};
 use tower_redlock::metrics::*;
 use tower_redlock::test_util::TestStore;
 use tower_redlock::{LockError, LockOptions, Resource};

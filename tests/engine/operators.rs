@@ -15,7 +15,7 @@ use tower_redlock::node::{
     AcquireReply, AcquireRequest, ExtendEntry, LockKeys, NodeFuture, Owner, ReleaseSignal,
 };
 use tower_redlock::{
-    LockError, LockOptions, LostCause, MemoryNode, Node, RedisNode, Redlock, ReleaseOutcome,
+    node::Node, LockError, LockOptions, LostCause, MemoryNode, RedisNode, Redlock, ReleaseOutcome,
 };
 
 /// Bound on any single wait for an event, so a broken engine fails instead of hanging.
@@ -620,7 +620,11 @@ mod extremes {
         use axum::{body::Body, routing::post, Router};
         use http::{Request, StatusCode};
         use tower::ServiceExt;
-        use tower_redlock::http::{header, Contention, LockLayer, Replay, UnknownOutcome};
+        use tower_redlock::http::{
+            key::header,
+            replay::{Replay, UnknownOutcome},
+            Contention, LockLayer,
+        };
 
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -686,7 +690,11 @@ async fn layer_and_replay_settings_at_their_extremes_answer_requests() {
     use axum::{body::Body, routing::post, Router};
     use http::{Request, StatusCode};
     use tower::ServiceExt;
-    use tower_redlock::http::{header, Contention, LockLayer, Replay, UnknownOutcome};
+    use tower_redlock::http::{
+        key::header,
+        replay::{Replay, UnknownOutcome},
+        Contention, LockLayer,
+    };
 
     let server = RedisServer::start();
     let durations = [
@@ -851,7 +859,11 @@ async fn replay_keeps_the_headers_that_give_the_body_its_meaning() {
     use http::{Request, StatusCode};
     use http_body_util::BodyExt;
     use tower::ServiceExt;
-    use tower_redlock::http::{header, LockLayer, Replay, IDEMPOTENT_REPLAYED};
+    use tower_redlock::http::{
+        key::header,
+        replay::{Replay, IDEMPOTENT_REPLAYED},
+        LockLayer,
+    };
 
     // The gzip member of an empty body: bytes that mean nothing without the header.
     const GZIP: &[u8] =

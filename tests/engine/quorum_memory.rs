@@ -9,10 +9,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_redlock::lock::{
+use tower_redlock::node::{
     AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner, ReleaseSignal,
 };
-use tower_redlock::{LockError, LockOptions, MemoryNode, Node, NodeError, Redlock, ReleaseOutcome};
+use tower_redlock::{
+    node::Node, LockError, LockOptions, MemoryNode, NodeError, Redlock, ReleaseOutcome,
+};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Bound of every poll, in (virtual) time: a tenth of the default 10 s ttl.

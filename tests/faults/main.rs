@@ -72,13 +72,13 @@ use support::{AppendFsync, RedisServer};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tower_redlock::lock::{
+use tower_redlock::node::HANDOFF_TTL;
+use tower_redlock::node::{
     AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner, ReleaseSignal,
 };
-use tower_redlock::node::HANDOFF_TTL;
 use tower_redlock::{
-    Lease, LockError, LockOptions, LostCause, Node, NodeError, RedisNode, Redlock, ReleaseOutcome,
-    Resource,
+    node::Node, Lease, LockError, LockOptions, LostCause, NodeError, RedisNode, Redlock,
+    ReleaseOutcome, Resource,
 };
 
 // ---------------------------------------------------------------------------------------

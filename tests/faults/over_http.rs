@@ -336,7 +336,7 @@ async fn s08d_clients_that_hang_up_and_retry_are_charged_once() {
     use axum::Extension;
     use rand::Rng;
     use std::collections::HashMap;
-    use tower_redlock::http::{header, LockLayer, Replay, RequestKey};
+    use tower_redlock::http::{key::header, replay::Replay, LockLayer, RequestKey};
 
     let _serial = SERIAL.lock().await;
     let mut servers: Vec<RedisServer> = (0..3)

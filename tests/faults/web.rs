@@ -20,8 +20,14 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 use tower_redlock::axum::LayerLease;
 use tower_redlock::http::problem::{CONTENT_TYPE_PROBLEM, TYPE_BASE};
-use tower_redlock::http::{header, path_param, Contention, LockLayer, OnDisconnect, OnLost, Scope};
-use tower_redlock::{LeaseHandle, LeaseLost, ProblemKind};
+use tower_redlock::http::{
+    key::{header, path_param},
+    Contention, LockLayer, OnDisconnect, OnLost, Scope,
+};
+use tower_redlock::{
+    http::{problem::ProblemKind, LeaseLost},
+    LeaseHandle,
+};
 
 /// A request with this header is a witness: its handler stays inside until the
 /// lease is lost (and, under `OnLost::Abort`, until the layer stops it).

@@ -9,7 +9,10 @@ use sqlx::PgPool;
 use tower::ServiceExt;
 use tower_redlock::axum::{LayerLease, LockKey, Locked};
 use tower_redlock::fence::{self, Fenced};
-use tower_redlock::http::{header, path_param, Header, LockLayer, RequestLeases, Scope};
+use tower_redlock::http::{
+    key::{header, path_param, Header},
+    LockLayer, RequestLeases, Scope,
+};
 use tower_redlock::{FencingToken, Redlock, Resource};
 
 use crate::support::postgres::TestDatabase;

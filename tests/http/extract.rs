@@ -23,9 +23,10 @@ use tokio::sync::{mpsc, Notify};
 use tower::ServiceExt;
 use tower_redlock::axum::{LayerLease, LockKey, LockRejection, Locked};
 use tower_redlock::http::{
-    header, path_param, Contention, Header, LockLayer, MissingKey, PathParam, Scope,
+    key::{header, path_param, Header, PathParam},
+    Contention, LockLayer, MissingKey, Scope,
 };
-use tower_redlock::{LockOptions, ProblemKind, Redlock, ReleaseOutcome, Resource};
+use tower_redlock::{http::problem::ProblemKind, LockOptions, Redlock, ReleaseOutcome, Resource};
 
 /// Bound on things that happen promptly; only reached when a test fails.
 const PROMPTLY: Duration = Duration::from_secs(10);

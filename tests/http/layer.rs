@@ -22,11 +22,16 @@ use support::{eventually, RedisServer};
 use tokio::sync::{mpsc, watch, Notify};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_redlock::http::{
-    header, json_field, path_param, query_param, webhook, Contention, LockLayer, LockService,
-    MissingKey, OnDisconnect, OnLost, RequestKey, Scope, Unavailable, Unlocked,
+    key::{header, json_field, path_param, query_param, webhook},
+    Contention, LockLayer, LockService, MissingKey, OnDisconnect, OnLost, RequestKey, Scope,
+    Unavailable, Unlocked,
 };
 use tower_redlock::{
-    LeaseBody, LeaseHandle, LeaseLost, LockOptions, Problem, ProblemKind, Redlock, Resource,
+    http::{
+        problem::{Problem, ProblemKind},
+        LeaseBody, LeaseLost,
+    },
+    LeaseHandle, LockOptions, Redlock, Resource,
 };
 
 /// Generous bound for things that happen promptly; only reached when a test fails.

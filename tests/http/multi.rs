@@ -18,10 +18,10 @@ use support::RedisServer;
 use tower::ServiceExt;
 use tower_redlock::axum::{LockKey, Locked};
 use tower_redlock::http::{
-    each, header, json_field, json_fields, keys_fn, Contention, Header, KeysFn, LockLayer,
-    RequestKeys, RequestLeases, Scope,
+    key::{each, header, json_field, json_fields, keys_fn, Header, KeysFn},
+    Contention, LockLayer, RequestKeys, RequestLeases, Scope,
 };
-use tower_redlock::lock::MAX_RESOURCES_PER_LEASE;
+use tower_redlock::MAX_RESOURCES_PER_LEASE;
 use tower_redlock::{LeaseHandle, Redlock, Resource};
 
 /// Bound on one response; only reached when a test fails.

@@ -19,7 +19,7 @@ use serde_json::Value;
 use support::RedisServer;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
-use tower_redlock::{FencingToken, ProblemKind, Redlock};
+use tower_redlock::{http::problem::ProblemKind, FencingToken, Redlock};
 
 /// Bound on one response; only reached when a test fails.
 const RESPONSE_LIMIT: Duration = Duration::from_secs(60);

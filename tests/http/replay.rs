@@ -24,12 +24,14 @@ use support::{eventually, eventually_async, RedisServer};
 use tokio::sync::{watch, Notify};
 use tower::ServiceExt;
 use tower_redlock::http::{
-    header, Contention, Fingerprint, Header, LockLayer, OnDisconnect, OnLost, Replay, Replaying,
-    UnknownOutcome,
+    key::{header, Header},
+    replay::{Fingerprint, Replay, Replaying, UnknownOutcome},
+    Contention, LockLayer, OnDisconnect, OnLost,
 };
-use tower_redlock::lock::Claim;
+use tower_redlock::record::Claim;
 use tower_redlock::{
-    LeaseHandle, LeaseLost, LockError, LockOptions, MemoryNode, ProblemKind, Redlock, Resource,
+    http::{problem::ProblemKind, LeaseLost},
+    LeaseHandle, LockError, LockOptions, MemoryNode, Redlock, Resource,
 };
 
 /// Generous bound for things that happen promptly; only reached when a test fails.
@@ -1229,7 +1231,7 @@ async fn replays_on(locker: &Redlock, what: &str) -> (Router, Payments, Answer) 
 /// The demo (`cargo run --example orders`) started with `REDIS_URLS=<urls>`: payments
 /// replay, and the ledger lives in the first node, whatever its kind.
 async fn the_demo_replays_on(urls: &str) {
-    let redis_urls = tower_redlock::lock::split_node_urls(urls);
+    let redis_urls = tower_redlock::split_node_urls(urls);
     let app = orders::build(&orders::Config {
         redis_urls,
         node_timeout: Some(support::PATIENT_NODE_TIMEOUT),
@@ -1452,7 +1454,7 @@ async fn replay_over_a_standalone_a_cluster_and_a_sentinel_node() {
 /// default `Node::records`.
 struct LockOnly(MemoryNode);
 
-impl tower_redlock::Node for LockOnly {
+impl tower_redlock::node::Node for LockOnly {
     fn name(&self) -> &str {
         "lock-only"
     }
@@ -1499,7 +1501,7 @@ impl tower_redlock::Node for LockOnly {
 }
 
 fn mixed_locker() -> Redlock {
-    let nodes: Vec<Arc<dyn tower_redlock::Node>> = vec![
+    let nodes: Vec<Arc<dyn tower_redlock::node::Node>> = vec![
         Arc::new(MemoryNode::new()),
         Arc::new(LockOnly(MemoryNode::new())),
         Arc::new(MemoryNode::new()),

@@ -20,8 +20,9 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, watch, Notify};
 use tower_redlock::axum::{LockKey, Locked};
 use tower_redlock::http::{
-    header, path_param, Contention, FinishOnDisconnectLayer, Header, KeyFromParts, LockLayer,
-    PathParam, Replay, Scope,
+    key::{header, path_param, Header, KeyFromParts, PathParam},
+    replay::Replay,
+    Contention, FinishOnDisconnectLayer, LockLayer, Scope,
 };
 use tower_redlock::{LeaseHandle, LockError, MemoryNode, Redlock, Resource};
 
@@ -119,7 +120,7 @@ impl LayerFor for LockLayer<Header> {
     }
 }
 
-impl LayerFor for LockLayer<tower_redlock::http::Replaying<Header>> {
+impl LayerFor for LockLayer<tower_redlock::http::replay::Replaying<Header>> {
     fn wrap(self, router: Router) -> Router {
         router.route_layer(self)
     }
@@ -726,7 +727,7 @@ async fn keys_the_handler_reads_as_one_value_lock_one_resource() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_execution_is_told_which_attempt_was_interrupted() {
-    use tower_redlock::http::{InterruptedAttempt, UnknownOutcome};
+    use tower_redlock::http::{replay::UnknownOutcome, InterruptedAttempt};
     use tower_redlock::FencingToken;
 
     for store in Store::all() {

@@ -22,10 +22,10 @@ use support::eventually_async;
 use support::history::History;
 use tokio::sync::Notify;
 use tower::ServiceExt;
-use tower_redlock::http::{header, Contention, LockLayer, OnLost, Replay};
+use tower_redlock::http::{key::header, replay::Replay, Contention, LockLayer, OnLost};
 use tower_redlock::{
-    node_from_url, Lease, LeaseHandle, LockError, LockOptions, MemoryNode, ProblemKind, Redlock,
-    Resource,
+    http::problem::ProblemKind, node_from_url, Lease, LeaseHandle, LockError, LockOptions,
+    MemoryNode, Redlock, Resource,
 };
 
 /// Bound on things that happen promptly; only reached when a test fails.
@@ -457,7 +457,7 @@ async fn the_layer_answers_409_503_and_lock_lost_over_etcd() {
         Router::new()
             .route("/orders/{id}", post(handler.clone()))
             .route_layer(
-                LockLayer::new(locker, tower_redlock::http::path_param("id"))
+                LockLayer::new(locker, tower_redlock::http::key::path_param("id"))
                     .contention(Contention::Reject)
                     .on_lost(OnLost::Abort),
             )
@@ -500,7 +500,7 @@ fn app_with(locker: Redlock) -> Router {
         .route("/orders/{id}", post(|| async { "ran" }))
         .route_layer(LockLayer::new(
             locker,
-            tower_redlock::http::path_param("id"),
+            tower_redlock::http::key::path_param("id"),
         ))
 }
 

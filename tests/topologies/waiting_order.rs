@@ -18,7 +18,7 @@ use support::cluster::{RedisCluster, SentinelGroup};
 use support::node_calls::{self, owners};
 use support::RedisServer;
 use tower_redlock::node::{AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner};
-use tower_redlock::{ClusterNode, Node, SentinelNode};
+use tower_redlock::{node::Node, ClusterNode, SentinelNode};
 
 /// Only a hang runs into it.
 const HANG: Duration = Duration::from_secs(20);

@@ -33,7 +33,7 @@ pub struct Each<T> {
 /// [`json_fields`](super::json_fields) parses it once.
 ///
 /// ```
-/// use tower_redlock::http::{each, header, json_field, LockLayer, Scope};
+/// use tower_redlock::http::{key::{each, header, json_field}, LockLayer, Scope};
 /// use tower_redlock::Redlock;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -135,7 +135,7 @@ pub struct KeysFn {
 ///
 /// ```
 /// use http::request::Parts;
-/// use tower_redlock::http::{keys_fn, LockLayer, Scope};
+/// use tower_redlock::http::{key::keys_fn, LockLayer, Scope};
 /// use tower_redlock::Redlock;
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -26,7 +26,7 @@ pub struct Header {
 /// header.
 ///
 /// ```
-/// use tower_redlock::http::{header, KeyFromParts};
+/// use tower_redlock::http::key::{header, KeyFromParts};
 ///
 /// let request = http::Request::post("/payments")
 ///     .header("Idempotency-Key", r#""8e03978e-40d5""#)

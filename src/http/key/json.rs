@@ -158,7 +158,7 @@ pub struct JsonFields {
 /// same value name one resource.
 ///
 /// ```
-/// use tower_redlock::http::{json_fields, Contention, LockLayer, Scope};
+/// use tower_redlock::http::{key::json_fields, Contention, LockLayer, Scope};
 /// use tower_redlock::Redlock;
 /// use std::time::Duration;
 ///

@@ -35,7 +35,7 @@
 //! others is refused with 400 `key-missing` naming the missing ones. Every key is
 //! checked as one is, and a refusal names the key (``the body field `/to` ``); keys
 //! naming the same resource are one; more distinct keys than
-//! [`MAX_RESOURCES_PER_LEASE`](crate::lock::MAX_RESOURCES_PER_LEASE) get 400
+//! [`MAX_RESOURCES_PER_LEASE`](crate::MAX_RESOURCES_PER_LEASE) get 400
 //! `key-invalid`. Nothing is locked for any of these.
 //!
 //! A key the server cannot find because it is configured wrongly — a
@@ -59,7 +59,7 @@ use std::pin::Pin;
 use http::request::Parts;
 use http::Request;
 
-use crate::lock::Resource;
+use crate::Resource;
 
 pub use each::{each, keys_fn, Each, KeysFn};
 pub use header::{header, Header};
@@ -161,7 +161,7 @@ pub trait KeyFromParts: Clone + Send + Sync + 'static {
     /// not parse gets 400 `key-invalid`, as the handler's extractor would refuse it.
     ///
     /// ```
-    /// use tower_redlock::http::{path_param, KeyFromParts, LockLayer};
+    /// use tower_redlock::http::{key::{path_param, KeyFromParts}, LockLayer};
     /// use tower_redlock::Redlock;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
@@ -183,7 +183,7 @@ pub trait KeyFromParts: Clone + Send + Sync + 'static {
     /// with the reason in the problem's detail).
     ///
     /// ```
-    /// use tower_redlock::http::{path_param, KeyFromParts, LockLayer};
+    /// use tower_redlock::http::{key::{path_param, KeyFromParts}, LockLayer};
     /// use tower_redlock::Redlock;
     ///
     /// # #[tokio::main(flavor = "current_thread")]

@@ -54,9 +54,8 @@ pub type BoxKeySetFuture<B> = Pin<Box<dyn Future<Output = KeySetResult<B>> + Sen
 /// use bytes::Bytes;
 /// use http::Request;
 /// use http_body_util::{BodyExt, Full};
-/// use tower_redlock::http::{
-///     BoxKeySetFuture, KeyRejection, KeySetExtractor, Keys, LockLayer, Scope,
-/// };
+/// use tower_redlock::http::key::{BoxKeySetFuture, KeyRejection, KeySetExtractor, Keys};
+/// use tower_redlock::http::{LockLayer, Scope};
 /// use tower_redlock::Redlock;
 ///
 /// /// Every `sku` of an order's lines, `{"lines": [{"sku": "a"}, {"sku": "b"}]}`: the
@@ -139,7 +138,7 @@ pub trait KeySetExtractor<B>: Clone + Send + Sync + 'static {
 /// ```
 /// use axum::http::request::Parts;
 /// use tower_redlock::axum::{LockKey, Locked};
-/// use tower_redlock::http::{KeyRejection, KeySetFromParts, Keys, Scope};
+/// use tower_redlock::http::{key::{KeyRejection, KeySetFromParts, Keys}, Scope};
 ///
 /// /// The accounts in the `x-from` and `x-to` headers; both or neither.
 /// #[derive(Clone)]
@@ -244,7 +243,7 @@ where
 ///
 /// ```
 /// use http::Request;
-/// use tower_redlock::http::{single_key, KeyExtractor, KeyResult, LockLayer};
+/// use tower_redlock::http::{key::{single_key, KeyExtractor, KeyResult}, LockLayer};
 /// use tower_redlock::Redlock;
 ///
 /// /// The key is the request's method (a stand-in for a key read from the body).

@@ -48,7 +48,7 @@
 //!
 //! ### body-too-large
 //! 413: the body is larger than the limit of a body key
-//! ([`JsonField::limit`](super::JsonField::limit)). No lock was taken.
+//! ([`JsonField::limit`](super::key::JsonField::limit)). No lock was taken.
 //!
 //! ### body-not-json
 //! 400: a body key was configured, but the body is not JSON.
@@ -96,11 +96,11 @@
 //! lease was lost, or it was dropped) before its response could be recorded, so whether
 //! it took effect is unknown. `Retry-After` says how long the key answers so; after that
 //! the request runs again, unless the layer refuses until the retention ends
-//! ([`UnknownOutcome`](super::UnknownOutcome)).
+//! ([`UnknownOutcome`](super::replay::UnknownOutcome)).
 //!
 //! ### idempotency-key-reused
 //! 422: idempotent replay: the key was already used for a different request (another
-//! body, method or route; see [`Fingerprint`](super::Fingerprint)). Send a new key with
+//! body, method or route; see [`Fingerprint`](super::replay::Fingerprint)). Send a new key with
 //! a new request.
 //!
 //! ### response-failed
@@ -117,7 +117,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 
-use crate::lock::Resource;
+use crate::Resource;
 
 pub use sent::problem_response;
 pub(crate) use sent::{
@@ -390,8 +390,8 @@ impl fmt::Display for Problem {
 /// ```
 /// use bytes::Bytes;
 /// use http::{header, Response};
-/// use tower_redlock::http::{header as key_header, LockLayer};
-/// use tower_redlock::{Problem, Redlock};
+/// use tower_redlock::http::{key::header as key_header, LockLayer};
+/// use tower_redlock::{http::problem::Problem, Redlock};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {

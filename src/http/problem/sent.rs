@@ -7,8 +7,8 @@ use bytes::Bytes;
 use http::Response;
 
 use super::{render, DefaultRenderer, Problem, ProblemKind, RETRY_SOON};
-use crate::lock::LockError;
-use crate::lock::Resource;
+use crate::LockError;
+use crate::Resource;
 
 /// The response the layer would send for `error`: the same RFC 9457 problem, status,
 /// `Retry-After` and `Cache-Control: no-store`, rendered by [`DefaultRenderer`]. For

@@ -39,7 +39,7 @@
 //!    writing anything — retries of finished requests never contend.
 //! 2. **After** acquiring the lock: the record is checked again (the holder we waited
 //!    for may have just written it), and in the same atomic step on each node a pending
-//!    marker is written for this lease (see [`crate::lock::record`]).
+//!    marker is written for this lease (see [`crate::record`]).
 //! 3. The handler's response body is buffered (up to [`Replay::max_body`]) **while the
 //!    lease is still held**, written with a compare-and-set on the lock's owner value,
 //!    and only then sent. So the record exists before the client sees a byte, a client
@@ -60,7 +60,7 @@
 //!
 //! Records live in the lock nodes, next to the lock key and in its hash slot
 //! (`{prefix}{<resource>}:record`): written to every node and counted at a majority,
-//! read from a majority (see [`crate::lock::record`] for the protocol and why a holder
+//! read from a majority (see [`crate::record`] for the protocol and why a holder
 //! that lost its lease can never write one).
 //!
 //! # Keys, tenants and the fingerprint
@@ -109,7 +109,7 @@ use http::{Method, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::key::{KeyFromParts, KeyRejection};
-use crate::lock::Resource;
+use crate::Resource;
 
 pub use extract::Replaying;
 pub use fingerprint::Fingerprint;
@@ -134,7 +134,7 @@ type TenantFn = Arc<dyn Fn(&mut Parts) -> Result<Option<String>, KeyRejection> +
 /// use axum::{body::Body, routing::post, Router};
 /// use axum::http::{Request, StatusCode};
 /// use tower::ServiceExt;
-/// use tower_redlock::http::{header, LockLayer, Replay};
+/// use tower_redlock::http::{key::header, replay::Replay, LockLayer};
 /// use tower_redlock::Redlock;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -203,7 +203,7 @@ impl Replay {
     ///
     /// ```
     /// use http::Method;
-    /// use tower_redlock::http::Replay;
+    /// use tower_redlock::http::replay::Replay;
     ///
     /// let replay = Replay::new().methods([Method::POST, Method::PATCH, Method::DELETE]);
     /// # let _ = replay;

@@ -21,9 +21,11 @@ use super::super::run::{call_locked, finish, finish_with, refuse, Called};
 use super::super::settings::Settings;
 use super::stored::StoredResponse;
 use super::{ReplaySettings, IDEMPOTENT_REPLAYED};
-use crate::lock::record::{self, Claim, Record};
-use crate::lock::LockError;
-use crate::lock::{metrics, Lease, LeaseHandle, Resource};
+use crate::lock::record;
+use crate::node::Record;
+use crate::record::Claim;
+use crate::LockError;
+use crate::{metrics, Lease, LeaseHandle, Resource};
 
 /// What the critical section of a replaying request needs besides the lease.
 pub(crate) struct ReplayStep {

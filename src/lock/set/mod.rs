@@ -23,7 +23,7 @@
 //! member and waiting for the other. Two rules make that impossible:
 //!
 //! - **All or nothing on each node.** A node grants the whole set or nothing of it
-//!   ([`Node::acquire_set`](crate::Node::acquire_set)): a node that finds one member
+//!   ([`Node::acquire_set`](crate::node::Node::acquire_set)): a node that finds one member
 //!   held keeps nothing of the request. A round that misses a majority releases
 //!   whatever it got, as a single-resource round does, and the caller waits or retries
 //!   holding nothing on any node. Nobody ever holds part of a set while waiting for the
@@ -38,7 +38,7 @@
 //!
 //! # One call per node, where the store allows it
 //!
-//! Each node kind does the set operations of [`Node`](crate::Node) as well as it can:
+//! Each node kind does the set operations of [`Node`](crate::node::Node) as well as it can:
 //!
 //! | node | acquire / extend / release of a set |
 //! |---|---|

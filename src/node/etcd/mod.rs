@@ -37,7 +37,7 @@ const RECORD_ATTEMPTS: usize = 16;
 /// Redlock's safety rests on timing: bounded clock drift, no process pause longer than
 /// the validity, nodes that keep their keys for a whole ttl. Its fencing tokens are
 /// counters a majority agrees on, floored by a clock when a counter comes back behind
-/// (see [`fencing`](crate::lock::fencing)). etcd replaces all of that with consensus:
+/// (see [`fencing`](crate::fencing)). etcd replaces all of that with consensus:
 ///
 /// - **The token is the lock key's create revision.** etcd's revision is one counter
 ///   for the whole cluster, advanced by raft for every write and persisted in the

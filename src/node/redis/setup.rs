@@ -1,4 +1,4 @@
-//! [`Node::server_setup`](crate::Node::server_setup) of the Redis nodes: the role and
+//! [`Node::server_setup`](crate::node::Node::server_setup) of the Redis nodes: the role and
 //! eviction policy from `INFO` (readable where managed services disable `CONFIG`), and
 //! what the connection's user is allowed, learnt by running the commands the locker
 //! needs on keys and a channel no lease uses (`ACL DRYRUN` would need admin rights).

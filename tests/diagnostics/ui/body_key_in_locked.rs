@@ -1,6 +1,6 @@
 // `Locked` reads only the request head: a body key is refused where it is named.
 use tower_redlock::axum::LockKey;
-use tower_redlock::http::{json_field, JsonField};
+use tower_redlock::http::key::{json_field, JsonField};
 
 struct PaymentId;
 

@@ -1,6 +1,6 @@
 // Replay takes one key per request: `json_fields` under `.replay()` is refused.
 use axum::{routing::post, Router};
-use tower_redlock::http::{json_fields, LockLayer, Replay};
+use tower_redlock::http::{key::json_fields, replay::Replay, LockLayer};
 use tower_redlock::Redlock;
 
 fn main() {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use tower_redlock::axum::{LockKey, Locked};
-use tower_redlock::http::{path_param, PathParam};
+use tower_redlock::http::key::{path_param, PathParam};
 
 struct OrderId;
 

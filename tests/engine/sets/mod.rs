@@ -13,7 +13,7 @@ use tower_redlock::node::{
     AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner, ReleaseSignal,
 };
 use tower_redlock::{
-    LockError, LockOptions, LostCause, MemoryNode, Node, Redlock, ReleaseOutcome, Resource,
+    node::Node, LockError, LockOptions, LostCause, MemoryNode, Redlock, ReleaseOutcome, Resource,
     MAX_RESOURCES_PER_LEASE,
 };
 

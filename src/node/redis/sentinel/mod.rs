@@ -89,7 +89,7 @@ const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 ///   cover).
 /// * Check fencing tokens in the protected storage.
 ///
-/// Outcome records (idempotent replay, [`crate::lock::record`]) follow the master like
+/// Outcome records (idempotent replay, [`crate::record`]) follow the master like
 /// the locks, and carry the same trade-off: with `wait_for_replicas` a claim or a store
 /// counts only once the replicas have it, so a failover to one of them keeps the record
 /// and the retry is replayed from the new master. When the promoted replica had not

@@ -138,7 +138,7 @@ fn etcd(_url: &str) -> Result<Arc<dyn Node>, ConfigError> {
 /// [`node_from_url`] rejects it with a clear error.
 ///
 /// ```
-/// use tower_redlock::lock::split_node_urls;
+/// use tower_redlock::split_node_urls;
 ///
 /// assert_eq!(
 ///     split_node_urls("redis://a:1/0,redis+cluster://b:1,b:2/ redis+sentinel://c:1, c:2/m"),
