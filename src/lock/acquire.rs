@@ -61,10 +61,7 @@ impl Redlock {
         // attempt may join the queue at once. Otherwise the waiter joins only once it
         // is subscribed, and no hand-off to it can go unheard.
         let mut signals: Option<Vec<ReleaseSignal>> = queue.live_signals();
-        // Whether a majority of the nodes keep a wait queue (else every release wakes
-        // every waiter, and the retry policy's backoff applies).
-        let queues =
-            shared.nodes.each().filter(|node| node.wait_queue()).count() >= shared.nodes.quorum();
+        let queues = shared.nodes.queued();
         let mut queued = LeaveIfGivenUp {
             nodes: &shared.nodes,
             keys: &keys,

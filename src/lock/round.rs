@@ -21,6 +21,7 @@ use crate::lock::background::{Background, Leftover};
 use crate::lock::health::{Health, NodeState};
 use crate::lock::metrics;
 use crate::node::LockKeys;
+use crate::node::NodeCalls;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, Waiter};
 
 /// A call still in flight when its round was decided, with its node's index.
@@ -116,6 +117,10 @@ pub(crate) struct Nodes {
     /// Per node, fed by every call made through [`Nodes::watched`].
     pub(crate) health: Box<[Arc<Health>]>,
     quorum: usize,
+    /// Whether a majority keep a wait queue ([`Node::wait_queue`]), read once when the
+    /// locker is built: waiters are then served in order, else every release wakes
+    /// every waiter and the retry policy's backoff applies.
+    queued: bool,
     timeout: Duration,
     /// Finishes the calls no caller waits for any more.
     pub(crate) background: Background,
@@ -162,10 +167,16 @@ impl Nodes {
             .iter()
             .map(|node| Arc::new(Health::new(node.name().into(), timeout)))
             .collect();
+        let queued = list
+            .iter()
+            .filter(|node| node.wait_queue().is_some())
+            .count()
+            >= quorum;
         Nodes {
             list: list.into_boxed_slice(),
             health,
             quorum,
+            queued,
             timeout,
             background: Background::default(),
         }
@@ -177,6 +188,10 @@ impl Nodes {
 
     pub(crate) fn quorum(&self) -> usize {
         self.quorum
+    }
+
+    pub(crate) fn queued(&self) -> bool {
+        self.queued
     }
 
     pub(crate) fn timeout(&self) -> Duration {

@@ -79,6 +79,7 @@ use tokio::time::Instant;
 use crate::lock::lease::LeaseInner;
 use crate::lock::metrics;
 use crate::lock::round::Nodes;
+use crate::node::NodeCalls;
 use crate::node::ReleaseSignal;
 use crate::node::{LockKeys, Resource, Waiter};
 
@@ -399,7 +400,7 @@ impl Nodes {
     ) {
         let timeout = self.timeout();
         let calls: FuturesUnordered<_> = nodes
-            .filter(|node| node.wait_queue())
+            .filter(|node| node.wait_queue().is_some())
             .map(|node| tokio::time::timeout(timeout, node.leave_queue(keys, waiter)))
             .collect();
         if !calls.is_empty() {
@@ -455,7 +456,11 @@ impl Nodes {
         let calls: FuturesUnordered<_> = self
             .each()
             .map(|node| {
-                let keys = if node.wait_queue() { &own } else { keys };
+                let keys = if node.wait_queue().is_some() {
+                    &own
+                } else {
+                    keys
+                };
                 tokio::time::timeout(timeout, node.subscribe(keys))
             })
             .collect();

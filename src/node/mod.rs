@@ -7,16 +7,18 @@
 //!
 //! | item | what it is |
 //! |---|---|
-//! | [`Node`] | one lock store casting one vote: acquire, extend, release, raise the fence, subscribe to releases; optionally outcome records |
+//! | [`Node`] | one lock store casting one vote: acquire, extend, release, raise the fence, subscribe to releases; and the capabilities it has |
+//! | [`LockSets`] | capability: one atomic call for a set of resources (without it the locker composes per-key calls) |
+//! | [`WaitQueue`] | capability: a cross-process wait queue per resource, so waiters are served in order |
 //! | [`NodeFuture`] | the boxed future every operation returns |
 //! | [`ExtendEntry`] | one key of a batched renewal ([`Node::extend_many`]) |
 //! | [`AcquireRequest`] / [`AcquireReply`] | one acquire: keys, owner, ttl, fence settings; granted with the node's fence counter, or held with the holder's ttl |
-//! | [`AcquireSetRequest`] / [`AcquireSetReply`] | one acquire of a set of resources, all or nothing on the node (see [`Node::acquire_set`]) |
+//! | [`AcquireSetRequest`] / [`AcquireSetReply`] | one acquire of a set of resources, all or nothing on the node (see [`LockSets::acquire_set`]) |
 //! | [`Resource`] / [`LockKeys`] | a lock's name, and its keys (lock, fence counter, record, wake-up channel) |
 //! | [`Owner`] | the random value that identifies one acquisition |
 //! | [`Waiter`] | one process's place in a resource's cross-process wait queue |
 //! | [`ReleaseSignal`] | what a subscription hands waiters: wakes them when the resource is released |
-//! | [`RecordStore`] | the capability of storing outcome records, which [`Node::records`] hands out |
+//! | [`RecordStore`] | capability: outcome records (idempotent replay); a replaying layer refuses a locker without it when built |
 //! | [`Record`], [`ClaimRequest`] / [`ClaimReply`], [`StoreRequest`] / [`StoreReply`] | outcome records of idempotent replay (see [`lock::record`](crate::record)) |
 //! | [`ServerSetup`] | what a node's servers report about the settings a lock relies on (role, eviction policy, permissions) |
 //! | [`FencingToken`] | the number a fence counter hands out (see [`fencing`](crate::fencing)) |
@@ -30,7 +32,15 @@
 //! implements [`Node`]. The [`MemoryNode`] is the reference for what each operation
 //! must do atomically; the Redis scripts (`node/redis/scripts/`) are the same semantics
 //! in Lua.
+//!
+//! [`Node`] is what every store must do. What only some can do is a capability: a trait
+//! of its own that the node hands out from an accessor ([`Node::sets`],
+//! [`Node::wait_queue`], [`Node::records`]), `None` by default. The locker reads them
+//! once, when it is built: without sets it composes per-key calls, without a queue on a
+//! majority it wakes every waiter at each release, and a replaying layer refuses a
+//! locker whose nodes keep no records. No capability has methods that fail at run time.
 
+mod dispatch;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod identity;
@@ -44,6 +54,7 @@ pub(crate) mod resource;
 mod set;
 mod setup;
 pub(crate) mod token;
+mod wait_queue;
 
 use std::fmt;
 use std::future::Future;
@@ -54,6 +65,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 pub(crate) use crate::error::NodeError;
+pub(crate) use dispatch::NodeCalls;
 #[cfg(feature = "etcd")]
 pub(crate) use etcd::EtcdNode;
 pub(crate) use memory::MemoryNode;
@@ -63,11 +75,12 @@ pub use resource::LockKeys;
 pub(crate) use resource::Resource;
 #[cfg(feature = "redis")]
 pub(crate) use resource::{CHANNEL_SUFFIX, QUEUE_SUFFIX};
-pub use set::{AcquireSetReply, AcquireSetRequest};
+pub use set::{AcquireSetReply, AcquireSetRequest, LockSets};
 #[cfg(feature = "redis")]
 pub(crate) use setup::parse_info;
 pub use setup::ServerSetup;
 pub(crate) use token::FencingToken;
+pub use wait_queue::{WaitQueue, Waiter, HANDOFF_TTL};
 
 use crate::error::ConfigError;
 
@@ -140,125 +153,6 @@ pub trait Node: Send + Sync + 'static {
     /// [`Waiter::channel`]`(keys)`, and wakes only that waiter there.
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal>;
 
-    /// Acquires every member of a set, **all or nothing on this node**: when one member
-    /// is held by someone else, nothing of the request stays held here and the answer is
-    /// [`AcquireSetReply::Held`] with the first held member. Each member's fence counter
-    /// follows [`acquire`](Node::acquire)'s rule, with the request's one floor.
-    ///
-    /// The default takes the members one after the other with [`acquire`](Node::acquire)
-    /// and, at the first one held, releases those it took (without publishing); node
-    /// kinds that can check and set them all in one atomic step override it (the
-    /// [`MemoryNode`] and the Redis nodes do). Takes the node by `Arc` because the
-    /// default calls the node again after the first answers.
-    fn acquire_set(
-        self: Arc<Self>,
-        request: &AcquireSetRequest<'_>,
-    ) -> NodeFuture<AcquireSetReply> {
-        set::acquire_each(self, request)
-    }
-
-    /// Extends every member of a set held by `owner`, as [`extend`](Node::extend) does
-    /// one; `true` only if every member was extended. The default extends each member.
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        set::extend_each(self, keys, owner, ttl)
-    }
-
-    /// Releases every member of a set held by `owner`, as [`release`](Node::release)
-    /// does one (publishing on each member's channel unless it is empty); `true` only if
-    /// every member was ours and deleted. The default releases each member.
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
-        set::release_each(self, keys, owner)
-    }
-
-    /// Raises each member's fence counter to its token (`tokens[i]` for `keys[i]`), as
-    /// [`raise_fence`](Node::raise_fence) does one. The default raises each member.
-    fn raise_fences(
-        &self,
-        keys: &[LockKeys],
-        tokens: &[u64],
-        fence_ttl: Duration,
-    ) -> NodeFuture<()> {
-        set::raise_each(self, keys, tokens, fence_ttl)
-    }
-
-    /// Whether this node keeps a cross-process wait queue per resource (default
-    /// `false`). Such a node, atomically with each operation:
-    ///
-    /// - **acquire** with a [`waiter`](AcquireRequest::waiter) or without: grants only
-    ///   a caller that finds the lock free *and* is the queue's head or finds the queue
-    ///   empty, or that finds the lock reserved for its waiter (see release). A free
-    ///   lock with another waiter at the head is reserved for that head instead (as a
-    ///   release does), and the caller is refused. A refused caller with a waiter joins
-    ///   the queue (or keeps its place), ordered by [`Waiter::ticket`] then
-    ///   [`Waiter::id`], and the queue lives [`Waiter::queue_ttl`] more. A granted head
-    ///   leaves the queue.
-    /// - **release**: after deleting its own key, takes waiters off the queue's head
-    ///   until one is subscribed to its own channel, reserves the lock for it for
-    ///   [`HANDOFF_TTL`] and wakes it alone; the lock is deleted when nobody listens.
-    ///   Subscribers of the resource's own channel are woken only while registered
-    ///   with [`listen_for_release`](Node::listen_for_release).
-    ///   An empty `keys.channel` (a test kit's undo) only deletes the key.
-    /// - [`leave_queue`](Node::leave_queue): the waiter leaves the queue, and a lock
-    ///   reserved for it is handed to the next waiter.
-    ///
-    /// A node without a queue (the default) ignores the waiter and wakes every waiter
-    /// of the resource on `keys.channel` at each release.
-    fn wait_queue(&self) -> bool {
-        false
-    }
-
-    /// [`release`](Node::release) of a lease won by `waiter`'s attempt: the waiter also
-    /// leaves the queue, and a key reserved for it counts as the lease's. Its attempt
-    /// may have reached this node before the previous holder's release did, which then
-    /// handed it the key here too late; this release hands it on. The default, for
-    /// nodes without a queue, is `release`.
-    fn release_as_waiter(
-        &self,
-        keys: &LockKeys,
-        owner: &Owner,
-        waiter: &Waiter,
-    ) -> NodeFuture<bool> {
-        let _ = waiter;
-        self.release(keys, owner)
-    }
-
-    /// Like [`release`](Node::release), but a key that still holds `owner` is reserved
-    /// again for `waiter` (see [`wait_queue`](Node::wait_queue)) instead of handed to
-    /// the next waiter: the cleanup of a waiter's failed attempt, which keeps its turn.
-    /// Its attempt may have reached this node before the previous holder's release
-    /// reached the others; it is woken again when those releases hand it the lock.
-    /// The default, for nodes without a queue, is `release`.
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        let _ = waiter;
-        self.release(keys, owner)
-    }
-
-    /// Takes `waiter` out of the resource's wait queue, and hands a lock reserved for
-    /// it to the next waiter (see [`wait_queue`](Node::wait_queue)). The locker calls
-    /// it when a waiter that may be queued gives up: timeout, error or cancellation.
-    /// The default, for nodes without a queue, does nothing.
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let _ = (keys, waiter);
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    /// Registers, for `ttl`, a waiter that listens on the resource's own channel
-    /// (`keys.channel`: a waiter for a set of resources) rather than in the wait queue,
-    /// so that the resource's next release wakes it there. Called before each attempt
-    /// of such a waiter once it is subscribed: the mark may be used up by a release
-    /// that woke it.
-    ///
-    /// A node with a queue ([`wait_queue`](Node::wait_queue)) may wake nobody on the
-    /// resource's channel otherwise, so that its release of a resource nobody waits for
-    /// stays as cheap as the lock itself: the Redis nodes keep the mark in the queue,
-    /// after every waiter, and the release that reaches it publishes on the channel.
-    /// The default, for nodes whose release wakes the channel's subscribers whenever
-    /// no queued waiter takes the lock, does nothing.
-    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
-        let _ = (keys, ttl);
-        Box::pin(std::future::ready(Ok(())))
-    }
-
     /// Where this node's servers are, in a canonical form (lower-case host, explicit
     /// port, no credentials, no database; seeds sorted), so that a locker refuses a
     /// node listed twice when it is built: two nodes with the same address are one
@@ -297,10 +191,28 @@ pub trait Node: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Vec::new())))
     }
 
+    /// The node's atomic set calls, if it has them: every node kind of the crate does.
+    /// Without them (the default, `None`) the locker takes a set member by member
+    /// with [`acquire`](Node::acquire) and undoes what it took at the first member
+    /// held: all or nothing on the node all the same, in more round trips.
+    fn sets(&self) -> Option<&dyn LockSets> {
+        None
+    }
+
+    /// The node's cross-process wait queue, if it keeps one (the Redis nodes and the
+    /// [`MemoryNode`] do). Without one (the default, `None`) each release wakes every
+    /// waiter of the resource on [`LockKeys::channel`], and waiters
+    /// are served in the order their retries land; a locker whose majority of nodes
+    /// keep a queue serves them in order (see [`WaitQueue`]).
+    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        None
+    }
+
     /// The node's outcome records (idempotent replay), if it stores them: every node
-    /// kind of the crate does; the default is `None`. A [`LockLayer`](crate::http::LockLayer)
-    /// with [`replay`](crate::http::LockLayer::replay) refuses, when it is built, a locker with
-    /// a node that answers `None` here, rather than failing each request.
+    /// kind of the crate does; the default is `None`. A
+    /// [`LockLayer`](crate::http::LockLayer) with
+    /// [`replay`](crate::http::LockLayer::replay) refuses, when it is built, a locker
+    /// with a node that answers `None` here, rather than failing each request.
     fn records(&self) -> Option<&dyn RecordStore> {
         None
     }
@@ -343,56 +255,9 @@ pub struct AcquireRequest<'a> {
     pub waiter: Option<&'a Waiter>,
 }
 
-/// How long a lock released to the next waiter stays reserved for it (see
-/// [`Node::wait_queue`]): a woken waiter claims it within a round trip; one that is
-/// frozen (its process stopped, its network cut) is skipped once this passed.
-pub const HANDOFF_TTL: Duration = Duration::from_secs(1);
-
 /// The fence counters' lifetime unless [`LockOptions::fence_ttl`](crate::LockOptions::fence_ttl)
 /// says otherwise; the Redis nodes' fence script knows it, so a call need not send it.
 pub(crate) const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(3600);
-
-/// One process's place in a resource's cross-process wait queue (see
-/// [`Node::wait_queue`]): only the head waiter of a process joins it; the callers
-/// behind it wait in the process.
-///
-/// Every node gets the same `ticket` and `id`, so every node orders the queue the
-/// same way: nodes that each favoured another head would split the votes forever.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Waiter {
-    /// The locker's waiter id: 16 hex digits, drawn once per locker.
-    pub id: String,
-    /// The place in the queue: the waiting caller's wall clock (µs since the Unix
-    /// epoch) when it began to contend. Ties are broken by `id`.
-    pub ticket: u64,
-    /// How long the queue lives after this waiter's latest attempt (the locker
-    /// attempts again well within it while it waits).
-    pub queue_ttl: Duration,
-}
-
-impl Waiter {
-    /// The waiter's own wake-up channel: the resource's channel, `:` and the id.
-    pub fn channel(&self, keys: &LockKeys) -> String {
-        format!("{}:{}", keys.channel, self.id)
-    }
-
-    /// The value a lock key holds while it is reserved for this waiter:
-    /// `~<id>:<ticket>`. It can never equal an [`Owner`] (those are hex digits only).
-    /// A waiter takes a key reserved for itself (whatever the ticket) or for a waiter
-    /// that comes after it in the queue's order, on every node alike: a node that
-    /// handed the key on while the waiter was served elsewhere cannot split the votes.
-    pub fn reservation(&self) -> String {
-        format!("~{}:{}", self.id, self.ticket)
-    }
-
-    /// Whether `value` (a lock key's) is a reservation for this waiter.
-    pub fn is_reserved_in(&self, value: &str) -> bool {
-        value
-            .strip_prefix('~')
-            .and_then(|rest| rest.strip_prefix(self.id.as_str()))
-            .is_some_and(|rest| rest.starts_with(':'))
-    }
-}
 
 /// One entry of [`Node::extend_many`]: a resource's keys and the owner value its lock
 /// key must hold on this node.

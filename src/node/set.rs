@@ -1,10 +1,11 @@
-//! The node side of a lease over a set of resources: what one node is asked
-//! ([`AcquireSetRequest`]) and answers ([`AcquireSetReply`]), and the default
-//! implementations of the set operations of [`Node`] on top of the per-key calls.
+//! The node side of a lease over a set of resources: the capability ([`LockSets`]),
+//! what one node is asked ([`AcquireSetRequest`]) and answers ([`AcquireSetReply`]),
+//! and the fallback over the per-key calls for a node without the capability.
 //!
 //! A node kind that can do better (one atomic call for the whole set, as the
-//! [`MemoryNode`](crate::MemoryNode) and the Redis scripts do) overrides them; the
-//! semantics are the same either way: **all or nothing on this node**.
+//! [`MemoryNode`](crate::MemoryNode), the Redis scripts and etcd's transactions do)
+//! hands out [`LockSets`]; the semantics are the same either way: **all or nothing on
+//! this node**.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,36 @@ use futures_util::future::join_all;
 use crate::error::NodeError;
 use crate::node::{AcquireReply, AcquireRequest, LockKeys, Node, NodeFuture, Owner};
 
-/// Arguments of [`Node::acquire_set`]: as [`AcquireRequest`], for several resources.
+/// One call for a whole set of resources, **all or nothing on this node**: the
+/// capability a node hands out with [`Node::sets`]. Without it the locker composes the
+/// per-key calls (members one after the other, undone at the first one held).
+pub trait LockSets: Send + Sync {
+    /// Acquires every member of a set: when one member is held by someone else,
+    /// nothing of the request stays held here and the answer is
+    /// [`AcquireSetReply::Held`] with the first held member. Each member's fence counter
+    /// follows [`acquire`](Node::acquire)'s rule, with the request's one floor.
+    fn acquire_set(&self, request: &AcquireSetRequest<'_>) -> NodeFuture<AcquireSetReply>;
+
+    /// Extends every member of a set held by `owner`, as [`extend`](Node::extend) does
+    /// one; `true` only if every member was extended.
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
+
+    /// Releases every member of a set held by `owner`, as [`release`](Node::release)
+    /// does one (publishing on each member's channel unless it is empty); `true` only if
+    /// every member was ours and deleted.
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool>;
+
+    /// Raises each member's fence counter to its token (`tokens[i]` for `keys[i]`), as
+    /// [`raise_fence`](Node::raise_fence) does one.
+    fn raise_fences(
+        &self,
+        keys: &[LockKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()>;
+}
+
+/// Arguments of [`LockSets::acquire_set`]: as [`AcquireRequest`], for several resources.
 #[derive(Debug, Clone, Copy)]
 pub struct AcquireSetRequest<'a> {
     /// The keys of every member, in the lease's canonical order (sorted by resource,
@@ -51,7 +81,7 @@ impl<'a> AcquireSetRequest<'a> {
     }
 }
 
-/// One node's answer to [`Node::acquire_set`].
+/// One node's answer to [`LockSets::acquire_set`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AcquireSetReply {
     /// Every member's lock key was set; `fences[i]` is member `i`'s fence counter now
@@ -70,7 +100,7 @@ pub enum AcquireSetReply {
     },
 }
 
-/// The default [`Node::acquire_set`]: the members one after the other in the request's
+/// [`LockSets::acquire_set`] without the capability: the members one after the other in the request's
 /// order; at the first one held, releases those taken (without waking anyone: they were
 /// never granted to a caller) and answers held. A failure releases those taken too and
 /// answers the failure.
@@ -142,7 +172,7 @@ async fn undo<N: Node + ?Sized>(
         .map_or(Ok(()), Err)
 }
 
-/// The default [`Node::extend_set`]: every member, concurrently; yes only if every
+/// [`LockSets::extend_set`] without the capability: every member, concurrently; yes only if every
 /// member was extended. Every call is awaited; the first failure is the answer.
 pub(crate) fn extend_each<N: Node + ?Sized>(
     node: &N,
@@ -157,7 +187,7 @@ pub(crate) fn extend_each<N: Node + ?Sized>(
     )
 }
 
-/// The default [`Node::release_set`]: every member, concurrently; yes only if every
+/// [`LockSets::release_set`] without the capability: every member, concurrently; yes only if every
 /// member was ours and deleted.
 pub(crate) fn release_each<N: Node + ?Sized>(
     node: &N,
@@ -167,7 +197,7 @@ pub(crate) fn release_each<N: Node + ?Sized>(
     every(keys.iter().map(|keys| node.release(keys, owner)).collect())
 }
 
-/// The default [`Node::raise_fences`]: every member, concurrently.
+/// [`LockSets::raise_fences`] without the capability: every member, concurrently.
 pub(crate) fn raise_each<N: Node + ?Sized>(
     node: &N,
     keys: &[LockKeys],

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::error::NodeFailure;
 use crate::lock::health::Health;
 use crate::lock::round::{watched, NodeSet, Nodes, OwnerTally, Stragglers};
+use crate::node::NodeCalls;
 use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Node, NodeFuture, Owner};
 
 /// The per-node answers of one set acquire round.

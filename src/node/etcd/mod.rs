@@ -1,7 +1,6 @@
 //! [`EtcdNode`]: one etcd cluster as a lock node, with fencing tokens that need no clock.
 
 mod calls;
-mod set;
 mod stored;
 
 use calls::*;
@@ -23,7 +22,7 @@ use crate::node::percent::percent_decode;
 use crate::node::FencingToken;
 use crate::node::LockKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::node::{AcquireSetReply, AcquireSetRequest};
+use crate::node::{AcquireSetReply, AcquireSetRequest, LockSets};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
 /// How often a record operation re-reads after another writer changed the record key
@@ -183,6 +182,9 @@ macro_rules! pinned {
         }
     }};
 }
+
+// After `pinned!`, which its calls use.
+mod set;
 
 /// Moves the node's pinned member past `index` when dropped armed.
 struct MoveOnFailure<'a> {
@@ -410,53 +412,15 @@ impl Node for EtcdNode {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    // The set calls: one transaction each, the members on one lease (`set.rs`).
-    fn acquire_set(
-        self: Arc<Self>,
-        request: &AcquireSetRequest<'_>,
-    ) -> NodeFuture<AcquireSetReply> {
-        let (keys, owner): (Arc<[LockKeys]>, _) = (request.keys.into(), request.owner.clone());
-        let (ttl, fencing) = (request.ttl, request.fencing);
-        Box::pin(async move {
-            let inner = &self.inner;
-            pinned!(inner, |client| inner.acquire_set(
-                client,
-                keys.clone(),
-                owner.clone(),
-                ttl,
-                fencing
-            ))
-        })
-    }
-
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, _ttl: Duration) -> NodeFuture<bool> {
-        let (inner, keys, owner): (_, Arc<[LockKeys]>, _) =
-            (self.inner.clone(), keys.into(), owner.clone());
-        Box::pin(async move {
-            pinned!(inner, |client| inner.extend_set(
-                client,
-                keys.clone(),
-                owner.clone()
-            ))
-        })
-    }
-
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
-        let (inner, keys, owner): (_, Arc<[LockKeys]>, _) =
-            (self.inner.clone(), keys.into(), owner.clone());
-        Box::pin(async move {
-            pinned!(inner, |client| inner.release_set(
-                client,
-                keys.clone(),
-                owner.clone()
-            ))
-        })
-    }
-
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
         let inner = self.inner.clone();
         let keys = keys.clone();
         Box::pin(async move { pinned!(inner, |client| inner.subscribe(client, keys.clone())) })
+    }
+
+    // The set calls: one transaction each, the members on one lease (`set.rs`).
+    fn sets(&self) -> Option<&dyn LockSets> {
+        Some(self)
     }
 
     fn records(&self) -> Option<&dyn RecordStore> {

@@ -167,3 +167,54 @@ impl Inner {
         Ok(false)
     }
 }
+
+impl LockSets for EtcdNode {
+    fn acquire_set(&self, request: &AcquireSetRequest<'_>) -> NodeFuture<AcquireSetReply> {
+        let (keys, owner): (Arc<[LockKeys]>, _) = (request.keys.into(), request.owner.clone());
+        let (ttl, fencing) = (request.ttl, request.fencing);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            pinned!(inner, |client| inner.acquire_set(
+                client,
+                keys.clone(),
+                owner.clone(),
+                ttl,
+                fencing
+            ))
+        })
+    }
+
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, _ttl: Duration) -> NodeFuture<bool> {
+        let (inner, keys, owner): (_, Arc<[LockKeys]>, _) =
+            (self.inner.clone(), keys.into(), owner.clone());
+        Box::pin(async move {
+            pinned!(inner, |client| inner.extend_set(
+                client,
+                keys.clone(),
+                owner.clone()
+            ))
+        })
+    }
+
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+        let (inner, keys, owner): (_, Arc<[LockKeys]>, _) =
+            (self.inner.clone(), keys.into(), owner.clone());
+        Box::pin(async move {
+            pinned!(inner, |client| inner.release_set(
+                client,
+                keys.clone(),
+                owner.clone()
+            ))
+        })
+    }
+
+    fn raise_fences(
+        &self,
+        _keys: &[LockKeys],
+        _tokens: &[u64],
+        _fence: Duration,
+    ) -> NodeFuture<()> {
+        // As `raise_fence`: the revision is the token.
+        Box::pin(std::future::ready(Ok(())))
+    }
+}

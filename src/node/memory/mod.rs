@@ -12,10 +12,9 @@ use crate::error::NodeError;
 use crate::node::LockKeys;
 use crate::node::RecordStore;
 use crate::node::{
-    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node,
-    NodeFuture, Owner, ReleaseSignal,
+    AcquireReply, AcquireRequest, ExtendEntry, Node, NodeFuture, Owner, ReleaseSignal,
 };
-use crate::node::{Waiter, HANDOFF_TTL};
+use crate::node::{LockSets, WaitQueue};
 
 mod queue;
 mod records;
@@ -466,49 +465,6 @@ impl Node for MemoryNode {
         self.run(move |shared| Ok(shared.release(&keys, &owner, None)))
     }
 
-    fn wait_queue(&self) -> bool {
-        true
-    }
-
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        let keys = keys.clone();
-        let owner = owner.as_str().to_owned();
-        let waiter = waiter.clone();
-        self.run(move |shared| {
-            let now = Instant::now();
-            let mut store = lock(&shared.store);
-            match store.live(&keys.lock, now) {
-                Some(entry) if entry.value == owner => {
-                    entry.value = waiter.reservation();
-                    entry.expires = Some(now + HANDOFF_TTL);
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        })
-    }
-
-    fn release_as_waiter(
-        &self,
-        keys: &LockKeys,
-        owner: &Owner,
-        waiter: &Waiter,
-    ) -> NodeFuture<bool> {
-        let keys = keys.clone();
-        let owner = owner.as_str().to_owned();
-        let waiter = waiter.clone();
-        self.run(move |shared| Ok(shared.release(&keys, &owner, Some(&waiter))))
-    }
-
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let keys = keys.clone();
-        let waiter = waiter.clone();
-        self.run(move |shared| {
-            shared.release(&keys, "", Some(&waiter));
-            Ok(())
-        })
-    }
-
     fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         let fence_key = keys.fence.clone();
         self.run(move |shared| {
@@ -532,31 +488,6 @@ impl Node for MemoryNode {
         })
     }
 
-    // The set calls (in `set.rs`): each atomic under the store's lock.
-    fn acquire_set(
-        self: Arc<Self>,
-        request: &AcquireSetRequest<'_>,
-    ) -> NodeFuture<AcquireSetReply> {
-        self.acquire_all_now(request)
-    }
-
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.extend_all_now(keys, owner, ttl)
-    }
-
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
-        self.release_all_now(keys, owner)
-    }
-
-    fn raise_fences(
-        &self,
-        keys: &[LockKeys],
-        tokens: &[u64],
-        fence_ttl: Duration,
-    ) -> NodeFuture<()> {
-        self.raise_all_now(keys, tokens, fence_ttl)
-    }
-
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
         let channel = keys.channel.clone();
         let node = Arc::downgrade(&self.shared);
@@ -571,6 +502,16 @@ impl Node for MemoryNode {
                 Arc::new(Subscription { node, channel }),
             ))
         })
+    }
+
+    // The set calls (in `set.rs`): each atomic under the store's lock.
+    fn sets(&self) -> Option<&dyn LockSets> {
+        Some(self)
+    }
+
+    // The queue calls are in `queue.rs`.
+    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        Some(self)
     }
 
     fn records(&self) -> Option<&dyn RecordStore> {

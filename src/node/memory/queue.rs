@@ -1,14 +1,13 @@
 //! The wait queue of a [`MemoryNode`](super::MemoryNode): `hand_off.lua` and the queue
-//! parts of the acquire and release scripts, in Rust (see
-//! [`Node::wait_queue`](crate::node::Node::wait_queue)).
+//! parts of the acquire and release scripts, in Rust (see [`WaitQueue`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{lock, Entry, Shared, Store};
-use crate::node::{LockKeys, Waiter, HANDOFF_TTL};
+use super::{lock, Entry, MemoryNode, Shared, Store};
+use crate::node::{LockKeys, NodeFuture, Owner, WaitQueue, Waiter, HANDOFF_TTL};
 
 /// One resource's wait queue: waiter ids ordered by ticket, then id (as a Redis sorted
 /// set orders them).
@@ -156,4 +155,51 @@ impl Store {
 pub(super) fn reservation(value: &str) -> Option<(&str, u64)> {
     let (id, ticket) = value.strip_prefix('~')?.split_once(':')?;
     Some((id, ticket.parse().ok()?))
+}
+
+impl WaitQueue for MemoryNode {
+    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+        let keys = keys.clone();
+        let owner = owner.as_str().to_owned();
+        let waiter = waiter.clone();
+        self.run(move |shared| {
+            let now = Instant::now();
+            let mut store = lock(&shared.store);
+            match store.live(&keys.lock, now) {
+                Some(entry) if entry.value == owner => {
+                    entry.value = waiter.reservation();
+                    entry.expires = Some(now + HANDOFF_TTL);
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+    }
+
+    fn release_as_waiter(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+    ) -> NodeFuture<bool> {
+        let keys = keys.clone();
+        let owner = owner.as_str().to_owned();
+        let waiter = waiter.clone();
+        self.run(move |shared| Ok(shared.release(&keys, &owner, Some(&waiter))))
+    }
+
+    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+        let keys = keys.clone();
+        let waiter = waiter.clone();
+        self.run(move |shared| {
+            shared.release(&keys, "", Some(&waiter));
+            Ok(())
+        })
+    }
+
+    // A release here wakes the resource's channel whenever no queued waiter takes
+    // the lock: there is no mark to leave.
+    fn listen_for_release(&self, _keys: &LockKeys, _ttl: Duration) -> NodeFuture<()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }

@@ -8,14 +8,11 @@ use tokio::time::Instant;
 use super::queue::HandOff;
 use super::{lock, Entry, MemoryNode};
 use crate::error::NodeError;
-use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, NodeFuture, Owner};
+use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, LockSets, NodeFuture, Owner};
 
-impl MemoryNode {
+impl LockSets for MemoryNode {
     /// Checks every member, then sets them all or none (see `acquire_set.lua`).
-    pub(super) fn acquire_all_now(
-        &self,
-        request: &AcquireSetRequest<'_>,
-    ) -> NodeFuture<AcquireSetReply> {
+    fn acquire_set(&self, request: &AcquireSetRequest<'_>) -> NodeFuture<AcquireSetReply> {
         let keys = request.keys.to_vec();
         let owner = request.owner.as_str().to_owned();
         let (ttl, fence_ttl, fencing) = (request.ttl, request.fence_ttl, request.fencing);
@@ -80,12 +77,7 @@ impl MemoryNode {
     }
 
     /// Extends every member still ours; yes only if all were.
-    pub(super) fn extend_all_now(
-        &self,
-        keys: &[LockKeys],
-        owner: &Owner,
-        ttl: Duration,
-    ) -> NodeFuture<bool> {
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         let locks: Vec<String> = keys.iter().map(|k| k.lock.clone()).collect();
         let owner = owner.as_str().to_owned();
         self.run(move |shared| {
@@ -104,7 +96,7 @@ impl MemoryNode {
 
     /// Deletes every member still ours and wakes each one's waiters (unless its
     /// channel is empty); yes only if all were ours.
-    pub(super) fn release_all_now(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
         let keys = keys.to_vec();
         let owner = owner.as_str().to_owned();
         self.run(move |shared| {
@@ -137,7 +129,7 @@ impl MemoryNode {
     }
 
     /// Raises each member's counter to its token.
-    pub(super) fn raise_all_now(
+    fn raise_fences(
         &self,
         keys: &[LockKeys],
         tokens: &[u64],

@@ -24,6 +24,7 @@ use crate::node::redis::records;
 use crate::node::redis::seeds;
 use crate::node::redis::setup;
 use crate::node::LockKeys;
+use crate::node::WaitQueue;
 use crate::node::{parse_info, ServerSetup};
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal, Waiter};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
@@ -299,60 +300,6 @@ impl Node for ClusterNode {
         })
     }
 
-    fn wait_queue(&self) -> bool {
-        true
-    }
-
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        let call = ReleaseCall::hand_back(keys, owner, waiter, true);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call::release(&mut conn, &call))
-                .await
-                .map_err(node_error)
-        })
-    }
-
-    fn release_as_waiter(
-        &self,
-        keys: &LockKeys,
-        owner: &Owner,
-        waiter: &Waiter,
-    ) -> NodeFuture<bool> {
-        let call = ReleaseCall::as_waiter(keys, owner, waiter, true);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call::release(&mut conn, &call))
-                .await
-                .map_err(node_error)
-        })
-    }
-
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let call = ReleaseCall::leave(keys, waiter, true);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call::release(&mut conn, &call))
-                .await
-                .map(|_| ())
-                .map_err(node_error)
-        })
-    }
-
-    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
-        let call = ListenCall::new(keys, ttl);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call::listen(&mut conn, &call))
-                .await
-                .map_err(node_error)
-        })
-    }
-
     fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         let call = RaiseFenceCall::new(keys, token, fence_ttl);
         let inner = self.inner.clone();
@@ -459,8 +406,64 @@ impl Node for ClusterNode {
         })
     }
 
+    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        Some(self)
+    }
+
     fn records(&self) -> Option<&dyn RecordStore> {
         Some(self)
+    }
+}
+
+impl WaitQueue for ClusterNode {
+    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+        let call = ReleaseCall::hand_back(keys, owner, waiter, true);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call::release(&mut conn, &call))
+                .await
+                .map_err(node_error)
+        })
+    }
+
+    fn release_as_waiter(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+    ) -> NodeFuture<bool> {
+        let call = ReleaseCall::as_waiter(keys, owner, waiter, true);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call::release(&mut conn, &call))
+                .await
+                .map_err(node_error)
+        })
+    }
+
+    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+        let call = ReleaseCall::leave(keys, waiter, true);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call::release(&mut conn, &call))
+                .await
+                .map(|_| ())
+                .map_err(node_error)
+        })
+    }
+
+    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
+        let call = ListenCall::new(keys, ttl);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let (mut conn, place) = inner.connection().await?;
+            in_turn(place, call::listen(&mut conn, &call))
+                .await
+                .map_err(node_error)
+        })
     }
 }
 

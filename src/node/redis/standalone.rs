@@ -28,6 +28,7 @@ use crate::node::{
     NodeFuture, Owner, ReleaseSignal,
 };
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
+use crate::node::{LockSets, WaitQueue};
 
 /// One Redis server (standalone master) as a lock node.
 ///
@@ -294,37 +295,6 @@ impl Node for RedisNode {
         })
     }
 
-    fn wait_queue(&self) -> bool {
-        true
-    }
-
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        let call = ReleaseCall::hand_back(keys, owner, waiter, false);
-        self.run(move |mut conn, _| async move { call::release(&mut conn, &call).await })
-    }
-
-    fn release_as_waiter(
-        &self,
-        keys: &LockKeys,
-        owner: &Owner,
-        waiter: &Waiter,
-    ) -> NodeFuture<bool> {
-        let call = ReleaseCall::as_waiter(keys, owner, waiter, false);
-        self.run(move |mut conn, _| async move { call::release(&mut conn, &call).await })
-    }
-
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let call = ReleaseCall::leave(keys, waiter, false);
-        self.run(
-            move |mut conn, _| async move { call::release(&mut conn, &call).await.map(|_| ()) },
-        )
-    }
-
-    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
-        let call = ListenCall::new(keys, ttl);
-        self.run(move |mut conn, _| async move { call::listen(&mut conn, &call).await })
-    }
-
     fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         let call = RaiseFenceCall::new(keys, token, fence_ttl);
         self.run(
@@ -332,33 +302,6 @@ impl Node for RedisNode {
         )
     }
 
-    // The set calls: one script each (`call/set.rs`).
-    fn acquire_set(
-        self: Arc<Self>,
-        request: &AcquireSetRequest<'_>,
-    ) -> NodeFuture<AcquireSetReply> {
-        self.run_set(set::acquire_set(request))
-    }
-
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.run_set(set::extend_set(keys, owner, ttl))
-    }
-
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
-        self.run_set(set::release_set(keys, owner, false))
-    }
-
-    fn raise_fences(
-        &self,
-        keys: &[LockKeys],
-        tokens: &[u64],
-        fence_ttl: Duration,
-    ) -> NodeFuture<()> {
-        self.run_set(set::raise_fences(keys, tokens, fence_ttl))
-    }
-
-    // The subscriptions are kept by one upkeep task per node (see `pubsub`): they
-    // come back after the server restarts, and a frozen server piles nothing up.
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
         let channel = keys.channel.clone();
         let hub = self.inner.hub.clone();
@@ -385,9 +328,73 @@ impl Node for RedisNode {
         })
     }
 
+    // The set calls: one script each (`call/set.rs`).
+    fn sets(&self) -> Option<&dyn LockSets> {
+        Some(self)
+    }
+
+    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        Some(self)
+    }
+
     fn records(&self) -> Option<&dyn RecordStore> {
         Some(self)
     }
+}
+
+impl WaitQueue for RedisNode {
+    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+        let call = ReleaseCall::hand_back(keys, owner, waiter, false);
+        self.run(move |mut conn, _| async move { call::release(&mut conn, &call).await })
+    }
+
+    fn release_as_waiter(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+    ) -> NodeFuture<bool> {
+        let call = ReleaseCall::as_waiter(keys, owner, waiter, false);
+        self.run(move |mut conn, _| async move { call::release(&mut conn, &call).await })
+    }
+
+    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+        let call = ReleaseCall::leave(keys, waiter, false);
+        self.run(
+            move |mut conn, _| async move { call::release(&mut conn, &call).await.map(|_| ()) },
+        )
+    }
+
+    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
+        let call = ListenCall::new(keys, ttl);
+        self.run(move |mut conn, _| async move { call::listen(&mut conn, &call).await })
+    }
+}
+
+impl LockSets for RedisNode {
+    fn acquire_set(&self, request: &AcquireSetRequest<'_>) -> NodeFuture<AcquireSetReply> {
+        self.run_set(set::acquire_set(request))
+    }
+
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        self.run_set(set::extend_set(keys, owner, ttl))
+    }
+
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+        self.run_set(set::release_set(keys, owner, false))
+    }
+
+    fn raise_fences(
+        &self,
+        keys: &[LockKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        self.run_set(set::raise_fences(keys, tokens, fence_ttl))
+    }
+
+    // The subscriptions are kept by one upkeep task per node (see `pubsub`): they
+    // come back after the server restarts, and a frozen server piles nothing up.
 }
 
 impl RecordStore for RedisNode {

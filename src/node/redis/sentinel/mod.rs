@@ -36,6 +36,7 @@ use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node,
     NodeFuture, Owner, ReleaseSignal,
 };
+use crate::node::{LockSets, WaitQueue};
 use channel::HubChannel;
 
 /// How long one lookup through the sentinels may take.
@@ -495,39 +496,6 @@ impl Node for SentinelNode {
         self.release_call(ReleaseCall::new(keys, owner, false))
     }
 
-    fn wait_queue(&self) -> bool {
-        true
-    }
-
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        self.release_call(ReleaseCall::hand_back(keys, owner, waiter, false))
-    }
-
-    fn release_as_waiter(
-        &self,
-        keys: &LockKeys,
-        owner: &Owner,
-        waiter: &Waiter,
-    ) -> NodeFuture<bool> {
-        self.release_call(ReleaseCall::as_waiter(keys, owner, waiter, false))
-    }
-
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let leave = self.release_call(ReleaseCall::leave(keys, waiter, false));
-        Box::pin(async move { leave.await.map(|_| ()) })
-    }
-
-    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
-        let call = ListenCall::new(keys, ttl);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { call::listen(&mut conn, call).await })
-                .await
-        })
-    }
-
     fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         let call = RaiseFenceCall::new(keys, token, fence_ttl);
         let inner = self.inner.clone();
@@ -540,31 +508,6 @@ impl Node for SentinelNode {
                 )
                 .await
         })
-    }
-
-    // The set calls: one script each on the master (`set.rs`, `call/set.rs`).
-    fn acquire_set(
-        self: Arc<Self>,
-        request: &AcquireSetRequest<'_>,
-    ) -> NodeFuture<AcquireSetReply> {
-        self.run_set(call::set::acquire_set(request))
-    }
-
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.run_set(call::set::extend_set(keys, owner, ttl))
-    }
-
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
-        self.run_set(call::set::release_set(keys, owner, false))
-    }
-
-    fn raise_fences(
-        &self,
-        keys: &[LockKeys],
-        tokens: &[u64],
-        fence_ttl: Duration,
-    ) -> NodeFuture<()> {
-        self.run_set(call::set::raise_fences(keys, tokens, fence_ttl))
     }
 
     fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
@@ -619,8 +562,71 @@ impl Node for SentinelNode {
         })
     }
 
+    // The set calls: one script each on the master (`set.rs`, `call/set.rs`).
+    fn sets(&self) -> Option<&dyn LockSets> {
+        Some(self)
+    }
+
+    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        Some(self)
+    }
+
     fn records(&self) -> Option<&dyn RecordStore> {
         Some(self)
+    }
+}
+
+impl WaitQueue for SentinelNode {
+    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+        self.release_call(ReleaseCall::hand_back(keys, owner, waiter, false))
+    }
+
+    fn release_as_waiter(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+    ) -> NodeFuture<bool> {
+        self.release_call(ReleaseCall::as_waiter(keys, owner, waiter, false))
+    }
+
+    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+        let leave = self.release_call(ReleaseCall::leave(keys, waiter, false));
+        Box::pin(async move { leave.await.map(|_| ()) })
+    }
+
+    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
+        let call = ListenCall::new(keys, ttl);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let call = &call;
+            inner
+                .with_master(|mut conn| async move { call::listen(&mut conn, call).await })
+                .await
+        })
+    }
+}
+
+impl LockSets for SentinelNode {
+    fn acquire_set(&self, request: &AcquireSetRequest<'_>) -> NodeFuture<AcquireSetReply> {
+        self.run_set(call::set::acquire_set(request))
+    }
+
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        self.run_set(call::set::extend_set(keys, owner, ttl))
+    }
+
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+        self.run_set(call::set::release_set(keys, owner, false))
+    }
+
+    fn raise_fences(
+        &self,
+        keys: &[LockKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        self.run_set(call::set::raise_fences(keys, tokens, fence_ttl))
     }
 }
 

@@ -1,0 +1,110 @@
+//! What the engine calls of a node: the capability's call when the node has it, and
+//! when it has not the fallback its contract describes (per-key calls for a set, a
+//! plain release for a node without a wait queue). Written once here, so the engine
+//! never branches on a node's capabilities.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::node::set::{acquire_each, extend_each, raise_each, release_each};
+use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Node, NodeFuture, Owner, Waiter};
+
+fn done() -> NodeFuture<()> {
+    Box::pin(std::future::ready(Ok(())))
+}
+
+/// The calls of the capabilities, on any node.
+pub(crate) trait NodeCalls {
+    /// By `Arc`: without the capability, the calls follow one another in a future that
+    /// owns the node.
+    fn acquire_set(self: Arc<Self>, request: &AcquireSetRequest<'_>)
+        -> NodeFuture<AcquireSetReply>;
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool>;
+    fn raise_fences(
+        &self,
+        keys: &[LockKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()>;
+    fn release_as_waiter(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+    ) -> NodeFuture<bool>;
+    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool>;
+    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()>;
+    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()>;
+}
+
+impl NodeCalls for dyn Node {
+    fn acquire_set(
+        self: Arc<Self>,
+        request: &AcquireSetRequest<'_>,
+    ) -> NodeFuture<AcquireSetReply> {
+        if let Some(sets) = self.sets() {
+            return sets.acquire_set(request);
+        }
+        acquire_each(self, request)
+    }
+
+    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        match self.sets() {
+            Some(sets) => sets.extend_set(keys, owner, ttl),
+            None => extend_each(self, keys, owner, ttl),
+        }
+    }
+
+    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+        match self.sets() {
+            Some(sets) => sets.release_set(keys, owner),
+            None => release_each(self, keys, owner),
+        }
+    }
+
+    fn raise_fences(
+        &self,
+        keys: &[LockKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        match self.sets() {
+            Some(sets) => sets.raise_fences(keys, tokens, fence_ttl),
+            None => raise_each(self, keys, tokens, fence_ttl),
+        }
+    }
+
+    fn release_as_waiter(
+        &self,
+        keys: &LockKeys,
+        owner: &Owner,
+        waiter: &Waiter,
+    ) -> NodeFuture<bool> {
+        match self.wait_queue() {
+            Some(queue) => queue.release_as_waiter(keys, owner, waiter),
+            None => self.release(keys, owner),
+        }
+    }
+
+    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+        match self.wait_queue() {
+            Some(queue) => queue.hand_back(keys, owner, waiter),
+            None => self.release(keys, owner),
+        }
+    }
+
+    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+        match self.wait_queue() {
+            Some(queue) => queue.leave_queue(keys, waiter),
+            None => done(),
+        }
+    }
+
+    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
+        match self.wait_queue() {
+            Some(queue) => queue.listen_for_release(keys, ttl),
+            None => done(),
+        }
+    }
+}
