@@ -239,7 +239,7 @@ fn unavailable(
 fn lost(inner: &LeaseInner) -> LockError {
     let cause = inner.status().lost.unwrap_or(LostCause::KeyLost);
     LockError::Lost {
-        resource: inner.resource.clone(),
+        resource: inner.resource().clone(),
         cause,
     }
 }
@@ -371,9 +371,9 @@ pub(crate) async fn claim(
     }
     let quorum = nodes.quorum();
     let request = ClaimRequest {
-        keys: &inner.keys,
+        keys: &inner.lock_keys()[0],
         owner: &inner.owner,
-        token: inner.token.get(),
+        token: inner.token().get(),
         fingerprint,
         pending_ttl: record_ttl(pending_ttl),
         orphan_ttl: unknown_for.map(record_ttl),
@@ -445,7 +445,7 @@ pub(crate) async fn claim(
     } else {
         // Too few answers, or a record on a minority only (a node holding its copy
         // may be down): undecided.
-        Err(unavailable(nodes, &inner.resource, answered, failures))
+        Err(unavailable(nodes, inner.resource(), answered, failures))
     };
     // Our marker may have landed on some nodes (also on those that answered after the
     // decision): it must not outlive this answer, or it would read as an attempt of
@@ -465,9 +465,9 @@ pub(crate) async fn store(
         return Err(lost(inner));
     }
     let quorum = nodes.quorum();
-    let record = Record::new(inner.token, fingerprint, data);
+    let record = Record::new(inner.token(), fingerprint, data);
     let request = StoreRequest {
-        keys: &inner.keys,
+        keys: &inner.lock_keys()[0],
         owner: &inner.owner,
         record: &record,
         retention: record_ttl(retention),
@@ -503,16 +503,16 @@ pub(crate) async fn store(
         )
         .await;
     if stored >= quorum {
-        tracing::debug!(resource = %inner.resource, token = %inner.token, votes = stored, "outcome recorded");
+        tracing::debug!(resource = %inner.resource(), token = %inner.token(), votes = stored, "outcome recorded");
         return Ok(());
     }
-    tracing::warn!(resource = %inner.resource, token = %inner.token, stored, refused, failures = failures.len(), "outcome not recorded on a majority");
+    tracing::warn!(resource = %inner.resource(), token = %inner.token(), stored, refused, failures = failures.len(), "outcome not recorded on a majority");
     if refused >= quorum || !holds(inner) {
         return Err(lost(inner));
     }
     Err(unavailable(
         nodes,
-        &inner.resource,
+        inner.resource(),
         stored + refused,
         failures,
     ))
@@ -521,14 +521,14 @@ pub(crate) async fn store(
 pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
     let nodes = &inner.locker.nodes;
     let quorum = nodes.quorum();
-    let token = inner.token.get();
+    let token = inner.token().get();
     let mut answered = 0;
     let mut failures = Vec::new();
     nodes
         .fan_out(
             0..nodes.len(),
             nodes.timeout(),
-            |_, node| records_of(node).discard_record(&inner.keys, token),
+            |_, node| records_of(node).discard_record(&inner.lock_keys()[0], token),
             |index, answer, pending| {
                 match answer {
                     Ok(_) => answered += 1,
@@ -544,18 +544,18 @@ pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
     if answered >= quorum {
         Ok(())
     } else {
-        Err(unavailable(nodes, &inner.resource, answered, failures))
+        Err(unavailable(nodes, inner.resource(), answered, failures))
     }
 }
 
 /// Removes our pending marker everywhere, without waiting for the answers.
 fn discard_in_background(inner: &LeaseInner) {
     let nodes = &inner.locker.nodes;
-    let token = inner.token.get();
+    let token = inner.token().get();
     let calls: Vec<_> = nodes
         .each()
         .map(|node| {
-            let call = records_of(node.as_ref()).discard_record(&inner.keys, token);
+            let call = records_of(node.as_ref()).discard_record(&inner.lock_keys()[0], token);
             tokio::time::timeout(nodes.timeout(), call)
         })
         .collect();
