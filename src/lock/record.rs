@@ -64,6 +64,7 @@ use tokio::time::Instant;
 use crate::error::{ConfigError, NodeFailure};
 use crate::lock::lease::{Lease, LeaseHandle, LeaseInner, LostCause};
 use crate::lock::metrics;
+use crate::lock::quorum;
 use crate::lock::round::Nodes;
 use crate::lock::LockError;
 use crate::lock::Redlock;
@@ -341,10 +342,9 @@ pub(crate) async fn read(
                         error,
                     }),
                 }
-                // Decided once a majority holds one record, or once none can.
-                seen.count() >= quorum
-                    || (answered >= quorum && seen.count() + pending < quorum)
-                    || answered + pending < quorum
+                // Decided once a majority holds one record, or once none can (and it
+                // is clear whether a majority answered), as an acquisition is.
+                quorum::acquisition_decided(quorum, seen.count(), answered, pending)
             },
         )
         .await;
@@ -498,7 +498,7 @@ pub(crate) async fn store(
                         error,
                     }),
                 }
-                stored >= quorum || stored + pending < quorum
+                quorum::count_decided(quorum, stored, pending)
             },
         )
         .await;
@@ -537,7 +537,7 @@ pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
                         error,
                     }),
                 }
-                answered >= quorum || answered + pending < quorum
+                quorum::count_decided(quorum, answered, pending)
             },
         )
         .await;

@@ -301,7 +301,7 @@ impl Nodes {
                         error,
                     }),
                 }
-                confirmed >= needed || confirmed + pending < needed
+                super::quorum::count_decided(needed, confirmed, pending)
             },
         )
         .await;
