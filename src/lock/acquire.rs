@@ -148,15 +148,15 @@ impl Redlock {
             let mut joining = None;
             if let Some(signals) = signals.as_mut() {
                 signals.iter_mut().for_each(ReleaseSignal::mark_seen);
-                match (&waiter, queued.as_mut()) {
-                    (Some(waiter), Some(queued)) => {
-                        joining = Some(waiter);
+                match queued.as_mut() {
+                    Some(queued) => {
+                        joining = Some(queued.waiter);
                         queued.armed = true;
                     }
                     // Before the attempt, so that a release after its refusal finds the
                     // mark (or a release that used it up meanwhile woke us): a release
                     // wakes nobody on a member's channel unless marked.
-                    _ => shared.nodes.listen_for_release(target.keys()).await,
+                    None => shared.nodes.listen_for_release(target.keys()).await,
                 }
             }
             let (held, holder_ttl) = match self.attempt(&target, joining).await {
