@@ -319,7 +319,7 @@ impl TestStore {
             return Err(TestStoreError::NotHeld { resource, held });
         };
         // A lease over a set is lost as a whole: every member's key goes.
-        for keys in lease.all_keys() {
+        for keys in lease.lock_keys() {
             for node in &self.inner.nodes {
                 // Only our key: the lease may already have been taken over on a node.
                 if node.get(&keys.lock).as_deref() == Some(lease.owner.as_str()) {

@@ -1,105 +1,201 @@
-//! The acquire path of [`Redlock`]: queueing in this process, the rounds until the
-//! lease is won or the deadline passes, and the cleanup of a cancelled attempt.
+//! The acquire path of [`Redlock`], for one resource or a set ([`Target`]): the local
+//! places of every member, in canonical order, then rounds (`attempt.rs`) until the
+//! lease is won or the deadline passes, woken by releases (`wait.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::lease::{LeaseInner, StatusCell};
-use super::round::{Nodes, Stragglers};
-use super::wait::{next_release, QueueRef, Turn, QUEUE_TTL};
-use super::{fencing, renewal, Lease, LockError, Redlock, Shared};
+use super::lease::LeaseInner;
+use super::round::Nodes;
+use super::target::Target;
+use super::wait::{next_release, QueueRef, Turn, Waiting, QUEUE_TTL};
+use super::{renewal, Lease, LockError, Redlock};
 use crate::node::HANDOFF_TTL;
-use crate::node::{AcquireRequest, LockKeys, Owner, ReleaseSignal, Resource, Waiter};
-use fencing::FencingToken;
+use crate::node::{LockKeys, ReleaseSignal, Resource, Waiter};
 
 impl Redlock {
-    #[tracing::instrument(name = "redlock.wait", level = "debug", skip_all, fields(resource = %resource))]
-    pub(super) async fn queue_and_acquire(
+    /// One attempt, no waiting: a lease, or [`LockError::Held`] naming the first member
+    /// a caller of this process holds or queues for, or the nodes found held.
+    pub(super) async fn try_once<T: Target>(&self, target: T) -> Result<Lease, LockError> {
+        let shared = &self.shared;
+        self.refuse_if_draining(&target.resources()[0])?;
+        let queues = target.each(|resource| shared.queues.get(resource));
+        let mut turns = target.each(|_| None);
+        let members = target.resources().iter().zip(queues.as_ref());
+        for ((resource, queue), turn) in members.zip(turns.as_mut()) {
+            *turn = queue.try_turn();
+            if turn.is_none() && queue.releasing() {
+                // This process's holder is being released (a lease dropped a moment
+                // ago, as an extractor's is when its handler returns): that is not
+                // contention, and a client whose next request arrives now must not be
+                // refused by its own finished one. The release is bounded by the node
+                // timeout.
+                let bound = shared.options.node_timeout.saturating_mul(2);
+                *turn = tokio::time::timeout(bound, queue.turn())
+                    .await
+                    .ok()
+                    .flatten();
+            }
+            if turn.is_none() {
+                shared.metrics.contended.inc();
+                return Err(LockError::Held {
+                    holder_ttl: queue.holder_ttl(),
+                    resource: resource.clone(),
+                });
+            }
+        }
+        let won = self.attempt(&target, None).await?;
+        let inner = won.into_lease(shared, target);
+        Ok(self.finish::<T>(inner, turns, queues))
+    }
+
+    /// Turns a won round into a [`Lease`]: records the local holder of every member and
+    /// puts the lease on the renewal schedule.
+    fn finish<T: Target>(
         &self,
-        resource: Resource,
+        inner: Arc<LeaseInner>,
+        turns: T::Each<Option<Turn>>,
+        queues: T::Each<QueueRef>,
+    ) -> Lease {
+        for queue in queues.as_ref() {
+            queue.set_holder(&inner);
+        }
+        let renewal = self
+            .shared
+            .options
+            .watchdog
+            .then(|| renewal::register(&inner));
+        Lease::new(inner, (turns, queues, renewal))
+    }
+
+    /// Waits until `deadline` for every member of `target`. Inside this process it
+    /// queues for each member in canonical order (every caller takes them in the same
+    /// order, so none waits for another in a circle); across processes it retries when
+    /// a release wakes it or after the retry policy's delay.
+    #[tracing::instrument(name = "redlock.wait", level = "debug", skip_all, fields(resource = %target.resources()[0], members = target.resources().len()))]
+    pub(super) async fn queue_and_acquire<T: Target>(
+        &self,
+        target: T,
         started: Instant,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
         let shared = &self.shared;
-        let queue = shared.queues.get(&resource);
-        // Counts this caller against `max_waiters` until it returns: the head of the
-        // queue, contending at the nodes, waits as much as those behind it.
-        let Some(waiting) = queue.enter(self.max_waiters) else {
-            return Err(LockError::QueueFull {
-                resource,
-                limit: self.max_waiters,
-            });
-        };
-        let timeout = |holder_ttl| LockError::WaitTimeout {
+        let queues = target.each(|resource| shared.queues.get(resource));
+        // Counts this caller against each member's `max_waiters` until it returns: the
+        // head of a queue, contending at the nodes, waits as much as those behind it.
+        let mut waiting: T::Each<Option<Waiting>> = target.each(|_| None);
+        let members = target.resources().iter().zip(queues.as_ref());
+        for ((resource, queue), entered) in members.clone().zip(waiting.as_mut()) {
+            *entered = queue.enter(self.max_waiters);
+            if entered.is_none() {
+                return Err(LockError::QueueFull {
+                    resource: resource.clone(),
+                    limit: self.max_waiters,
+                });
+            }
+        }
+        let timeout = |resource: &Resource, holder_ttl| LockError::WaitTimeout {
             resource: resource.clone(),
             waited: started.elapsed(),
             holder_ttl,
         };
         let mut waited = false;
-        let turn = match queue.try_turn() {
-            Some(turn) => turn,
-            None => {
-                waited = true;
-                shared.metrics.waits.inc();
+        let mut turns = target.each(|_| None);
+        for ((resource, queue), turn) in members.zip(turns.as_mut()) {
+            *turn = queue.try_turn();
+            if turn.is_none() {
+                if !waited {
+                    waited = true;
+                    shared.metrics.waits.inc();
+                }
                 match tokio::time::timeout_at(deadline, queue.turn()).await {
-                    Ok(Some(turn)) => turn,
-                    _ => return Err(timeout(queue.holder_ttl())),
+                    Ok(Some(taken)) => *turn = Some(taken),
+                    _ => return Err(timeout(resource, queue.holder_ttl())),
                 }
             }
-        };
-        let keys = LockKeys::new(&shared.options.key_prefix, &resource);
-        // This process's place in the nodes' wait queues: its head's arrival (see `wait`).
-        let waiter = Waiter {
+        }
+        // A single resource's waiter joins the nodes' wait queues (see `wait`), in this
+        // process's place: its head's arrival. A set's waiter is woken by the release
+        // of any member instead, on each member's own channel.
+        let waiter = T::QUEUES.then(|| Waiter {
             id: shared.waiter_id.clone(),
             ticket: unix_micros(),
             queue_ttl: QUEUE_TTL,
-        };
+        });
+        let first = &queues.as_ref()[0];
         // Subscriptions a recent wait left: live before the first attempt, so that
         // attempt may join the queue at once. Otherwise the waiter joins only once it
         // is subscribed, and no hand-off to it can go unheard.
-        let mut signals: Option<Vec<ReleaseSignal>> = queue.live_signals();
-        let queues = shared.nodes.queued();
-        let mut queued = LeaveIfGivenUp {
+        let mut signals: Option<Vec<ReleaseSignal>> =
+            waiter.as_ref().and_then(|_| first.live_signals());
+        let queued_wake = waiter.is_some() && shared.nodes.queued();
+        let mut queued = waiter.as_ref().map(|waiter| LeaveIfGivenUp {
             nodes: &shared.nodes,
-            keys: &keys,
-            waiter: &waiter,
-            queue: &queue,
+            keys: &target.keys()[0],
+            waiter,
+            queue: first,
             armed: false,
-        };
+        });
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let mut joining = None;
             if let Some(signals) = signals.as_mut() {
                 signals.iter_mut().for_each(ReleaseSignal::mark_seen);
+                match queued.as_mut() {
+                    Some(queued) => {
+                        joining = Some(queued.waiter);
+                        queued.armed = true;
+                    }
+                    // Before the attempt, so that a release after its refusal finds the
+                    // mark (or a release that used it up meanwhile woke us): a release
+                    // wakes nobody on a member's channel unless marked.
+                    None => shared.nodes.listen_for_release(target.keys()).await,
+                }
             }
-            let joining = signals.is_some().then_some(&waiter);
-            queued.armed |= joining.is_some();
-            let holder_ttl = match self.attempt_in_turn(&resource, &keys, &turn, joining).await {
+            let (held, holder_ttl) = match self.attempt(&target, joining).await {
                 Ok(won) => {
                     // A granted head left the queue (the grant took it off).
-                    queued.armed = false;
+                    if let Some(queued) = queued.as_mut() {
+                        queued.armed = false;
+                    }
                     drop(queued);
                     drop(waiting);
-                    let inner = won.into_lease(shared, resource, keys);
-                    return Ok(self.finish(inner, turn, queue));
+                    let inner = won.into_lease(shared, target);
+                    return Ok(self.finish::<T>(inner, turns, queues));
                 }
-                Err(LockError::Held { holder_ttl, .. }) => {
-                    // For the callers queued behind us: whom they wait for, and how long.
-                    queue.note_remote_holder(holder_ttl);
-                    holder_ttl
+                Err(LockError::Held {
+                    resource,
+                    holder_ttl,
+                }) => {
+                    let member = target.resources().binary_search(&resource).unwrap_or(0);
+                    // For the callers of this process queued behind us on that member:
+                    // whom they wait for, and how long.
+                    queues.as_ref()[member].note_remote_holder(holder_ttl);
+                    (member, holder_ttl)
                 }
-                Err(LockError::ValidityExpired { .. }) => None,
+                Err(LockError::ValidityExpired { .. }) => (0, None),
                 Err(e) => return Err(e),
             };
+            let held = &target.resources()[held];
             if Instant::now() >= deadline {
-                return Err(timeout(holder_ttl));
+                return Err(timeout(held, holder_ttl));
             }
             if signals.is_none() {
-                // Subscribe, then try once more at once, now joining the queue.
-                signals = Some(queue.signals(&shared.nodes, &keys, &waiter).await);
+                // Subscribe, then try once more at once: now joining the queue, or
+                // marking the members' queues first (see `Node::listen_for_release`),
+                // since a release may have come between our attempt and the
+                // subscriptions.
+                signals = Some(match &waiter {
+                    Some(waiter) => {
+                        first
+                            .signals(&shared.nodes, &target.keys()[0], waiter)
+                            .await
+                    }
+                    None => shared.nodes.subscribe_broadcast(target.keys()).await,
+                });
                 if !waited {
                     waited = true;
                     shared.metrics.waits.inc();
@@ -107,7 +203,7 @@ impl Redlock {
                 continue;
             }
             let mut delay = shared.options.retry.delay(attempt, holder_ttl);
-            if queues {
+            if queued_wake {
                 // In the queues, a release hands us the key and wakes us: an attempt
                 // before the key (or another waiter's reservation) runs out, as a
                 // crashed holder's or a frozen waiter's does, would only be refused, as
@@ -119,6 +215,9 @@ impl Redlock {
                     })
                     .min(HANDOFF_TTL);
                 delay = delay.max(runs_out).min(QUEUE_TTL / 4);
+            } else if waiter.is_none() {
+                // At least every quarter of `QUEUE_TTL`, which keeps the marks alive.
+                delay = delay.min(QUEUE_TTL / 4);
             }
             let retry_at = Instant::now()
                 .checked_add(delay)
@@ -135,251 +234,7 @@ impl Redlock {
                 // had grown to.
                 attempt = 0;
             } else if Instant::now() >= deadline {
-                return Err(timeout(holder_ttl));
-            }
-        }
-    }
-
-    pub(super) async fn attempt(
-        &self,
-        resource: Resource,
-        keys: LockKeys,
-        turn: Turn,
-        queue: QueueRef,
-    ) -> Result<Lease, LockError> {
-        let won = self.attempt_in_turn(&resource, &keys, &turn, None).await?;
-        Ok(self.finish(won.into_lease(&self.shared, resource, keys), turn, queue))
-    }
-
-    /// Turns a won round into a [`Lease`]: puts it on the renewal schedule and records the
-    /// local holder.
-    pub(super) fn finish(&self, inner: Arc<LeaseInner>, turn: Turn, queue: QueueRef) -> Lease {
-        queue.set_holder(&inner);
-        let renewal = self
-            .shared
-            .options
-            .watchdog
-            .then(|| renewal::register(&inner));
-        Lease::new(inner, (turn, queue, renewal))
-    }
-
-    /// One Redlock round (plus the fence write-back when needed); `waiter`: the caller
-    /// waits, and joins the wait queues if refused.
-    #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %resource))]
-    pub(super) async fn attempt_in_turn(
-        &self,
-        resource: &Resource,
-        keys: &LockKeys,
-        _turn: &Turn,
-        waiter: Option<&Waiter>,
-    ) -> Result<Won, LockError> {
-        let shared = &self.shared;
-        let options = &shared.options;
-        let nodes = &shared.nodes;
-        let owner = Owner::random();
-        let start = Instant::now();
-        let in_flight =
-            ReleaseIfDropped::new(nodes, keys, &owner, Stragglers::settled(nodes.len()));
-        let (tally, stragglers) = nodes
-            .acquire(
-                start,
-                &AcquireRequest {
-                    keys,
-                    owner: &owner,
-                    ttl: options.ttl,
-                    fence_ttl: options.fence_ttl,
-                    fencing: options.fencing,
-                    fence_floor: fencing::round_floor(options.fencing),
-                    seed_only_when_missing: options.seed_only_when_missing,
-                    waiter,
-                },
-            )
-            .await;
-        in_flight.disarm();
-        let quorum = nodes.quorum();
-        let valid_until = start + options.ttl - options.drift();
-        // Every node that may hold our key: all but those that said someone else holds
-        // it (a straggler saying so is skipped when it answers).
-        let cleanup = |stragglers: Stragglers| {
-            let targets = (0..nodes.len()).filter(|i| !tally.held.contains(i));
-            nodes.release_after(stragglers, targets, keys, &owner, waiter);
-        };
-        if tally.won.len() < quorum {
-            let answered = tally.won.len() + tally.held.len();
-            cleanup(stragglers);
-            if answered >= quorum {
-                shared.metrics.contended.inc();
-                tracing::debug!(%resource, held = tally.held.len(), won = tally.won.len(), elapsed = ?start.elapsed(), "resource held");
-                return Err(LockError::Held {
-                    resource: resource.clone(),
-                    holder_ttl: tally.holder_ttl,
-                });
-            }
-            shared.metrics.unavailable.inc();
-            tracing::warn!(%resource, answered, quorum, failures = tally.failures.len(), "no quorum");
-            return Err(LockError::Unavailable {
-                resource: resource.clone(),
-                nodes: nodes.len(),
-                answered,
-                quorum,
-                failures: tally.failures,
-            });
-        }
-
-        let token = tally.won.iter().map(|&(_, fence)| fence).max().unwrap_or(0);
-        let behind: Vec<usize> = tally
-            .won
-            .iter()
-            .filter(|&&(_, fence)| fence < token)
-            .map(|&(index, _)| index)
-            .collect();
-        let mut stragglers = stragglers;
-        if !behind.is_empty() {
-            // Write-back: a majority must hold the token before the lease counts.
-            let level = tally.won.len() - behind.len();
-            let in_flight = ReleaseIfDropped::new(nodes, keys, &owner, stragglers);
-            let (confirmed, failures) = nodes
-                .raise_fence(
-                    behind,
-                    keys,
-                    token,
-                    options.fence_ttl,
-                    valid_until,
-                    quorum - level.min(quorum),
-                )
-                .await;
-            stragglers = in_flight.disarm();
-            if level + confirmed < quorum {
-                cleanup(stragglers);
-                let validity = valid_until.saturating_duration_since(Instant::now());
-                if validity <= options.min_validity {
-                    // The write-back was cut short by the validity deadline: a majority
-                    // answered, too slowly. Not an unavailable store; worth a retry.
-                    shared.metrics.slow.inc();
-                    tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "fence write-back ran out of validity");
-                    return Err(LockError::ValidityExpired {
-                        resource: resource.clone(),
-                        validity,
-                        min_validity: options.min_validity,
-                    });
-                }
-                shared.metrics.unavailable.inc();
-                return Err(LockError::Unavailable {
-                    resource: resource.clone(),
-                    nodes: nodes.len(),
-                    answered: level + confirmed,
-                    quorum,
-                    failures,
-                });
-            }
-        }
-
-        let now = Instant::now();
-        let validity = valid_until.saturating_duration_since(now);
-        if validity <= options.min_validity {
-            cleanup(stragglers);
-            shared.metrics.slow.inc();
-            tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "majority won too slowly");
-            return Err(LockError::ValidityExpired {
-                resource: resource.clone(),
-                validity,
-                min_validity: options.min_validity,
-            });
-        }
-        shared.metrics.acquired.inc();
-        tracing::debug!(%resource, votes = tally.won.len(), %token, elapsed = ?start.elapsed(), "lease acquired");
-        Ok(Won {
-            owner,
-            token,
-            acquired_at: start,
-            valid_until,
-            stragglers: stragglers.detach(nodes),
-            // Where our attempt did not win (refused, or not answered in time), it may
-            // have reached the node before the previous holder's release: that release
-            // then queued or reserved us there too late, and ours undoes it.
-            waiter: waiter.filter(|_| tally.won.len() < nodes.len()).cloned(),
-        })
-    }
-}
-
-/// A won round, not yet a lease: the caller adds the resource and its keys, which it
-/// owns and hands over rather than have them copied.
-pub(super) struct Won {
-    owner: Owner,
-    token: u64,
-    acquired_at: Instant,
-    valid_until: Instant,
-    stragglers: Option<watch::Receiver<()>>,
-    waiter: Option<Waiter>,
-}
-
-impl Won {
-    fn into_lease(
-        self,
-        shared: &Arc<Shared>,
-        resource: Resource,
-        keys: LockKeys,
-    ) -> Arc<LeaseInner> {
-        let status = StatusCell::new(self.valid_until);
-        Arc::new(LeaseInner {
-            locker: shared.clone(),
-            resource,
-            keys,
-            owner: self.owner,
-            token: FencingToken::new(self.token),
-            set: None,
-            acquired_at: self.acquired_at,
-            status,
-            stragglers: self.stragglers,
-            waiter: self.waiter,
-        })
-    }
-}
-
-/// Releases an attempt's key on every node, in the background, when the attempt is
-/// dropped while a round is in flight (a cancelled `acquire`): a `SET` sent before the
-/// drop may land after it, and would otherwise block the resource for a whole ttl. The
-/// calls of the dropped round are dropped with it, and a dropped redis-rs call is never
-/// resent (no `NOSCRIPT` retry), so a release sent now follows on each connection
-/// whatever of them was written; the acquire calls that outlived their own round
-/// (`stragglers`) are still running, and are waited for.
-struct ReleaseIfDropped<'a> {
-    nodes: &'a Nodes,
-    keys: &'a LockKeys,
-    owner: &'a Owner,
-    stragglers: Option<Stragglers>,
-}
-
-impl<'a> ReleaseIfDropped<'a> {
-    fn new(nodes: &'a Nodes, keys: &'a LockKeys, owner: &'a Owner, stragglers: Stragglers) -> Self {
-        ReleaseIfDropped {
-            nodes,
-            keys,
-            owner,
-            stragglers: Some(stragglers),
-        }
-    }
-
-    /// The round finished: its outcome is handled by the caller.
-    fn disarm(mut self) -> Stragglers {
-        self.stragglers
-            .take()
-            .unwrap_or_else(|| Stragglers::settled(self.nodes.len()))
-    }
-}
-
-impl Drop for ReleaseIfDropped<'_> {
-    fn drop(&mut self) {
-        // Without a runtime (it is shutting down) nothing can be sent; the keys expire.
-        if let Some(stragglers) = self.stragglers.take() {
-            if tokio::runtime::Handle::try_current().is_ok() {
-                self.nodes.release_after(
-                    stragglers,
-                    0..self.nodes.len(),
-                    self.keys,
-                    self.owner,
-                    None,
-                );
+                return Err(timeout(held, holder_ttl));
             }
         }
     }

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::lock::fencing::FencingToken;
 use crate::lock::metrics;
 use crate::lock::round::OwnerTally;
+use crate::lock::target::Members;
 use crate::lock::LockError;
 use crate::lock::Shared;
 use crate::node::Owner;
@@ -111,22 +112,11 @@ impl StatusCell {
     }
 }
 
-/// The members of a lease over several resources, in canonical order.
-pub(crate) struct Members {
-    pub(crate) resources: Box<[Resource]>,
-    pub(crate) keys: Arc<[LockKeys]>,
-    pub(crate) tokens: Box<[FencingToken]>,
-}
-
 pub(crate) struct LeaseInner {
     pub(crate) locker: Arc<Shared>,
-    pub(crate) resource: Resource,
-    pub(crate) keys: LockKeys,
+    /// The resources, their keys and tokens, in canonical order.
+    pub(crate) members: Members,
     pub(crate) owner: Owner,
-    pub(crate) token: FencingToken,
-    /// Every member of a lease over several resources, in canonical order (`resource`,
-    /// `keys` and `token` above are its first); `None` for a lease of one resource.
-    pub(crate) set: Option<Box<Members>>,
     pub(crate) acquired_at: Instant,
     pub(crate) status: StatusCell,
     /// Closed once the acquire calls that outlived the winning round have finished
@@ -144,6 +134,21 @@ impl LeaseInner {
         self.status.get()
     }
 
+    /// The resource of a single lease; a set's first member.
+    pub(crate) fn resource(&self) -> &Resource {
+        &self.members.resources()[0]
+    }
+
+    /// The fencing token of [`resource`](Self::resource).
+    pub(crate) fn token(&self) -> FencingToken {
+        FencingToken::new(self.members.tokens()[0])
+    }
+
+    /// Every resource of the lease, in canonical order.
+    pub(crate) fn resources(&self) -> &[Resource] {
+        self.members.resources()
+    }
+
     /// Marks the lease lost unless it already is, or was released. Returns whether
     /// this call marked it.
     pub(crate) fn mark_lost(&self, cause: LostCause) -> bool {
@@ -159,7 +164,7 @@ impl LeaseInner {
             }
         });
         if marked {
-            tracing::warn!(resource = %self.resource, token = %self.token, %cause, "lease lost");
+            tracing::warn!(resource = %self.resource(), token = %self.token(), %cause, "lease lost");
         }
         marked
     }
@@ -180,14 +185,11 @@ impl LeaseInner {
 
     /// The lock keys of this lease, one per resource.
     pub(crate) fn lock_keys(&self) -> &[LockKeys] {
-        match &self.set {
-            None => std::slice::from_ref(&self.keys),
-            Some(set) => &set.keys,
-        }
+        self.members.keys()
     }
 
     /// Extends the lease on a majority; see [`Lease::extend`].
-    #[tracing::instrument(name = "redlock.extend", level = "debug", skip_all, fields(resource = %self.resource, token = %self.token))]
+    #[tracing::instrument(name = "redlock.extend", level = "debug", skip_all, fields(resource = %self.resource(), token = %self.token()))]
     pub(crate) async fn extend(&self, deadline: Instant) -> Result<Instant, ExtendFailure> {
         let locker = &self.locker;
         let ttl = locker.options.ttl;
@@ -196,19 +198,10 @@ impl LeaseInner {
             .nodes
             .timeout()
             .min(deadline.saturating_duration_since(start));
-        let tally = match &self.set {
-            None => {
-                locker
-                    .nodes
-                    .extend(&self.keys, &self.owner, ttl, timeout)
-                    .await
-            }
-            Some(set) => {
-                locker
-                    .nodes
-                    .extend_set(&set.keys, &self.owner, ttl, timeout)
-                    .await
-            }
+        let (nodes, owner) = (&locker.nodes, &self.owner);
+        let tally = match &self.members {
+            Members::Single(single, _) => nodes.extend(single, owner, ttl, timeout).await,
+            Members::Set(set) => nodes.extend(&set.0, owner, ttl, timeout).await,
         };
         self.settle_extend(start, tally)
     }
@@ -239,7 +232,7 @@ impl LeaseInner {
             if applied {
                 locker.metrics.renewals.inc();
                 metrics::renewal("renewed");
-                tracing::trace!(resource = %self.resource, votes = tally.yes, elapsed = ?start.elapsed(), "lease extended");
+                tracing::trace!(resource = %self.resource(), votes = tally.yes, elapsed = ?start.elapsed(), "lease extended");
                 return Ok(valid_until);
             }
             metrics::renewal("key_lost");
@@ -247,7 +240,7 @@ impl LeaseInner {
         }
         locker.metrics.renewal_failures.inc();
         metrics::renewal("no_quorum");
-        tracing::debug!(resource = %self.resource, votes = tally.yes, failures = tally.failures.len(), "extend round failed");
+        tracing::debug!(resource = %self.resource(), votes = tally.yes, failures = tally.failures.len(), "extend round failed");
         Err(ExtendFailure::NoQuorum)
     }
 }
@@ -352,7 +345,7 @@ impl Lease {
                     return Err(self.lost_error(LostCause::RenewalFailed));
                 }
                 Err(LockError::Unavailable {
-                    resource: inner.resource.clone(),
+                    resource: inner.resource().clone(),
                     nodes: inner.locker.nodes.len(),
                     answered: 0,
                     quorum: inner.locker.nodes.quorum(),
@@ -364,7 +357,7 @@ impl Lease {
 
     fn lost_error(&self, cause: LostCause) -> LockError {
         LockError::Lost {
-            resource: self.handle.inner.resource.clone(),
+            resource: self.handle.inner.resource().clone(),
             cause,
         }
     }
@@ -414,7 +407,7 @@ impl Drop for Unfinished {
     }
 }
 
-#[tracing::instrument(name = "redlock.release", level = "debug", skip_all, fields(resource = %inner.resource, token = %inner.token))]
+#[tracing::instrument(name = "redlock.release", level = "debug", skip_all, fields(resource = %inner.resource(), token = %inner.token()))]
 pub(crate) async fn release(inner: &LeaseInner) -> ReleaseOutcome {
     // Marked without waking the receivers: they only wait in `lost()`, which never
     // resolves for a released lease, so a wake-up would put each back to sleep (and
@@ -428,14 +421,10 @@ pub(crate) async fn release(inner: &LeaseInner) -> ReleaseOutcome {
         // Bounded: every straggler is bounded by the node timeout.
         let _ = settled.changed().await;
     }
-    let tally = match &inner.set {
-        None => {
-            locker
-                .nodes
-                .release(&inner.keys, &inner.owner, inner.waiter.as_ref())
-                .await
-        }
-        Some(set) => locker.nodes.release_set(&set.keys, &inner.owner).await,
+    let (nodes, owner, waiter) = (&locker.nodes, &inner.owner, inner.waiter.as_ref());
+    let tally = match &inner.members {
+        Members::Single(single, _) => nodes.release(single, owner, waiter).await,
+        Members::Set(set) => nodes.release(&set.0, owner, waiter).await,
     };
     let quorum = locker.nodes.quorum();
     let outcome = if tally.yes >= quorum {
@@ -450,7 +439,7 @@ pub(crate) async fn release(inner: &LeaseInner) -> ReleaseOutcome {
     };
     locker.metrics.released.inc();
     metrics::hold(inner.acquired_at);
-    tracing::debug!(resource = %inner.resource, token = %inner.token, ?outcome, held_for = ?inner.acquired_at.elapsed(), "lease released");
+    tracing::debug!(resource = %inner.resource(), token = %inner.token(), ?outcome, held_for = ?inner.acquired_at.elapsed(), "lease released");
     outcome
 }
 
@@ -507,7 +496,7 @@ impl LeaseHandle {
     /// [`Redlock::try_acquire_all`](crate::Redlock::try_acquire_all)), the first of
     /// [`resources`](LeaseHandle::resources).
     pub fn resource(&self) -> &Resource {
-        &self.inner.resource
+        self.inner.resource()
     }
 
     /// The fencing token: larger than the token of every earlier holder of the resource
@@ -517,7 +506,7 @@ impl LeaseHandle {
     /// [`resources`](LeaseHandle::resources); see
     /// [`fencing_token_of`](LeaseHandle::fencing_token_of) for the others.
     pub fn fencing_token(&self) -> FencingToken {
-        self.inner.token
+        self.inner.token()
     }
 
     /// The lease's owner value, as stored in the lock key of the locker's first node;
@@ -590,8 +579,8 @@ impl LeaseHandle {
 impl fmt::Debug for LeaseHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
-            .field("resource", &self.inner.resource)
-            .field("fencing_token", &self.inner.token)
+            .field("resource", self.inner.resource())
+            .field("fencing_token", &self.inner.token())
             .field("remaining", &self.remaining())
             .field("lost", &self.inner.status().lost)
             .finish()

@@ -19,6 +19,7 @@
 //! [`LockError::ValidityExpired`] (a majority granted it too slowly).
 
 mod acquire;
+mod attempt;
 mod background;
 mod drain;
 mod error;
@@ -34,6 +35,7 @@ mod round;
 mod set;
 #[cfg(feature = "redis")]
 mod setup;
+mod target;
 mod wait;
 
 use std::fmt;
@@ -46,6 +48,7 @@ use tokio::time::Instant;
 use crate::error::ConfigError;
 use crate::node::identity;
 use round::Nodes;
+use target::Single;
 use wait::Queues;
 
 pub use drain::Drained;
@@ -58,7 +61,7 @@ pub use set::MAX_RESOURCES_PER_LEASE;
 // For the engine's modules, which name node items as `crate::lock::…`.
 #[cfg(feature = "redis")]
 use crate::node::redis::node_from_url;
-use crate::node::{LockKeys, MemoryNode, Node, Owner, Resource};
+use crate::node::{MemoryNode, Node, Owner, Resource};
 /// A Redlock over one or more independent nodes.
 ///
 /// With one node it is the single-instance lock; with `N` nodes a lease needs a
@@ -300,39 +303,17 @@ impl Redlock {
         self.shared.nodes.states()
     }
 
+    fn single(&self, resource: Resource) -> Single {
+        Single::new(&self.shared.options.key_prefix, resource)
+    }
+
     /// One attempt, no waiting: a lease, or [`LockError::Held`] when someone holds the
     /// resource (also when a caller of this process holds it or queues for it).
     pub async fn try_acquire(&self, resource: impl Into<Resource>) -> Result<Lease, LockError> {
         let started = metrics::Started::now();
-        let result = self.try_once(resource.into()).await;
+        let result = self.try_once(self.single(resource.into())).await;
         metrics::acquisition(&result, started);
         result
-    }
-
-    async fn try_once(&self, resource: Resource) -> Result<Lease, LockError> {
-        self.refuse_if_draining(&resource)?;
-        let queue = self.shared.queues.get(&resource);
-        let mut turn = queue.try_turn();
-        if turn.is_none() && queue.releasing() {
-            // This process's holder is being released (a lease dropped a moment ago, as
-            // an extractor's is when its handler returns): that is not contention, and a
-            // client whose next request arrives now must not be refused by its own
-            // finished one. The release is bounded by the node timeout.
-            let bound = self.shared.options.node_timeout.saturating_mul(2);
-            turn = tokio::time::timeout(bound, queue.turn())
-                .await
-                .ok()
-                .flatten();
-        }
-        let Some(turn) = turn else {
-            self.shared.metrics.contended.inc();
-            return Err(LockError::Held {
-                holder_ttl: queue.holder_ttl(),
-                resource,
-            });
-        };
-        let keys = LockKeys::new(&self.shared.options.key_prefix, &resource);
-        self.attempt(resource, keys, turn, queue).await
     }
 
     /// Waits up to `timeout` for the resource; see [`acquire_until`](Redlock::acquire_until).
@@ -365,7 +346,10 @@ impl Redlock {
         let started = Instant::now();
         let resource = resource.into();
         let result = match self.refuse_if_draining(&resource) {
-            Ok(()) => self.queue_and_acquire(resource, started, deadline).await,
+            Ok(()) => {
+                let single = self.single(resource);
+                self.queue_and_acquire(single, started, deadline).await
+            }
             Err(error) => Err(error),
         };
         metrics::acquisition(&result, metrics::Started::at(started));

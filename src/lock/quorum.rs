@@ -1,6 +1,7 @@
 //! The quorum rule, written once: a majority of the nodes, and when the answers of a
-//! round have decided its outcome. Acquisition (one resource or a set), release,
-//! extension and the renewal scheduler all decide through here.
+//! round have decided its outcome. Acquisition (one resource or a set), its fence
+//! write-back, release, extension, the renewal scheduler and the outcome records all
+//! decide through here.
 //!
 //! Two majorities of `N` nodes always share a node, and one node grants a resource to
 //! one owner at a time: so at most one owner can hold a majority of grants. That is the
@@ -34,6 +35,13 @@ pub(crate) fn tally_decided(quorum: usize, yes: usize, no: usize, pending: usize
     yes >= quorum || no >= quorum || (yes + pending < quorum && no + pending < quorum)
 }
 
+/// Whether a count towards `needed` (a fence write-back's confirmations, a record's
+/// copies) is decided, with `yes` answers so far and `pending` still to come: reached,
+/// or out of reach.
+pub(crate) fn count_decided(needed: usize, yes: usize, pending: usize) -> bool {
+    yes >= needed || yes + pending < needed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +73,12 @@ mod tests {
         assert!(tally_decided(2, 0, 2, 1));
         assert!(!tally_decided(2, 1, 1, 1));
         assert!(tally_decided(2, 1, 0, 0), "neither side can reach 2");
+    }
+
+    #[test]
+    fn a_count_is_decided_once_reached_or_out_of_reach() {
+        assert!(count_decided(2, 2, 1));
+        assert!(!count_decided(2, 1, 1));
+        assert!(count_decided(2, 0, 1));
     }
 }

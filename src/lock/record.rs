@@ -64,6 +64,7 @@ use tokio::time::Instant;
 use crate::error::{ConfigError, NodeFailure};
 use crate::lock::lease::{Lease, LeaseHandle, LeaseInner, LostCause};
 use crate::lock::metrics;
+use crate::lock::quorum;
 use crate::lock::round::Nodes;
 use crate::lock::LockError;
 use crate::lock::Redlock;
@@ -237,7 +238,7 @@ fn unavailable(
 fn lost(inner: &LeaseInner) -> LockError {
     let cause = inner.status().lost.unwrap_or(LostCause::KeyLost);
     LockError::Lost {
-        resource: inner.resource.clone(),
+        resource: inner.resource().clone(),
         cause,
     }
 }
@@ -339,10 +340,9 @@ pub(crate) async fn read(
                         error,
                     }),
                 }
-                // Decided once a majority holds one record, or once none can.
-                seen.count() >= quorum
-                    || (answered >= quorum && seen.count() + pending < quorum)
-                    || answered + pending < quorum
+                // Decided once a majority holds one record, or once none can (and it
+                // is clear whether a majority answered), as an acquisition is.
+                quorum::acquisition_decided(quorum, seen.count(), answered, pending)
             },
         )
         .await;
@@ -369,9 +369,9 @@ pub(crate) async fn claim(
     }
     let quorum = nodes.quorum();
     let request = ClaimRequest {
-        keys: &inner.keys,
+        keys: &inner.lock_keys()[0],
         owner: &inner.owner,
-        token: inner.token.get(),
+        token: inner.token().get(),
         fingerprint,
         pending_ttl: record_ttl(pending_ttl),
         orphan_ttl: unknown_for.map(record_ttl),
@@ -443,7 +443,7 @@ pub(crate) async fn claim(
     } else {
         // Too few answers, or a record on a minority only (a node holding its copy
         // may be down): undecided.
-        Err(unavailable(nodes, &inner.resource, answered, failures))
+        Err(unavailable(nodes, inner.resource(), answered, failures))
     };
     // Our marker may have landed on some nodes (also on those that answered after the
     // decision): it must not outlive this answer, or it would read as an attempt of
@@ -463,9 +463,9 @@ pub(crate) async fn store(
         return Err(lost(inner));
     }
     let quorum = nodes.quorum();
-    let record = Record::new(inner.token, fingerprint, data);
+    let record = Record::new(inner.token(), fingerprint, data);
     let request = StoreRequest {
-        keys: &inner.keys,
+        keys: &inner.lock_keys()[0],
         owner: &inner.owner,
         record: &record,
         retention: record_ttl(retention),
@@ -496,21 +496,21 @@ pub(crate) async fn store(
                         error,
                     }),
                 }
-                stored >= quorum || stored + pending < quorum
+                quorum::count_decided(quorum, stored, pending)
             },
         )
         .await;
     if stored >= quorum {
-        tracing::debug!(resource = %inner.resource, token = %inner.token, votes = stored, "outcome recorded");
+        tracing::debug!(resource = %inner.resource(), token = %inner.token(), votes = stored, "outcome recorded");
         return Ok(());
     }
-    tracing::warn!(resource = %inner.resource, token = %inner.token, stored, refused, failures = failures.len(), "outcome not recorded on a majority");
+    tracing::warn!(resource = %inner.resource(), token = %inner.token(), stored, refused, failures = failures.len(), "outcome not recorded on a majority");
     if refused >= quorum || !holds(inner) {
         return Err(lost(inner));
     }
     Err(unavailable(
         nodes,
-        &inner.resource,
+        inner.resource(),
         stored + refused,
         failures,
     ))
@@ -519,14 +519,14 @@ pub(crate) async fn store(
 pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
     let nodes = &inner.locker.nodes;
     let quorum = nodes.quorum();
-    let token = inner.token.get();
+    let token = inner.token().get();
     let mut answered = 0;
     let mut failures = Vec::new();
     nodes
         .fan_out(
             0..nodes.len(),
             nodes.timeout(),
-            |_, node| records_of(node).discard_record(&inner.keys, token),
+            |_, node| records_of(node).discard_record(&inner.lock_keys()[0], token),
             |index, answer, pending| {
                 match answer {
                     Ok(_) => answered += 1,
@@ -535,25 +535,25 @@ pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
                         error,
                     }),
                 }
-                answered >= quorum || answered + pending < quorum
+                quorum::count_decided(quorum, answered, pending)
             },
         )
         .await;
     if answered >= quorum {
         Ok(())
     } else {
-        Err(unavailable(nodes, &inner.resource, answered, failures))
+        Err(unavailable(nodes, inner.resource(), answered, failures))
     }
 }
 
 /// Removes our pending marker everywhere, without waiting for the answers.
 fn discard_in_background(inner: &LeaseInner) {
     let nodes = &inner.locker.nodes;
-    let token = inner.token.get();
+    let token = inner.token().get();
     let calls: Vec<_> = nodes
         .each()
         .map(|node| {
-            let call = records_of(node.as_ref()).discard_record(&inner.keys, token);
+            let call = records_of(node.as_ref()).discard_record(&inner.lock_keys()[0], token);
             tokio::time::timeout(nodes.timeout(), call)
         })
         .collect();

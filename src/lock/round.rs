@@ -20,9 +20,8 @@ use crate::error::{NodeError, NodeFailure};
 use crate::lock::background::{Background, Leftover};
 use crate::lock::health::{Health, NodeState};
 use crate::lock::metrics;
-use crate::node::LockKeys;
-use crate::node::NodeCalls;
-use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, Waiter};
+use crate::lock::target::{Ask, Target, Vote};
+use crate::node::{Node, NodeFuture, Owner, Waiter};
 
 /// A call still in flight when its round was decided, with its node's index.
 pub(crate) type Pending<T> = Pin<Box<dyn Future<Output = (usize, Result<T, NodeError>)> + Send>>;
@@ -57,7 +56,7 @@ impl NodeSet {
 /// finish in the background; a failed attempt hands them to
 /// [`Nodes::release_after`] instead, so that its cleanup reaches each node only after
 /// that node's acquire.
-pub(crate) struct Stragglers<R: Send + 'static = AcquireReply> {
+pub(crate) struct Stragglers<R: Send + 'static> {
     pub(crate) calls: Vec<Pending<R>>,
     /// Per node: its answer is in (it is not among `calls`).
     pub(crate) answered: NodeSet,
@@ -126,12 +125,15 @@ pub(crate) struct Nodes {
     pub(crate) background: Background,
 }
 
-/// The per-node answers of one acquire round.
-pub(crate) struct AcquireTally {
-    /// Nodes that granted the lock, with their fence counters.
-    pub(crate) won: Vec<(usize, u64)>,
-    /// Nodes on which someone else holds the lock.
+/// The per-node answers of one acquire round; `F`: a grant's fence counters, one per
+/// member.
+pub(crate) struct AcquireTally<F> {
+    /// Nodes that granted every member, with their fence counters.
+    pub(crate) won: Vec<(usize, F)>,
+    /// Nodes on which someone else holds a member.
     pub(crate) held: Vec<usize>,
+    /// The first member (in canonical order) a node found held.
+    pub(crate) first_held: Option<usize>,
     /// The largest remaining ttl reported by a holder.
     pub(crate) holder_ttl: Option<Duration>,
     pub(crate) failures: Vec<NodeFailure>,
@@ -222,18 +224,20 @@ impl Nodes {
         watched(self.health[index].clone(), timeout, call)
     }
 
-    /// One acquire round on every node, started at `started` (the instant the lease's
-    /// validity counts from; the calls time out a node timeout after it). Returns once
-    /// a majority granted the lock, or once it is certain that none can and whether
-    /// that is contention or failure, with the calls still in flight then.
-    pub(crate) async fn acquire(
+    /// One acquire round of `target` on every node, started at `started` (the instant
+    /// the lease's validity counts from; the calls time out a node timeout after it).
+    /// Returns once a majority granted it, or once it is certain that none can and
+    /// whether that is contention or failure, with the calls still in flight then.
+    pub(crate) async fn acquire<T: Target>(
         &self,
         started: Instant,
-        request: &AcquireRequest<'_>,
-    ) -> (AcquireTally, Stragglers) {
+        target: &T,
+        ask: &Ask<'_>,
+    ) -> (AcquireTally<T::Each<u64>>, Stragglers<T::Reply>) {
         let mut tally = AcquireTally {
             won: Vec::with_capacity(self.list.len()),
             held: Vec::new(),
+            first_held: None,
             holder_ttl: None,
             failures: Vec::new(),
         };
@@ -249,21 +253,25 @@ impl Nodes {
             0..self.list.len(),
             self.timeout,
             Some(calls),
-            |index, node| {
+            |index, _| {
                 // Each node gets its own owner value (see `Owner::for_node`).
-                let owner = request.owner.for_node(index);
-                node.acquire(&AcquireRequest {
-                    owner: &owner,
-                    ..*request
-                })
+                let owner = ask.owner.for_node(index);
+                target.acquire(
+                    &self.list[index],
+                    &Ask {
+                        owner: &owner,
+                        ..*ask
+                    },
+                )
             },
             |index, answer, pending| {
                 seen.insert(index);
-                match answer {
-                    Ok(AcquireReply::Acquired { fence }) => tally.won.push((index, fence)),
-                    Ok(AcquireReply::Held { pttl }) => {
+                match answer.map(T::vote) {
+                    Ok(Vote::Granted(fences)) => tally.won.push((index, fences)),
+                    Ok(Vote::Held { member, pttl }) => {
                         tally.held.push(index);
                         tally.holder_ttl = tally.holder_ttl.max(pttl);
+                        tally.first_held = Some(tally.first_held.map_or(member, |m| m.min(member)));
                     }
                     Err(error) => tally.failures.push(NodeFailure {
                         node: self.name(index),
@@ -279,15 +287,16 @@ impl Nodes {
         (tally, stragglers)
     }
 
-    /// Raises the fence counter to `token` on the given nodes; returns how many confirmed.
-    pub(crate) async fn raise_fence(
+    /// Raises each member's fence counter to its token on the given nodes; returns how
+    /// many confirmed.
+    pub(crate) async fn raise<T: Target>(
         &self,
         targets: Vec<usize>,
-        keys: &LockKeys,
-        token: u64,
-        fence_ttl: Duration,
+        target: &T,
+        tokens: &[u64],
         deadline: Instant,
         needed: usize,
+        fence_ttl: Duration,
     ) -> (usize, Vec<NodeFailure>) {
         let mut confirmed = 0;
         let mut failures = Vec::new();
@@ -297,7 +306,7 @@ impl Nodes {
         self.fan_out(
             targets,
             timeout,
-            |_, node| node.raise_fence(keys, token, fence_ttl),
+            |_, node| target.raise(node, tokens, fence_ttl),
             |index, answer, pending| {
                 match answer {
                     Ok(()) => confirmed += 1,
@@ -306,7 +315,7 @@ impl Nodes {
                         error,
                     }),
                 }
-                confirmed >= needed || confirmed + pending < needed
+                super::quorum::count_decided(needed, confirmed, pending)
             },
         )
         .await;
@@ -314,16 +323,17 @@ impl Nodes {
     }
 
     /// One extend round: decided once a majority extended, or a majority said the key
-    /// is no longer ours, or neither can happen any more.
-    pub(crate) async fn extend(
+    /// is no longer ours, or neither can happen any more. A node says yes to a set only
+    /// when every member is ours.
+    pub(crate) async fn extend<T: Target>(
         &self,
-        keys: &LockKeys,
+        target: &T,
         owner: &Owner,
         ttl: Duration,
         timeout: Duration,
     ) -> OwnerTally {
         self.owner_round(timeout, |index, node| {
-            node.extend(keys, &owner.for_node(index), ttl)
+            target.extend(node, &owner.for_node(index), ttl)
         })
         .await
     }
@@ -338,9 +348,9 @@ impl Nodes {
     ///
     /// `waiter`: the lease was won by this waiter's attempt (see
     /// [`Node::release_as_waiter`]).
-    pub(crate) async fn release(
+    pub(crate) async fn release<T: Target>(
         &self,
-        keys: &LockKeys,
+        target: &T,
         owner: &Owner,
         waiter: Option<&Waiter>,
     ) -> OwnerTally {
@@ -348,10 +358,7 @@ impl Nodes {
         self.fan_out(
             0..self.list.len(),
             self.timeout,
-            |index, node| match waiter {
-                Some(waiter) => node.release_as_waiter(keys, &owner.for_node(index), waiter),
-                None => node.release(keys, &owner.for_node(index)),
-            },
+            |index, node| target.release(node, &owner.for_node(index), waiter),
             |index, answer, _| {
                 tally.add(answer, || self.name(index));
                 false
@@ -359,60 +366,6 @@ impl Nodes {
         )
         .await;
         tally
-    }
-
-    /// Releases on the given nodes in the background (cleanup of a failed attempt),
-    /// each only after that node's acquire among `stragglers` has finished: a release
-    /// that overtook it would find nothing, and the late acquire would then hold the
-    /// key until its ttl. One task per attempt; every step is bounded by the node
-    /// timeout, so a frozen node keeps it for two timeouts at most.
-    ///
-    /// `waiter`: the attempt was a waiter's, which keeps its turn: its key goes back to
-    /// it ([`Node::hand_back`]) rather than on to the next waiter.
-    pub(crate) fn release_after(
-        &self,
-        mut stragglers: Stragglers,
-        targets: impl IntoIterator<Item = usize>,
-        keys: &LockKeys,
-        owner: &Owner,
-        waiter: Option<&Waiter>,
-    ) {
-        let mut wanted = vec![false; self.list.len()].into_boxed_slice();
-        for index in targets {
-            wanted[index] = true;
-        }
-        let late = std::mem::take(&mut stragglers.calls);
-        // A straggler's node is released (or not) once its acquire has finished.
-        let now: Vec<usize> = (0..self.list.len())
-            .filter(|&index| wanted[index] && stragglers.answered.contains(index))
-            .collect();
-        let cleanup = Cleanup {
-            nodes: self.list.clone(),
-            health: self.health.clone(),
-            timeout: self.timeout,
-            // Released as a lease is: on a node with a wait queue, a key taken from
-            // the queue's head goes on to the next waiter.
-            keys: keys.clone(),
-            owner: owner.clone(),
-            waiter: waiter.cloned(),
-            wanted,
-        };
-        // The calls are made here, not in the task: a node may act when called
-        // (`MemoryNode` does), and the attempt's caller may look right after it returns.
-        let work: Vec<Step> = now
-            .into_iter()
-            .map(|index| Step::Now(index, cleanup.release(index)))
-            .chain(late.into_iter().map(Step::After))
-            .collect();
-        if work.is_empty() {
-            return;
-        }
-        self.background.finish(Box::pin(async move {
-            let cleanup = &cleanup;
-            let steps: FuturesUnordered<_> =
-                work.into_iter().map(|step| cleanup.run(step)).collect();
-            steps.for_each(|()| async {}).await;
-        }));
     }
 
     pub(crate) async fn owner_round(
@@ -594,52 +547,4 @@ async fn watched_from<T>(
     };
     observe(&health, started, &answer);
     answer
-}
-
-/// One step of a failed attempt's cleanup.
-enum Step {
-    /// This release on this node: its acquire has answered.
-    Now(usize, NodeFuture<bool>),
-    /// Release on the node of this acquire once it has finished.
-    After(Pending<AcquireReply>),
-}
-
-/// What a failed attempt's cleanup needs, owned by its task.
-struct Cleanup {
-    nodes: Box<[Arc<dyn Node>]>,
-    health: Box<[Arc<Health>]>,
-    timeout: Duration,
-    keys: LockKeys,
-    owner: Owner,
-    /// The waiter whose attempt it was, if it waits.
-    waiter: Option<Waiter>,
-    /// The nodes that may hold the attempt's key.
-    wanted: Box<[bool]>,
-}
-
-impl Cleanup {
-    fn release(&self, index: usize) -> NodeFuture<bool> {
-        let node = &self.nodes[index];
-        let owner = self.owner.for_node(index);
-        match &self.waiter {
-            Some(waiter) => node.hand_back(&self.keys, &owner, waiter),
-            None => node.release(&self.keys, &owner),
-        }
-    }
-
-    async fn run(&self, step: Step) {
-        let (index, release) = match step {
-            Step::Now(index, release) => (index, Some(release)),
-            Step::After(acquire) => match acquire.await {
-                // Someone else's key: nothing of ours to release.
-                (_, Ok(AcquireReply::Held { .. })) => return,
-                (index, _) => (index, None),
-            },
-        };
-        if !self.wanted.get(index).copied().unwrap_or(false) {
-            return;
-        }
-        let release = release.unwrap_or_else(|| self.release(index));
-        let _ = watched(self.health[index].clone(), self.timeout, release).await;
-    }
 }

@@ -271,25 +271,27 @@ impl QueueRef {
     }
 }
 
-/// Counts one waiting caller for as long as it lives.
-pub(crate) struct Waiting<'a>(&'a AtomicUsize);
+/// Counts one waiting caller for as long as it lives. Keeps the queue rather than a
+/// borrow of its counter, so that a set's waiter can keep one per member.
+pub(crate) struct Waiting(Arc<LocalQueue>);
 
-impl Drop for Waiting<'_> {
+impl Drop for Waiting {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
         metrics::waiters(-1.0);
     }
 }
 
-impl LocalQueue {
+impl QueueRef {
     /// Joins the waiters unless `limit` already wait.
-    pub(crate) fn enter(&self, limit: usize) -> Option<Waiting<'_>> {
-        let mut current = self.waiting.load(Ordering::Acquire);
+    pub(crate) fn enter(&self, limit: usize) -> Option<Waiting> {
+        let waiting = &self.queue.waiting;
+        let mut current = waiting.load(Ordering::Acquire);
         loop {
             if current >= limit {
                 return None;
             }
-            match self.waiting.compare_exchange_weak(
+            match waiting.compare_exchange_weak(
                 current,
                 current + 1,
                 Ordering::AcqRel,
@@ -297,13 +299,15 @@ impl LocalQueue {
             ) {
                 Ok(_) => {
                     metrics::waiters(1.0);
-                    return Some(Waiting(&self.waiting));
+                    return Some(Waiting(self.queue.clone()));
                 }
                 Err(actual) => current = actual,
             }
         }
     }
+}
 
+impl LocalQueue {
     /// Remaining validity of the local holder if a lease of this process holds it,
     /// else the remaining ttl of another process's hold as last reported to the head
     /// waiter, if it has not run out.
@@ -408,19 +412,22 @@ impl Nodes {
         }
     }
 
-    /// Subscribes to the resource's own channel on every node, concurrently (the
-    /// broadcast wake-up: what waiting for a set of resources uses); nodes that fail or
-    /// time out are left out.
-    pub(crate) async fn subscribe_broadcast(&self, keys: &LockKeys) -> Vec<ReleaseSignal> {
+    /// Subscribes to each member's own channel on every node, the nodes concurrently,
+    /// the members one after the other (the broadcast wake-up: what waiting for a set
+    /// of resources uses); nodes that fail or time out are left out.
+    pub(crate) async fn subscribe_broadcast(&self, members: &[LockKeys]) -> Vec<ReleaseSignal> {
         let timeout = self.timeout();
-        let calls: FuturesUnordered<_> = self
-            .each()
-            .map(|node| tokio::time::timeout(timeout, node.subscribe(keys)))
-            .collect();
-        calls
-            .filter_map(|answer| async move { answer.ok().and_then(Result::ok) })
-            .collect()
-            .await
+        let mut signals = Vec::new();
+        for keys in members {
+            let calls: FuturesUnordered<_> = self
+                .each()
+                .map(|node| tokio::time::timeout(timeout, node.subscribe(keys)))
+                .collect();
+            let answers =
+                calls.filter_map(|answer| async move { answer.ok().and_then(Result::ok) });
+            signals.extend(answers.collect::<Vec<_>>().await);
+        }
+        signals
     }
 
     /// Marks every member's wait queue as listened to, on every node, concurrently (see

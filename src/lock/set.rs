@@ -61,30 +61,19 @@
 //! member and retries when any of them is released, under the same
 //! [`RetryPolicy`](crate::RetryPolicy) as a single resource.
 
-mod attempt;
-mod round;
-mod wait;
-
-use std::sync::Arc;
-
 use tokio::time::Instant;
 
 use crate::lock::fencing::FencingToken;
 use crate::lock::lease::LeaseHandle;
+use crate::lock::target::Set;
 use crate::lock::{metrics, Lease, LockError, Redlock};
-use crate::node::{LockKeys, Resource};
+use crate::node::Resource;
 
 /// The most distinct resources one lease takes (see [`Redlock::try_acquire_all`]).
 ///
 /// Each member costs a key check and a counter on every node within one atomic call;
 /// the bound keeps that call short, so it never holds a node up for the other clients.
 pub const MAX_RESOURCES_PER_LEASE: usize = 16;
-
-/// A set in canonical order with the keys of each member: what an attempt needs.
-pub(crate) struct Set {
-    pub(crate) resources: Box<[Resource]>,
-    pub(crate) keys: Arc<[LockKeys]>,
-}
 
 /// Sorts, deduplicates and checks the size of a set of resources.
 fn canonical<R: Into<Resource>>(
@@ -105,12 +94,7 @@ fn canonical<R: Into<Resource>>(
 
 impl Redlock {
     fn set_of(&self, resources: Vec<Resource>) -> Set {
-        let prefix = &self.shared.options.key_prefix;
-        let keys = resources.iter().map(|r| LockKeys::new(prefix, r)).collect();
-        Set {
-            resources: resources.into_boxed_slice(),
-            keys,
-        }
+        Set::new(&self.shared.options.key_prefix, resources)
     }
 
     /// One attempt at every resource of a set, no waiting: a lease over all of them, or
@@ -157,10 +141,7 @@ impl Redlock {
             return self.try_acquire(set.remove(0)).await;
         }
         let started = metrics::Started::now();
-        let result = match self.refuse_if_draining(&set[0]) {
-            Ok(()) => self.try_set_once(self.set_of(set)).await,
-            Err(error) => Err(error),
-        };
+        let result = self.try_once(self.set_of(set)).await;
         metrics::acquisition(&result, started);
         result
     }
@@ -219,32 +200,13 @@ impl Redlock {
         let started = Instant::now();
         let result = match self.refuse_if_draining(&set[0]) {
             Ok(()) => {
-                self.queue_and_acquire_set(self.set_of(set), started, deadline)
+                self.queue_and_acquire(self.set_of(set), started, deadline)
                     .await
             }
             Err(error) => Err(error),
         };
         metrics::acquisition(&result, metrics::Started::at(started));
         result
-    }
-}
-
-impl crate::lock::lease::LeaseInner {
-    /// Every resource of the lease, in canonical order.
-    pub(crate) fn resources(&self) -> &[Resource] {
-        match &self.set {
-            Some(set) => &set.resources,
-            None => std::slice::from_ref(&self.resource),
-        }
-    }
-
-    /// Every member's keys, in canonical order.
-    #[cfg(feature = "test-util")]
-    pub(crate) fn all_keys(&self) -> &[LockKeys] {
-        match &self.set {
-            Some(set) => &set.keys,
-            None => std::slice::from_ref(&self.keys),
-        }
     }
 }
 
@@ -262,20 +224,17 @@ impl LeaseHandle {
     /// compare it only with other tokens of the same resource.
     pub fn fencing_token_of(&self, resource: &Resource) -> Option<FencingToken> {
         let index = self.resources().binary_search(resource).ok()?;
-        self.tokens().get(index).copied()
+        self.tokens().get(index).copied().map(FencingToken::new)
     }
 
     /// Each resource of this lease with its fencing token, in canonical order.
     pub fn fencing_tokens(&self) -> impl ExactSizeIterator<Item = (&Resource, FencingToken)> + '_ {
-        self.resources().iter().zip(self.tokens().iter().copied())
+        let tokens = self.tokens().iter().map(|&token| FencingToken::new(token));
+        self.resources().iter().zip(tokens)
     }
 
-    fn tokens(&self) -> &[FencingToken] {
-        let inner = self.lease_inner();
-        match &inner.set {
-            Some(set) => &set.tokens,
-            None => std::slice::from_ref(&inner.token),
-        }
+    fn tokens(&self) -> &[u64] {
+        self.lease_inner().members.tokens()
     }
 }
 

@@ -1,0 +1,336 @@
+//! One attempt at a [`Target`]: a round on every node, the fence write-back when the
+//! nodes' counters disagree, the validity check, and the cleanup of an attempt that
+//! failed or was cancelled. The same for one resource and for a set; the target says
+//! which node calls to make.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::health::Health;
+use super::lease::{LeaseInner, StatusCell};
+use super::round::{watched, Nodes, Pending, Stragglers};
+use super::target::{Ask, Target};
+use super::{fencing, LockError, Redlock, Shared};
+use crate::node::{Node, NodeFuture, Owner, Waiter};
+
+impl Redlock {
+    /// One Redlock round over `target` (plus the fence write-back when needed); the
+    /// caller holds every member's local turn. `waiter`: the caller waits, and joins
+    /// the wait queues if refused.
+    #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %target.resources()[0], members = target.resources().len()))]
+    pub(super) async fn attempt<T: Target>(
+        &self,
+        target: &T,
+        waiter: Option<&Waiter>,
+    ) -> Result<Won<T>, LockError> {
+        let shared = &self.shared;
+        let options = &shared.options;
+        let nodes = &shared.nodes;
+        let resource = &target.resources()[0];
+        let owner = Owner::random();
+        let start = Instant::now();
+        let in_flight =
+            ReleaseIfDropped::new(nodes, target, &owner, Stragglers::settled(nodes.len()));
+        let ask = Ask {
+            owner: &owner,
+            ttl: options.ttl,
+            fence_ttl: options.fence_ttl,
+            fencing: options.fencing,
+            fence_floor: fencing::round_floor(options.fencing),
+            seed_only_when_missing: options.seed_only_when_missing,
+            waiter,
+        };
+        let (tally, stragglers) = nodes.acquire(start, target, &ask).await;
+        in_flight.disarm();
+        let quorum = nodes.quorum();
+        let valid_until = start + options.ttl - options.drift();
+        // Every node that may hold our keys: all but those that said someone else holds
+        // a member, which keep nothing of the request (a straggler saying so is skipped
+        // when it answers).
+        let cleanup = |stragglers: Stragglers<T::Reply>| {
+            let targets = (0..nodes.len()).filter(|i| !tally.held.contains(i));
+            nodes.release_after(stragglers, targets, target, &owner, waiter);
+        };
+        if tally.won.len() < quorum {
+            let answered = tally.won.len() + tally.held.len();
+            cleanup(stragglers);
+            if answered >= quorum {
+                shared.metrics.contended.inc();
+                let member = tally.first_held.unwrap_or(0);
+                let held = target.resources().get(member).unwrap_or(resource);
+                tracing::debug!(resource = %held, held = tally.held.len(), won = tally.won.len(), elapsed = ?start.elapsed(), "resource held");
+                return Err(LockError::Held {
+                    resource: held.clone(),
+                    holder_ttl: tally.holder_ttl,
+                });
+            }
+            shared.metrics.unavailable.inc();
+            tracing::warn!(%resource, answered, quorum, failures = tally.failures.len(), "no quorum");
+            return Err(LockError::Unavailable {
+                resource: resource.clone(),
+                nodes: nodes.len(),
+                answered,
+                quorum,
+                failures: tally.failures,
+            });
+        }
+
+        // Each member's token: the highest of its counters among the nodes that granted.
+        let members = target.resources().len();
+        let mut tokens = target.each(|_| 0u64);
+        for (_, fences) in &tally.won {
+            for (token, &fence) in tokens.as_mut().iter_mut().zip(fences.as_ref()) {
+                *token = (*token).max(fence);
+            }
+        }
+        let behind: Vec<usize> = tally
+            .won
+            .iter()
+            .filter(|(_, fences)| {
+                let fences = fences.as_ref();
+                fences.len() != members || fences.iter().zip(tokens.as_ref()).any(|(f, t)| f < t)
+            })
+            .map(|&(index, _)| index)
+            .collect();
+        let mut stragglers = stragglers;
+        if !behind.is_empty() {
+            // Write-back: a majority must hold every member's token before the lease
+            // counts.
+            let level = tally.won.len() - behind.len();
+            let in_flight = ReleaseIfDropped::new(nodes, target, &owner, stragglers);
+            let needed = quorum - level.min(quorum);
+            let (confirmed, failures) = nodes
+                .raise(
+                    behind,
+                    target,
+                    tokens.as_ref(),
+                    valid_until,
+                    needed,
+                    options.fence_ttl,
+                )
+                .await;
+            stragglers = in_flight.disarm();
+            if level + confirmed < quorum {
+                cleanup(stragglers);
+                let validity = valid_until.saturating_duration_since(Instant::now());
+                if validity <= options.min_validity {
+                    // The write-back was cut short by the validity deadline: a majority
+                    // answered, too slowly. Not an unavailable store; worth a retry.
+                    shared.metrics.slow.inc();
+                    tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "fence write-back ran out of validity");
+                    return Err(LockError::ValidityExpired {
+                        resource: resource.clone(),
+                        validity,
+                        min_validity: options.min_validity,
+                    });
+                }
+                shared.metrics.unavailable.inc();
+                return Err(LockError::Unavailable {
+                    resource: resource.clone(),
+                    nodes: nodes.len(),
+                    answered: level + confirmed,
+                    quorum,
+                    failures,
+                });
+            }
+        }
+
+        let validity = valid_until.saturating_duration_since(Instant::now());
+        if validity <= options.min_validity {
+            cleanup(stragglers);
+            shared.metrics.slow.inc();
+            tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "majority won too slowly");
+            return Err(LockError::ValidityExpired {
+                resource: resource.clone(),
+                validity,
+                min_validity: options.min_validity,
+            });
+        }
+        shared.metrics.acquired.inc();
+        tracing::debug!(%resource, members, votes = tally.won.len(), token = tokens.as_ref()[0], elapsed = ?start.elapsed(), "lease acquired");
+        Ok(Won {
+            owner,
+            tokens,
+            acquired_at: start,
+            valid_until,
+            stragglers: stragglers.detach(nodes),
+            // Where our attempt did not win (refused, or not answered in time), it may
+            // have reached the node before the previous holder's release: that release
+            // then queued or reserved us there too late, and ours undoes it.
+            waiter: waiter.filter(|_| tally.won.len() < nodes.len()).cloned(),
+        })
+    }
+}
+
+/// A won round, not yet a lease: the caller adds the target, which it owns and hands
+/// over rather than have it copied.
+pub(super) struct Won<T: Target> {
+    owner: Owner,
+    tokens: T::Each<u64>,
+    acquired_at: Instant,
+    valid_until: Instant,
+    stragglers: Option<watch::Receiver<()>>,
+    waiter: Option<Waiter>,
+}
+
+impl<T: Target> Won<T> {
+    pub(super) fn into_lease(self, shared: &Arc<Shared>, target: T) -> Arc<LeaseInner> {
+        Arc::new(LeaseInner {
+            locker: shared.clone(),
+            members: target.into_members(self.tokens),
+            owner: self.owner,
+            acquired_at: self.acquired_at,
+            status: StatusCell::new(self.valid_until),
+            stragglers: self.stragglers,
+            waiter: self.waiter,
+        })
+    }
+}
+
+/// Releases an attempt's keys on every node, in the background, when the attempt is
+/// dropped while a round is in flight (a cancelled `acquire`): a `SET` sent before the
+/// drop may land after it, and would otherwise block the resource for a whole ttl. The
+/// calls of the dropped round are dropped with it, and a dropped redis-rs call is never
+/// resent (no `NOSCRIPT` retry), so a release sent now follows on each connection
+/// whatever of them was written; the acquire calls that outlived their own round
+/// (`stragglers`) are still running, and are waited for.
+struct ReleaseIfDropped<'a, T: Target> {
+    nodes: &'a Nodes,
+    target: &'a T,
+    owner: &'a Owner,
+    stragglers: Option<Stragglers<T::Reply>>,
+}
+
+impl<'a, T: Target> ReleaseIfDropped<'a, T> {
+    fn new(
+        nodes: &'a Nodes,
+        target: &'a T,
+        owner: &'a Owner,
+        stragglers: Stragglers<T::Reply>,
+    ) -> Self {
+        ReleaseIfDropped {
+            nodes,
+            target,
+            owner,
+            stragglers: Some(stragglers),
+        }
+    }
+
+    /// The round finished: its outcome is handled by the caller.
+    fn disarm(mut self) -> Stragglers<T::Reply> {
+        self.stragglers
+            .take()
+            .unwrap_or_else(|| Stragglers::settled(self.nodes.len()))
+    }
+}
+
+impl<T: Target> Drop for ReleaseIfDropped<'_, T> {
+    fn drop(&mut self) {
+        // Without a runtime (it is shutting down) nothing can be sent; the keys expire.
+        if let Some(stragglers) = self.stragglers.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                let all = 0..self.nodes.len();
+                self.nodes
+                    .release_after(stragglers, all, self.target, self.owner, None);
+            }
+        }
+    }
+}
+
+impl Nodes {
+    /// Releases `target` on the given nodes in the background (cleanup of a failed
+    /// attempt), each only after that node's acquire among `stragglers` has finished: a
+    /// release that overtook it would find nothing, and the late acquire would then
+    /// hold the keys until their ttl. One task per attempt; every step is bounded by
+    /// the node timeout, so a frozen node keeps it for two timeouts at most.
+    ///
+    /// `waiter`: the attempt was a waiter's, which keeps its turn: its key goes back to
+    /// it ([`Node::hand_back`]) rather than on to the next waiter.
+    pub(crate) fn release_after<T: Target>(
+        &self,
+        mut stragglers: Stragglers<T::Reply>,
+        targets: impl IntoIterator<Item = usize>,
+        target: &T,
+        owner: &Owner,
+        waiter: Option<&Waiter>,
+    ) {
+        let mut wanted = vec![false; self.len()].into_boxed_slice();
+        for index in targets {
+            wanted[index] = true;
+        }
+        let late = std::mem::take(&mut stragglers.calls);
+        // A straggler's node is released (or not) once its acquire has finished.
+        let now: Vec<usize> = (0..self.len())
+            .filter(|&index| wanted[index] && stragglers.answered.contains(index))
+            .collect();
+        let cleanup = Cleanup::<T> {
+            nodes: self.list.clone(),
+            health: self.health.clone(),
+            timeout: self.timeout(),
+            undo: target.undo(waiter),
+            owner: owner.clone(),
+            wanted,
+        };
+        // The calls are made here, not in the task: a node may act when called
+        // (`MemoryNode` does), and the attempt's caller may look right after it returns.
+        let work: Vec<Step<T::Reply>> = now
+            .into_iter()
+            .map(|index| Step::Now(index, cleanup.release(index)))
+            .chain(late.into_iter().map(Step::After))
+            .collect();
+        if work.is_empty() {
+            return;
+        }
+        self.background.finish(Box::pin(async move {
+            let cleanup = &cleanup;
+            let steps: FuturesUnordered<_> =
+                work.into_iter().map(|step| cleanup.run(step)).collect();
+            steps.for_each(|()| async {}).await;
+        }));
+    }
+}
+
+/// One step of a failed attempt's cleanup.
+enum Step<R> {
+    /// This release on this node: its acquire has answered.
+    Now(usize, NodeFuture<bool>),
+    /// Release on the node of this acquire once it has finished.
+    After(Pending<R>),
+}
+
+/// What a failed attempt's cleanup needs, owned by its task.
+struct Cleanup<T: Target> {
+    nodes: Box<[Arc<dyn Node>]>,
+    health: Box<[Arc<Health>]>,
+    timeout: Duration,
+    undo: T::Undo,
+    owner: Owner,
+    /// The nodes that may hold the attempt's keys.
+    wanted: Box<[bool]>,
+}
+
+impl<T: Target> Cleanup<T> {
+    fn release(&self, index: usize) -> NodeFuture<bool> {
+        T::undo_call(&self.undo, &*self.nodes[index], &self.owner.for_node(index))
+    }
+
+    async fn run(&self, step: Step<T::Reply>) {
+        let (index, release) = match step {
+            Step::Now(index, release) => (index, Some(release)),
+            Step::After(acquire) => match acquire.await {
+                // Someone else's key: nothing of ours to release.
+                (_, Ok(reply)) if T::refused(&reply) => return,
+                (index, _) => (index, None),
+            },
+        };
+        if !self.wanted.get(index).copied().unwrap_or(false) {
+            return;
+        }
+        let release = release.unwrap_or_else(|| self.release(index));
+        let _ = watched(self.health[index].clone(), self.timeout, release).await;
+    }
+}

@@ -1,0 +1,305 @@
+//! What one acquisition takes: a single resource or a set of them. The engine has one
+//! path (`acquire.rs` the waiting, `attempt.rs` one round, `round.rs` the fan-out),
+//! generic over a [`Target`]; the target only says which node calls to make and how
+//! its members are kept. A single resource is its own type, so its path is compiled
+//! apart and keeps everything inline: one fence value in a `[u64; 1]`, one turn, one
+//! queue, the same node calls and scripts as ever.
+//!
+//! How the resources are taken — exclusively today — travels in [`Ask`], which every
+//! target passes on to its node calls: another mode (shared, counted) is a field there
+//! and an argument of those calls, not a third target.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::node::NodeCalls;
+use crate::node::{
+    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, LockKeys, Node, NodeFuture,
+    Owner, Resource, Waiter,
+};
+
+/// The settings of one acquire call, whatever the target (`owner` is the node's own).
+#[derive(Clone, Copy)]
+pub(crate) struct Ask<'a> {
+    pub(crate) owner: &'a Owner,
+    pub(crate) ttl: Duration,
+    pub(crate) fence_ttl: Duration,
+    pub(crate) fencing: bool,
+    pub(crate) fence_floor: u64,
+    pub(crate) seed_only_when_missing: bool,
+    /// The waiter joining the nodes' wait queues; only a [`Single`] has one.
+    pub(crate) waiter: Option<&'a Waiter>,
+}
+
+/// One node's vote in an acquire round.
+pub(crate) enum Vote<F> {
+    /// The node granted every member; each member's fence counter.
+    Granted(F),
+    /// Someone else holds a member: the first one (in canonical order) found held,
+    /// and the longest remaining ttl the node saw.
+    Held {
+        member: usize,
+        pttl: Option<Duration>,
+    },
+}
+
+/// One resource or a set, in canonical order: what the engine's rounds are generic over.
+pub(crate) trait Target: Send + Sync + Sized + 'static {
+    /// One value per member, inline for a single resource (`[X; 1]`), a `Vec` for a set.
+    type Each<X: Send + Sync + 'static>: AsRef<[X]>
+        + AsMut<[X]>
+        + IntoIterator<Item = X>
+        + Send
+        + Sync
+        + 'static;
+    /// A node's answer to the acquire call.
+    type Reply: Send + 'static;
+    /// What a failed attempt's cleanup keeps to release its keys in the background.
+    type Undo: Send + Sync + 'static;
+    /// Whether a waiter joins the nodes' wait queues, which only the single acquire
+    /// call carries; a set's waiter is woken by every release of a member instead.
+    const QUEUES: bool;
+
+    /// The members, in canonical order (never empty).
+    fn resources(&self) -> &[Resource];
+    /// Each member's keys, in canonical order.
+    fn keys(&self) -> &[LockKeys];
+    /// `f` of every member, in canonical order.
+    fn each<X: Send + Sync + 'static>(&self, f: impl FnMut(&Resource) -> X) -> Self::Each<X>;
+
+    fn acquire(&self, node: &Arc<dyn Node>, ask: &Ask<'_>) -> NodeFuture<Self::Reply>;
+    fn vote(reply: Self::Reply) -> Vote<Self::Each<u64>>;
+    /// Whether a reply says someone else holds a member: then nothing of ours is there.
+    fn refused(reply: &Self::Reply) -> bool;
+    /// Raises each member's fence counter to its token on `node`.
+    fn raise(&self, node: &dyn Node, tokens: &[u64], fence_ttl: Duration) -> NodeFuture<()>;
+    fn extend(&self, node: &dyn Node, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
+    /// Releases a lease; `waiter`: its attempt was a waiter's (see
+    /// [`Node::release_as_waiter`]).
+    fn release(&self, node: &dyn Node, owner: &Owner, waiter: Option<&Waiter>) -> NodeFuture<bool>;
+
+    /// What [`Self::undo_call`] needs, owned; `waiter`: the attempt was a waiter's.
+    fn undo(&self, waiter: Option<&Waiter>) -> Self::Undo;
+    /// Releases a failed attempt's keys on `node`.
+    fn undo_call(undo: &Self::Undo, node: &dyn Node, owner: &Owner) -> NodeFuture<bool>;
+
+    /// The won target with its tokens, as a lease keeps them.
+    fn into_members(self, tokens: Self::Each<u64>) -> Members;
+}
+
+/// One resource: the node's single-key calls.
+pub(crate) struct Single {
+    resource: Resource,
+    keys: LockKeys,
+}
+
+impl Single {
+    pub(crate) fn new(prefix: &str, resource: Resource) -> Self {
+        let keys = LockKeys::new(prefix, &resource);
+        Single { resource, keys }
+    }
+}
+
+/// Undoing a single resource's attempt: released as a lease is (on a node with a wait
+/// queue, a key taken from the queue's head goes on to the next waiter), or, for a
+/// waiter, which keeps its turn, handed back to it ([`Node::hand_back`]).
+pub(crate) struct UndoSingle {
+    keys: LockKeys,
+    waiter: Option<Waiter>,
+}
+
+impl Target for Single {
+    type Each<X: Send + Sync + 'static> = [X; 1];
+    type Reply = AcquireReply;
+    type Undo = UndoSingle;
+    const QUEUES: bool = true;
+
+    fn resources(&self) -> &[Resource] {
+        std::slice::from_ref(&self.resource)
+    }
+
+    fn keys(&self) -> &[LockKeys] {
+        std::slice::from_ref(&self.keys)
+    }
+
+    fn each<X: Send + Sync + 'static>(&self, mut f: impl FnMut(&Resource) -> X) -> [X; 1] {
+        [f(&self.resource)]
+    }
+
+    fn acquire(&self, node: &Arc<dyn Node>, ask: &Ask<'_>) -> NodeFuture<AcquireReply> {
+        node.acquire(&AcquireRequest {
+            keys: &self.keys,
+            owner: ask.owner,
+            ttl: ask.ttl,
+            fence_ttl: ask.fence_ttl,
+            fencing: ask.fencing,
+            fence_floor: ask.fence_floor,
+            seed_only_when_missing: ask.seed_only_when_missing,
+            waiter: ask.waiter,
+        })
+    }
+
+    fn vote(reply: AcquireReply) -> Vote<[u64; 1]> {
+        match reply {
+            AcquireReply::Acquired { fence } => Vote::Granted([fence]),
+            AcquireReply::Held { pttl } => Vote::Held { member: 0, pttl },
+        }
+    }
+
+    fn refused(reply: &AcquireReply) -> bool {
+        matches!(reply, AcquireReply::Held { .. })
+    }
+
+    fn raise(&self, node: &dyn Node, tokens: &[u64], fence_ttl: Duration) -> NodeFuture<()> {
+        node.raise_fence(&self.keys, tokens[0], fence_ttl)
+    }
+
+    fn extend(&self, node: &dyn Node, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        node.extend(&self.keys, owner, ttl)
+    }
+
+    fn release(&self, node: &dyn Node, owner: &Owner, waiter: Option<&Waiter>) -> NodeFuture<bool> {
+        match waiter {
+            Some(waiter) => node.release_as_waiter(&self.keys, owner, waiter),
+            None => node.release(&self.keys, owner),
+        }
+    }
+
+    fn undo(&self, waiter: Option<&Waiter>) -> UndoSingle {
+        UndoSingle {
+            keys: self.keys.clone(),
+            waiter: waiter.cloned(),
+        }
+    }
+
+    fn undo_call(undo: &UndoSingle, node: &dyn Node, owner: &Owner) -> NodeFuture<bool> {
+        match &undo.waiter {
+            Some(waiter) => node.hand_back(&undo.keys, owner, waiter),
+            None => node.release(&undo.keys, owner),
+        }
+    }
+
+    fn into_members(self, tokens: [u64; 1]) -> Members {
+        Members::Single(self, tokens)
+    }
+}
+
+/// A set of two or more resources: the node's set calls (all or nothing on each node).
+pub(crate) struct Set {
+    resources: Box<[Resource]>,
+    keys: Box<[LockKeys]>,
+}
+
+impl Set {
+    /// The set of `resources`, already in canonical order.
+    pub(crate) fn new(prefix: &str, resources: Vec<Resource>) -> Self {
+        let keys = resources.iter().map(|r| LockKeys::new(prefix, r)).collect();
+        Set {
+            resources: resources.into_boxed_slice(),
+            keys,
+        }
+    }
+}
+
+/// Undoing a set's attempt: the members' keys without their channels, as nothing was
+/// granted to anyone, so the cleanup wakes no waiter.
+pub(crate) struct Quiet(Box<[LockKeys]>);
+
+impl Target for Set {
+    type Each<X: Send + Sync + 'static> = Vec<X>;
+    type Reply = AcquireSetReply;
+    type Undo = Quiet;
+    const QUEUES: bool = false;
+
+    fn resources(&self) -> &[Resource] {
+        &self.resources
+    }
+
+    fn keys(&self) -> &[LockKeys] {
+        &self.keys
+    }
+
+    fn each<X: Send + Sync + 'static>(&self, f: impl FnMut(&Resource) -> X) -> Vec<X> {
+        self.resources.iter().map(f).collect()
+    }
+
+    fn acquire(&self, node: &Arc<dyn Node>, ask: &Ask<'_>) -> NodeFuture<AcquireSetReply> {
+        node.clone().acquire_set(&AcquireSetRequest {
+            keys: &self.keys,
+            owner: ask.owner,
+            ttl: ask.ttl,
+            fence_ttl: ask.fence_ttl,
+            fencing: ask.fencing,
+            fence_floor: ask.fence_floor,
+            seed_only_when_missing: ask.seed_only_when_missing,
+        })
+    }
+
+    fn vote(reply: AcquireSetReply) -> Vote<Vec<u64>> {
+        match reply {
+            AcquireSetReply::Acquired { fences } => Vote::Granted(fences),
+            AcquireSetReply::Held { member, pttl } => Vote::Held { member, pttl },
+        }
+    }
+
+    fn refused(reply: &AcquireSetReply) -> bool {
+        matches!(reply, AcquireSetReply::Held { .. })
+    }
+
+    fn raise(&self, node: &dyn Node, tokens: &[u64], fence_ttl: Duration) -> NodeFuture<()> {
+        node.raise_fences(&self.keys, tokens, fence_ttl)
+    }
+
+    fn extend(&self, node: &dyn Node, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        node.extend_set(&self.keys, owner, ttl)
+    }
+
+    fn release(&self, node: &dyn Node, owner: &Owner, _: Option<&Waiter>) -> NodeFuture<bool> {
+        node.release_set(&self.keys, owner)
+    }
+
+    fn undo(&self, _: Option<&Waiter>) -> Quiet {
+        let keys = self.keys.iter().map(|keys| LockKeys {
+            channel: String::new(),
+            ..keys.clone()
+        });
+        Quiet(keys.collect())
+    }
+
+    fn undo_call(undo: &Quiet, node: &dyn Node, owner: &Owner) -> NodeFuture<bool> {
+        node.release_set(&undo.0, owner)
+    }
+
+    fn into_members(self, tokens: Vec<u64>) -> Members {
+        Members::Set(Box::new((self, tokens)))
+    }
+}
+
+/// What a lease holds: its target and each member's fencing token (a raw value).
+pub(crate) enum Members {
+    Single(Single, [u64; 1]),
+    Set(Box<(Set, Vec<u64>)>),
+}
+
+impl Members {
+    pub(crate) fn resources(&self) -> &[Resource] {
+        match self {
+            Members::Single(single, _) => single.resources(),
+            Members::Set(set) => set.0.resources(),
+        }
+    }
+
+    pub(crate) fn keys(&self) -> &[LockKeys] {
+        match self {
+            Members::Single(single, _) => single.keys(),
+            Members::Set(set) => set.0.keys(),
+        }
+    }
+
+    pub(crate) fn tokens(&self) -> &[u64] {
+        match self {
+            Members::Single(_, tokens) => tokens,
+            Members::Set(set) => &set.1,
+        }
+    }
+}
