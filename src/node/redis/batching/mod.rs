@@ -39,8 +39,8 @@
 //!   alone guarantees: a batch is closed and handed to the connection in one step,
 //!   under the node's lock, so no later batch can overtake it. (A release issued after
 //!   a cancelled acquire must not run before it, or the acquire would leave its key
-//!   behind.) While the connection is being made, `conn.rs` holds what it is given in
-//!   that order and sends it in one go.
+//!   behind.) While the connection is being made, the callers wait for it in line, in
+//!   that order (`attempt.rs`).
 //! * A caller dropped before its batch was sent takes its commands out: they are never
 //!   sent, as redis-rs does not send a request dropped before it took it. A leader
 //!   dropped before sending sends the others' commands on its way out (without waiting

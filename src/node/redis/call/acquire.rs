@@ -66,10 +66,14 @@ impl Acquire {
             None => call,
         })
     }
+}
 
-    /// With `wait`, a grant counts only once enough replicas acknowledged the key and
-    /// the counter.
-    pub(crate) async fn run<C: SendOne>(
+/// With `wait`, a grant counts only once enough replicas acknowledged the key and the
+/// counter.
+impl Op for Acquire {
+    type Output = AcquireReply;
+
+    async fn run<C: SendOne>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
