@@ -94,11 +94,9 @@ impl RedisNode {
     /// one packet: each command may wait up to one network round trip longer, and the
     /// client and the server spend less CPU per command. Under Tokio's multi-thread
     /// runtime the node already sends concurrent commands together itself, without
-    /// that wait (see above), and the two measure close (64 tasks acquiring and
-    /// releasing distinct keys, fencing off, one node, one 2-core machine over
-    /// loopback, `benches/headline.py`: 0.96× and 1.07× of raw redis-rs's throughput);
-    /// under the current-thread runtime `false` measured 1.05–1.42× the acquisitions
-    /// per second.
+    /// that wait (see above), and the two measure close; under the current-thread
+    /// runtime `false` measured more acquisitions per second (`benches/headline.py`,
+    /// BENCHMARKS.md).
     /// Over a real network the added wait is a real round trip, so keep the default
     /// unless throughput per process is what limits you. The lock's safety does not
     /// depend on it: a held-back command only leaves less of the validity it is
@@ -301,11 +299,10 @@ mod tests {
 
     /// A node call's boxed future stays within the allocator's fast path (glibc's
     /// per-thread cache serves blocks up to 1,032 B): it holds a batch's place, or
-    /// redis-rs's send future (1.5 kB) in a box of its own, never that future inline, and
-    /// the rare paths (replicas' `WAIT`, a missing script, waiters queued) in boxes
-    /// too. Inline they took an acquire's future to 2.6 kB and a release's to 1.9 kB,
-    /// each allocated and copied per call (S2 fencing off, one node, multi-thread
-    /// runtime: 8 % more acquisitions per second without).
+    /// redis-rs's send future in a box of its own, never that future inline, and the
+    /// rare paths (replicas' `WAIT`, a missing script, waiters queued) in boxes too.
+    /// Inline, each was allocated and copied per call, and cost throughput
+    /// (BENCHMARKS.md).
     #[tokio::test]
     async fn a_node_call_future_fits_the_allocator_fast_path() {
         let node = RedisNode::open("redis://127.0.0.1:1/0").unwrap();

@@ -97,8 +97,8 @@ impl Op for Acquire {
 /// the lock's `SET NX PX`, an `EXISTS` of its wait queue and the fence script
 /// (`fence.lua`: the counter's rule, `max(counter + 1, floor)`), pipelined. Redis
 /// charges a command inside a script far more than the same command sent plainly, and
-/// a script per argument (Redis's instructions per acquire + release with the acquire
-/// script 95.9k, with this pipeline 79.6k: `benches/server_cost.py`, BENCHMARKS.md).
+/// a script per argument (Redis's instructions per acquire + release, the acquire script
+/// against this pipeline: `benches/server_cost.py`, BENCHMARKS.md).
 ///
 /// The fence script runs whether or not the `SET` took the key: a refused caller moves
 /// the counter up, never down, so every later token is still above every earlier one
