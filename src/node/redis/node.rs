@@ -233,158 +233,132 @@ impl<R: Route> RecordStore for Redis<R> {
 /// each method is written once, on `Redis`.
 macro_rules! forward_node {
     ($node:ty) => {
-        impl $crate::node::Node for $node {
-            fn name(&self) -> &str {
-                self.node.name()
-            }
-            fn acquire(
-                &self,
-                request: &$crate::node::AcquireRequest<'_>,
-            ) -> $crate::node::NodeFuture<$crate::node::AcquireReply> {
-                self.node.acquire(request)
-            }
-            fn extend(
-                &self,
-                keys: &$crate::node::LockKeys,
-                owner: &$crate::node::Owner,
-                ttl: std::time::Duration,
-            ) -> $crate::node::NodeFuture<bool> {
-                self.node.extend(keys, owner, ttl)
-            }
-            fn extend_many(
-                &self,
-                entries: &[$crate::node::ExtendEntry<'_>],
-                ttl: std::time::Duration,
-            ) -> $crate::node::NodeFuture<Vec<Result<bool, $crate::error::NodeError>>> {
-                self.node.extend_many(entries, ttl)
-            }
-            fn release(
-                &self,
-                keys: &$crate::node::LockKeys,
-                owner: &$crate::node::Owner,
-            ) -> $crate::node::NodeFuture<bool> {
-                self.node.release(keys, owner)
-            }
-            fn raise_fence(
-                &self,
-                keys: &$crate::node::LockKeys,
-                token: u64,
-                fence_ttl: std::time::Duration,
-            ) -> $crate::node::NodeFuture<()> {
-                self.node.raise_fence(keys, token, fence_ttl)
-            }
-            fn subscribe(
-                &self,
-                keys: &$crate::node::LockKeys,
-            ) -> $crate::node::NodeFuture<$crate::node::ReleaseSignal> {
-                self.node.subscribe(keys)
-            }
-            fn acquire_set(
-                self: std::sync::Arc<Self>,
-                request: &$crate::node::AcquireSetRequest<'_>,
-            ) -> $crate::node::NodeFuture<$crate::node::AcquireSetReply> {
-                self.node.acquire_set(request)
-            }
-            fn extend_set(
-                &self,
-                keys: &[$crate::node::LockKeys],
-                owner: &$crate::node::Owner,
-                ttl: std::time::Duration,
-            ) -> $crate::node::NodeFuture<bool> {
-                self.node.extend_set(keys, owner, ttl)
-            }
-            fn release_set(
-                &self,
-                keys: &[$crate::node::LockKeys],
-                owner: &$crate::node::Owner,
-            ) -> $crate::node::NodeFuture<bool> {
-                self.node.release_set(keys, owner)
-            }
-            fn raise_fences(
-                &self,
-                keys: &[$crate::node::LockKeys],
-                tokens: &[u64],
-                fence_ttl: std::time::Duration,
-            ) -> $crate::node::NodeFuture<()> {
-                self.node.raise_fences(keys, tokens, fence_ttl)
-            }
-            fn wait_queue(&self) -> bool {
-                true
-            }
-            fn release_as_waiter(
-                &self,
-                keys: &$crate::node::LockKeys,
-                owner: &$crate::node::Owner,
-                waiter: &$crate::node::Waiter,
-            ) -> $crate::node::NodeFuture<bool> {
-                self.node.release_as_waiter(keys, owner, waiter)
-            }
-            fn hand_back(
-                &self,
-                keys: &$crate::node::LockKeys,
-                owner: &$crate::node::Owner,
-                waiter: &$crate::node::Waiter,
-            ) -> $crate::node::NodeFuture<bool> {
-                self.node.hand_back(keys, owner, waiter)
-            }
-            fn leave_queue(
-                &self,
-                keys: &$crate::node::LockKeys,
-                waiter: &$crate::node::Waiter,
-            ) -> $crate::node::NodeFuture<()> {
-                self.node.leave_queue(keys, waiter)
-            }
-            fn listen_for_release(
-                &self,
-                keys: &$crate::node::LockKeys,
-                ttl: std::time::Duration,
-            ) -> $crate::node::NodeFuture<()> {
-                self.node.listen_for_release(keys, ttl)
-            }
-            fn address(&self) -> Option<&str> {
-                self.node.address()
-            }
-            fn server_ids(&self) -> $crate::node::NodeFuture<Vec<String>> {
-                self.node.server_ids()
-            }
-            fn server_setup(
-                &self,
-                probe: &$crate::node::LockKeys,
-            ) -> $crate::node::NodeFuture<Vec<$crate::node::ServerSetup>> {
-                self.node.server_setup(probe)
-            }
-            fn records(&self) -> Option<&dyn $crate::node::RecordStore> {
-                Some(&self.node)
-            }
-        }
+        const _: () = {
+            use std::sync::Arc;
+            use std::time::Duration;
 
-        impl $crate::node::RecordStore for $node {
-            fn read_record(
-                &self,
-                keys: &$crate::node::LockKeys,
-            ) -> $crate::node::NodeFuture<Option<$crate::node::Record>> {
-                self.node.read_record(keys)
+            use $crate::error::NodeError;
+            use $crate::node::{
+                AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ClaimReply,
+                ClaimRequest, ExtendEntry, LockKeys, Node, NodeFuture, Owner, Record, RecordStore,
+                ReleaseSignal, ServerSetup, StoreReply, StoreRequest, Waiter,
+            };
+
+            impl Node for $node {
+                fn name(&self) -> &str {
+                    self.node.name()
+                }
+                fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+                    self.node.acquire(request)
+                }
+                fn extend(
+                    &self,
+                    keys: &LockKeys,
+                    owner: &Owner,
+                    ttl: Duration,
+                ) -> NodeFuture<bool> {
+                    self.node.extend(keys, owner, ttl)
+                }
+                fn extend_many(
+                    &self,
+                    entries: &[ExtendEntry<'_>],
+                    ttl: Duration,
+                ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+                    self.node.extend_many(entries, ttl)
+                }
+                fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+                    self.node.release(keys, owner)
+                }
+                fn raise_fence(
+                    &self,
+                    keys: &LockKeys,
+                    token: u64,
+                    ttl: Duration,
+                ) -> NodeFuture<()> {
+                    self.node.raise_fence(keys, token, ttl)
+                }
+                fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+                    self.node.subscribe(keys)
+                }
+                fn acquire_set(
+                    self: Arc<Self>,
+                    request: &AcquireSetRequest<'_>,
+                ) -> NodeFuture<AcquireSetReply> {
+                    self.node.acquire_set(request)
+                }
+                fn extend_set(
+                    &self,
+                    keys: &[LockKeys],
+                    owner: &Owner,
+                    ttl: Duration,
+                ) -> NodeFuture<bool> {
+                    self.node.extend_set(keys, owner, ttl)
+                }
+                fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+                    self.node.release_set(keys, owner)
+                }
+                fn raise_fences(
+                    &self,
+                    keys: &[LockKeys],
+                    tokens: &[u64],
+                    ttl: Duration,
+                ) -> NodeFuture<()> {
+                    self.node.raise_fences(keys, tokens, ttl)
+                }
+                fn wait_queue(&self) -> bool {
+                    true
+                }
+                fn release_as_waiter(
+                    &self,
+                    keys: &LockKeys,
+                    owner: &Owner,
+                    waiter: &Waiter,
+                ) -> NodeFuture<bool> {
+                    self.node.release_as_waiter(keys, owner, waiter)
+                }
+                fn hand_back(
+                    &self,
+                    keys: &LockKeys,
+                    owner: &Owner,
+                    waiter: &Waiter,
+                ) -> NodeFuture<bool> {
+                    self.node.hand_back(keys, owner, waiter)
+                }
+                fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+                    self.node.leave_queue(keys, waiter)
+                }
+                fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
+                    self.node.listen_for_release(keys, ttl)
+                }
+                fn address(&self) -> Option<&str> {
+                    self.node.address()
+                }
+                fn server_ids(&self) -> NodeFuture<Vec<String>> {
+                    self.node.server_ids()
+                }
+                fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+                    self.node.server_setup(probe)
+                }
+                fn records(&self) -> Option<&dyn RecordStore> {
+                    Some(&self.node)
+                }
             }
-            fn claim_record(
-                &self,
-                request: &$crate::node::ClaimRequest<'_>,
-            ) -> $crate::node::NodeFuture<$crate::node::ClaimReply> {
-                self.node.claim_record(request)
+
+            impl RecordStore for $node {
+                fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
+                    self.node.read_record(keys)
+                }
+                fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
+                    self.node.claim_record(request)
+                }
+                fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
+                    self.node.store_record(request)
+                }
+                fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
+                    self.node.discard_record(keys, token)
+                }
             }
-            fn store_record(
-                &self,
-                request: &$crate::node::StoreRequest<'_>,
-            ) -> $crate::node::NodeFuture<$crate::node::StoreReply> {
-                self.node.store_record(request)
-            }
-            fn discard_record(
-                &self,
-                keys: &$crate::node::LockKeys,
-                token: u64,
-            ) -> $crate::node::NodeFuture<bool> {
-                self.node.discard_record(keys, token)
-            }
-        }
+        };
     };
 }
 pub(crate) use forward_node;
