@@ -1,36 +1,27 @@
 //! [`ClusterNode`]: one Redis Cluster as one lock node, over redis-rs's async cluster client.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::{BoxFuture, FutureExt, Shared};
+use futures_util::future::FutureExt;
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::io::tcp::TcpSettings;
 use redis::{IntoConnectionInfo, Value};
-use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
-use crate::node::redis::call::ReplicaWait;
-use crate::node::redis::call::{
-    self, Acquire, CallError, ExtendCall, ListenCall, RaiseFenceCall, ReleaseCall,
-};
-use crate::node::redis::line::{in_turn, Line, Place};
+use crate::node::redis::attempt::{in_turn, Attempts, Connect};
+use crate::node::redis::call::{self, Op, ReplicaWait};
+use crate::node::redis::node::{forward_node, Redis, Route};
 use crate::node::redis::pubsub::{ClusterBuilder, Hub};
-use crate::node::redis::records;
 use crate::node::redis::seeds;
 use crate::node::redis::setup;
-use crate::node::LockKeys;
-use crate::node::WaitQueue;
-use crate::node::{parse_info, ServerSetup};
-use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal, Waiter};
-use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
+use crate::node::{parse_info, LockKeys, NodeFuture, ReleaseSignal, ServerSetup};
 
 type Configure = dyn Fn(ClusterClientBuilder) -> ClusterClientBuilder + Send + Sync;
-type Connect = Shared<BoxFuture<'static, Result<ClusterConnection, NodeError>>>;
 
 /// Least time between two attempts to connect to the cluster.
 const RECONNECT_INTERVAL: Duration = Duration::from_millis(100);
@@ -89,27 +80,18 @@ const RECONNECT_INTERVAL: Duration = Duration::from_millis(100);
 /// ```
 #[derive(Clone)]
 pub struct ClusterNode {
-    inner: Arc<Inner>,
-    wait: Option<ReplicaWait>,
+    node: Redis<Cluster>,
 }
 
-struct Inner {
+/// redis-rs's cluster connection, which routes each call by its keys' slot.
+pub(crate) struct Cluster {
     name: Arc<str>,
     address: String,
-    client: ClusterClient,
-    runtime: tokio::runtime::Handle,
     /// The connection, once made. redis-rs keeps it working from then on (reconnects,
     /// topology refreshes); until then, failed attempts are made again on demand.
-    connecting: Mutex<Connecting>,
+    connection: Attempts<ClusterConnection, NodeError>,
     /// Sharded pub/sub, over a connection of its own (see `pubsub.rs`).
     hub: Hub,
-    /// The callers that waited for the connection (see [`Line`]).
-    line: Line,
-}
-
-struct Connecting {
-    started: Instant,
-    attempt: Connect,
 }
 
 impl ClusterNode {
@@ -143,24 +125,19 @@ impl ClusterNode {
         let client = configure(defaults(ClusterClientBuilder::new(seeds.clone())))
             .build()
             .map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
-        let attempt = connect(&runtime, client.clone(), name.clone(), None);
+        let connect = connect(client, name.clone());
+        let connection = Attempts::new(runtime, RECONNECT_INTERVAL, connect);
+        connection.start_now();
         let builder: Arc<ClusterBuilder> =
             Arc::new(move || configure(defaults(ClusterClientBuilder::new(seeds.clone()))));
         let hub = Hub::cluster(name.clone(), builder);
         Ok(ClusterNode {
-            inner: Arc::new(Inner {
+            node: Redis::new(Cluster {
                 name,
                 address,
-                client,
-                runtime,
-                connecting: Mutex::new(Connecting {
-                    started: Instant::now(),
-                    attempt,
-                }),
+                connection,
                 hub,
-                line: Line::new(),
             }),
-            wait: None,
         })
     }
 
@@ -171,7 +148,7 @@ impl ClusterNode {
     /// for what it buys and what it costs. Applies to this handle and its later clones.
     #[must_use]
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
-        self.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
+        self.node.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
         self
     }
 }
@@ -194,161 +171,102 @@ fn connection_config() -> ClusterConfig {
     ClusterConfig::new().set_connection_timeout(Duration::from_secs(2))
 }
 
-/// Connects to the cluster (seeds, topology, masters) in a task of its own, so that
-/// the attempt completes even when the callers waiting for it give up (their per-node
-/// timeout is much shorter), and keeps its error, such as a failed authentication.
-fn connect(
-    runtime: &tokio::runtime::Handle,
-    client: ClusterClient,
-    name: Arc<str>,
-    not_before: Option<Instant>,
-) -> Connect {
-    let attempt = async move {
-        if let Some(at) = not_before {
-            tokio::time::sleep_until(at).await;
-        }
-        client
-            .get_async_connection_with_config(connection_config())
-            .await
-            .map_err(|e| {
+/// Connects to the cluster (seeds, topology, masters), keeping the error, such as a
+/// failed authentication.
+fn connect(client: ClusterClient, name: Arc<str>) -> Connect<ClusterConnection, NodeError> {
+    Box::new(move |_| {
+        let (client, name) = (client.clone(), name.clone());
+        async move {
+            let made = client
+                .get_async_connection_with_config(connection_config())
+                .await;
+            made.map_err(|e| {
                 let e = call::node_error(e);
                 tracing::warn!(node = %name, error = %e, "cannot connect to the cluster");
                 NodeError::Connection(
                     format!("cannot connect to the cluster: {}", call::detail(&e)).into(),
                 )
             })
-    }
-    .boxed()
-    .shared();
-    runtime.spawn(attempt.clone());
-    attempt
-}
-
-impl Inner {
-    /// The cluster connection, waiting for the attempt in progress, and the caller's
-    /// place in line if it had to wait (to be given to [`in_turn`] with its command);
-    /// a failed attempt is made again (at most every [`RECONNECT_INTERVAL`]).
-    async fn connection(&self) -> Result<(ClusterConnection, Option<Place<'_>>), NodeError> {
-        let attempt = self
-            .connecting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .attempt
-            .clone();
-        let place = self.line.place(attempt.peek().is_none());
-        match attempt.clone().await {
-            Ok(conn) => Ok((conn, place)),
-            Err(e) => {
-                let mut connecting = self.connecting.lock().unwrap_or_else(|p| p.into_inner());
-                if connecting.attempt.ptr_eq(&attempt) {
-                    let not_before = connecting.started + RECONNECT_INTERVAL;
-                    connecting.started = Instant::now().max(not_before);
-                    connecting.attempt = connect(
-                        &self.runtime,
-                        self.client.clone(),
-                        self.name.clone(),
-                        Some(not_before),
-                    );
-                }
-                Err(e)
-            }
         }
+        .boxed()
+    })
+}
+
+impl Cluster {
+    /// The cluster connection, for a command that keeps no place in line.
+    async fn connection(&self) -> Result<ClusterConnection, NodeError> {
+        let got = self.connection.get().await;
+        got.value
+    }
+
+    /// `INFO section` on every master: each master's name and answer.
+    async fn info_of_masters(&self, section: &str) -> Result<Vec<(String, String)>, NodeError> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg(section);
+        let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        let answers = self
+            .connection()
+            .await?
+            .route_command(cmd, routing)
+            .await
+            .map_err(call::node_error)?;
+        let Value::Map(answers) = answers else {
+            return Err(NodeError::Protocol(
+                format!("INFO on every master returned {answers:?}").into(),
+            ));
+        };
+        let text = |value: Value| match value {
+            Value::BulkString(text) => Some(String::from_utf8_lossy(&text).into_owned()),
+            Value::VerbatimString { text, .. } | Value::SimpleString(text) => Some(text),
+            _ => None,
+        };
+        Ok(answers
+            .into_iter()
+            .filter_map(|(server, info)| {
+                let server = match server {
+                    Value::BulkString(_) | Value::SimpleString(_) => text(server)?,
+                    other => format!("{other:?}"),
+                };
+                Some((server, text(info)?))
+            })
+            .collect())
     }
 }
 
-fn node_error(e: CallError) -> NodeError {
-    e.into_node_error()
-}
+impl Route for Cluster {
+    const SHARDED: bool = true;
 
-impl Node for ClusterNode {
     fn name(&self) -> &str {
-        &self.inner.name
+        &self.name
     }
 
-    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
-        let call = Acquire::new(request, true);
-        let inner = self.inner.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call.run(&mut conn, wait))
-                .await
-                .map_err(node_error)
-        })
+    fn address(&self) -> &str {
+        &self.address
     }
 
-    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        let call = ExtendCall::new(keys, owner, ttl);
-        let inner = self.inner.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call::extend(&mut conn, &call, wait))
-                .await
-                .map_err(node_error)
-        })
+    /// On the cluster connection, which routes by slot (redirections included), after
+    /// the callers that waited for the connection before it (`attempt.rs`).
+    async fn run<O: Op>(&self, op: &O, wait: Option<ReplicaWait>) -> Result<O::Output, NodeError> {
+        let got = self.connection.get().await;
+        let mut conn = got.value?;
+        in_turn(got.place, op.run(&mut conn, wait))
+            .await
+            .map_err(call::CallError::into_node_error)
     }
 
-    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
-        let call = ReleaseCall::new(keys, owner, true);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call::release(&mut conn, &call))
-                .await
-                .map_err(node_error)
-        })
-    }
-
-    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
-        let call = RaiseFenceCall::new(keys, token, fence_ttl);
-        let inner = self.inner.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call::raise_fence(&mut conn, &call, wait))
-                .await
-                .map_err(node_error)
-        })
-    }
-
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(self: &Arc<Self>, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
         let channel = keys.channel.clone();
-        let hub = self.inner.hub.clone();
+        let hub = self.hub.clone();
         Box::pin(async move { hub.subscribe(channel).await })
     }
 
-    fn address(&self) -> Option<&str> {
-        Some(&self.inner.address)
-    }
-
     /// The `run_id` of every master of the cluster.
-    fn server_ids(&self) -> NodeFuture<Vec<String>> {
-        let inner = self.inner.clone();
+    fn server_ids(self: Arc<Self>) -> NodeFuture<Vec<String>> {
         Box::pin(async move {
-            // Not a lock command: it keeps no place in line.
-            let (mut conn, _) = inner.connection().await?;
-            let mut cmd = redis::cmd("INFO");
-            cmd.arg("server");
-            let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-            let answers = conn
-                .route_command(cmd, routing)
-                .await
-                .map_err(call::node_error)?;
-            let Value::Map(answers) = answers else {
-                return Err(NodeError::Protocol(
-                    format!("INFO on every master returned {answers:?}").into(),
-                ));
-            };
+            let answers = self.info_of_masters("server").await?;
             Ok(answers
                 .iter()
-                .filter_map(|(_, info)| match info {
-                    Value::BulkString(text) => {
-                        identity::parse_run_id(&String::from_utf8_lossy(text))
-                    }
-                    Value::VerbatimString { text, .. } => identity::parse_run_id(text),
-                    _ => None,
-                })
+                .filter_map(|(_, info)| identity::parse_run_id(info))
                 .collect())
         })
     }
@@ -356,36 +274,11 @@ impl Node for ClusterNode {
     /// The role and eviction policy of every master, and the permissions of the user
     /// on the master that owns the probe's slot (a cluster's users are set per server;
     /// the others are expected to match).
-    fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
-        let inner = self.inner.clone();
-        let probe = probe.clone();
+    fn server_setup(self: Arc<Self>, probe: LockKeys) -> NodeFuture<Vec<ServerSetup>> {
         Box::pin(async move {
-            let (mut conn, _) = inner.connection().await?;
             let mut setups: Vec<ServerSetup> = Vec::new();
             for section in ["memory", "replication"] {
-                let mut cmd = redis::cmd("INFO");
-                cmd.arg(section);
-                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-                let answers = conn
-                    .route_command(cmd, routing)
-                    .await
-                    .map_err(call::node_error)?;
-                let Value::Map(answers) = answers else {
-                    return Err(NodeError::Protocol(
-                        format!("INFO on every master returned {answers:?}").into(),
-                    ));
-                };
-                for (server, info) in answers {
-                    let server = match server {
-                        Value::BulkString(text) => String::from_utf8_lossy(&text).into_owned(),
-                        Value::SimpleString(text) => text,
-                        other => format!("{other:?}"),
-                    };
-                    let text = match info {
-                        Value::BulkString(text) => String::from_utf8_lossy(&text).into_owned(),
-                        Value::VerbatimString { text, .. } => text,
-                        _ => continue,
-                    };
+                for (server, text) in self.info_of_masters(section).await? {
                     let found = parse_info(server.clone(), &text);
                     match setups.iter_mut().find(|s| s.server == server) {
                         Some(setup) => {
@@ -397,7 +290,8 @@ impl Node for ClusterNode {
                     }
                 }
             }
-            let mut permissions = ServerSetup::new(inner.name.to_string());
+            let mut permissions = ServerSetup::new(self.name.to_string());
+            let mut conn = self.connection().await?;
             setup::probe_permissions(&mut conn, &probe, &mut permissions).await?;
             if !permissions.refused.is_empty() || permissions.channels_refused {
                 setups.push(permissions);
@@ -405,125 +299,15 @@ impl Node for ClusterNode {
             Ok(setups)
         })
     }
-
-    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
-        Some(self)
-    }
-
-    fn records(&self) -> Option<&dyn RecordStore> {
-        Some(self)
-    }
 }
 
-impl WaitQueue for ClusterNode {
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        let call = ReleaseCall::hand_back(keys, owner, waiter, true);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call::release(&mut conn, &call))
-                .await
-                .map_err(node_error)
-        })
-    }
-
-    fn release_as_waiter(
-        &self,
-        keys: &LockKeys,
-        owner: &Owner,
-        waiter: &Waiter,
-    ) -> NodeFuture<bool> {
-        let call = ReleaseCall::as_waiter(keys, owner, waiter, true);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call::release(&mut conn, &call))
-                .await
-                .map_err(node_error)
-        })
-    }
-
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let call = ReleaseCall::leave(keys, waiter, true);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call::release(&mut conn, &call))
-                .await
-                .map(|_| ())
-                .map_err(node_error)
-        })
-    }
-
-    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
-        let call = ListenCall::new(keys, ttl);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, call::listen(&mut conn, &call))
-                .await
-                .map_err(node_error)
-        })
-    }
-}
-
-impl RecordStore for ClusterNode {
-    // Outcome records (idempotent replay): the commands are those of the standalone
-    // node (`records.rs`). The record key carries the lock key's hash tag, so each
-    // script's keys share one slot and the cluster client routes the call, `WAIT`
-    // included, to the shard that owns the lock.
-    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
-        let keys = keys.clone();
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, records::read(&mut conn, &keys))
-                .await
-                .map_err(node_error)
-        })
-    }
-
-    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
-        let call = records::ClaimCall::new(request);
-        let inner = self.inner.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, records::claim(&mut conn, &call, wait))
-                .await
-                .map_err(node_error)
-        })
-    }
-
-    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
-        let call = records::StoreCall::new(request);
-        let inner = self.inner.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, records::store(&mut conn, &call, wait))
-                .await
-                .map_err(node_error)
-        })
-    }
-
-    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
-        let call = records::DiscardCall::new(keys, token);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let (mut conn, place) = inner.connection().await?;
-            in_turn(place, records::discard(&mut conn, &call))
-                .await
-                .map_err(node_error)
-        })
-    }
-}
+forward_node!(ClusterNode);
 
 impl fmt::Debug for ClusterNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClusterNode")
-            .field("name", &self.inner.name)
-            .field("wait_for_replicas", &self.wait)
+            .field("name", &self.node.route.name)
+            .field("wait_for_replicas", &self.node.wait)
             .finish()
     }
 }

@@ -5,19 +5,13 @@
 //!
 //! # Why not redis-rs's `ConnectionManager`
 //!
-//! It does the same reconnecting, and every command paid for its generality: an
-//! `ArcSwap` load, a clone of a shared future and a poll of it, on top of the
-//! connection's own clone (3–5 % of the client's CPU time per acquire + release under
-//! Tokio's current-thread runtime, `BENCHMARKS.md`). Here a command takes a lock held
-//! only to clone the connection. Two of its behaviours were wrong for a lock:
-//!
-//! * Commands that came while it (re)connected all awaited the attempt and went out in
-//!   the order the scheduler woke them, not the order given: a waiter's leave could
-//!   overtake the attempt that queued it and leave it queued. Here they are held in
-//!   order and sent in one go when the connection is made (`Held`).
-//! * It handed the next caller the outcome of its last attempt to connect, a refusal
-//!   possibly from while the server was still down. Here a failed attempt fails only
-//!   the commands that waited for it.
+//! It does the same reconnecting, and every command paid for its generality (an
+//! `ArcSwap` load, a clone of a shared future and a poll of it; `BENCHMARKS.md`). Here
+//! a command takes a lock held only to clone the connection. Two of its behaviours
+//! were wrong for a lock, and [`Attempts`] (`attempt.rs`) does them otherwise: commands
+//! given while it (re)connected went out in the order the scheduler woke them, not the
+//! order given; and it handed the next caller the outcome of its last attempt, a
+//! refusal possibly from while the server was still down.
 //!
 //! # Why a resend
 //!
@@ -60,20 +54,19 @@
 //! authentication) is not resent: the server may still be busy with the first send,
 //! or will refuse the second one alike.
 
-use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::task::{Context, Waker};
+use std::sync::Arc;
+use std::time::Duration;
 
-use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::future::FutureExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 #[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value,
 };
-use tokio::sync::oneshot;
+
+use crate::node::redis::attempt::{in_turn, Attempts};
 
 /// A node's command connection: multiplexed, cheap to clone (every clone shares the
 /// connection), made on first use, made again after it was found broken, and resending
@@ -85,62 +78,13 @@ pub(crate) struct Resending(Arc<Link>);
 /// What the clones of a [`Resending`] share.
 struct Link {
     client: Client,
-    config: AsyncConnectionConfig,
-    state: Mutex<State>,
+    connection: Attempts<MultiplexedConnection, RedisError>,
 }
-
-struct State {
-    connection: Connection,
-    /// Commands given while no connection was ready, in the order given. They go out in
-    /// that order, all at once, as soon as one is (see [`Held`]).
-    held: VecDeque<Held>,
-    /// The place of the next command held.
-    next_place: u64,
-}
-
-enum Connection {
-    /// No connection and no attempt: before the first command, and after the
-    /// connection was found broken or an attempt failed. The next command makes an
-    /// attempt, so a failure is never handed to a later caller (keeping an attempt's
-    /// outcome for the next caller, as redis-rs's `ConnectionManager` does, can hand it
-    /// a refusal from while the server was still down).
-    Idle,
-    /// An attempt, in a task of its own, numbered as the connection it makes.
-    Connecting(u64),
-    /// Numbered, so that a failure seen on an older connection does not drop this one.
-    Ready {
-        conn: MultiplexedConnection,
-        number: u64,
-    },
-}
-
-/// A command given while no connection was ready: a new node's first commands, and
-/// those that come while it reconnects. Held in order and sent in that order, in one
-/// go, when the connection is made (or failed with its error when it cannot be), so
-/// that they reach the server in the order given, as on a connection already made.
-/// Woken together to send each its own, they would go in the order the scheduler runs
-/// them: a waiter's leave could overtake the attempt that queued it, and leave it
-/// queued.
-struct Held {
-    place: u64,
-    commands: Commands,
-    reply: oneshot::Sender<Outcome>,
-}
-
-/// A send's outcome, with the number of the connection it went out on (for
-/// [`Resending::observe`]).
-type Outcome = (RedisResult<Replies>, u64);
 
 /// What one send carries: a command, or commands of a pipeline (`offset`, `count`).
 enum Given<'a> {
     One(&'a Cmd),
     Many(&'a Pipeline, usize, usize),
-}
-
-/// [`Given`], owned, for a command held.
-enum Commands {
-    One(Cmd),
-    Many(Pipeline, usize, usize),
 }
 
 /// One caller's replies, in the shape of its commands (here and in `batching.rs`).
@@ -166,7 +110,7 @@ impl Replies {
 }
 
 impl Given<'_> {
-    async fn send(&self, conn: &mut MultiplexedConnection) -> RedisResult<Replies> {
+    async fn send(&self, mut conn: MultiplexedConnection) -> RedisResult<Replies> {
         match *self {
             Given::One(cmd) => conn.send_packed_command(cmd).await.map(Replies::One),
             Given::Many(pipeline, offset, count) => conn
@@ -175,36 +119,27 @@ impl Given<'_> {
                 .map(Replies::Many),
         }
     }
-
-    fn to_owned(&self) -> Commands {
-        match *self {
-            Given::One(cmd) => Commands::One(cmd.clone()),
-            Given::Many(pipeline, offset, count) => Commands::Many(pipeline.clone(), offset, count),
-        }
-    }
-}
-
-impl Commands {
-    fn given(&self) -> Given<'_> {
-        match self {
-            Commands::One(cmd) => Given::One(cmd),
-            Commands::Many(pipeline, offset, count) => Given::Many(pipeline, *offset, *count),
-        }
-    }
 }
 
 impl Resending {
-    /// A connection to `client`'s server with `config`, made on first use.
+    /// A connection to `client`'s server with `config`, made on first use (call inside
+    /// a Tokio runtime).
     pub(crate) fn new(client: Client, config: AsyncConnectionConfig) -> Self {
-        Resending(Arc::new(Link {
-            client,
-            config,
-            state: Mutex::new(State {
-                connection: Connection::Idle,
-                held: VecDeque::new(),
-                next_place: 0,
-            }),
-        }))
+        let connecting = client.clone();
+        let connect = Box::new(move |_| {
+            let (client, config) = (connecting.clone(), config.clone());
+            async move {
+                let made = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await;
+                made.inspect_err(|e| tracing::debug!(error = %e, "cannot connect"))
+            }
+            .boxed()
+        });
+        // A refused connection is tried again at once by the resend: the server may
+        // have come up since the attempt the command waited for began.
+        let connection = Attempts::new(tokio::runtime::Handle::current(), Duration::ZERO, connect);
+        Resending(Arc::new(Link { client, connection }))
     }
 
     /// Sends `cmd`, and once more if the connection was found broken.
@@ -247,28 +182,17 @@ impl Resending {
         }
     }
 
-    /// Sends `given` on the connection if one is ready and nothing is held, else holds
-    /// it until one is (see [`Held`]); then passes the outcome to
-    /// [`observe`](Self::observe).
+    /// Sends `given` on the connection, in line behind the callers that waited for it
+    /// (`attempt.rs`); a connection an error says is of no further use (redis-rs's
+    /// `is_unrecoverable_error`: dropped, or a reply it could not parse) is made again.
     async fn send_once(&self, given: &Given<'_>) -> RedisResult<Replies> {
-        let (outcome, number) = match self.0.ready_or_hold(given) {
-            Ok((mut conn, number)) => (given.send(&mut conn).await, number),
-            Err(held) => held.replies().await,
-        };
-        self.observe(number, outcome)
-    }
-
-    /// Passes `outcome` on, first dropping connection `number` if the error says it is
-    /// of no further use (redis-rs's `is_unrecoverable_error`: dropped, or a reply it
-    /// could not parse), so that the next command makes a new one.
-    fn observe<T>(&self, number: u64, outcome: RedisResult<T>) -> RedisResult<T> {
+        let connection = &self.0.connection;
+        let got = connection.get().await;
+        let conn = got.value?;
+        let outcome = in_turn(got.place, given.send(conn)).await;
         if let Err(e) = &outcome {
             if e.is_unrecoverable_error() {
-                let mut state = self.0.lock();
-                if matches!(&state.connection, Connection::Ready { number: current, .. } if *current == number)
-                {
-                    state.connection = Connection::Idle;
-                }
+                connection.renew(got.generation);
             }
         }
         outcome
@@ -279,156 +203,6 @@ impl Resending {
         self.0.client.get_connection_info().redis_settings().db()
     }
 }
-
-/// A caller's command held (see [`Held`]); dropped before it was sent, it takes the
-/// command back: it is never sent, as redis-rs never sends a command dropped before it
-/// took it.
-struct HeldPlace<'a> {
-    link: &'a Link,
-    place: u64,
-    reply: oneshot::Receiver<Outcome>,
-}
-
-impl HeldPlace<'_> {
-    async fn replies(mut self) -> Outcome {
-        match (&mut self.reply).await {
-            Ok(replied) => replied,
-            // Its sender went without a word: only a send dropped with the runtime.
-            Err(_) => (Err(internal(PART, "the command's send was dropped")), 0),
-        }
-    }
-}
-
-impl Drop for HeldPlace<'_> {
-    fn drop(&mut self) {
-        let mut state = self.link.lock();
-        if let Some(at) = state.held.iter().position(|h| h.place == self.place) {
-            state.held.remove(at);
-        }
-    }
-}
-
-impl Link {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The connection and its number if one is ready and no command is held; else
-    /// `given` held, an attempt to connect under way.
-    fn ready_or_hold(
-        self: &Arc<Self>,
-        given: &Given<'_>,
-    ) -> Result<(MultiplexedConnection, u64), HeldPlace<'_>> {
-        let mut state = self.lock();
-        if let Connection::Ready { conn, number } = &state.connection {
-            if state.held.is_empty() {
-                return Ok((conn.clone(), *number));
-            }
-        }
-        let (sender, reply) = oneshot::channel();
-        let place = state.next_place;
-        state.next_place += 1;
-        state.held.push_back(Held {
-            place,
-            commands: given.to_owned(),
-            reply: sender,
-        });
-        if matches!(state.connection, Connection::Idle) {
-            self.start(&mut state);
-        }
-        Err(HeldPlace {
-            link: self,
-            place,
-            reply,
-        })
-    }
-
-    /// Starts an attempt to connect (`state` is this link's, locked, idle), in a task
-    /// of its own: it completes, and leaves its connection for the next caller, even
-    /// when every caller waiting for it gave up (their per-node timeout is shorter
-    /// than the attempt's). Outside a runtime (none to connect on) the commands held
-    /// fail.
-    fn start(self: &Arc<Self>, state: &mut State) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            let error = internal(PART, "no Tokio runtime to connect on");
-            flush_held(state, Err(error), 0);
-            return;
-        };
-        let number = NEXT_NUMBER.fetch_add(1, Ordering::Relaxed);
-        state.connection = Connection::Connecting(number);
-        let link = Arc::downgrade(self);
-        let (client, config) = (self.client.clone(), self.config.clone());
-        runtime.spawn(connect(link, client, config, number));
-    }
-}
-
-/// Numbers connections, in every link of the process: unique is all they need be.
-static NEXT_NUMBER: AtomicU64 = AtomicU64::new(1);
-
-/// Attempt `number`: connects, and makes the outcome the link's state (the connection,
-/// or idle after a failure), sending the commands held on it or failing them with the
-/// attempt's error.
-async fn connect(link: Weak<Link>, client: Client, config: AsyncConnectionConfig, number: u64) {
-    let outcome = client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await;
-    let Some(link) = link.upgrade() else {
-        return;
-    };
-    let mut state = link.lock();
-    if !matches!(state.connection, Connection::Connecting(current) if current == number) {
-        return;
-    }
-    match outcome {
-        Ok(conn) => {
-            flush_held(&mut state, Ok(&conn), number);
-            state.connection = Connection::Ready { conn, number };
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot connect");
-            flush_held(&mut state, Err(e), number);
-            state.connection = Connection::Idle;
-        }
-    }
-}
-
-/// Sends every command held on `conn`, in the order given: each is handed to redis-rs
-/// here (a send takes its command at its first poll), and one task awaits the replies
-/// and passes each on. With an error instead, each held command fails with it.
-fn flush_held(state: &mut State, conn: RedisResult<&MultiplexedConnection>, number: u64) {
-    let held = std::mem::take(&mut state.held);
-    let conn = match conn {
-        Ok(conn) => conn,
-        Err(e) => {
-            for one in held {
-                let _ = one.reply.send((Err(e.clone()), number));
-            }
-            return;
-        }
-    };
-    let mut sending = FuturesUnordered::new();
-    for one in held {
-        let mut conn = conn.clone();
-        let mut send = Box::pin(async move {
-            let replies = one.commands.given().send(&mut conn).await;
-            let _ = one.reply.send((replies, number));
-        });
-        // The first poll hands the command over; its reply is awaited below.
-        if send
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-            .is_pending()
-        {
-            sending.push(send);
-        }
-    }
-    if !sending.is_empty() {
-        tokio::spawn(async move { while sending.next().await.is_some() {} });
-    }
-}
-
-/// How this module's own errors name it.
-const PART: &str = "node connection";
 
 /// An error of the client's own making (not the server's, not the network's): `part`
 /// names the piece of the node that found it.

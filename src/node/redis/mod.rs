@@ -8,13 +8,13 @@
 //! batching of concurrent callers' commands on it (`batching.rs`) and URL
 //! parsing (`url.rs`, which builds the nodes; `seeds.rs`, which the multi-server nodes use).
 
+mod attempt;
 mod batching;
 pub(crate) mod call;
 #[cfg(feature = "cluster")]
 mod cluster;
 pub(crate) mod conn;
-#[cfg(any(feature = "cluster", feature = "sentinel"))]
-mod line;
+mod node;
 pub(crate) mod pubsub;
 pub(crate) mod records;
 #[cfg(any(feature = "cluster", feature = "sentinel"))]

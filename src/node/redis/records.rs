@@ -12,7 +12,7 @@ use bytes::Bytes;
 use redis::{Cmd, Value};
 
 use crate::error::NodeError;
-use crate::node::redis::call::{self, int, CallError, ReplicaWait};
+use crate::node::redis::call::{self, int, CallError, Op, ReplicaWait};
 use crate::node::redis::millis_ceil;
 use crate::node::FencingToken;
 use crate::node::LockKeys;
@@ -102,10 +102,21 @@ fn record_of(
 }
 
 /// `HMGET record state token fp data`: the completed record, if any.
-pub(crate) async fn read<C: SendOne>(
-    conn: &mut C,
-    keys: &LockKeys,
-) -> Result<Option<Record>, CallError> {
+pub(crate) struct ReadCall(pub(crate) LockKeys);
+
+impl Op for ReadCall {
+    type Output = Option<Record>;
+
+    async fn run<C: SendOne>(
+        &self,
+        conn: &mut C,
+        _: Option<ReplicaWait>,
+    ) -> Result<Option<Record>, CallError> {
+        read(conn, &self.0).await
+    }
+}
+
+async fn read<C: SendOne>(conn: &mut C, keys: &LockKeys) -> Result<Option<Record>, CallError> {
     let value: Value = redis::cmd("HMGET")
         .arg(keys.record())
         .arg(&["state", "token", "fp", "data"])
@@ -157,40 +168,45 @@ impl ClaimCall {
 
 /// The claim script. With `wait`, a stored marker counts only once enough replicas
 /// acknowledged it.
-pub(crate) async fn claim<C: SendOne>(
-    conn: &mut C,
-    call: &ClaimCall,
-    wait: Option<ReplicaWait>,
-) -> Result<ClaimReply, CallError> {
-    let value = call
-        .0
-        .run(
-            conn,
-            wait,
-            |v| matches!(v, Value::Array(a) if matches!(a.first().and_then(int), Some(2 | 4))),
-        )
-        .await?;
-    let Value::Array(items) = &value else {
-        return Err(protocol("claim", &value));
-    };
-    match items.as_slice() {
-        [tag] if int(tag) == Some(0) => Ok(ClaimReply::NotOwner),
-        [tag] if int(tag) == Some(2) => Ok(ClaimReply::Claimed),
-        [tag, Value::BulkString(token)] if int(tag) == Some(4) => {
-            match std::str::from_utf8(token).ok().and_then(|t| t.parse().ok()) {
-                Some(interrupted) => Ok(ClaimReply::ClaimedAfter { interrupted }),
-                None => Err(protocol("claim", &value)),
+impl Op for ClaimCall {
+    type Output = ClaimReply;
+
+    async fn run<C: SendOne>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<ClaimReply, CallError> {
+        let call = self;
+        let value = call
+            .0
+            .run(
+                conn,
+                wait,
+                |v| matches!(v, Value::Array(a) if matches!(a.first().and_then(int), Some(2 | 4))),
+            )
+            .await?;
+        let Value::Array(items) = &value else {
+            return Err(protocol("claim", &value));
+        };
+        match items.as_slice() {
+            [tag] if int(tag) == Some(0) => Ok(ClaimReply::NotOwner),
+            [tag] if int(tag) == Some(2) => Ok(ClaimReply::Claimed),
+            [tag, Value::BulkString(token)] if int(tag) == Some(4) => {
+                match std::str::from_utf8(token).ok().and_then(|t| t.parse().ok()) {
+                    Some(interrupted) => Ok(ClaimReply::ClaimedAfter { interrupted }),
+                    None => Err(protocol("claim", &value)),
+                }
             }
+            [tag, pttl] if int(tag) == Some(3) => Ok(ClaimReply::Orphaned {
+                pttl: int(pttl)
+                    .and_then(|ms| u64::try_from(ms).ok())
+                    .map(Duration::from_millis),
+            }),
+            [tag, token, fingerprint, data] if int(tag) == Some(1) => {
+                record_of("claim", token, fingerprint, data).map(ClaimReply::Completed)
+            }
+            _ => Err(protocol("claim", &value)),
         }
-        [tag, pttl] if int(tag) == Some(3) => Ok(ClaimReply::Orphaned {
-            pttl: int(pttl)
-                .and_then(|ms| u64::try_from(ms).ok())
-                .map(Duration::from_millis),
-        }),
-        [tag, token, fingerprint, data] if int(tag) == Some(1) => {
-            record_of("claim", token, fingerprint, data).map(ClaimReply::Completed)
-        }
-        _ => Err(protocol("claim", &value)),
     }
 }
 
@@ -219,17 +235,22 @@ impl StoreCall {
 
 /// The store script. With `wait`, a stored record counts only once enough replicas
 /// acknowledged it.
-pub(crate) async fn store<C: SendOne>(
-    conn: &mut C,
-    call: &StoreCall,
-    wait: Option<ReplicaWait>,
-) -> Result<StoreReply, CallError> {
-    let value = call.0.run(conn, wait, |v| int(v) == Some(1)).await?;
-    match int(&value) {
-        Some(1) => Ok(StoreReply::Stored),
-        Some(0) => Ok(StoreReply::NotOwner),
-        Some(2) => Ok(StoreReply::Superseded),
-        _ => Err(protocol("store", &value)),
+impl Op for StoreCall {
+    type Output = StoreReply;
+
+    async fn run<C: SendOne>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<StoreReply, CallError> {
+        let call = self;
+        let value = call.0.run(conn, wait, |v| int(v) == Some(1)).await?;
+        match int(&value) {
+            Some(1) => Ok(StoreReply::Stored),
+            Some(0) => Ok(StoreReply::NotOwner),
+            Some(2) => Ok(StoreReply::Superseded),
+            _ => Err(protocol("store", &value)),
+        }
     }
 }
 
@@ -248,14 +269,20 @@ impl DiscardCall {
 
 /// The discard script. Never waits for replicas: a lost discard only makes a later
 /// claim report an unknown outcome.
-pub(crate) async fn discard<C: SendOne>(
-    conn: &mut C,
-    call: &DiscardCall,
-) -> Result<bool, CallError> {
-    let value = call.0.run(conn, None, |_| false).await?;
-    match int(&value) {
-        Some(1) => Ok(true),
-        Some(0) => Ok(false),
-        _ => Err(protocol("discard", &value)),
+impl Op for DiscardCall {
+    type Output = bool;
+
+    async fn run<C: SendOne>(
+        &self,
+        conn: &mut C,
+        _: Option<ReplicaWait>,
+    ) -> Result<bool, CallError> {
+        let call = self;
+        let value = call.0.run(conn, None, |_| false).await?;
+        match int(&value) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            _ => Err(protocol("discard", &value)),
+        }
     }
 }

@@ -1,34 +1,20 @@
 //! [`RedisNode`]: one Redis server as a lock node, over redis-rs.
 
 use std::fmt;
-use std::future::Future;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo};
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
 use crate::node::redis::batching::Batching;
-use crate::node::redis::call::set::{self, SetCall};
-use crate::node::redis::call::{
-    self, Acquire, CallError, ExtendCall, ExtendManyCall, ListenCall, RaiseFenceCall, ReleaseCall,
-    ReplicaWait,
-};
+use crate::node::redis::call::{CallError, Op, ReplicaWait};
 use crate::node::redis::conn::Resending;
+use crate::node::redis::node::{forward_node, Redis, Route};
 use crate::node::redis::pubsub::Hub;
-use crate::node::redis::records;
 use crate::node::redis::setup;
-use crate::node::LockKeys;
-use crate::node::ServerSetup;
-use crate::node::Waiter;
-use crate::node::{
-    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node, NodeError,
-    NodeFuture, Owner, ReleaseSignal,
-};
-use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
-use crate::node::{LockSets, WaitQueue};
+use crate::node::{LockKeys, NodeFuture, ReleaseSignal, ServerSetup};
 
 /// One Redis server (standalone master) as a lock node.
 ///
@@ -66,11 +52,11 @@ use crate::node::{LockSets, WaitQueue};
 /// ```
 #[derive(Clone)]
 pub struct RedisNode {
-    inner: Arc<Inner>,
-    wait: Option<ReplicaWait>,
+    node: Redis<Direct>,
 }
 
-struct Inner {
+/// One server's connection: every call goes to it.
+pub(crate) struct Direct {
     name: Arc<str>,
     address: String,
     conn: Batching,
@@ -108,11 +94,9 @@ impl RedisNode {
     /// one packet: each command may wait up to one network round trip longer, and the
     /// client and the server spend less CPU per command. Under Tokio's multi-thread
     /// runtime the node already sends concurrent commands together itself, without
-    /// that wait (see above), and the two measure close (64 tasks acquiring and
-    /// releasing distinct keys, fencing off, one node, one 2-core machine over
-    /// loopback, `benches/headline.py`: 0.96× and 1.07× of raw redis-rs's throughput);
-    /// under the current-thread runtime `false` measured 1.05–1.42× the acquisitions
-    /// per second.
+    /// that wait (see above), and the two measure close; under the current-thread
+    /// runtime `false` measured more acquisitions per second (`benches/headline.py`,
+    /// BENCHMARKS.md).
     /// Over a real network the added wait is a real round trip, so keep the default
     /// unless throughput per process is what limits you. The lock's safety does not
     /// depend on it: a held-back command only leaves less of the validity it is
@@ -135,11 +119,9 @@ impl RedisNode {
     /// # }
     /// ```
     pub fn tcp_nodelay(self, nodelay: bool) -> Result<Self, ConfigError> {
-        let node = Self::connect_lazily(self.inner.client.clone(), nodelay)?;
-        Ok(RedisNode {
-            wait: self.wait,
-            ..node
-        })
+        let mut node = Self::connect_lazily(self.node.route.client.clone(), nodelay)?;
+        node.node.wait = self.node.wait;
+        Ok(node)
     }
 
     fn connect_lazily(client: Client, nodelay: bool) -> Result<Self, ConfigError> {
@@ -158,14 +140,13 @@ impl RedisNode {
         let hub = Hub::new(name.clone(), &client)
             .map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
         Ok(RedisNode {
-            inner: Arc::new(Inner {
+            node: Redis::new(Direct {
                 name,
                 address,
                 conn: Batching::new(Resending::new(client.clone(), connection_config())),
                 hub,
                 client,
             }),
-            wait: None,
         })
     }
 
@@ -206,35 +187,14 @@ impl RedisNode {
     /// until enough replicas acknowledged) to 30 days (`Duration::MAX` included).
     #[must_use]
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
-        self.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
+        self.node.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
         self
     }
 
-    /// One call on the node's connection, as every operation makes it: `call` gets a
-    /// clone of the connection and the replica acknowledgement to ask for, and its error
-    /// becomes a [`NodeError`].
-    fn run<T, F, Fut>(&self, call: F) -> NodeFuture<T>
-    where
-        F: FnOnce(Batching, Option<ReplicaWait>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, CallError>> + Send + 'static,
-    {
-        let (conn, wait) = (self.inner.conn.clone(), self.wait);
-        // The future is made inside the box, when first polled, not made here and
-        // wrapped: the box still takes a copy of the whole (redis-rs's send alone is
-        // 1.3 kB), but its poll passes one layer less (34 fewer branch mispredictions
-        // per S2 cycle, benches/client_cost.py). Nor does the box keep the future twice,
-        // as a block awaiting a future it captured would.
-        Box::pin(async move { call(conn, wait).await.map_err(CallError::into_node_error) })
-    }
-
-    fn run_set<T: Send + 'static>(&self, call: SetCall<T>) -> NodeFuture<T> {
-        self.run(move |mut conn, wait| async move { call.run(&mut conn, wait).await })
-    }
-
-    /// The command connection (for `SentinelNode`).
+    /// The route (for `SentinelNode`, which follows a master with it).
     #[cfg(feature = "sentinel")]
-    pub(crate) fn connection(&self) -> Batching {
-        self.inner.conn.clone()
+    pub(crate) fn route(&self) -> &Arc<Direct> {
+        &self.node.route
     }
 }
 
@@ -248,193 +208,74 @@ fn connection_config() -> AsyncConnectionConfig {
         .set_pipeline_buffer_size(1024)
 }
 
-impl Node for RedisNode {
+impl Route for Direct {
+    const SHARDED: bool = false;
+
     fn name(&self) -> &str {
-        &self.inner.name
+        &self.name
     }
 
-    // The commands themselves are in `redis_call`, shared with the cluster and
-    // sentinel nodes.
-    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
-        // Written out rather than through `run`, whose closure the box keeps beside the
-        // future it made: here the future borrows what the box captured, which the
-        // box holds once (41 fewer D1 misses per S2 cycle, benches/client_cost.py).
-        let call = Acquire::new(request, false);
-        let (mut conn, wait) = (self.inner.conn.clone(), self.wait);
-        Box::pin(async move {
-            call.run(&mut conn, wait)
-                .await
-                .map_err(CallError::into_node_error)
-        })
+    fn address(&self) -> &str {
+        &self.address
     }
 
-    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        let call = ExtendCall::new(keys, owner, ttl);
-        self.run(move |mut conn, wait| async move { call::extend(&mut conn, &call, wait).await })
-    }
-
-    fn extend_many(
-        &self,
-        entries: &[ExtendEntry<'_>],
-        ttl: Duration,
-    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-        let call = ExtendManyCall::new(entries, ttl);
-        self.run(
-            move |mut conn, wait| async move { call::extend_many(&mut conn, &call, wait).await },
-        )
-    }
-
-    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
-        // As `acquire`, written out.
-        let call = ReleaseCall::new(keys, owner, false);
-        let mut conn = self.inner.conn.clone();
-        Box::pin(async move {
-            call::release(&mut conn, &call)
-                .await
-                .map_err(CallError::into_node_error)
-        })
-    }
-
-    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
-        let call = RaiseFenceCall::new(keys, token, fence_ttl);
-        self.run(
-            move |mut conn, wait| async move { call::raise_fence(&mut conn, &call, wait).await },
-        )
-    }
-
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
-        let channel = keys.channel.clone();
-        let hub = self.inner.hub.clone();
-        Box::pin(async move { hub.subscribe(channel).await })
-    }
-
-    fn address(&self) -> Option<&str> {
-        Some(&self.inner.address)
-    }
-
-    fn server_ids(&self) -> NodeFuture<Vec<String>> {
-        let mut conn = self.inner.conn.clone();
-        Box::pin(async move { identity::run_id(&mut conn).await })
-    }
-
-    fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
-        let mut conn = self.inner.conn.clone();
-        let inner = self.inner.clone();
-        let probe = probe.clone();
-        Box::pin(async move {
-            let mut found = setup::read_info(&mut conn, &inner.address).await?;
-            setup::probe_permissions(&mut conn, &probe, &mut found).await?;
-            Ok(vec![found])
-        })
-    }
-
-    // The set calls: one script each (`call/set.rs`).
-    fn sets(&self) -> Option<&dyn LockSets> {
-        Some(self)
-    }
-
-    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
-        Some(self)
-    }
-
-    fn records(&self) -> Option<&dyn RecordStore> {
-        Some(self)
-    }
-}
-
-impl WaitQueue for RedisNode {
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        let call = ReleaseCall::hand_back(keys, owner, waiter, false);
-        self.run(move |mut conn, _| async move { call::release(&mut conn, &call).await })
-    }
-
-    fn release_as_waiter(
-        &self,
-        keys: &LockKeys,
-        owner: &Owner,
-        waiter: &Waiter,
-    ) -> NodeFuture<bool> {
-        let call = ReleaseCall::as_waiter(keys, owner, waiter, false);
-        self.run(move |mut conn, _| async move { call::release(&mut conn, &call).await })
-    }
-
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let call = ReleaseCall::leave(keys, waiter, false);
-        self.run(
-            move |mut conn, _| async move { call::release(&mut conn, &call).await.map(|_| ()) },
-        )
-    }
-
-    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
-        let call = ListenCall::new(keys, ttl);
-        self.run(move |mut conn, _| async move { call::listen(&mut conn, &call).await })
-    }
-}
-
-impl LockSets for RedisNode {
-    fn acquire_set(&self, request: &AcquireSetRequest<'_>) -> NodeFuture<AcquireSetReply> {
-        self.run_set(set::acquire_set(request))
-    }
-
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.run_set(set::extend_set(keys, owner, ttl))
-    }
-
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
-        self.run_set(set::release_set(keys, owner, false))
-    }
-
-    fn raise_fences(
-        &self,
-        keys: &[LockKeys],
-        tokens: &[u64],
-        fence_ttl: Duration,
-    ) -> NodeFuture<()> {
-        self.run_set(set::raise_fences(keys, tokens, fence_ttl))
+    async fn run<O: Op>(&self, op: &O, wait: Option<ReplicaWait>) -> Result<O::Output, NodeError> {
+        let mut conn = self.conn.clone();
+        op.run(&mut conn, wait)
+            .await
+            .map_err(CallError::into_node_error)
     }
 
     // The subscriptions are kept by one upkeep task per node (see `pubsub`): they
     // come back after the server restarts, and a frozen server piles nothing up.
-}
-
-impl RecordStore for RedisNode {
-    // Outcome records (idempotent replay): the commands are in `records.rs`.
-    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
-        let keys = keys.clone();
-        self.run(move |mut conn, _| async move { records::read(&mut conn, &keys).await })
+    fn subscribe(self: &Arc<Self>, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+        let channel = keys.channel.clone();
+        let hub = self.hub.clone();
+        Box::pin(async move { hub.subscribe(channel).await })
     }
 
-    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
-        let call = records::ClaimCall::new(request);
-        self.run(move |mut conn, wait| async move { records::claim(&mut conn, &call, wait).await })
+    fn server_ids(self: Arc<Self>) -> NodeFuture<Vec<String>> {
+        Box::pin(async move { identity::run_id(&mut self.conn.clone()).await })
     }
 
-    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
-        let call = records::StoreCall::new(request);
-        self.run(move |mut conn, wait| async move { records::store(&mut conn, &call, wait).await })
-    }
-
-    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
-        let call = records::DiscardCall::new(keys, token);
-        self.run(move |mut conn, _| async move { records::discard(&mut conn, &call).await })
+    fn server_setup(self: Arc<Self>, probe: LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let mut found = setup::read_info(&mut conn, &self.address).await?;
+            setup::probe_permissions(&mut conn, &probe, &mut found).await?;
+            Ok(vec![found])
+        })
     }
 }
+
+/// The command connection, for a `SentinelNode` that found this server its master.
+#[cfg(feature = "sentinel")]
+impl Direct {
+    pub(crate) fn connection(&self) -> Batching {
+        self.conn.clone()
+    }
+}
+
+forward_node!(RedisNode);
 
 impl fmt::Debug for RedisNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("RedisNode").field(&self.inner.name).finish()
+        f.debug_tuple("RedisNode")
+            .field(&self.node.route.name)
+            .finish()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::Resource;
+    use crate::node::{AcquireRequest, Node, Owner, Resource};
 
     #[tokio::test]
     async fn commands_go_out_at_once_unless_told_otherwise() {
         let nodelay = |node: &RedisNode| {
-            node.inner
+            node.node
+                .route
                 .client
                 .get_connection_info()
                 .tcp_settings()
@@ -448,18 +289,20 @@ mod tests {
         let wait = Duration::from_millis(5);
         let node = node.wait_for_replicas(1, wait).tcp_nodelay(false).unwrap();
         assert!(!nodelay(&node));
-        assert_eq!(node.wait.map(|w| (w.replicas, w.timeout)), Some((1, wait)));
+        assert_eq!(
+            node.node.wait.map(|w| (w.replicas, w.timeout)),
+            Some((1, wait))
+        );
         assert_eq!(node.name(), "redis://127.0.0.1:1/0");
         assert!(nodelay(&node.tcp_nodelay(true).unwrap()));
     }
 
     /// A node call's boxed future stays within the allocator's fast path (glibc's
     /// per-thread cache serves blocks up to 1,032 B): it holds a batch's place, or
-    /// redis-rs's send future (1.5 kB) in a box of its own, never that future inline, and
-    /// the rare paths (replicas' `WAIT`, a missing script, waiters queued) in boxes
-    /// too. Inline they took an acquire's future to 2.6 kB and a release's to 1.9 kB,
-    /// each allocated and copied per call (S2 fencing off, one node, multi-thread
-    /// runtime: 8 % more acquisitions per second without).
+    /// redis-rs's send future in a box of its own, never that future inline, and the
+    /// rare paths (replicas' `WAIT`, a missing script, waiters queued) in boxes too.
+    /// Inline, each was allocated and copied per call, and cost throughput
+    /// (BENCHMARKS.md).
     #[tokio::test]
     async fn a_node_call_future_fits_the_allocator_fast_path() {
         let node = RedisNode::open("redis://127.0.0.1:1/0").unwrap();

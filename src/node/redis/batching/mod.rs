@@ -23,15 +23,16 @@
 //! next one. When the replies arrive, one caller is woken, the first still
 //! waiting in the order they joined; it collects them, hands each of the others its own
 //! and wakes them. (Waking every caller at once, so that whichever runs first collects,
-//! measured 30 % slower: they contend for the batch on both threads.) So, as with a
+//! measured slower: they contend for the batch on both threads; BENCHMARKS.md.) No task
+//! is spawned per batch: a batch whose callers all gave up (a frozen server) costs
+//! nothing more. So, as with a
 //! queue of Tokio's own fair primitives, a caller woken but not polled again, a future
 //! kept unpolled in a `select!` loop, holds up the others of its batch until it is
 //! polled or dropped; dropped, it hands the duty on.
 //!
 //! Under Tokio's current-thread runtime nothing is batched: there redis-rs's connection
 //! task runs only after every ready caller has handed it its command and writes them all
-//! at once by itself, and holding a leader back only delayed the batch (S2 on one node:
-//! 68–75k against 83–97k acquisitions per second).
+//! at once by itself, and holding a leader back only delayed the batch (BENCHMARKS.md).
 //!
 //! # Order and cancellation
 //!
@@ -39,8 +40,8 @@
 //!   alone guarantees: a batch is closed and handed to the connection in one step,
 //!   under the node's lock, so no later batch can overtake it. (A release issued after
 //!   a cancelled acquire must not run before it, or the acquire would leave its key
-//!   behind.) While the connection is being made, `conn.rs` holds what it is given in
-//!   that order and sends it in one go.
+//!   behind.) While the connection is being made, the callers wait for it in line, in
+//!   that order (`attempt.rs`).
 //! * A caller dropped before its batch was sent takes its commands out: they are never
 //!   sent, as redis-rs does not send a request dropped before it took it. A leader
 //!   dropped before sending sends the others' commands on its way out (without waiting
@@ -65,9 +66,8 @@ use solo::{alone, Solo};
 
 /// A batch is sent as soon as this many callers joined it, without waiting for its
 /// leader: two smaller batches keep Redis and the client busy at the same time where one
-/// large one has each wait for the other (S2 on one node, multi-thread: 123k cycles/s
-/// fencing off against 88k unbounded, 90k against 72k fenced; 12 and 24 measured
-/// within noise of 16, 8 lower).
+/// large one has each wait for the other (measured against no cap, 8, 12 and 24 in
+/// BENCHMARKS.md).
 const MOST_CALLERS: usize = 16;
 
 /// A node's command connection, batching the commands of concurrent callers (see the

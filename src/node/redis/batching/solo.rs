@@ -7,8 +7,8 @@ use super::*;
 /// node is in flight and no batch is open: what a batch of one would do (sent at once,
 /// counted in `in_flight` so that the next caller yields and gathers a batch behind it),
 /// without the batch (its shared state, the copy of the command, the pipeline around
-/// it: 18 of 50 allocator calls per sequential acquire + release on one node,
-/// `benches/memory.rs`).
+/// it: many of the allocator calls of a sequential acquire + release on one node,
+/// `benches/memory.rs`, BENCHMARKS.md).
 pub(super) struct Solo<'a> {
     node: &'a NodeBatches,
 }
@@ -58,10 +58,9 @@ impl Drop for Solo<'_> {
     }
 }
 
-/// A send that goes out on its own (unbatched), boxed: redis-rs's send future is 1.5 kB,
+/// A send that goes out on its own (unbatched), boxed: redis-rs's send future is large,
 /// and held inline it made every node call's boxed future too large for the
-/// allocator's fast path (S2 fencing off, one node: 8 % more acquisitions per second
-/// under the multi-thread runtime, where the batched path holds only its place).
+/// allocator's fast path (BENCHMARKS.md; `standalone.rs` tests the size).
 pub(super) fn alone<'a, T>(
     send: impl Future<Output = T> + Send + 'a,
 ) -> Pin<Box<dyn Future<Output = T> + Send + 'a>> {

@@ -66,10 +66,14 @@ impl Acquire {
             None => call,
         })
     }
+}
 
-    /// With `wait`, a grant counts only once enough replicas acknowledged the key and
-    /// the counter.
-    pub(crate) async fn run<C: SendOne>(
+/// With `wait`, a grant counts only once enough replicas acknowledged the key and the
+/// counter.
+impl Op for Acquire {
+    type Output = AcquireReply;
+
+    async fn run<C: SendOne>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
@@ -93,8 +97,8 @@ impl Acquire {
 /// the lock's `SET NX PX`, an `EXISTS` of its wait queue and the fence script
 /// (`fence.lua`: the counter's rule, `max(counter + 1, floor)`), pipelined. Redis
 /// charges a command inside a script far more than the same command sent plainly, and
-/// a script per argument (Redis's instructions per acquire + release with the acquire
-/// script 95.9k, with this pipeline 79.6k: `benches/server_cost.py`, BENCHMARKS.md).
+/// a script per argument (Redis's instructions per acquire + release, the acquire script
+/// against this pipeline: `benches/server_cost.py`, BENCHMARKS.md).
 ///
 /// The fence script runs whether or not the `SET` took the key: a refused caller moves
 /// the counter up, never down, so every later token is still above every earlier one

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::node::redis::conn::SendOne;
 use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
 
-use super::{check_acks, int, node_error, query, Call, CallError, ReplicaWait, EXTEND_MANY};
+use super::{check_acks, int, node_error, query, Call, CallError, Op, ReplicaWait, EXTEND_MANY};
 use crate::error::NodeError;
 use crate::node::redis::millis_ceil;
 use crate::node::ExtendEntry;
@@ -52,7 +52,20 @@ impl ExtendManyCall {
 /// more for the chunks a server without the script answered `NOSCRIPT` to). With
 /// `wait`, the extensions count only once enough replicas acknowledged them; a
 /// failed acknowledgement fails the whole batch, as the node's vote is then void.
-pub(crate) async fn extend_many<C: SendOne>(
+impl Op for ExtendManyCall {
+    type Output = Vec<Result<bool, NodeError>>;
+
+    async fn run<C: SendOne>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<Vec<Result<bool, NodeError>>, CallError> {
+        let call = self;
+        extend_many(conn, call, wait).await
+    }
+}
+
+async fn extend_many<C: SendOne>(
     conn: &mut C,
     call: &ExtendManyCall,
     wait: Option<ReplicaWait>,

@@ -3,6 +3,7 @@
 //! redis-rs errors become [`NodeError`]s.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -377,18 +378,23 @@ pub(crate) fn check_acks(
     Ok(())
 }
 
-/// The extend script (compare-and-pexpire). With `wait`, an extension counts only once
-/// enough replicas acknowledged it.
-pub(crate) async fn extend<C: SendOne>(
-    conn: &mut C,
-    call: &ExtendCall,
-    wait: Option<ReplicaWait>,
-) -> Result<bool, CallError> {
-    let value = call.0.run(conn, wait, |v| int(v) == Some(1)).await?;
-    parse_flag(value).map_err(CallError::Reply)
+/// One operation of a node: its commands, prepared when the node is called (so the
+/// call's future owns them), and how its replies are read. Every Redis node kind runs
+/// the same operations; they differ only in how a connection is reached (`node.rs`).
+pub(crate) trait Op: Send + Sync + 'static {
+    type Output: Send + 'static;
+
+    /// Runs on `conn`. `wait` is the node's replica acknowledgement: operations whose
+    /// writes a failover must keep pipeline `WAIT` behind them; the others ignore it.
+    fn run<'a, C: SendOne>(
+        &'a self,
+        conn: &'a mut C,
+        wait: Option<ReplicaWait>,
+    ) -> impl Future<Output = Result<Self::Output, CallError>> + Send + 'a;
 }
 
-/// The owned arguments of one extend call.
+/// The extend script (compare-and-pexpire). With `wait`, an extension counts only once
+/// enough replicas acknowledged it.
 pub(crate) struct ExtendCall(Call);
 
 impl ExtendCall {
@@ -402,7 +408,21 @@ impl ExtendCall {
     }
 }
 
-/// The owned arguments of one raise-fence call.
+impl Op for ExtendCall {
+    type Output = bool;
+
+    async fn run<C: SendOne>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<bool, CallError> {
+        let value = self.0.run(conn, wait, |v| int(v) == Some(1)).await?;
+        parse_flag(value).map_err(CallError::Reply)
+    }
+}
+
+/// The raise-fence script. With `wait`, a raised counter counts only once enough
+/// replicas acknowledged it.
 pub(crate) struct RaiseFenceCall(Call);
 
 impl RaiseFenceCall {
@@ -416,19 +436,21 @@ impl RaiseFenceCall {
     }
 }
 
-/// The raise-fence script. With `wait`, a raised counter counts only once enough
-/// replicas acknowledged it.
-pub(crate) async fn raise_fence<C: SendOne>(
-    conn: &mut C,
-    call: &RaiseFenceCall,
-    wait: Option<ReplicaWait>,
-) -> Result<(), CallError> {
-    let value = call.0.run(conn, wait, |v| int(v) == Some(1)).await?;
-    int(&value).map(|_| ()).ok_or_else(|| {
-        CallError::Reply(NodeError::Protocol(
-            format!("raise_fence returned {value:?}").into(),
-        ))
-    })
+impl Op for RaiseFenceCall {
+    type Output = ();
+
+    async fn run<C: SendOne>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<(), CallError> {
+        let value = self.0.run(conn, wait, |v| int(v) == Some(1)).await?;
+        int(&value).map(|_| ()).ok_or_else(|| {
+            CallError::Reply(NodeError::Protocol(
+                format!("raise_fence returned {value:?}").into(),
+            ))
+        })
+    }
 }
 
 pub(crate) fn int(value: &Value) -> Option<i64> {
@@ -460,5 +482,5 @@ mod tests;
 
 pub(crate) use acquire::Acquire;
 
-pub(crate) use extend_many::{extend_many, ExtendManyCall};
-pub(crate) use release::{listen, release, ListenCall, ReleaseCall};
+pub(crate) use extend_many::ExtendManyCall;
+pub(crate) use release::{ListenCall, ReleaseCall};

@@ -5,7 +5,7 @@ use crate::node::redis::conn::SendOne;
 
 use std::time::Duration;
 
-use super::{int, parse_flag, Call, CallError, Suffixed, LISTEN, RELEASE};
+use super::{int, parse_flag, Call, CallError, Op, ReplicaWait, Suffixed, LISTEN, RELEASE};
 use crate::error::NodeError;
 use crate::node::redis::millis_ceil;
 use crate::node::{LockKeys, Owner, Waiter, CHANNEL_SUFFIX, HANDOFF_TTL, QUEUE_SUFFIX};
@@ -80,14 +80,19 @@ impl ReleaseCall {
     }
 }
 
-/// The release script. Never waits for replicas: a release lost in a failover only
-/// delays the next holder until the key expires.
-pub(crate) async fn release<C: SendOne>(
-    conn: &mut C,
-    call: &ReleaseCall,
-) -> Result<bool, CallError> {
-    let value = call.0.run(conn, None, |_| false).await?;
-    parse_flag(value).map_err(CallError::Reply)
+/// Never waits for replicas: a release lost in a failover only delays the next holder
+/// until the key expires.
+impl Op for ReleaseCall {
+    type Output = bool;
+
+    async fn run<C: SendOne>(
+        &self,
+        conn: &mut C,
+        _: Option<ReplicaWait>,
+    ) -> Result<bool, CallError> {
+        let value = self.0.run(conn, None, |_| false).await?;
+        parse_flag(value).map_err(CallError::Reply)
+    }
 }
 
 /// The listeners' mark on a resource's wait queue (`listen.lua`, see
@@ -104,13 +109,17 @@ impl ListenCall {
     }
 }
 
-/// The listen script; never waits for replicas (a mark lost in a failover only leaves
-/// the listeners to their retry timer).
-pub(crate) async fn listen<C: SendOne>(conn: &mut C, call: &ListenCall) -> Result<(), CallError> {
-    let value = call.0.run(conn, None, |_| false).await?;
-    int(&value).map(|_| ()).ok_or_else(|| {
-        CallError::Reply(NodeError::Protocol(
-            format!("listen script returned {value:?}").into(),
-        ))
-    })
+/// Never waits for replicas: a mark lost in a failover only leaves the listeners to
+/// their retry timer.
+impl Op for ListenCall {
+    type Output = ();
+
+    async fn run<C: SendOne>(&self, conn: &mut C, _: Option<ReplicaWait>) -> Result<(), CallError> {
+        let value = self.0.run(conn, None, |_| false).await?;
+        int(&value).map(|_| ()).ok_or_else(|| {
+            CallError::Reply(NodeError::Protocol(
+                format!("listen script returned {value:?}").into(),
+            ))
+        })
+    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::node::redis::conn::SendOne;
 use redis::Value;
 
-use super::{int, parse_flag, Call, CallError, Lua, ReplicaWait, EXTEND_MANY};
+use super::{int, parse_flag, Call, CallError, Lua, Op, ReplicaWait, EXTEND_MANY};
 use crate::error::NodeError;
 use crate::node::redis::millis_ceil;
 use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Owner, HANDOFF_TTL};
@@ -35,10 +35,12 @@ pub(crate) struct SetCall<T> {
     parse: fn(&Value) -> Result<T, NodeError>,
 }
 
-impl<T> SetCall<T> {
-    /// Runs the script (see `Call::run`); with `wait`, an answer that wrote counts only
-    /// once enough replicas acknowledged it.
-    pub(crate) async fn run<C: SendOne>(
+/// Runs the script (see `Call::run`); with `wait`, an answer that wrote counts only
+/// once enough replicas acknowledged it.
+impl<T: Send + 'static> Op for SetCall<T> {
+    type Output = T;
+
+    async fn run<C: SendOne>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,

@@ -4,10 +4,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
 
-use super::{millis, Inner, DEFAULT_CHECK_INTERVAL, RESOLVE_TIMEOUT};
+use super::{millis, Sentinels, DEFAULT_CHECK_INTERVAL, RESOLVE_TIMEOUT};
 
 /// Asks the sentinels every `check_interval` whether the master changed.
-pub(super) async fn check_task(inner: Weak<Inner>) {
+pub(super) async fn check_task(inner: Weak<Sentinels>) {
     loop {
         let interval = match inner.upgrade() {
             Some(inner) => inner.check_interval_ms.load(Ordering::Relaxed),
@@ -25,15 +25,12 @@ pub(super) async fn check_task(inner: Weak<Inner>) {
         if inner.check_interval_ms.load(Ordering::Relaxed) == 0 {
             continue;
         }
-        let (generation, current) = {
-            let state = inner.state();
-            (state.generation, state.lookup.peek().cloned())
-        };
+        let (generation, current) = inner.master.outcome();
         match current {
             // A lookup is in progress.
             None => {}
             // The last lookup failed and no command asked again since: retry.
-            Some(Err(_)) => inner.invalidate(generation),
+            Some(Err(_)) => inner.master.renew(generation),
             Some(Ok(master)) => {
                 let found = tokio::time::timeout(RESOLVE_TIMEOUT, async {
                     let mut sentinel = inner.sentinel.lock().await;
@@ -44,7 +41,7 @@ pub(super) async fn check_task(inner: Weak<Inner>) {
                 .await;
                 if let Ok(Ok(client)) = found {
                     if client.get_connection_info().addr().to_string() != master.addr {
-                        inner.invalidate(generation);
+                        inner.master.renew(generation);
                     }
                 }
             }

@@ -2,41 +2,26 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures_util::future::{BoxFuture, FutureExt, Shared};
+use futures_util::future::FutureExt;
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::IntoConnectionInfo;
 use tokio::sync::{watch, Mutex as AsyncMutex};
-use tokio::time::Instant;
 
 mod channel;
 mod check;
-mod record_store;
-mod set;
 
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
-use crate::node::redis::batching::Batching;
-use crate::node::redis::call::{
-    self, Acquire, CallError, ExtendCall, ExtendManyCall, ListenCall, RaiseFenceCall, ReleaseCall,
-    ReplicaWait,
-};
-use crate::node::redis::line::{in_turn, Line};
+use crate::node::redis::attempt::{in_turn, Attempts};
+use crate::node::redis::call::{self, Op, ReplicaWait};
+use crate::node::redis::node::{forward_node, Redis, Route};
 use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
-use crate::node::LockKeys;
-use crate::node::RecordStore;
-use crate::node::ServerSetup;
-use crate::node::Waiter;
-use crate::node::{
-    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node,
-    NodeFuture, Owner, ReleaseSignal,
-};
-use crate::node::{LockSets, WaitQueue};
+use crate::node::{LockKeys, Node, NodeFuture, ReleaseSignal, ServerSetup};
 use channel::HubChannel;
 
 /// How long one lookup through the sentinels may take.
@@ -90,7 +75,7 @@ const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 ///   cover).
 /// * Check fencing tokens in the protected storage.
 ///
-/// Outcome records (idempotent replay, [`crate::record`]) follow the master like
+/// Outcome records (idempotent replay, [`crate::lock::record`]) follow the master like
 /// the locks, and carry the same trade-off: with `wait_for_replicas` a claim or a store
 /// counts only once the replicas have it, so a failover to one of them keeps the record
 /// and the retry is replayed from the new master. When the promoted replica had not
@@ -113,34 +98,25 @@ const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// ```
 #[derive(Clone)]
 pub struct SentinelNode {
-    inner: Arc<Inner>,
-    wait: Option<ReplicaWait>,
+    node: Redis<Sentinels>,
 }
 
-struct Inner {
+/// The master the sentinels name, looked up again when it may have moved.
+pub(crate) struct Sentinels {
     name: Arc<str>,
     address: String,
     service: String,
     sentinel: AsyncMutex<Sentinel>,
     master_info: SentinelNodeConnectionInfo,
     runtime: tokio::runtime::Handle,
-    state: Mutex<State>,
+    /// The lookups of the master, and the callers that wait for one.
+    master: Attempts<Master, NodeError>,
     /// Period of the background check in ms; 0 turns it off.
     check_interval_ms: AtomicU64,
     channels: Mutex<HashMap<String, Weak<HubChannel>>>,
     /// Identifies the [`RedisNode`] of each master found (a new one per new address).
     epochs: AtomicU64,
-    /// The callers that waited for a lookup (see [`Line`]).
-    line: Line,
 }
-
-struct State {
-    generation: u64,
-    started: Instant,
-    lookup: Lookup,
-}
-
-type Lookup = Shared<BoxFuture<'static, Result<Master, NodeError>>>;
 
 /// The master found by one lookup.
 #[derive(Clone)]
@@ -188,29 +164,43 @@ impl SentinelNode {
         );
         let sentinel =
             Sentinel::build(sentinels).map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
-        let pending = futures_util::future::pending().boxed().shared();
-        let inner = Arc::new(Inner {
-            name,
-            address,
-            service: master_name.to_owned(),
-            sentinel: AsyncMutex::new(sentinel),
-            master_info: master,
-            runtime: runtime.clone(),
-            state: Mutex::new(State {
-                generation: 0,
-                started: Instant::now(),
-                lookup: pending,
-            }),
-            line: Line::new(),
-            check_interval_ms: AtomicU64::new(millis(DEFAULT_CHECK_INTERVAL)),
-            channels: Mutex::default(),
-            epochs: AtomicU64::new(0),
+        let route = Arc::new_cyclic(|route: &Weak<Sentinels>| {
+            let route = route.clone();
+            // A lookup runs in a task of its own (`attempt.rs`) and keeps the previous
+            // master's connection when its address did not change.
+            let lookup = Box::new(move |previous: Option<Master>| {
+                let route = route.clone();
+                async move {
+                    let Some(route) = route.upgrade() else {
+                        return Err(NodeError::Connection("the node was dropped".into()));
+                    };
+                    let master = route.find_master(previous).await;
+                    if let Ok(master) = &master {
+                        route.follow(master);
+                    }
+                    master
+                }
+                .boxed()
+            });
+            Sentinels {
+                name,
+                address,
+                service: master_name.to_owned(),
+                sentinel: AsyncMutex::new(sentinel),
+                master_info: master,
+                runtime: runtime.clone(),
+                master: Attempts::new(runtime.clone(), MIN_RESOLVE_INTERVAL, lookup),
+                check_interval_ms: AtomicU64::new(millis(DEFAULT_CHECK_INTERVAL)),
+                channels: Mutex::default(),
+                epochs: AtomicU64::new(0),
+            }
         });
         // The first lookup starts at once, in the background.
-        let first = spawn_lookup(&runtime, Arc::downgrade(&inner), None, None);
-        inner.state().lookup = first;
-        runtime.spawn(check::check_task(Arc::downgrade(&inner)));
-        Ok(SentinelNode { inner, wait: None })
+        route.master.start_now();
+        runtime.spawn(check::check_task(Arc::downgrade(&route)));
+        Ok(SentinelNode {
+            node: Redis { route, wait: None },
+        })
     }
 
     /// Counts this node's vote only once `replicas` replicas acknowledged the write,
@@ -222,7 +212,7 @@ impl SentinelNode {
     /// clones.
     #[must_use]
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
-        self.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
+        self.node.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
         self
     }
 
@@ -234,52 +224,23 @@ impl SentinelNode {
     #[must_use]
     pub fn check_interval(self, interval: Option<Duration>) -> Self {
         let ms = interval.map_or(0, |i| millis(i).max(10));
-        self.inner.check_interval_ms.store(ms, Ordering::Relaxed);
+        self.node
+            .route
+            .check_interval_ms
+            .store(ms, Ordering::Relaxed);
         self
     }
 
     /// The address (`host:port`) of the master currently used, once it was found.
     pub fn current_master(&self) -> Option<String> {
-        let state = self.inner.state();
-        match state.lookup.peek() {
-            Some(Ok(master)) => Some(master.addr.clone()),
-            _ => None,
-        }
+        self.node.route.master.current().map(|master| master.addr)
     }
 }
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
-
-/// Starts looking the master up, in a task of its own so it completes even when every
-/// caller waiting for it gives up (their per-node timeout is much shorter).
-fn spawn_lookup(
-    runtime: &tokio::runtime::Handle,
-    inner: Weak<Inner>,
-    previous: Option<Master>,
-    not_before: Option<Instant>,
-) -> Lookup {
-    let lookup = async move {
-        if let Some(at) = not_before {
-            tokio::time::sleep_until(at).await;
-        }
-        let Some(inner) = inner.upgrade() else {
-            return Err(NodeError::Connection("the node was dropped".into()));
-        };
-        let master = inner.find_master(previous).await;
-        if let Ok(master) = &master {
-            inner.follow(master);
-        }
-        master
-    }
-    .boxed()
-    .shared();
-    runtime.spawn(lookup.clone());
-    lookup
-}
-
-impl Inner {
+impl Sentinels {
     /// Asks the sentinels for the master (checked with `ROLE`) and connects to it,
     /// keeping the previous connection when the address did not change.
     async fn find_master(&self, previous: Option<Master>) -> Result<Master, NodeError> {
@@ -328,80 +289,6 @@ impl Inner {
         })
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The current lookup (done or in progress) and its generation.
-    fn lookup(&self) -> (u64, Lookup) {
-        let state = self.state();
-        (state.generation, state.lookup.clone())
-    }
-
-    /// The current master, waiting for a lookup in progress.
-    async fn master(&self) -> (u64, Result<Master, NodeError>) {
-        let (generation, lookup) = self.lookup();
-        (generation, lookup.await)
-    }
-
-    /// Starts a new lookup unless one started since `generation`.
-    fn invalidate(self: &Arc<Self>, generation: u64) {
-        let mut state = self.state();
-        if state.generation != generation {
-            return;
-        }
-        let previous = match state.lookup.peek() {
-            Some(Ok(master)) => Some(master.clone()),
-            Some(Err(_)) => None,
-            // Still looking: that lookup answers for this generation.
-            None => return,
-        };
-        let not_before = state.started + MIN_RESOLVE_INTERVAL;
-        state.generation += 1;
-        state.started = Instant::now().max(not_before);
-        state.lookup = spawn_lookup(
-            &self.runtime,
-            Arc::downgrade(self),
-            previous,
-            Some(not_before),
-        );
-    }
-
-    /// Runs `op` on the current master. Errors that hint at a failover start a new
-    /// lookup, and an op refused without effect is retried once on the master found.
-    async fn with_master<T, F, Fut>(self: &Arc<Self>, mut op: F) -> Result<T, NodeError>
-    where
-        F: FnMut(Batching) -> Fut,
-        Fut: Future<Output = Result<T, CallError>>,
-    {
-        let mut retried = false;
-        loop {
-            let (generation, lookup) = self.lookup();
-            let place = self.line.place(lookup.peek().is_none());
-            let master = match lookup.await {
-                Ok(master) => master,
-                Err(e) => {
-                    self.invalidate(generation);
-                    return Err(e);
-                }
-            };
-            match in_turn(place, op(master.node.connection())).await {
-                Ok(value) => return Ok(value),
-                Err(e) => {
-                    if e.master_may_have_moved() {
-                        tracing::debug!(node = %self.name, master = %master.addr, error = ?e, "master may have moved");
-                        self.invalidate(generation);
-                        if e.certainly_not_run() && !retried {
-                            retried = true;
-                            continue;
-                        }
-                    }
-                    return Err(e.into_node_error());
-                }
-            }
-        }
-    }
-
     /// Moves the waiters' subscriptions to a newly found master.
     fn follow(self: &Arc<Self>, master: &Master) {
         let channels: Vec<Arc<HubChannel>> = self
@@ -431,93 +318,56 @@ impl Inner {
         }
     }
 }
+impl Route for Sentinels {
+    const SHARDED: bool = false;
 
-impl SentinelNode {
-    /// One call of the release script (a release, a hand-back, a waiter leaving).
-    fn release_call(&self, call: ReleaseCall) -> NodeFuture<bool> {
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { call::release(&mut conn, call).await })
-                .await
-        })
-    }
-}
-
-impl Node for SentinelNode {
     fn name(&self) -> &str {
-        &self.inner.name
+        &self.name
     }
 
-    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
-        let call = Acquire::new(request, false);
-        let inner = self.inner.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { call.run(&mut conn, wait).await })
-                .await
-        })
+    fn address(&self) -> &str {
+        &self.address
     }
 
-    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        let call = ExtendCall::new(keys, owner, ttl);
-        let inner = self.inner.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { call::extend(&mut conn, call, wait).await })
-                .await
-        })
+    /// On the current master, after the callers that waited for its lookup before it
+    /// (`attempt.rs`). Errors that hint at a failover start a new lookup, and an op
+    /// refused without effect is sent once more to the master found.
+    async fn run<O: Op>(&self, op: &O, wait: Option<ReplicaWait>) -> Result<O::Output, NodeError> {
+        let mut retried = false;
+        loop {
+            let got = self.master.get().await;
+            let master = match got.value {
+                Ok(master) => master,
+                Err(e) => {
+                    self.master.renew(got.generation);
+                    return Err(e);
+                }
+            };
+            let mut conn = master.node.route().connection();
+            match in_turn(got.place, op.run(&mut conn, wait)).await {
+                Ok(value) => return Ok(value),
+                Err(e) => {
+                    if e.master_may_have_moved() {
+                        tracing::debug!(node = %self.name, master = %master.addr, error = ?e, "master may have moved");
+                        self.master.renew(got.generation);
+                        if e.certainly_not_run() && !retried {
+                            retried = true;
+                            continue;
+                        }
+                    }
+                    return Err(e.into_node_error());
+                }
+            }
+        }
     }
 
-    fn extend_many(
-        &self,
-        entries: &[ExtendEntry<'_>],
-        ttl: Duration,
-    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-        let call = ExtendManyCall::new(entries, ttl);
-        let inner = self.inner.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(
-                    |mut conn| async move { call::extend_many(&mut conn, call, wait).await },
-                )
-                .await
-        })
-    }
-
-    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
-        self.release_call(ReleaseCall::new(keys, owner, false))
-    }
-
-    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
-        let call = RaiseFenceCall::new(keys, token, fence_ttl);
-        let inner = self.inner.clone();
-        let wait = self.wait;
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(
-                    |mut conn| async move { call::raise_fence(&mut conn, call, wait).await },
-                )
-                .await
-        })
-    }
-
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
-        let inner = self.inner.clone();
+    fn subscribe(self: &Arc<Self>, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+        let route = self.clone();
         let keys = keys.clone();
         Box::pin(async move {
-            let (generation, master) = inner.master().await;
-            let master = master.inspect_err(|_| inner.invalidate(generation))?;
+            let master = route.master.get().await.value?;
             let channel = {
-                let mut channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+                let mut channels = route.channels.lock().unwrap_or_else(|p| p.into_inner());
                 match channels.get(&keys.channel).and_then(Weak::upgrade) {
                     Some(channel) => channel,
                     None => {
@@ -537,105 +387,31 @@ impl Node for SentinelNode {
         })
     }
 
-    fn address(&self) -> Option<&str> {
-        Some(&self.inner.address)
-    }
-
     /// The current master's `run_id`.
-    fn server_ids(&self) -> NodeFuture<Vec<String>> {
-        let inner = self.inner.clone();
+    fn server_ids(self: Arc<Self>) -> NodeFuture<Vec<String>> {
         Box::pin(async move {
-            let (generation, master) = inner.master().await;
-            let master = master.inspect_err(|_| inner.invalidate(generation))?;
+            let master = self.master.get().await.value?;
             master.node.server_ids().await
         })
     }
 
     /// The setup of the current master (the sentinels resolve it, as for every call).
-    fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
-        let inner = self.inner.clone();
-        let probe = probe.clone();
+    fn server_setup(self: Arc<Self>, probe: LockKeys) -> NodeFuture<Vec<ServerSetup>> {
         Box::pin(async move {
-            let (generation, master) = inner.master().await;
-            let master = master.inspect_err(|_| inner.invalidate(generation))?;
+            let master = self.master.get().await.value?;
             master.node.server_setup(&probe).await
         })
     }
-
-    // The set calls: one script each on the master (`set.rs`, `call/set.rs`).
-    fn sets(&self) -> Option<&dyn LockSets> {
-        Some(self)
-    }
-
-    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
-        Some(self)
-    }
-
-    fn records(&self) -> Option<&dyn RecordStore> {
-        Some(self)
-    }
 }
 
-impl WaitQueue for SentinelNode {
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        self.release_call(ReleaseCall::hand_back(keys, owner, waiter, false))
-    }
-
-    fn release_as_waiter(
-        &self,
-        keys: &LockKeys,
-        owner: &Owner,
-        waiter: &Waiter,
-    ) -> NodeFuture<bool> {
-        self.release_call(ReleaseCall::as_waiter(keys, owner, waiter, false))
-    }
-
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let leave = self.release_call(ReleaseCall::leave(keys, waiter, false));
-        Box::pin(async move { leave.await.map(|_| ()) })
-    }
-
-    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
-        let call = ListenCall::new(keys, ttl);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let call = &call;
-            inner
-                .with_master(|mut conn| async move { call::listen(&mut conn, call).await })
-                .await
-        })
-    }
-}
-
-impl LockSets for SentinelNode {
-    fn acquire_set(&self, request: &AcquireSetRequest<'_>) -> NodeFuture<AcquireSetReply> {
-        self.run_set(call::set::acquire_set(request))
-    }
-
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.run_set(call::set::extend_set(keys, owner, ttl))
-    }
-
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
-        self.run_set(call::set::release_set(keys, owner, false))
-    }
-
-    fn raise_fences(
-        &self,
-        keys: &[LockKeys],
-        tokens: &[u64],
-        fence_ttl: Duration,
-    ) -> NodeFuture<()> {
-        self.run_set(call::set::raise_fences(keys, tokens, fence_ttl))
-    }
-}
+forward_node!(SentinelNode);
 
 impl fmt::Debug for SentinelNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SentinelNode")
-            .field("name", &self.inner.name)
+            .field("name", &self.node.route.name)
             .field("master", &self.current_master())
-            .field("wait_for_replicas", &self.wait)
+            .field("wait_for_replicas", &self.node.wait)
             .finish()
     }
 }

@@ -1,0 +1,331 @@
+//! What every Redis node waits for before it can send (a connection, a Sentinel
+//! master, a cluster connection) and the callers that wait for it, in order: one
+//! primitive for the standalone, Sentinel and Cluster nodes.
+//!
+//! [`Attempts`] holds the current attempt to get that value, shared by every caller
+//! that waits for it and run in a task of its own (it completes, and leaves its value
+//! for the next caller, even when every caller waiting gave up: their per-node timeout
+//! is shorter than an attempt), numbered by a generation, and the earliest time the
+//! next attempt may start (attempts that keep failing are not made in a loop).
+//!
+//! # The callers' order
+//!
+//! Woken together when an attempt ends, the callers that waited would hand their
+//! commands to the connection in the order the scheduler runs them: a waiter's leave
+//! could overtake the attempt that queued it, and its entry would stay behind in the
+//! wait queue. So a caller that has to wait takes a place in line ([`Place`]), and
+//! hands its command over ([`in_turn`]) only after the callers before it did; while
+//! anyone is in line, later callers join it even when the attempt has ended. The place
+//! is taken at the caller's first poll, so callers keep the order they were polled in
+//! (the batching sends a batch in one such poll, under its lock).
+//!
+//! A caller kept unpolled but not dropped holds up the ones behind it; every call the
+//! engine makes is bounded by its node timeout, which drops it, and a dropped caller
+//! gives up its place (its command is never sent).
+//!
+//! # Failures
+//!
+//! A failed attempt fails only the callers that waited for it: a caller that comes
+//! after it failed starts a new one rather than being handed an old refusal (from while
+//! the server was still down, say).
+
+use std::collections::BTreeSet;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+type Attempt<T, E> = Shared<BoxFuture<'static, Result<T, E>>>;
+
+/// Makes one attempt, given the value the previous one made (a Sentinel lookup keeps
+/// the master's connection when its address did not change).
+pub(crate) type Connect<T, E> =
+    Box<dyn Fn(Option<T>) -> BoxFuture<'static, Result<T, E>> + Send + Sync>;
+
+/// One node's attempts and the callers waiting for them (see the module docs).
+pub(crate) struct Attempts<T, E> {
+    state: Mutex<State<T, E>>,
+    connect: Connect<T, E>,
+    runtime: tokio::runtime::Handle,
+    /// Least time between the starts of two attempts.
+    min_interval: Duration,
+}
+
+struct State<T, E> {
+    generation: u64,
+    /// When the current attempt started (or may start); `None` before the first.
+    started: Option<Instant>,
+    attempt: Option<Attempt<T, E>>,
+    line: Line,
+}
+
+/// The callers in line.
+struct Line {
+    /// The place the next caller to join gets.
+    next: u64,
+    /// The place whose caller may hand its command over now; `next` when nobody waits.
+    serving: u64,
+    /// `serving`, for the callers waiting for their turn.
+    turn: watch::Sender<u64>,
+    /// Places whose callers were dropped before their turn, skipped when it comes.
+    abandoned: BTreeSet<u64>,
+}
+
+/// What a caller got: the value (or the error of the attempt it waited for), the
+/// attempt's generation (for [`Attempts::renew`]) and, if it had to wait, its place in
+/// line, for [`in_turn`].
+pub(crate) struct Got<'a, T, E> {
+    pub(crate) value: Result<T, E>,
+    pub(crate) generation: u64,
+    pub(crate) place: Option<Place<'a, T, E>>,
+}
+
+impl<T, E> Attempts<T, E>
+where
+    T: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    /// No attempt yet: the first caller (or [`start_now`](Self::start_now)) makes one.
+    pub(crate) fn new(
+        runtime: tokio::runtime::Handle,
+        min_interval: Duration,
+        connect: Connect<T, E>,
+    ) -> Self {
+        Attempts {
+            state: Mutex::new(State {
+                generation: 0,
+                started: None,
+                attempt: None,
+                line: Line {
+                    next: 0,
+                    serving: 0,
+                    turn: watch::channel(0).0,
+                    abandoned: BTreeSet::new(),
+                },
+            }),
+            connect,
+            runtime,
+            min_interval,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State<T, E>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts the first attempt, in the background.
+    #[cfg(any(feature = "cluster", feature = "sentinel"))]
+    pub(crate) fn start_now(&self) {
+        let mut state = self.state();
+        if state.attempt.is_none() {
+            self.start(&mut state, None);
+        }
+    }
+
+    /// The value, at once if the current attempt made it and nobody is in line (then
+    /// without a place); otherwise waiting, in line, for the attempt under way, or for
+    /// a new one when there is none or the last one failed.
+    pub(crate) async fn get(&self) -> Got<'_, T, E> {
+        let (attempt, generation, place) = {
+            let mut state = self.state();
+            let nobody_waits = state.line.serving == state.line.next;
+            match state.attempt.as_ref().map(Shared::peek) {
+                Some(Some(Ok(value))) if nobody_waits => {
+                    return Got {
+                        value: Ok(value.clone()),
+                        generation: state.generation,
+                        place: None,
+                    }
+                }
+                Some(Some(Err(_))) | None => self.start(&mut state, None),
+                Some(_) => {}
+            }
+            let Some(attempt) = state.attempt.clone() else {
+                unreachable!("an attempt was started above");
+            };
+            (attempt, state.generation, self.join(&mut state))
+        };
+        Got {
+            value: attempt.await,
+            generation,
+            place: Some(place),
+        }
+    }
+
+    /// The value of the current attempt, if it made one.
+    #[cfg(feature = "sentinel")]
+    pub(crate) fn current(&self) -> Option<T> {
+        match self.state().attempt.as_ref().and_then(Shared::peek) {
+            Some(Ok(value)) => Some(value.clone()),
+            _ => None,
+        }
+    }
+
+    /// The current attempt's generation and its outcome (`None`: under way).
+    #[cfg(feature = "sentinel")]
+    pub(crate) fn outcome(&self) -> (u64, Option<Result<T, E>>) {
+        let state = self.state();
+        let outcome = state.attempt.as_ref().and_then(|a| a.peek().cloned());
+        (state.generation, outcome)
+    }
+
+    /// The value of attempt `generation` is of no further use (its connection broke,
+    /// the master may have moved): starts a new attempt, unless one started since or
+    /// that one is still under way.
+    pub(crate) fn renew(&self, generation: u64) {
+        let mut state = self.state();
+        if state.generation != generation {
+            return;
+        }
+        let previous = match state.attempt.as_ref().map(Shared::peek) {
+            Some(Some(Ok(value))) => Some(value.clone()),
+            Some(Some(Err(_))) | None => None,
+            Some(None) => return,
+        };
+        self.start(&mut state, previous);
+    }
+
+    /// Starts the next attempt (`state` is this one's, locked), in a task of its own,
+    /// not before [`min_interval`](Self::min_interval) after the last one started.
+    fn start(&self, state: &mut State<T, E>, previous: Option<T>) {
+        let now = Instant::now();
+        let not_before = state
+            .started
+            .map_or(now, |started| (started + self.min_interval).max(now));
+        state.generation += 1;
+        state.started = Some(not_before);
+        let connect = (self.connect)(previous);
+        let attempt = async move {
+            if not_before > now {
+                tokio::time::sleep_until(not_before).await;
+            }
+            connect.await
+        }
+        .boxed()
+        .shared();
+        self.runtime.spawn(attempt.clone());
+        state.attempt = Some(attempt);
+    }
+
+    fn join(&self, state: &mut State<T, E>) -> Place<'_, T, E> {
+        let place = state.line.next;
+        state.line.next += 1;
+        Place {
+            attempts: self,
+            place,
+            turn: state.line.turn.subscribe(),
+        }
+    }
+}
+
+impl Line {
+    /// `place` handed its command over, or gave up its place.
+    fn leave(&mut self, place: u64) {
+        if place != self.serving {
+            self.abandoned.insert(place);
+            return;
+        }
+        self.serving += 1;
+        while self.abandoned.remove(&self.serving) {
+            self.serving += 1;
+        }
+        self.turn.send_replace(self.serving);
+    }
+}
+
+/// A caller's place in line; dropping it lets the next caller go.
+pub(crate) struct Place<'a, T, E> {
+    attempts: &'a Attempts<T, E>,
+    place: u64,
+    turn: watch::Receiver<u64>,
+}
+
+impl<T, E> Drop for Place<'_, T, E> {
+    fn drop(&mut self) {
+        let mut state = self
+            .attempts
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.line.leave(self.place);
+    }
+}
+
+/// Runs `call` in its caller's turn: once the callers before `place` handed their
+/// commands over, its first poll hands its own to the connection (which keeps the order
+/// it is given commands in), and the next in line may go.
+pub(crate) async fn in_turn<F: Future, T, E>(place: Option<Place<'_, T, E>>, call: F) -> F::Output {
+    let Some(mut place) = place else {
+        return call.await;
+    };
+    let mine = place.place;
+    // The sender lives in the attempts, which outlive the place.
+    let _ = place.turn.wait_for(|serving| *serving == mine).await;
+    let mut call = pin!(call);
+    let first = poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+    drop(place);
+    match first {
+        Poll::Ready(output) => output,
+        Poll::Pending => call.await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn counting(calls: Arc<AtomicUsize>, fail: bool) -> Attempts<usize, String> {
+        let connect: Connect<usize, String> = Box::new(move |_| {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if fail {
+                    Err(format!("attempt {n}"))
+                } else {
+                    Ok(n)
+                }
+            }
+            .boxed()
+        });
+        Attempts::new(tokio::runtime::Handle::current(), Duration::ZERO, connect)
+    }
+
+    #[tokio::test]
+    async fn a_place_given_up_before_its_turn_is_skipped() {
+        let attempts = counting(Arc::default(), false);
+        let first = attempts.get().await;
+        let second = attempts.get().await;
+        let third = attempts.get().await;
+        let [first, second, third] = [first, second, third].map(|got| got.place.unwrap());
+        drop(second);
+        assert_eq!(*first.turn.borrow(), 0);
+        drop(first);
+        assert_eq!(*third.turn.borrow(), 2, "the abandoned place was skipped");
+        drop(third);
+        let got = attempts.get().await;
+        assert!(got.place.is_none(), "the line is empty again: no place");
+        assert_eq!(got.value, Ok(1), "one attempt made it");
+    }
+
+    #[tokio::test]
+    async fn a_failure_is_never_handed_to_a_later_caller() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let attempts = counting(calls.clone(), true);
+        assert_eq!(attempts.get().await.value, Err("attempt 1".into()));
+        let second = attempts.get().await;
+        assert_eq!(second.value, Err("attempt 2".into()));
+        attempts.renew(second.generation - 1);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "an older generation renews nothing"
+        );
+    }
+}
