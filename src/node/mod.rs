@@ -16,6 +16,7 @@
 //! | [`Owner`] | the random value that identifies one acquisition |
 //! | [`Waiter`] | one process's place in a resource's cross-process wait queue |
 //! | [`ReleaseSignal`] | what a subscription hands waiters: wakes them when the resource is released |
+//! | [`SharedModes`] / [`SharedMode`] / [`SharedRequest`] | shared (reader) and counted holders beside the exclusive lease, which [`Node::shared_modes`] hands out |
 //! | [`RecordStore`] | the capability of storing outcome records, which [`Node::records`] hands out |
 //! | [`Record`], [`ClaimRequest`] / [`ClaimReply`], [`StoreRequest`] / [`StoreReply`] | outcome records of idempotent replay (see [`lock::record`](crate::lock::record)) |
 //! | [`ServerSetup`] | what a node's servers report about the settings a lock relies on (role, eviction policy, permissions) |
@@ -35,6 +36,7 @@
 mod etcd;
 pub(crate) mod identity;
 mod memory;
+mod modes;
 #[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) mod percent;
 mod records;
@@ -63,6 +65,7 @@ pub use crate::error::NodeError;
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdNode;
 pub use memory::MemoryNode;
+pub use modes::{SharedMode, SharedModes, SharedRequest};
 pub(crate) use records::unsupported;
 pub use records::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 pub use resource::{LockKeys, Resource};
@@ -307,6 +310,13 @@ pub trait Node: Send + Sync + 'static {
     /// with [`replay`](crate::LockLayer::replay) refuses, when it is built, a locker with
     /// a node that answers `None` here, rather than failing each request.
     fn records(&self) -> Option<&dyn RecordStore> {
+        None
+    }
+
+    /// The node's shared and counted holders (readers beside writers, `n` permits), if
+    /// it keeps them: see [`SharedModes`] for what each operation must do. The default
+    /// is `None`; a locker built for those modes refuses such a node.
+    fn shared_modes(&self) -> Option<&dyn SharedModes> {
         None
     }
 }

@@ -13,10 +13,11 @@ use crate::node::LockKeys;
 use crate::node::RecordStore;
 use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node,
-    NodeFuture, Owner, ReleaseSignal,
+    NodeFuture, Owner, ReleaseSignal, SharedModes,
 };
 use crate::node::{Waiter, HANDOFF_TTL};
 
+mod modes;
 mod queue;
 mod records;
 mod set;
@@ -117,6 +118,8 @@ struct Store {
     entries: HashMap<String, Entry>,
     /// The wait queues, by queue key.
     queues: HashMap<String, Queue>,
+    /// The shared holders, by lock key (see `modes.rs`).
+    holders: HashMap<String, modes::Holders>,
     writes: u32,
 }
 
@@ -185,7 +188,9 @@ impl MemoryNode {
 
     /// Deletes every key, as a node restarted without persistence.
     pub fn clear(&self) {
-        lock(&self.shared.store).entries.clear();
+        let mut store = lock(&self.shared.store);
+        store.entries.clear();
+        store.holders.clear();
     }
 
     /// Number of live keys.
@@ -301,6 +306,7 @@ impl Store {
             self.entries
                 .retain(|_, e| e.expires.is_none_or(|at| at > now));
             self.queues.retain(|_, q| q.expires > now);
+            self.sweep_holders(now);
         }
     }
 }
@@ -326,6 +332,9 @@ impl Node for MemoryNode {
         self.run(move |shared| {
             let now = Instant::now();
             let mut store = lock(&shared.store);
+            if let Some(held) = store.refuse_writer(&keys, waiter.as_ref(), now) {
+                return Ok(held);
+            }
             let me = waiter.as_ref().map_or("", |w| w.id.as_str());
             let queue_key = keys.queue();
             let refuse = |store: &mut Store| {
@@ -574,6 +583,10 @@ impl Node for MemoryNode {
     }
 
     fn records(&self) -> Option<&dyn RecordStore> {
+        Some(self)
+    }
+
+    fn shared_modes(&self) -> Option<&dyn SharedModes> {
         Some(self)
     }
 }

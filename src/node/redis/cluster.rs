@@ -28,6 +28,8 @@ use crate::node::{parse_info, ServerSetup};
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal, Waiter};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
+mod modes;
+
 type Configure = dyn Fn(ClusterClientBuilder) -> ClusterClientBuilder + Send + Sync;
 type Connect = Shared<BoxFuture<'static, Result<ClusterConnection, NodeError>>>;
 
@@ -301,6 +303,10 @@ impl Node for ClusterNode {
 
     fn wait_queue(&self) -> bool {
         true
+    }
+
+    fn shared_modes(&self) -> Option<&dyn crate::node::SharedModes> {
+        Some(self)
     }
 
     fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {

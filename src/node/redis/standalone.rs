@@ -29,6 +29,8 @@ use crate::node::{
 };
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
+mod modes;
+
 /// One Redis server (standalone master) as a lock node.
 ///
 /// Commands go over one multiplexed connection (redis-rs's `MultiplexedConnection`,
@@ -296,6 +298,10 @@ impl Node for RedisNode {
 
     fn wait_queue(&self) -> bool {
         true
+    }
+
+    fn shared_modes(&self) -> Option<&dyn crate::node::SharedModes> {
+        Some(self)
     }
 
     fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {

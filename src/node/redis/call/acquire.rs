@@ -291,19 +291,29 @@ async fn held_by_another<C: SendOne>(
     lock: &[u8],
     owner: &[u8],
 ) -> Result<Option<AcquireReply>, CallError> {
-    let (holder, pttl): (Option<Vec<u8>>, i64) = redis::pipe()
-        .cmd("GET")
+    let mut pipe = redis::pipe();
+    pipe.cmd("GET")
         .arg(lock)
         .cmd("PTTL")
         .arg(lock)
-        .query_async(conn)
-        .await?;
-    if holder.as_deref() == Some(owner) {
+        .ignore_errors();
+    let mut replies = conn.send_pipeline(&pipe).await?.into_iter();
+    let (Some(holder), Some(pttl)) = (replies.next(), replies.next()) else {
+        return Err(CallError::Reply(NodeError::Protocol(
+            "too few replies to GET and PTTL".into(),
+        )));
+    };
+    // A GET refused (WRONGTYPE): shared holders keep a sorted set at the key (see
+    // `node::modes`), which is another holder.
+    if matches!(holder, Ok(Value::BulkString(value)) if value.as_slice() == owner) {
         return Ok(None);
     }
     // -1: the key has no ttl; -2: it vanished in between.
+    let pttl = pttl?;
     Ok(Some(AcquireReply::Held {
-        pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+        pttl: int(&pttl)
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis),
     }))
 }
 

@@ -26,7 +26,9 @@ if not ARGV[9] and redis.call('EXISTS', KEYS[3]) == 0 then
   -- Our own key when not fresh: an earlier send of this very call landed before its
   -- connection broke and this is the resend. Same grant, with this round's counter;
   -- the counter write also lets a pipelined WAIT cover the earlier SET (it precedes it).
-  if not fresh and redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  -- `pcall`: shared holders keep a sorted set at the key (see `node::modes`), which GET
+  -- refuses; the error reads as another holder. Only a refused SET pays for it.
+  if not fresh and redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
     return {0, redis.call('PTTL', KEYS[1])}
   end
   if mode == '0' then

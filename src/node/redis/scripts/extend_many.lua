@@ -3,7 +3,8 @@
 -- hold. Returns one flag per key, in order: 1 extended, 0 not ours.
 local extended = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[i + 1] then
+  -- `pcall`: shared holders' sorted set (see `node::modes`) is not ours.
+  if redis.pcall('GET', key) == ARGV[i + 1] then
     redis.call('PEXPIRE', key, ARGV[1])
     extended[i] = 1
   else

@@ -5,7 +5,8 @@
 -- with an equal or larger token exists (a newer outcome is never overwritten). The
 -- very record again answers 1: a client that re-sent this store after a dropped
 -- connection (redis-rs's cluster client does) finds its first send landed.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- `pcall`: shared holders' sorted set (see `node::modes`) is not ours.
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 if redis.call('HGET', KEYS[2], 'state') == 'done' then

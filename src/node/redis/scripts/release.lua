@@ -9,7 +9,11 @@ if leaving ~= '' then
   redis.call('ZREM', KEYS[2], leaving)
 end
 if not ours then
-  local held = redis.call('GET', KEYS[1])
+  -- `pcall`: shared holders' sorted set (see `node::modes`) is nobody's key here.
+  local held = redis.pcall('GET', KEYS[1])
+  if held and held.err then
+    return 0
+  end
   if held ~= ARGV[1] and not reserved_for(held, leaving) then
     return 0
   end

@@ -15,7 +15,8 @@
 -- `ours`: the fast path found the key ours (`release.lua` need not read it again).
 local ours = false
 if not ARGV[2] then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  -- `pcall`: shared holders' sorted set (see `node::modes`) is not ours either.
+  if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
     return 0
   end
   -- Nobody queued and nobody listening (the queue holds the listeners' mark, see

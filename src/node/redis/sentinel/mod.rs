@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 mod channel;
 mod check;
+mod modes;
 mod record_store;
 mod set;
 
@@ -497,6 +498,10 @@ impl Node for SentinelNode {
 
     fn wait_queue(&self) -> bool {
         true
+    }
+
+    fn shared_modes(&self) -> Option<&dyn crate::node::SharedModes> {
+        Some(self)
     }
 
     fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
