@@ -201,10 +201,16 @@ async fn an_abandoned_writers_intent_expires(node: Arc<dyn Node>, _: Option<&Red
     token(shared(&node, &keys, &r1, READ, TTL).await);
     assert!(is_held(&exclusive(&node, &keys, &w, Some(&writer)).await));
     assert!(is_held(&shared(&node, &keys, &r2, READ, TTL).await));
+    // The waiting reader marks the queue before each attempt, as a waiter on the
+    // resource's channel does: that keeps the queue (and the dead writer in it) alive,
+    // so only the intent's own expiry lets readers in.
     let reader = node.clone();
     support::eventually_async("the dead writer's intent expires", PATIENCE, || {
         let (node, keys, r2) = (reader.clone(), keys.clone(), r2.clone());
-        async move { !is_held(&shared(&node, &keys, &r2, READ, TTL).await) }
+        async move {
+            node.listen_for_release(&keys, TTL).await.unwrap();
+            !is_held(&shared(&node, &keys, &r2, READ, TTL).await)
+        }
     })
     .await;
 }
@@ -252,18 +258,22 @@ async fn permits_are_never_exceeded(node: Arc<dyn Node>, _: Option<&RedisServer>
 async fn a_dead_holders_permit_frees_itself(node: Arc<dyn Node>, _: Option<&RedisServer>) {
     let keys = resource("dead");
     let owner = owners().await;
-    let (dead, next) = (owner.for_node(1), owner.for_node(2));
-    let one = SharedMode::counted(1).unwrap();
-    token(shared(&node, &keys, &dead, one, Duration::from_millis(200)).await);
-    let refused = shared(&node, &keys, &next, one, TTL).await;
+    let (live, dead, next) = (owner.for_node(1), owner.for_node(2), owner.for_node(3));
+    // A live holder keeps the resource's key alive: the dead one's entry must be
+    // pruned by itself.
+    let two = SharedMode::counted(2).unwrap();
+    token(shared(&node, &keys, &live, two, TTL).await);
+    token(shared(&node, &keys, &dead, two, Duration::from_millis(200)).await);
+    let refused = shared(&node, &keys, &next, two, TTL).await;
     let AcquireReply::Held { pttl: Some(pttl) } = refused else {
-        panic!("a second holder of one permit: {refused:?}");
+        panic!("a third holder of two permits: {refused:?}");
     };
-    assert!(pttl <= Duration::from_millis(200));
+    // The earliest permit's expiry: the dead holder's.
+    assert!(pttl <= Duration::from_millis(200), "{pttl:?}");
     let waiting = node.clone();
     support::eventually_async("the dead holder's permit expires", PATIENCE, || {
         let (node, keys, next) = (waiting.clone(), keys.clone(), next.clone());
-        async move { !is_held(&shared(&node, &keys, &next, one, TTL).await) }
+        async move { !is_held(&shared(&node, &keys, &next, two, TTL).await) }
     })
     .await;
     // The dead holder's entry stays lost.
