@@ -259,10 +259,10 @@ async fn a_dead_holders_permit_frees_itself(node: Arc<dyn Node>, _: Option<&Redi
     let keys = resource("dead");
     let owner = owners().await;
     let (live, dead, next) = (owner.for_node(1), owner.for_node(2), owner.for_node(3));
-    // A live holder keeps the resource's key alive: the dead one's entry must be
-    // pruned by itself.
+    // A live holder keeps the resource's key alive (longer than the test waits): the
+    // dead one's entry must be pruned by itself.
     let two = SharedMode::counted(2).unwrap();
-    token(shared(&node, &keys, &live, two, TTL).await);
+    token(shared(&node, &keys, &live, two, 6 * PATIENCE).await);
     token(shared(&node, &keys, &dead, two, Duration::from_millis(200)).await);
     let refused = shared(&node, &keys, &next, two, TTL).await;
     let AcquireReply::Held { pttl: Some(pttl) } = refused else {
