@@ -8,7 +8,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use crate::node::{AcquireReply, LockKeys, NodeFuture, Owner};
+use crate::node::{AcquireReply, ExtendEntry, LockKeys, NodeError, NodeFuture, Owner};
 
 /// How a lease shares its resource with others (the exclusive lease is
 /// [`Node::acquire`](crate::node::Node::acquire)'s).
@@ -147,6 +147,24 @@ pub trait SharedModes: Send + Sync {
     /// Moves the holder's expiry to `now + ttl` if it is still live; `false` when it is
     /// not (expired, released, never granted). Never re-creates it.
     fn extend_shared(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
+
+    /// [`extend_shared`](SharedModes::extend_shared) for many holders at once, each with
+    /// its own owner and all with one `ttl`, answering per entry in the order given (as
+    /// [`Node::extend_many`](crate::node::Node::extend_many) does for exclusive leases,
+    /// which it leaves to this: a shared holder is not the lock key's value). The
+    /// default makes the per-holder calls concurrently, which a Redis node's connection
+    /// sends together.
+    fn extend_shared_many(
+        &self,
+        entries: &[ExtendEntry<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        let calls: Vec<_> = entries
+            .iter()
+            .map(|entry| self.extend_shared(entry.keys, &entry.owner, ttl))
+            .collect();
+        Box::pin(async move { Ok(futures_util::future::join_all(calls).await) })
+    }
 
     /// Removes the holder (compare-by-owner) and wakes the waiters (see the module
     /// docs); `true` when it was a live holder.

@@ -298,6 +298,25 @@ async fn only_the_owner_extends_or_releases(node: Arc<dyn Node>, _: Option<&Redi
         .extend_shared(&keys, &holder, TTL)
         .await
         .unwrap());
+    // The batched renewal: per entry, ours or not.
+    let entries = [
+        ExtendEntry {
+            keys: &keys,
+            owner: holder.clone(),
+        },
+        ExtendEntry {
+            keys: &keys,
+            owner: stranger.clone(),
+        },
+    ];
+    let extended = modes(&node)
+        .extend_shared_many(&entries, TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        extended.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        [true, false]
+    );
     assert!(modes(&node).release_shared(&keys, &holder).await.unwrap());
     assert!(!modes(&node).release_shared(&keys, &holder).await.unwrap());
     token(shared(&node, &keys, &stranger, one, TTL).await);

@@ -14,7 +14,9 @@ use tokio::time::Instant;
 use super::queue::HandOff;
 use super::{lock, Entry, MemoryNode, Store};
 use crate::error::NodeError;
-use crate::node::{AcquireReply, LockKeys, NodeFuture, Owner, SharedModes, SharedRequest, Waiter};
+use crate::node::{
+    AcquireReply, ExtendEntry, LockKeys, NodeFuture, Owner, SharedModes, SharedRequest, Waiter,
+};
 
 /// One resource's shared holders: owner value → expiry.
 pub(super) type Holders = HashMap<String, Instant>;
@@ -143,6 +145,31 @@ impl SharedModes for MemoryNode {
                 .live_holders(&lock_key, now)
                 .and_then(|holders| holders.get_mut(&owner));
             Ok(expiry.map(|at| *at = now + ttl).is_some())
+        })
+    }
+
+    fn extend_shared_many(
+        &self,
+        entries: &[ExtendEntry<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        let entries: Vec<(String, String)> = entries
+            .iter()
+            .map(|entry| (entry.keys.lock.clone(), entry.owner.as_str().to_owned()))
+            .collect();
+        // One lock for the whole batch, as the exclusive `extend_many`.
+        self.run(move |shared| {
+            let now = Instant::now();
+            let mut store = lock(&shared.store);
+            Ok(entries
+                .iter()
+                .map(|(lock_key, owner)| {
+                    let expiry = store
+                        .live_holders(lock_key, now)
+                        .and_then(|holders| holders.get_mut(owner));
+                    Ok(expiry.map(|at| *at = now + ttl).is_some())
+                })
+                .collect())
         })
     }
 
