@@ -303,10 +303,19 @@ async fn held_by_another<C: SendOne>(
             "too few replies to GET and PTTL".into(),
         )));
     };
-    // A GET refused (WRONGTYPE): shared holders keep a sorted set at the key (see
-    // `node::modes`), which is another holder.
-    if matches!(holder, Ok(Value::BulkString(value)) if value.as_slice() == owner) {
-        return Ok(None);
+    match holder {
+        Ok(Value::BulkString(value)) if value.as_slice() == owner => return Ok(None),
+        // A GET refused (WRONGTYPE): shared holders keep a sorted set at the key (see
+        // `node::modes`), which is another holder; any other type's error is the answer.
+        // The key may have changed since (the holders gone, a writer in): a string or
+        // no key reads as held too, and the caller tries again.
+        Err(e) => {
+            let kind: String = redis::cmd("TYPE").arg(lock).query_async(conn).await?;
+            if !matches!(kind.as_str(), "zset" | "string" | "none") {
+                return Err(e.into());
+            }
+        }
+        Ok(_) => {}
     }
     // -1: the key has no ttl; -2: it vanished in between.
     let pttl = pttl?;

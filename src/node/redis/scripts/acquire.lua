@@ -47,7 +47,7 @@ local ok, n
 -- reserved for it (it was woken), where a SET NX would only be refused; a caller that
 -- does not wait mostly finds it free.
 -- `pcall`: shared holders keep a sorted set at the key (see `node::modes`), which GET
--- refuses with an error table.
+-- refuses with an error table; any other type's error is the answer.
 local fresh, holder
 if me ~= '' then
   holder = redis.pcall('GET', KEYS[1])
@@ -57,6 +57,9 @@ else
   holder = not fresh and redis.pcall('GET', KEYS[1])
 end
 if holder and holder.err then
+  if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+    return holder
+  end
   -- Shared holders: a waiting writer leaves its intent for its queue ttl, which keeps
   -- new shared holders out while it is queued (writer preference), and queues.
   if me ~= '' then

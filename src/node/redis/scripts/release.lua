@@ -9,9 +9,13 @@ if leaving ~= '' then
   redis.call('ZREM', KEYS[2], leaving)
 end
 if not ours then
-  -- `pcall`: shared holders' sorted set (see `node::modes`) is nobody's key here.
+  -- `pcall`: shared holders' sorted set (see `node::modes`) is nobody's key here; any
+  -- other type's error is the answer.
   local held = redis.pcall('GET', KEYS[1])
   if held and held.err then
+    if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+      return held
+    end
     return 0
   end
   if held ~= ARGV[1] and not reserved_for(held, leaving) then
