@@ -24,10 +24,12 @@ use crate::node::redis::records;
 use crate::node::redis::seeds;
 use crate::node::redis::setup;
 use crate::node::LockKeys;
-use crate::node::WaitQueue;
 use crate::node::{parse_info, ServerSetup};
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal, Waiter};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
+use crate::node::{SharedModes, WaitQueue};
+
+mod modes;
 
 type Configure = dyn Fn(ClusterClientBuilder) -> ClusterClientBuilder + Send + Sync;
 type Connect = Shared<BoxFuture<'static, Result<ClusterConnection, NodeError>>>;
@@ -407,6 +409,10 @@ impl Node for ClusterNode {
     }
 
     fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        Some(self)
+    }
+
+    fn shared_modes(&self) -> Option<&dyn SharedModes> {
         Some(self)
     }
 

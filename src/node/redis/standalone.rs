@@ -28,7 +28,9 @@ use crate::node::{
     NodeFuture, Owner, ReleaseSignal,
 };
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
-use crate::node::{LockSets, WaitQueue};
+use crate::node::{LockSets, SharedModes, WaitQueue};
+
+mod modes;
 
 /// One Redis server (standalone master) as a lock node.
 ///
@@ -334,6 +336,10 @@ impl Node for RedisNode {
     }
 
     fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        Some(self)
+    }
+
+    fn shared_modes(&self) -> Option<&dyn SharedModes> {
         Some(self)
     }
 

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 mod channel;
 mod check;
+mod modes;
 mod record_store;
 mod set;
 
@@ -36,7 +37,7 @@ use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node,
     NodeFuture, Owner, ReleaseSignal,
 };
-use crate::node::{LockSets, WaitQueue};
+use crate::node::{LockSets, SharedModes, WaitQueue};
 use channel::HubChannel;
 
 /// How long one lookup through the sentinels may take.
@@ -568,6 +569,10 @@ impl Node for SentinelNode {
     }
 
     fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        Some(self)
+    }
+
+    fn shared_modes(&self) -> Option<&dyn SharedModes> {
         Some(self)
     }
 
