@@ -408,7 +408,7 @@ async fn the_layer_refuses_shared_locks_with_replay_and_with_several_keys() {
                 ran.fetch_add(1, Ordering::SeqCst);
             }
         })
-        .route_layer(LockLayer::new(locker, json_fields(["from", "to"])).mode(LockMode::Shared)),
+        .route_layer(LockLayer::new(locker, json_fields(["/from", "/to"])).mode(LockMode::Shared)),
     );
     let request = axum::http::Request::post("/transfer")
         .header("content-type", "application/json")
