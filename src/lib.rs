@@ -168,8 +168,9 @@ pub mod test_util;
 pub use error::{ConfigError, NodeError, NodeFailure};
 pub use lock::{fencing, metrics, record};
 pub use lock::{
-    Backoff, Drained, Lease, LeaseHandle, LockError, LockOptions, LostCause, MetricsSnapshot,
-    NodeState, NodeStatus, Redlock, ReleaseOutcome, RetryPolicy, MAX_RESOURCES_PER_LEASE,
+    Backoff, Drained, Lease, LeaseHandle, LockError, LockMode, LockOptions, LostCause,
+    MetricsSnapshot, NodeState, NodeStatus, Redlock, ReleaseOutcome, RetryPolicy,
+    MAX_RESOURCES_PER_LEASE,
 };
 #[cfg(feature = "etcd")]
 pub use node::etcd::EtcdNode;

@@ -16,7 +16,7 @@ use crate::http::key::{KeySetFromParts, Keys};
 use crate::http::problem::Problem;
 use crate::http::{Contention, Scope, DEFAULT_MAX_KEY_LEN};
 use crate::FencingToken;
-use crate::{Lease, LeaseHandle, Redlock, Resource};
+use crate::{Lease, LeaseHandle, LockMode, Redlock, Resource};
 
 /// Names the lock a [`Locked`] extractor takes: where the key comes from, which
 /// requests share the lock, and what to do when it is held.
@@ -86,6 +86,13 @@ pub trait LockKey: Send + Sync + 'static {
     /// [`DEFAULT_MAX_KEY_LEN`]).
     fn max_key_len() -> usize {
         DEFAULT_MAX_KEY_LEN
+    }
+
+    /// How the lease shares its resource (default [`LockMode::Exclusive`]):
+    /// [`LockMode::Shared`] for readers, [`LockMode::Counted`] for one of `n` permits.
+    /// A multi-key extractor takes exclusive leases only.
+    fn mode() -> LockMode {
+        LockMode::Exclusive
     }
 }
 
@@ -171,6 +178,12 @@ pub trait LockSpec<S>: Send + Sync + 'static {
     fn max_key_len(_state: &S) -> usize {
         DEFAULT_MAX_KEY_LEN
     }
+
+    /// How the lease shares its resource (default [`LockMode::Exclusive`], see
+    /// [`LockKey::mode`]).
+    fn mode(_state: &S) -> LockMode {
+        LockMode::Exclusive
+    }
 }
 
 impl<K: LockKey, S> LockSpec<S> for K {
@@ -190,6 +203,10 @@ impl<K: LockKey, S> LockSpec<S> for K {
 
     fn max_key_len(_state: &S) -> usize {
         K::max_key_len()
+    }
+
+    fn mode(_state: &S) -> LockMode {
+        K::mode()
     }
 }
 
@@ -425,7 +442,7 @@ where
         let target = match keys {
             Keys::One(key) => {
                 let key = check_key(key, K::max_key_len(state)).map_err(refuse)?;
-                Target::one(resource_of(&key))
+                Target::one(resource_of(&key), K::mode(state))
             }
             Keys::Many(keys) => {
                 let named = name_keys(
@@ -435,10 +452,8 @@ where
                     resource_of,
                 )
                 .map_err(refuse)?;
-                Target {
-                    resources: named.into_iter().map(|(_, resource)| resource).collect(),
-                    set: true,
-                }
+                let resources = named.into_iter().map(|(_, resource)| resource).collect();
+                Target::set(resources, K::mode(state)).map_err(refuse)?
             }
         };
         let locker = Redlock::from_ref(state);

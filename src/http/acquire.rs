@@ -9,9 +9,11 @@ use std::sync::Arc;
 use super::extensions::RequestLeases;
 use super::key::validate;
 use super::policy::Contention;
-use super::problem::{lock_error_problem, set_error_problem, Problem, ProblemKind};
+use super::problem::{
+    counted_error_problem, lock_error_problem, set_error_problem, Problem, ProblemKind,
+};
 use crate::LockError;
-use crate::{Lease, LeaseHandle, Redlock, Resource, MAX_RESOURCES_PER_LEASE};
+use crate::{Lease, LeaseHandle, LockMode, Redlock, Resource, MAX_RESOURCES_PER_LEASE};
 
 /// A key an extractor found, checked: 400 `key-invalid` when it may not be used.
 pub(crate) fn check_key(key: String, max_len: usize) -> Result<String, Problem> {
@@ -67,26 +69,52 @@ pub(crate) fn missing_key(expected: &str) -> Problem {
     )
 }
 
-/// What a request locks: the resources its keys name, in the extractor's order.
+/// What a request locks: the resources its keys name, in the extractor's order, and
+/// how it shares them.
 pub(crate) struct Target {
     pub(crate) resources: Vec<Resource>,
     /// Named by a multi-key extractor: a refusal names the member that was held.
     pub(crate) set: bool,
+    pub(crate) mode: LockMode,
 }
 
 impl Target {
     /// The one resource of a single-key extractor.
-    pub(crate) fn one(resource: Resource) -> Self {
+    pub(crate) fn one(resource: Resource, mode: LockMode) -> Self {
         Target {
             resources: vec![resource],
             set: false,
+            mode,
         }
+    }
+
+    /// The resources of a multi-key extractor, locked together: exclusively, the one
+    /// mode a lease over several resources has. 500 `key-misconfigured` for a request
+    /// whose route shares its locks ([`LockMode::Shared`], [`LockMode::Counted`]).
+    pub(crate) fn set(resources: Vec<Resource>, mode: LockMode) -> Result<Self, Problem> {
+        if !mode.is_exclusive() {
+            return Err(Problem::new(
+                ProblemKind::KeyMisconfigured,
+                format!(
+                    "this route takes {mode:?} locks, which cover one key each, but its key \
+                     extractor names several; use a single-key extractor or exclusive locks"
+                ),
+            ));
+        }
+        Ok(Target {
+            resources,
+            set: true,
+            mode,
+        })
     }
 
     /// The problem every front end sends for `error`.
     pub(crate) fn problem(&self, error: &LockError) -> Problem {
-        match (&*self.resources, self.set) {
-            ([resource], false) => lock_error_problem(error, resource.clone()),
+        match (&*self.resources, self.set, self.mode) {
+            ([resource], false, LockMode::Counted(permits)) => {
+                counted_error_problem(error, permits, resource.clone())
+            }
+            ([resource], false, _) => lock_error_problem(error, resource.clone()),
             _ => set_error_problem(error, self.resources.len()),
         }
     }
@@ -106,14 +134,12 @@ pub(crate) struct Taken {
 
 /// Whether one lease of the request with `extensions` (granted by `locker`) holds every
 /// resource of `resources` already.
-pub(crate) fn covered(
-    locker: &Redlock,
-    extensions: &http::Extensions,
-    resources: &[Resource],
-) -> bool {
-    extensions
-        .get::<RequestLeases>()
-        .is_some_and(|leases| leases.covering(locker, resources).is_some())
+pub(crate) fn covered(locker: &Redlock, extensions: &http::Extensions, target: &Target) -> bool {
+    extensions.get::<RequestLeases>().is_some_and(|leases| {
+        leases
+            .covering(locker, &target.resources, target.mode)
+            .is_some()
+    })
 }
 
 /// The leases of the request with `extensions` that already hold some of `resources`
@@ -123,15 +149,16 @@ pub(crate) fn covered(
 pub(crate) fn held_already(
     locker: &Redlock,
     extensions: &http::Extensions,
-    resources: &[Resource],
+    target: &Target,
 ) -> (Vec<LeaseHandle>, Vec<Resource>) {
+    let (resources, mode) = (&target.resources[..], target.mode);
     let Some(leases) = extensions.get::<RequestLeases>() else {
         return (Vec::new(), resources.to_vec());
     };
-    if let Some(covering) = leases.covering(locker, resources) {
+    if let Some(covering) = leases.covering(locker, resources, mode) {
         return (vec![covering.clone()], Vec::new());
     }
-    let reused: Vec<LeaseHandle> = leases.holding(locker, resources).cloned().collect();
+    let reused: Vec<LeaseHandle> = leases.holding(locker, resources, mode).cloned().collect();
     let wanted = resources
         .iter()
         .filter(|r| {
@@ -153,7 +180,7 @@ pub(crate) async fn take(
     extensions: &http::Extensions,
     target: &Target,
 ) -> Result<Taken, LockError> {
-    let (reused, mut wanted) = held_already(locker, extensions, &target.resources);
+    let (reused, mut wanted) = held_already(locker, extensions, target);
     if wanted.is_empty() {
         if let Some(first) = reused.first() {
             return Ok(Taken {
@@ -164,10 +191,22 @@ pub(crate) async fn take(
             });
         }
     }
-    // A set's futures are boxed: inline, they would set the size of every request's.
+    // A set's and a shared lease's futures are boxed: inline, they would set the size
+    // of every request's.
+    let mode = target.mode;
     let lease = match (contention, wanted.len()) {
-        (Contention::Reject, 1) => locker.try_acquire(wanted.swap_remove(0)).await,
-        (Contention::Wait { timeout }, 1) => locker.acquire(wanted.swap_remove(0), timeout).await,
+        (Contention::Reject, 1) if mode.is_exclusive() => {
+            locker.try_acquire(wanted.swap_remove(0)).await
+        }
+        (Contention::Wait { timeout }, 1) if mode.is_exclusive() => {
+            locker.acquire(wanted.swap_remove(0), timeout).await
+        }
+        (Contention::Reject, 1) => {
+            Box::pin(locker.try_acquire_as(wanted.swap_remove(0), mode)).await
+        }
+        (Contention::Wait { timeout }, 1) => {
+            Box::pin(locker.acquire_as(wanted.swap_remove(0), mode, timeout)).await
+        }
         (Contention::Reject, _) => Box::pin(locker.try_acquire_all(wanted)).await,
         (Contention::Wait { timeout }, _) => Box::pin(locker.acquire_all(wanted, timeout)).await,
     }?;

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::FencingToken;
-use crate::{LeaseHandle, LostCause, Redlock, Resource};
+use crate::{LeaseHandle, LockMode, LostCause, Redlock, Resource};
 
 /// The lease was lost, and why.
 ///
@@ -229,28 +229,33 @@ impl RequestLeases {
     }
 
     /// The lease of this request, granted by `locker`, that holds every resource of
-    /// `resources`, if there is one.
+    /// `resources` in `mode` or exclusively, if there is one.
     pub(crate) fn covering(
         &self,
         locker: &Redlock,
         resources: &[Resource],
+        mode: LockMode,
     ) -> Option<&LeaseHandle> {
         self.iter().find(|lease| {
             locker.granted(lease)
+                && covers(lease.mode(), mode)
                 && resources
                     .iter()
                     .all(|r| lease.fencing_token_of(r).is_some())
         })
     }
 
-    /// The leases of this request, granted by `locker`, that hold some of `resources`.
+    /// The leases of this request, granted by `locker`, that hold some of `resources`
+    /// in `mode` or exclusively.
     pub(crate) fn holding<'a>(
         &'a self,
         locker: &'a Redlock,
         resources: &'a [Resource],
+        mode: LockMode,
     ) -> impl Iterator<Item = &'a LeaseHandle> + 'a {
         self.iter().filter(move |lease| {
             locker.granted(lease)
+                && covers(lease.mode(), mode)
                 && resources
                     .iter()
                     .any(|r| lease.fencing_token_of(r).is_some())
@@ -304,4 +309,11 @@ impl crate::fence::Fenced for RequestLeases {
         }
         tokens
     }
+}
+
+/// Whether a lease held in `held` mode serves a request that needs `needed`: an
+/// exclusive lease serves any; a shared or counted one only the same mode (a request
+/// holding a reader's lease cannot write under it).
+fn covers(held: LockMode, needed: LockMode) -> bool {
+    held.is_exclusive() || held == needed
 }

@@ -205,7 +205,7 @@ where
                 request
                     .extensions_mut()
                     .insert(RequestKey(Arc::from(key.as_str())));
-                Target::one(resource)
+                Target::one(resource, settings.modes.of(request.method()))
             }
             Err(problem) => return answer(refuse(&settings, &span, problem)),
         },
@@ -221,10 +221,12 @@ where
                 Err(problem) => return answer(refuse(&settings, &span, problem)),
             };
             let resources = named.iter().map(|(_, resource)| resource.clone()).collect();
-            request.extensions_mut().insert(RequestKeys::new(named));
-            Target {
-                resources,
-                set: true,
+            match Target::set(resources, settings.modes.of(request.method())) {
+                Ok(target) => {
+                    request.extensions_mut().insert(RequestKeys::new(named));
+                    target
+                }
+                Err(problem) => return answer(refuse(&settings, &span, problem)),
             }
         }
         None if settings.missing_key == MissingKey::Reject => {
@@ -243,7 +245,7 @@ where
     // holds the lock for already, whose owner replays) looks its record up first.
     let replaying = match request.extensions_mut().remove::<ReplayRequest>() {
         Some(replaying) if !target.set => {
-            let held = covered(&settings.locker, request.extensions(), &target.resources);
+            let held = covered(&settings.locker, request.extensions(), &target);
             settings
                 .replay
                 .as_ref()

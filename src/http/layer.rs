@@ -10,9 +10,9 @@ use super::policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavail
 use super::problem::{ProblemKind, ProblemRenderer};
 use super::replay::{Replay, ReplaySettings, Replaying};
 use super::service::LockService;
-use super::settings::Settings;
+use super::settings::{Modes, Settings};
 use crate::error::ConfigError;
-use crate::Redlock;
+use crate::{LockMode, Redlock};
 
 /// A [`Layer`] that runs each request under a Redlock lease named after its key.
 ///
@@ -110,6 +110,59 @@ impl<K> LockLayer<K> {
         self
     }
 
+    /// How every request shares the lock on its key (default [`LockMode::Exclusive`]):
+    /// [`LockMode::Shared`] lets requests on one key run together,
+    /// [`LockMode::Counted`] lets at most `n` run together (more get 429
+    /// `limit-reached`, or wait under [`Contention::Wait`]). Sets the mode of reads too:
+    /// call [`read_mode`](Self::read_mode) after it to give them another.
+    ///
+    /// # Panics
+    ///
+    /// When a node of the locker cannot keep shared or counted leases, or the layer
+    /// replays responses ([`replay`](Self::replay) covers exclusive locks only), as
+    /// [`replay`](Self::replay) panics on a locker it cannot serve: a layer built that way
+    /// would fail every request. [`Redlock::check_mode`] says it beforehand.
+    #[must_use]
+    #[track_caller]
+    pub fn mode(mut self, mode: LockMode) -> Self {
+        self.check_mode(mode);
+        self.settings().modes = Modes {
+            safe: mode,
+            other: mode,
+        };
+        self
+    }
+
+    /// How requests that only read (`GET`, `HEAD`, `OPTIONS`, `TRACE`) share the lock on
+    /// their key; the other methods keep [`mode`](Self::mode)'s (exclusive by default).
+    /// With [`LockMode::Shared`], `GET /reports/{id}` runs beside other `GET`s of the
+    /// report and never beside a `PUT` regenerating it; a waiting writer is served before
+    /// readers that come after it (see [`LockMode`]).
+    ///
+    /// # Panics
+    ///
+    /// As [`mode`](Self::mode).
+    #[must_use]
+    #[track_caller]
+    pub fn read_mode(mut self, mode: LockMode) -> Self {
+        self.check_mode(mode);
+        self.settings().modes.safe = mode;
+        self
+    }
+
+    #[track_caller]
+    fn check_mode(&self, mode: LockMode) {
+        if let Err(error) = self.settings.locker.check_mode(mode) {
+            panic!("LockLayer::mode: {error}");
+        }
+        if !mode.is_exclusive() && self.settings.replay.is_some() {
+            panic!(
+                "LockLayer::mode: a replaying layer takes exclusive locks only (one execution \
+                 per key is what it records); {mode:?} locks cannot be replayed"
+            );
+        }
+    }
+
     /// The longest key accepted, in bytes (default 255); longer keys get 400 `key-invalid`.
     #[must_use]
     pub fn max_key_len(mut self, bytes: usize) -> Self {
@@ -178,6 +231,12 @@ impl<K> LockLayer<K> {
     /// [`ConfigError`] rather than a panic.
     pub fn try_replay(self, replay: Replay) -> Result<LockLayer<Replaying<K>>, ConfigError> {
         self.settings.locker.check_records()?;
+        if !self.settings.modes.exclusive() {
+            return Err(ConfigError::new(
+                "a replaying layer takes exclusive locks only (one execution per key is what \
+                 it records); this layer shares its locks (LockLayer::mode, read_mode)",
+            ));
+        }
         let ttl = self.settings.locker.options().get_ttl();
         let replay = Arc::new(ReplaySettings::new(replay, ttl));
         let mut layer = LockLayer {

@@ -4,11 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::header::HeaderName;
+use http::Method;
 
 use super::policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
 use super::problem::{DefaultRenderer, ProblemRenderer};
 use super::replay::ReplaySettings;
-use crate::Redlock;
+use crate::{LockMode, Redlock};
 
 /// The default [`LockLayer::fencing_header`](super::LockLayer::fencing_header):
 /// `Fencing-Token`.
@@ -32,6 +33,29 @@ pub(crate) struct Settings {
     pub(crate) on_unavailable: Unavailable,
     pub(crate) renderer: Arc<dyn ProblemRenderer>,
     pub(crate) replay: Option<Arc<ReplaySettings>>,
+    pub(crate) modes: Modes,
+}
+
+/// How a request locks its key, by method: `safe` for the methods that only read
+/// (`GET`, `HEAD`, `OPTIONS`, `TRACE`), `other` for the rest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Modes {
+    pub(crate) safe: LockMode,
+    pub(crate) other: LockMode,
+}
+
+impl Modes {
+    pub(crate) fn of(&self, method: &Method) -> LockMode {
+        if method.is_safe() {
+            self.safe
+        } else {
+            self.other
+        }
+    }
+
+    pub(crate) fn exclusive(&self) -> bool {
+        self.safe.is_exclusive() && self.other.is_exclusive()
+    }
 }
 
 impl fmt::Debug for Settings {
@@ -48,6 +72,7 @@ impl fmt::Debug for Settings {
             .field("max_key_len", &self.max_key_len)
             .field("on_unavailable", &self.on_unavailable)
             .field("replay", &self.replay)
+            .field("modes", &self.modes)
             .finish_non_exhaustive()
     }
 }
@@ -68,6 +93,7 @@ impl Settings {
             on_unavailable: Unavailable::default(),
             renderer: Arc::new(DefaultRenderer),
             replay: None,
+            modes: Modes::default(),
         }
     }
 }

@@ -21,7 +21,7 @@ impl Redlock {
     pub(super) async fn try_once<T: Target>(&self, target: T) -> Result<Lease, LockError> {
         let shared = &self.shared;
         self.refuse_if_draining(&target.resources()[0])?;
-        let queues = target.each(|resource| shared.queues.get(resource));
+        let queues = target.local_queues(&shared.queues);
         let mut turns = target.each(|_| None);
         let members = target.resources().iter().zip(queues.as_ref());
         for ((resource, queue), turn) in members.zip(turns.as_mut()) {
@@ -82,7 +82,7 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<Lease, LockError> {
         let shared = &self.shared;
-        let queues = target.each(|resource| shared.queues.get(resource));
+        let queues = target.local_queues(&shared.queues);
         // Counts this caller against each member's `max_waiters` until it returns: the
         // head of a queue, contending at the nodes, waits as much as those behind it.
         let mut waiting: T::Each<Option<Waiting>> = target.each(|_| None);
@@ -119,7 +119,7 @@ impl Redlock {
         // A single resource's waiter joins the nodes' wait queues (see `wait`), in this
         // process's place: its head's arrival. A set's waiter is woken by the release
         // of any member instead, on each member's own channel.
-        let waiter = T::QUEUES.then(|| Waiter {
+        let waiter = target.queues().then(|| Waiter {
             id: shared.waiter_id.clone(),
             ticket: unix_micros(),
             queue_ttl: QUEUE_TTL,

@@ -15,6 +15,7 @@ use crate::lock::LockError;
 use crate::lock::Shared;
 use crate::node::Owner;
 use crate::node::{LockKeys, Resource, Waiter};
+use crate::LockMode;
 
 /// Why a lease was lost. Reported once, by [`LeaseHandle::lost`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -186,6 +187,13 @@ impl LeaseInner {
     /// The lock keys of this lease, one per resource.
     pub(crate) fn lock_keys(&self) -> &[LockKeys] {
         self.members.keys()
+    }
+
+    pub(crate) fn mode(&self) -> LockMode {
+        match &self.members {
+            Members::Single(single, _) => single.mode(),
+            Members::Set(_) => LockMode::Exclusive,
+        }
     }
 
     /// Extends the lease on a majority; see [`Lease::extend`].
@@ -507,6 +515,14 @@ impl LeaseHandle {
     /// [`fencing_token_of`](LeaseHandle::fencing_token_of) for the others.
     pub fn fencing_token(&self) -> FencingToken {
         self.inner.token()
+    }
+
+    /// How this lease shares its resource ([`Redlock::try_acquire_as`]); a lease over
+    /// several resources is [`LockMode::Exclusive`].
+    ///
+    /// [`Redlock::try_acquire_as`]: crate::Redlock::try_acquire_as
+    pub fn mode(&self) -> LockMode {
+        self.inner.mode()
     }
 
     /// The lease's owner value, as stored in the lock key of the locker's first node;

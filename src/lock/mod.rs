@@ -27,6 +27,7 @@ pub mod fencing;
 mod health;
 mod lease;
 pub mod metrics;
+mod mode;
 mod options;
 mod quorum;
 pub mod record;
@@ -55,6 +56,7 @@ pub use drain::Drained;
 pub use error::LockError;
 pub use health::{NodeState, NodeStatus};
 pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
+pub use mode::LockMode;
 pub use options::{Backoff, LockOptions, RetryPolicy};
 pub use set::MAX_RESOURCES_PER_LEASE;
 
@@ -304,7 +306,11 @@ impl Redlock {
     }
 
     fn single(&self, resource: Resource) -> Single {
-        Single::new(&self.shared.options.key_prefix, resource)
+        Single::new(
+            &self.shared.options.key_prefix,
+            resource,
+            LockMode::Exclusive,
+        )
     }
 
     /// One attempt, no waiting: a lease, or [`LockError::Held`] when someone holds the
@@ -313,6 +319,87 @@ impl Redlock {
         let started = metrics::Started::now();
         let result = self.try_once(self.single(resource.into())).await;
         metrics::acquisition(&result, started);
+        result
+    }
+
+    /// Whether this locker can take leases in `mode`: for [`LockMode::Shared`] and
+    /// [`LockMode::Counted`] every node must keep shared holders
+    /// ([`Node::shared_modes`](crate::node::Node::shared_modes)); the Redis nodes and the
+    /// [`MemoryNode`] do, an etcd node does not. A [`LockLayer`](crate::http::LockLayer)
+    /// in such a mode checks it when built.
+    pub fn check_mode(&self, mode: LockMode) -> Result<(), ConfigError> {
+        if mode.is_exclusive() {
+            return Ok(());
+        }
+        let missing: Vec<&str> = self
+            .shared
+            .nodes
+            .each()
+            .filter(|node| node.shared_modes().is_none())
+            .map(|node| node.name())
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::new(format!(
+                "{mode:?} leases need nodes that keep shared holders, and these do not \
+                 (Node::shared_modes is None): {}",
+                missing.join(", ")
+            )))
+        }
+    }
+
+    /// [`try_acquire`](Redlock::try_acquire) in `mode`: one attempt at a shared lease (a
+    /// reader, refused while a writer holds the resource or waits for it), a counted one
+    /// (one of `n` permits, refused while `n` are held), or with
+    /// [`LockMode::Exclusive`] the exclusive one. A refusal is [`LockError::Held`].
+    ///
+    /// ```
+    /// use tower_redlock::{LockMode, Redlock};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redlock::LockError> {
+    /// let locker = Redlock::in_memory();
+    /// let first = locker.try_acquire_as("report:7", LockMode::Shared).await?;
+    /// let second = locker.try_acquire_as("report:7", LockMode::Shared).await?;
+    /// assert!(locker.try_acquire("report:7").await.is_err()); // a writer waits for both
+    /// # drop((first, second));
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_acquire_as(
+        &self,
+        resource: impl Into<Resource>,
+        mode: LockMode,
+    ) -> Result<Lease, LockError> {
+        let started = metrics::Started::now();
+        let single = Single::new(&self.shared.options.key_prefix, resource.into(), mode);
+        let result = self.try_once(single).await;
+        metrics::acquisition(&result, started);
+        result
+    }
+
+    /// [`acquire`](Redlock::acquire) in `mode`: waits up to `timeout` for a shared or
+    /// counted lease, or (with [`LockMode::Exclusive`]) the exclusive one. A shared or
+    /// counted waiter is woken by the releases of the resource; an exclusive waiter that
+    /// meets shared holders keeps new ones out until it is served (writer preference).
+    pub async fn acquire_as(
+        &self,
+        resource: impl Into<Resource>,
+        mode: LockMode,
+        timeout: Duration,
+    ) -> Result<Lease, LockError> {
+        let started = Instant::now();
+        let deadline = started
+            .checked_add(timeout)
+            .unwrap_or_else(acquire::far_future);
+        let resource = resource.into();
+        let result = match self.refuse_if_draining(&resource) {
+            Ok(()) => {
+                let single = Single::new(&self.shared.options.key_prefix, resource, mode);
+                self.queue_and_acquire(single, started, deadline).await
+            }
+            Err(error) => Err(error),
+        };
+        metrics::acquisition(&result, metrics::Started::at(started));
         result
     }
 

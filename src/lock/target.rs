@@ -5,18 +5,21 @@
 //! apart and keeps everything inline: one fence value in a `[u64; 1]`, one turn, one
 //! queue, the same node calls and scripts as ever.
 //!
-//! How the resources are taken — exclusively today — travels in [`Ask`], which every
-//! target passes on to its node calls: another mode (shared, counted) is a field there
-//! and an argument of those calls, not a third target.
+//! How a single resource is taken — exclusive, shared or counted ([`LockMode`]) — is
+//! part of [`Single`]: the mode picks the node calls (the exclusive ones, or
+//! [`SharedModes`](crate::node::SharedModes)'), the rest of the path is the same. A set
+//! is exclusive.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::wait::{QueueRef, Queues};
 use crate::node::NodeCalls;
 use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, LockKeys, Node, NodeFuture,
-    Owner, Resource, Waiter,
+    Owner, Resource, SharedMode, SharedRequest, Waiter,
 };
+use crate::LockMode;
 
 /// The settings of one acquire call, whatever the target (`owner` is the node's own).
 #[derive(Clone, Copy)]
@@ -56,9 +59,16 @@ pub(crate) trait Target: Send + Sync + Sized + 'static {
     type Reply: Send + 'static;
     /// What a failed attempt's cleanup keeps to release its keys in the background.
     type Undo: Send + Sync + 'static;
-    /// Whether a waiter joins the nodes' wait queues, which only the single acquire
-    /// call carries; a set's waiter is woken by every release of a member instead.
-    const QUEUES: bool;
+    /// Whether a waiter joins the nodes' wait queues, which only the exclusive single
+    /// acquire call carries; a set's or a shared holder's waiter is woken by every
+    /// release of a member instead.
+    fn queues(&self) -> bool;
+
+    /// Each member's place in this process: the resource's local queue (one holder at
+    /// a time, the others wait in order), or one of its own for a holder that shares.
+    fn local_queues(&self, queues: &Arc<Queues>) -> Self::Each<QueueRef> {
+        self.each(|resource| queues.get(resource))
+    }
 
     /// The members, in canonical order (never empty).
     fn resources(&self) -> &[Resource];
@@ -87,32 +97,73 @@ pub(crate) trait Target: Send + Sync + Sized + 'static {
     fn into_members(self, tokens: Self::Each<u64>) -> Members;
 }
 
-/// One resource: the node's single-key calls.
+/// One resource: the node's single-key calls, exclusive or shared.
 pub(crate) struct Single {
     resource: Resource,
     keys: LockKeys,
+    mode: LockMode,
 }
 
 impl Single {
-    pub(crate) fn new(prefix: &str, resource: Resource) -> Self {
+    pub(crate) fn new(prefix: &str, resource: Resource, mode: LockMode) -> Self {
         let keys = LockKeys::new(prefix, &resource);
-        Single { resource, keys }
+        Single {
+            resource,
+            keys,
+            mode,
+        }
+    }
+
+    pub(crate) fn mode(&self) -> LockMode {
+        self.mode
+    }
+
+    /// The node-level mode of a shared or counted lease; `None` for an exclusive one.
+    fn shared(&self) -> Option<SharedMode> {
+        match self.mode {
+            LockMode::Shared => Some(SharedMode::Shared),
+            LockMode::Counted(n) => Some(SharedMode::Counted(n)),
+            _ => None,
+        }
+    }
+
+    /// The keys without the channel: a release that wakes nobody.
+    fn quiet(&self) -> LockKeys {
+        LockKeys {
+            channel: String::new(),
+            ..self.keys.clone()
+        }
     }
 }
 
 /// Undoing a single resource's attempt: released as a lease is (on a node with a wait
 /// queue, a key taken from the queue's head goes on to the next waiter), or, for a
-/// waiter, which keeps its turn, handed back to it ([`Node::hand_back`]).
-pub(crate) struct UndoSingle {
-    keys: LockKeys,
-    waiter: Option<Waiter>,
+/// waiter, which keeps its turn, handed back to it
+/// ([`WaitQueue::hand_back`](crate::node::WaitQueue::hand_back)); a shared holder's
+/// entry is removed without waking anyone.
+pub(crate) enum UndoSingle {
+    Exclusive {
+        keys: LockKeys,
+        waiter: Option<Waiter>,
+    },
+    Shared(LockKeys),
 }
 
 impl Target for Single {
     type Each<X: Send + Sync + 'static> = [X; 1];
     type Reply = AcquireReply;
     type Undo = UndoSingle;
-    const QUEUES: bool = true;
+
+    fn queues(&self) -> bool {
+        self.mode.is_exclusive()
+    }
+
+    fn local_queues(&self, queues: &Arc<Queues>) -> [QueueRef; 1] {
+        match self.mode {
+            LockMode::Exclusive => [queues.get(&self.resource)],
+            _ => [queues.own(&self.resource)],
+        }
+    }
 
     fn resources(&self) -> &[Resource] {
         std::slice::from_ref(&self.resource)
@@ -127,6 +178,17 @@ impl Target for Single {
     }
 
     fn acquire(&self, node: &Arc<dyn Node>, ask: &Ask<'_>) -> NodeFuture<AcquireReply> {
+        if let Some(mode) = self.shared() {
+            return node.acquire_shared(&SharedRequest {
+                keys: &self.keys,
+                owner: ask.owner,
+                mode,
+                ttl: ask.ttl,
+                fence_ttl: ask.fence_ttl,
+                fencing: ask.fencing,
+                fence_floor: ask.fence_floor,
+            });
+        }
         node.acquire(&AcquireRequest {
             keys: &self.keys,
             owner: ask.owner,
@@ -155,27 +217,40 @@ impl Target for Single {
     }
 
     fn extend(&self, node: &dyn Node, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        node.extend(&self.keys, owner, ttl)
+        match self.mode {
+            LockMode::Exclusive => node.extend(&self.keys, owner, ttl),
+            _ => node.extend_shared(&self.keys, owner, ttl),
+        }
     }
 
     fn release(&self, node: &dyn Node, owner: &Owner, waiter: Option<&Waiter>) -> NodeFuture<bool> {
-        match waiter {
-            Some(waiter) => node.release_as_waiter(&self.keys, owner, waiter),
-            None => node.release(&self.keys, owner),
+        match (self.mode, waiter) {
+            (LockMode::Exclusive, Some(waiter)) => {
+                node.release_as_waiter(&self.keys, owner, waiter)
+            }
+            (LockMode::Exclusive, None) => node.release(&self.keys, owner),
+            _ => node.release_shared(&self.keys, owner),
         }
     }
 
     fn undo(&self, waiter: Option<&Waiter>) -> UndoSingle {
-        UndoSingle {
-            keys: self.keys.clone(),
-            waiter: waiter.cloned(),
+        match self.mode {
+            LockMode::Exclusive => UndoSingle::Exclusive {
+                keys: self.keys.clone(),
+                waiter: waiter.cloned(),
+            },
+            _ => UndoSingle::Shared(self.quiet()),
         }
     }
 
     fn undo_call(undo: &UndoSingle, node: &dyn Node, owner: &Owner) -> NodeFuture<bool> {
-        match &undo.waiter {
-            Some(waiter) => node.hand_back(&undo.keys, owner, waiter),
-            None => node.release(&undo.keys, owner),
+        match undo {
+            UndoSingle::Exclusive {
+                keys,
+                waiter: Some(waiter),
+            } => node.hand_back(keys, owner, waiter),
+            UndoSingle::Exclusive { keys, waiter: None } => node.release(keys, owner),
+            UndoSingle::Shared(keys) => node.release_shared(keys, owner),
         }
     }
 
@@ -209,7 +284,10 @@ impl Target for Set {
     type Each<X: Send + Sync + 'static> = Vec<X>;
     type Reply = AcquireSetReply;
     type Undo = Quiet;
-    const QUEUES: bool = false;
+
+    fn queues(&self) -> bool {
+        false
+    }
 
     fn resources(&self) -> &[Resource] {
         &self.resources

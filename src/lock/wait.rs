@@ -67,7 +67,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -119,6 +119,8 @@ pub(crate) struct Queues {
     parked: Mutex<HashMap<Resource, (Vec<ReleaseSignal>, Instant)>>,
     /// Told when a queue ends (its holder released, its waiters gone): a drain waits on it.
     pub(crate) changed: tokio::sync::Notify,
+    /// Numbers the queues of holders that share their resource ([`Queues::own`]).
+    own: AtomicU64,
 }
 
 /// A counted reference to a resource's local queue. The queue is removed from the map
@@ -149,6 +151,15 @@ impl Queues {
             resource: resource.clone(),
             queue,
         }
+    }
+
+    /// A queue of its own for a caller that shares its resource (a reader, a permit):
+    /// it never waits for this process's other holders of the resource, whose
+    /// exclusion is the nodes' to decide. Kept in the map under a name of its own, so
+    /// that a drain sees its lease as it sees the others.
+    pub(crate) fn own(self: &Arc<Self>, resource: &Resource) -> QueueRef {
+        let id = self.own.fetch_add(1, Ordering::Relaxed);
+        self.get(&resource.join(format!("\u{1}shared-{id}")))
     }
 
     /// Number of resources with a local holder or waiter.

@@ -7,10 +7,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::node::set::{acquire_each, extend_each, raise_each, release_each};
-use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Node, NodeFuture, Owner, Waiter};
+use crate::node::{
+    AcquireReply, AcquireSetReply, AcquireSetRequest, ExtendEntry, LockKeys, Node, NodeError,
+    NodeFuture, Owner, SharedRequest, Waiter,
+};
 
 fn done() -> NodeFuture<()> {
     Box::pin(std::future::ready(Ok(())))
+}
+
+/// A shared or counted call on a node without the capability: a locker in those modes
+/// is refused when it checks them (`Redlock::check_mode`), so only a caller that did
+/// not check meets this.
+fn no_shared_holders<T: Send + 'static>() -> NodeFuture<T> {
+    Box::pin(std::future::ready(Err(NodeError::Unsupported(
+        "shared and counted leases".into(),
+    ))))
 }
 
 /// The calls of the capabilities, on any node.
@@ -36,6 +48,14 @@ pub(crate) trait NodeCalls {
     fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool>;
     fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()>;
     fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()>;
+    fn acquire_shared(&self, request: &SharedRequest<'_>) -> NodeFuture<AcquireReply>;
+    fn extend_shared(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
+    fn release_shared(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool>;
+    fn extend_shared_many(
+        &self,
+        entries: &[ExtendEntry<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>>;
 }
 
 impl NodeCalls for dyn Node {
@@ -105,6 +125,38 @@ impl NodeCalls for dyn Node {
         match self.wait_queue() {
             Some(queue) => queue.listen_for_release(keys, ttl),
             None => done(),
+        }
+    }
+
+    fn acquire_shared(&self, request: &SharedRequest<'_>) -> NodeFuture<AcquireReply> {
+        match self.shared_modes() {
+            Some(modes) => modes.acquire_shared(request),
+            None => no_shared_holders(),
+        }
+    }
+
+    fn extend_shared(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        match self.shared_modes() {
+            Some(modes) => modes.extend_shared(keys, owner, ttl),
+            None => no_shared_holders(),
+        }
+    }
+
+    fn release_shared(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+        match self.shared_modes() {
+            Some(modes) => modes.release_shared(keys, owner),
+            None => no_shared_holders(),
+        }
+    }
+
+    fn extend_shared_many(
+        &self,
+        entries: &[ExtendEntry<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        match self.shared_modes() {
+            Some(modes) => modes.extend_shared_many(entries, ttl),
+            None => no_shared_holders(),
         }
     }
 }

@@ -18,6 +18,7 @@
 //! | [`Owner`] | the random value that identifies one acquisition |
 //! | [`Waiter`] | one process's place in a resource's cross-process wait queue |
 //! | [`ReleaseSignal`] | what a subscription hands waiters: wakes them when the resource is released |
+//! | [`SharedModes`] / [`SharedMode`] / [`SharedRequest`] | capability: shared (reader) and counted holders beside the exclusive lease, which [`Node::shared_modes`] hands out |
 //! | [`RecordStore`] | capability: outcome records (idempotent replay); a replaying layer refuses a locker without it when built |
 //! | [`Record`], [`ClaimRequest`] / [`ClaimReply`], [`StoreRequest`] / [`StoreReply`] | outcome records of idempotent replay (see [`lock::record`](crate::record)) |
 //! | [`ServerSetup`] | what a node's servers report about the settings a lock relies on (role, eviction policy, permissions) |
@@ -45,6 +46,7 @@ mod dispatch;
 pub(crate) mod etcd;
 pub(crate) mod identity;
 pub(crate) mod memory;
+mod modes;
 #[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) mod percent;
 mod records;
@@ -69,6 +71,7 @@ pub(crate) use dispatch::NodeCalls;
 #[cfg(feature = "etcd")]
 pub(crate) use etcd::EtcdNode;
 pub(crate) use memory::MemoryNode;
+pub use modes::{SharedMode, SharedModes, SharedRequest};
 pub(crate) use records::unsupported;
 pub use records::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 pub use resource::LockKeys;
@@ -214,6 +217,13 @@ pub trait Node: Send + Sync + 'static {
     /// [`replay`](crate::http::LockLayer::replay) refuses, when it is built, a locker
     /// with a node that answers `None` here, rather than failing each request.
     fn records(&self) -> Option<&dyn RecordStore> {
+        None
+    }
+
+    /// The node's shared and counted holders (readers beside writers, `n` permits), if
+    /// it keeps them: see [`SharedModes`] for what each operation must do. The default
+    /// is `None`; a locker built for those modes refuses such a node.
+    fn shared_modes(&self) -> Option<&dyn SharedModes> {
         None
     }
 }

@@ -241,6 +241,9 @@ impl From<&Resource> for Resource {
 
 /// What the wait queue's key adds to the lock key.
 pub(crate) const QUEUE_SUFFIX: &str = ":queue";
+/// What a waiting writer's intent key adds to the lock key; the acquire script knows
+/// it too.
+pub(crate) const WRITER_SUFFIX: &str = ":writer";
 /// The suffix of the release channel's name (`LockKeys::channel`); the acquire script
 /// knows it too.
 pub(crate) const CHANNEL_SUFFIX: &str = ":released";
@@ -263,6 +266,12 @@ impl LockKeys {
     /// [`Node::wait_queue`](crate::node::Node::wait_queue)): the lock key and `:queue`.
     pub fn queue(&self) -> String {
         [self.lock.as_str(), QUEUE_SUFFIX].concat()
+    }
+
+    /// A waiting writer's intent (see [`SharedModes`](crate::node::SharedModes)): the
+    /// lock key and `:writer`, in the same slot.
+    pub fn writer(&self) -> String {
+        [self.lock.as_str(), WRITER_SUFFIX].concat()
     }
 
     pub(crate) fn new(prefix: &str, resource: &Resource) -> Self {

@@ -22,6 +22,8 @@ mod engine;
 #[cfg(feature = "redis")]
 mod fair;
 #[cfg(feature = "redis")]
+mod modes;
+#[cfg(feature = "redis")]
 mod operators;
 #[cfg(feature = "redis")]
 mod persistence;

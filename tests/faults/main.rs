@@ -51,6 +51,7 @@ mod support;
 mod cancellation;
 mod contention;
 mod crashes;
+mod modes;
 mod network;
 #[cfg(feature = "axum")]
 mod over_http;

@@ -17,6 +17,7 @@ mod webhooks_example;
 
 mod extract;
 mod layer;
+mod modes;
 mod multi;
 mod orders;
 mod replay;

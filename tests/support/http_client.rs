@@ -66,13 +66,25 @@ pub struct Req {
 }
 
 impl Req {
-    pub fn post(path: impl Into<String>) -> Req {
+    pub fn new(method: &'static str, path: impl Into<String>) -> Req {
         Req {
-            method: "POST",
+            method,
             path: path.into(),
             headers: Vec::new(),
             body: Vec::new(),
         }
+    }
+
+    pub fn post(path: impl Into<String>) -> Req {
+        Req::new("POST", path)
+    }
+
+    pub fn get(path: impl Into<String>) -> Req {
+        Req::new("GET", path)
+    }
+
+    pub fn put(path: impl Into<String>) -> Req {
+        Req::new("PUT", path)
     }
 
     pub fn header(mut self, name: &str, value: &str) -> Req {

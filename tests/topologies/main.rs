@@ -9,5 +9,6 @@ mod support;
 mod cluster;
 #[cfg(all(feature = "etcd", feature = "axum"))]
 mod etcd;
+mod modes;
 mod sets;
 mod waiting_order;

@@ -65,6 +65,13 @@
 //! ([`Contention::Wait`](super::Contention::Wait)). `Retry-After` is the holder's
 //! remaining time to live.
 //!
+//! ### limit-reached
+//! 429: every permit of a counted lock ([`LockMode::Counted`](crate::LockMode::Counted))
+//! is taken, and stayed taken for the wait ([`Contention::Wait`](super::Contention::Wait)).
+//! `Retry-After` is when the earliest permit runs out at the latest. Not 409: the
+//! resource is in no conflicting state, this client (or tenant) has as many requests in
+//! flight as it may; not 503: the service is up, and other tenants are served.
+//!
 //! ### lock-unavailable
 //! 503: too few lock nodes answered to decide; the handler did not run.
 //! `Retry-After: 1`.
@@ -121,8 +128,8 @@ use crate::Resource;
 
 pub use sent::problem_response;
 pub(crate) use sent::{
-    in_progress, key_reused, lock_error_problem, lock_lost, outcome_unknown, record_unreadable,
-    response_failed, set_error_problem,
+    counted_error_problem, in_progress, key_reused, lock_error_problem, lock_lost, outcome_unknown,
+    record_unreadable, response_failed, set_error_problem,
 };
 
 /// `Retry-After` of refusals that know no better delay.
@@ -154,6 +161,8 @@ pub enum ProblemKind {
     LockHeld,
     /// 409 `lock-wait-timeout`.
     LockWaitTimeout,
+    /// 429 `limit-reached` (a counted lock's permits are all taken).
+    LimitReached,
     /// 503 `lock-unavailable`.
     LockUnavailable,
     /// 503 `lock-queue-full`.
@@ -174,7 +183,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, in documentation order.
-    pub const ALL: [ProblemKind; 16] = [
+    pub const ALL: [ProblemKind; 17] = [
         ProblemKind::KeyMissing,
         ProblemKind::KeyInvalid,
         ProblemKind::KeyMisconfigured,
@@ -183,6 +192,7 @@ impl ProblemKind {
         ProblemKind::BodyUnreadable,
         ProblemKind::LockHeld,
         ProblemKind::LockWaitTimeout,
+        ProblemKind::LimitReached,
         ProblemKind::LockUnavailable,
         ProblemKind::LockQueueFull,
         ProblemKind::LockLost,
@@ -204,6 +214,7 @@ impl ProblemKind {
             ProblemKind::BodyUnreadable => "body-unreadable",
             ProblemKind::LockHeld => "lock-held",
             ProblemKind::LockWaitTimeout => "lock-wait-timeout",
+            ProblemKind::LimitReached => "limit-reached",
             ProblemKind::LockUnavailable => "lock-unavailable",
             ProblemKind::LockQueueFull => "lock-queue-full",
             ProblemKind::LockLost => "lock-lost",
@@ -228,6 +239,7 @@ impl ProblemKind {
             | ProblemKind::RequestInProgress
             | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
             ProblemKind::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemKind::LimitReached => StatusCode::TOO_MANY_REQUESTS,
             ProblemKind::LockUnavailable | ProblemKind::LockQueueFull | ProblemKind::LockLost => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -248,6 +260,7 @@ impl ProblemKind {
             ProblemKind::BodyUnreadable => "Body unreadable",
             ProblemKind::LockHeld => "Lock held",
             ProblemKind::LockWaitTimeout => "Lock wait timed out",
+            ProblemKind::LimitReached => "Concurrency limit reached",
             ProblemKind::LockUnavailable => "Lock store unavailable",
             ProblemKind::LockQueueFull => "Lock queue full",
             ProblemKind::LockLost => "Lock lost",

@@ -1,6 +1,8 @@
 //! The problems the crate sends for its errors and for replay's outcomes: every
 //! refusal's detail text is written here.
 
+use std::num::NonZeroU32;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -95,6 +97,28 @@ pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Probl
         ),
     };
     problem.with_resource(resource)
+}
+
+/// 429 `limit-reached` for a counted lock of `permits` whose acquisition found every
+/// permit taken (`Held`, or `WaitTimeout` after a wait); other errors as
+/// [`lock_error_problem`]'s.
+pub(crate) fn counted_error_problem(
+    error: &LockError,
+    permits: NonZeroU32,
+    resource: Resource,
+) -> Problem {
+    let holder_ttl = match error {
+        LockError::Held { holder_ttl, .. } | LockError::WaitTimeout { holder_ttl, .. } => {
+            *holder_ttl
+        }
+        _ => return lock_error_problem(error, resource),
+    };
+    Problem::new(
+        ProblemKind::LimitReached,
+        format!("all {permits} permits of this resource are taken; retry later"),
+    )
+    .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON))
+    .with_resource(resource)
 }
 
 /// The problem a failed acquisition of a set of `count` resources is answered with: a

@@ -29,7 +29,7 @@ use crate::error::{NodeError, NodeFailure};
 use crate::lock::lease::{ExtendFailure, LeaseInner, LostCause};
 use crate::lock::round::OwnerTally;
 use crate::lock::{metrics, Shared};
-use crate::node::ExtendEntry;
+use crate::node::{ExtendEntry, Node, NodeCalls, NodeFuture};
 
 /// The renewal schedule of one locker.
 #[derive(Default)]
@@ -462,17 +462,21 @@ fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -> Round {
                     .iter()
                     .map(|(_, inner)| inner.owner.for_node(index))
                     .collect();
-                let entries: Vec<ExtendEntry<'_>> = leases
+                let entries: Vec<(ExtendEntry<'_>, bool)> = leases
                     .iter()
                     .zip(&owners)
                     .flat_map(|((_, inner), owner)| {
-                        inner.lock_keys().iter().map(|keys| ExtendEntry {
-                            keys,
-                            owner: owner.clone(),
+                        let shared = !inner.mode().is_exclusive();
+                        inner.lock_keys().iter().map(move |keys| {
+                            let entry = ExtendEntry {
+                                keys,
+                                owner: owner.clone(),
+                            };
+                            (entry, shared)
                         })
                     })
                     .collect();
-                let call = nodes.watched(index, timeout, node.extend_many(&entries, ttl));
+                let call = nodes.watched(index, timeout, extend_on(&**node, &entries, ttl));
                 Box::pin(async move { (index, call.await) })
             })
             .collect();
@@ -597,3 +601,39 @@ fn apply(locker: &Arc<Shared>, settled: Settled) -> Vec<Leftover> {
 
 #[cfg(test)]
 mod tests;
+
+/// One node's renewal of `entries`, answered in their order: the exclusive leases'
+/// keys with [`Node::extend_many`], the shared holders' (`true` beside them) with
+/// [`SharedModes::extend_shared_many`](crate::node::SharedModes::extend_shared_many),
+/// both sent at once.
+fn extend_on<'a>(
+    node: &dyn Node,
+    entries: &[(ExtendEntry<'a>, bool)],
+    ttl: Duration,
+) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+    let (shared, exclusive): (Vec<_>, Vec<_>) = entries.iter().partition(|(_, shared)| *shared);
+    let strip = |list: Vec<&(ExtendEntry<'a>, bool)>| -> Vec<ExtendEntry<'a>> {
+        list.into_iter().map(|(entry, _)| entry.clone()).collect()
+    };
+    if shared.is_empty() {
+        return node.extend_many(&strip(exclusive), ttl);
+    }
+    let order: Vec<bool> = entries.iter().map(|(_, shared)| *shared).collect();
+    let exclusive = node.extend_many(&strip(exclusive), ttl);
+    let shared = node.extend_shared_many(&strip(shared), ttl);
+    Box::pin(async move {
+        let (exclusive, shared) = futures_util::future::join(exclusive, shared).await;
+        let (mut exclusive, mut shared) = (exclusive?.into_iter(), shared?.into_iter());
+        Ok(order
+            .into_iter()
+            .map(|is_shared| {
+                let next = if is_shared {
+                    shared.next()
+                } else {
+                    exclusive.next()
+                };
+                next.unwrap_or(Ok(false))
+            })
+            .collect())
+    })
+}

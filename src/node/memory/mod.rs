@@ -12,10 +12,11 @@ use crate::error::NodeError;
 use crate::node::LockKeys;
 use crate::node::RecordStore;
 use crate::node::{
-    AcquireReply, AcquireRequest, ExtendEntry, Node, NodeFuture, Owner, ReleaseSignal,
+    AcquireReply, AcquireRequest, ExtendEntry, Node, NodeFuture, Owner, ReleaseSignal, SharedModes,
 };
 use crate::node::{LockSets, WaitQueue};
 
+mod modes;
 mod queue;
 mod records;
 mod set;
@@ -116,6 +117,8 @@ struct Store {
     entries: HashMap<String, Entry>,
     /// The wait queues, by queue key.
     queues: HashMap<String, Queue>,
+    /// The shared holders, by lock key (see `modes.rs`).
+    holders: HashMap<String, modes::Holders>,
     writes: u32,
 }
 
@@ -184,7 +187,9 @@ impl MemoryNode {
 
     /// Deletes every key, as a node restarted without persistence.
     pub fn clear(&self) {
-        lock(&self.shared.store).entries.clear();
+        let mut store = lock(&self.shared.store);
+        store.entries.clear();
+        store.holders.clear();
     }
 
     /// Number of live keys.
@@ -300,6 +305,7 @@ impl Store {
             self.entries
                 .retain(|_, e| e.expires.is_none_or(|at| at > now));
             self.queues.retain(|_, q| q.expires > now);
+            self.sweep_holders(now);
         }
     }
 }
@@ -325,6 +331,9 @@ impl Node for MemoryNode {
         self.run(move |shared| {
             let now = Instant::now();
             let mut store = lock(&shared.store);
+            if let Some(held) = store.refuse_writer(&keys, waiter.as_ref(), now) {
+                return Ok(held);
+            }
             let me = waiter.as_ref().map_or("", |w| w.id.as_str());
             let queue_key = keys.queue();
             let refuse = |store: &mut Store| {
@@ -515,6 +524,10 @@ impl Node for MemoryNode {
     }
 
     fn records(&self) -> Option<&dyn RecordStore> {
+        Some(self)
+    }
+
+    fn shared_modes(&self) -> Option<&dyn SharedModes> {
         Some(self)
     }
 }

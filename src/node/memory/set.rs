@@ -33,8 +33,12 @@ impl LockSets for MemoryNode {
                     _ => None,
                 };
                 counters.push(counter);
-                if let Some(entry) = store.live(&member.lock, now) {
-                    let pttl = entry.expires.map(|at| at.saturating_duration_since(now));
+                // Shared holders hold it as an owner does.
+                let pttl = match store.live(&member.lock, now) {
+                    Some(entry) => Some(entry.expires.map(|at| at.saturating_duration_since(now))),
+                    None => store.shared_pttl(&member.lock, now),
+                };
+                if let Some(pttl) = pttl {
                     held = Some(match held {
                         None => (index, pttl),
                         Some((first, longest)) => (first, longest.max(pttl)),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::NodeError;
+use crate::node::redis::call::modes::{SharedAcquireCall, SharedExtendCall, SharedReleaseCall};
 use crate::node::redis::call::set;
 use crate::node::redis::call::{
     Acquire, ExtendCall, ExtendManyCall, ListenCall, Op, RaiseFenceCall, ReleaseCall, ReplicaWait,
@@ -16,7 +17,7 @@ use crate::node::redis::records::{ClaimCall, DiscardCall, ReadCall, StoreCall};
 use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ClaimReply, ClaimRequest,
     ExtendEntry, LockKeys, LockSets, Node, NodeFuture, Owner, Record, RecordStore, ReleaseSignal,
-    ServerSetup, StoreReply, StoreRequest, WaitQueue, Waiter,
+    ServerSetup, SharedModes, SharedRequest, StoreReply, StoreRequest, WaitQueue, Waiter,
 };
 
 /// How a Redis node's calls reach a server.
@@ -144,6 +145,25 @@ impl<R: Route> Node for Redis<R> {
     fn records(&self) -> Option<&dyn RecordStore> {
         Some(self)
     }
+
+    fn shared_modes(&self) -> Option<&dyn SharedModes> {
+        Some(self)
+    }
+}
+
+/// Shared and counted holders (`call/modes.rs`): a sorted set at the lock key.
+impl<R: Route> SharedModes for Redis<R> {
+    fn acquire_shared(&self, request: &SharedRequest<'_>) -> NodeFuture<AcquireReply> {
+        self.call(SharedAcquireCall::new(request))
+    }
+
+    fn extend_shared(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+        self.call(SharedExtendCall::new(keys, owner, ttl))
+    }
+
+    fn release_shared(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+        self.call(SharedReleaseCall::new(keys, owner, R::SHARDED))
+    }
 }
 
 /// One script per set operation (`call/set.rs`); not a Cluster's (see [`Node::sets`]).
@@ -229,7 +249,7 @@ macro_rules! forward_node {
             use $crate::error::NodeError;
             use $crate::node::{
                 AcquireReply, AcquireRequest, ExtendEntry, LockKeys, LockSets, Node, NodeFuture,
-                Owner, RecordStore, ReleaseSignal, ServerSetup, WaitQueue,
+                Owner, RecordStore, ReleaseSignal, ServerSetup, SharedModes, WaitQueue,
             };
 
             impl Node for $node {
@@ -285,6 +305,9 @@ macro_rules! forward_node {
                 }
                 fn records(&self) -> Option<&dyn RecordStore> {
                     self.node.records()
+                }
+                fn shared_modes(&self) -> Option<&dyn SharedModes> {
+                    self.node.shared_modes()
                 }
             }
         };

@@ -197,7 +197,10 @@ impl Pipelined {
                 ))
             })?;
         if matches!(set, Value::Nil) {
-            if let Some(held) = held_by_another(conn, self.arg(0, 1), self.arg(0, 2)).await? {
+            // Boxed: held inline, its rare case (shared holders) would enlarge every
+            // acquire's future.
+            let held = Box::pin(held_by_another(conn, self.arg(0, 1), self.arg(0, 2)));
+            if let Some(held) = held.await? {
                 return Ok(held);
             }
             // Our own key: an earlier send of this very call landed before its
@@ -295,20 +298,50 @@ async fn held_by_another<C: SendOne>(
     lock: &[u8],
     owner: &[u8],
 ) -> Result<Option<AcquireReply>, CallError> {
-    let (holder, pttl): (Option<Vec<u8>>, i64) = redis::pipe()
-        .cmd("GET")
+    let mut pipe = redis::pipe();
+    pipe.cmd("GET")
         .arg(lock)
         .cmd("PTTL")
         .arg(lock)
-        .query_async(conn)
-        .await?;
-    if holder.as_deref() == Some(owner) {
-        return Ok(None);
+        .ignore_errors();
+    let mut replies = conn.send_pipeline(&pipe).await?.into_iter();
+    let (Some(holder), Some(pttl)) = (replies.next(), replies.next()) else {
+        return Err(CallError::Reply(NodeError::Protocol(
+            "too few replies to GET and PTTL".into(),
+        )));
+    };
+    match holder {
+        Ok(Value::BulkString(value)) if value.as_slice() == owner => Ok(None),
+        Ok(_) => Ok(Some(held(pttl?))),
+        Err(e) => held_by_shared_holders(conn, lock, e, pttl).await,
     }
-    // -1: the key has no ttl; -2: it vanished in between.
-    Ok(Some(AcquireReply::Held {
-        pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-    }))
+}
+
+/// The holder's ttl as `PTTL` answered it (-1: the key has no ttl; -2: it vanished in
+/// between).
+fn held(pttl: Value) -> AcquireReply {
+    AcquireReply::Held {
+        pttl: int(&pttl)
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis),
+    }
+}
+
+/// A GET refused (WRONGTYPE): shared holders keep a sorted set at the key (see
+/// `node::modes`), which is another holder; any other type's error is the answer. The
+/// key may have changed since (the holders gone, a writer in): a string or no key reads
+/// as held too, and the caller tries again.
+async fn held_by_shared_holders<C: SendOne>(
+    conn: &mut C,
+    lock: &[u8],
+    error: RedisError,
+    pttl: RedisResult<Value>,
+) -> Result<Option<AcquireReply>, CallError> {
+    let kind: String = redis::cmd("TYPE").arg(lock).query_async(conn).await?;
+    if !matches!(kind.as_str(), "zset" | "string" | "none") {
+        return Err(error.into());
+    }
+    Ok(Some(held(pttl?)))
 }
 
 /// `SET lock owner NX PX ttl`, sized up front (numbers: at most 20 digits) so that
@@ -351,7 +384,9 @@ async fn acquire_plain<C: SendOne>(
         }
     };
     if matches!(set, Value::Nil) {
-        if let Some(held) = held_by_another(conn, lock.as_bytes(), owner.as_bytes()).await? {
+        // Boxed, as in `Pipelined::run`.
+        let held = Box::pin(held_by_another(conn, lock.as_bytes(), owner.as_bytes()));
+        if let Some(held) = held.await? {
             return Ok(held);
         }
         // Our own key: an earlier send of this very call landed before its connection

@@ -475,6 +475,7 @@ pub(crate) fn parse_flag(value: Value) -> Result<bool, NodeError> {
 
 mod acquire;
 mod extend_many;
+pub(crate) mod modes;
 mod release;
 pub(crate) mod set;
 #[cfg(test)]

@@ -46,13 +46,26 @@ local ok, n
 -- A waiter reads the key first: it mostly finds it held (and joins the queue) or
 -- reserved for it (it was woken), where a SET NX would only be refused; a caller that
 -- does not wait mostly finds it free.
+-- `pcall`: shared holders keep a sorted set at the key (see `node::modes`), which GET
+-- refuses with an error table; any other type's error is the answer.
 local fresh, holder
 if me ~= '' then
-  holder = redis.call('GET', KEYS[1])
+  holder = redis.pcall('GET', KEYS[1])
   fresh = not holder and redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 else
   fresh = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-  holder = not fresh and redis.call('GET', KEYS[1])
+  holder = not fresh and redis.pcall('GET', KEYS[1])
+end
+if holder and holder.err then
+  if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+    return holder
+  end
+  -- Shared holders: a waiting writer leaves its intent for its queue ttl, which keeps
+  -- new shared holders out while it is queued (writer preference), and queues.
+  if me ~= '' then
+    redis.call('SET', KEYS[1] .. ':writer', me, 'PX', ARGV[11])
+  end
+  return refuse()
 end
 if fresh then
   if yields() then

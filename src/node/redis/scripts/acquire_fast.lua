@@ -26,8 +26,17 @@ if not ARGV[9] and redis.call('EXISTS', KEYS[3]) == 0 then
   -- Our own key when not fresh: an earlier send of this very call landed before its
   -- connection broke and this is the resend. Same grant, with this round's counter;
   -- the counter write also lets a pipelined WAIT cover the earlier SET (it precedes it).
-  if not fresh and redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    return {0, redis.call('PTTL', KEYS[1])}
+  -- `pcall`: shared holders keep a sorted set at the key (see `node::modes`), which GET
+  -- refuses; that error reads as another holder, any other type's is the answer. Only
+  -- a refused SET pays for it.
+  if not fresh then
+    local holder = redis.pcall('GET', KEYS[1])
+    if holder ~= ARGV[1] then
+      if holder and holder.err and redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+        return holder
+      end
+      return {0, redis.call('PTTL', KEYS[1])}
+    end
   end
   if mode == '0' then
     return {1, 0}

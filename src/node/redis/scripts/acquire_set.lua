@@ -25,7 +25,12 @@ for i = 1, n do
     end
     counters[i] = c or false
   end
-  local holder = redis.call('GET', KEYS[2 * i - 1])
+  -- `pcall`: shared holders' sorted set (see `node::modes`) reads as another holder;
+  -- any other type's error is the answer.
+  local holder = redis.pcall('GET', KEYS[2 * i - 1])
+  if holder and holder.err and redis.call('TYPE', KEYS[2 * i - 1])['ok'] ~= 'zset' then
+    return holder
+  end
   -- Our own value: an earlier send of this very call landed before its connection
   -- broke and this is the resend (as in acquire.lua): the same grant.
   if holder and holder ~= ARGV[1] then

@@ -12,7 +12,13 @@ if state == 'done' then
   local r = redis.call('HMGET', KEYS[2], 'token', 'fp', 'data')
   return {1, r[1], r[2], r[3]}
 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- `pcall`: shared holders' sorted set (see `node::modes`) is not ours; any other
+-- type's error is the answer.
+local held = redis.pcall('GET', KEYS[1])
+if held ~= ARGV[1] then
+  if held and held.err and redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+    return held
+  end
   return {0}
 end
 if state == 'pending' and redis.call('HGET', KEYS[2], 'token') ~= ARGV[2] then

@@ -5,7 +5,13 @@
 -- with an equal or larger token exists (a newer outcome is never overwritten). The
 -- very record again answers 1: a client that re-sent this store after a dropped
 -- connection (redis-rs's cluster client does) finds its first send landed.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- `pcall`: shared holders' sorted set (see `node::modes`) is not ours; any other
+-- type's error is the answer.
+local held = redis.pcall('GET', KEYS[1])
+if held ~= ARGV[1] then
+  if held and held.err and redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+    return held
+  end
   return 0
 end
 if redis.call('HGET', KEYS[2], 'state') == 'done' then

@@ -9,7 +9,15 @@ if leaving ~= '' then
   redis.call('ZREM', KEYS[2], leaving)
 end
 if not ours then
-  local held = redis.call('GET', KEYS[1])
+  -- `pcall`: shared holders' sorted set (see `node::modes`) is nobody's key here; any
+  -- other type's error is the answer.
+  local held = redis.pcall('GET', KEYS[1])
+  if held and held.err then
+    if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+      return held
+    end
+    return 0
+  end
   if held ~= ARGV[1] and not reserved_for(held, leaving) then
     return 0
   end

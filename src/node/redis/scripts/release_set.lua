@@ -10,7 +10,13 @@
 local all = 1
 for i = 1, #KEYS / 2 do
   local lock, queue = KEYS[2 * i - 1], KEYS[2 * i]
-  if redis.call('GET', lock) == ARGV[1] then
+  -- `pcall`: shared holders' sorted set (see `node::modes`) is not ours; any other
+  -- type's error is the answer.
+  local held = redis.pcall('GET', lock)
+  if held and held.err and redis.call('TYPE', lock)['ok'] ~= 'zset' then
+    return held
+  end
+  if held == ARGV[1] then
     local channel = ARGV[i + 3]
     if channel == '' or hand_off(lock, queue, channel, ARGV[2], ARGV[3], '') ~= 'reserved' then
       redis.call('DEL', lock)

@@ -1,0 +1,47 @@
+//! [`LockMode`]: how a lease shares its resource.
+
+use std::num::NonZeroU32;
+
+/// How a lease shares its resource with the other leases of the same resource.
+///
+/// | mode | holds the resource beside | for |
+/// |---|---|---|
+/// | [`Exclusive`](LockMode::Exclusive) (the default) | nobody | one execution at a time: a payment, an order, a webhook |
+/// | [`Shared`](LockMode::Shared) | other shared holders, never an exclusive one | readers beside readers, never beside a writer: `GET` a report while no `PUT` regenerates it |
+/// | [`Counted`](LockMode::Counted) | at most `n − 1` other counted holders | at most `n` at once: three exports per tenant, two calls to a rate-limited partner |
+///
+/// Shared holders are **writer-preferring**: once an exclusive acquisition waits
+/// ([`Redlock::acquire_as`](crate::Redlock::acquire_as)), new shared holders are
+/// refused until it is served, so a steady stream of readers cannot starve a writer.
+/// A writer's fencing token is above every token an earlier holder had, in any mode;
+/// overlapping shared holders are not ordered (the argument is on `node::SharedModes`).
+///
+/// Every caller of one resource should use one `n` for counted leases: each
+/// acquisition checks its own `n` against the live holders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum LockMode {
+    /// One holder at a time.
+    #[default]
+    Exclusive,
+    /// Any number of shared holders at once, and no exclusive one beside them.
+    Shared,
+    /// At most `n` holders at once, each with a lease (a permit) of its own.
+    Counted(NonZeroU32),
+}
+
+impl LockMode {
+    /// [`Counted`](LockMode::Counted) with `n` permits; `None` for `n = 0`, which no
+    /// holder could ever get.
+    pub const fn counted(n: u32) -> Option<LockMode> {
+        match NonZeroU32::new(n) {
+            Some(n) => Some(LockMode::Counted(n)),
+            None => None,
+        }
+    }
+
+    /// Whether this is [`Exclusive`](LockMode::Exclusive).
+    pub const fn is_exclusive(&self) -> bool {
+        matches!(self, LockMode::Exclusive)
+    }
+}
