@@ -331,22 +331,13 @@ impl Redlock {
         if mode.is_exclusive() {
             return Ok(());
         }
-        let missing: Vec<&str> = self
-            .shared
-            .nodes
-            .each()
-            .filter(|node| node.shared_modes().is_none())
-            .map(|node| node.name())
-            .collect();
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError::new(format!(
+        self.shared.nodes.require(
+            |node| node.shared_modes().is_some(),
+            &format!(
                 "{mode:?} leases need nodes that keep shared holders, and these do not \
-                 (Node::shared_modes is None): {}",
-                missing.join(", ")
-            )))
-        }
+                 (Node::shared_modes is None)"
+            ),
+        )
     }
 
     /// [`try_acquire`](Redlock::try_acquire) in `mode`: one attempt at a shared lease (a

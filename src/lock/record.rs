@@ -110,22 +110,11 @@ impl Redlock {
     /// Refuses a locker with a node that stores no outcome records (see
     /// [`Node::records`]): idempotent replay checks it when its layer is built.
     pub(crate) fn check_records(&self) -> Result<(), ConfigError> {
-        let missing: Vec<&str> = self
-            .shared
-            .nodes
-            .each()
-            .filter(|node| node.records().is_none())
-            .map(|node| node.name())
-            .collect();
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError::new(format!(
-                "idempotent replay stores outcome records on the lock nodes, and these \
-                 nodes store none (Node::records is None): {}",
-                missing.join(", ")
-            )))
-        }
+        self.shared.nodes.require(
+            |node| node.records().is_some(),
+            "idempotent replay stores outcome records on the lock nodes, and these nodes \
+             store none (Node::records is None)",
+        )
     }
 
     /// The completed outcome stored under `resource`, if any. Takes no lock: a completed

@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
-use crate::error::{NodeError, NodeFailure};
+use crate::error::{ConfigError, NodeError, NodeFailure};
 use crate::lock::background::{Background, Leftover};
 use crate::lock::health::{Health, NodeState};
 use crate::lock::metrics;
@@ -190,6 +190,25 @@ impl Nodes {
 
     pub(crate) fn quorum(&self) -> usize {
         self.quorum
+    }
+
+    /// A locker's refusal of nodes without a capability it needs: `Ok` when every node
+    /// `has` it, else `why`, naming the others.
+    pub(crate) fn require(
+        &self,
+        has: impl Fn(&dyn Node) -> bool,
+        why: &str,
+    ) -> Result<(), ConfigError> {
+        let missing: Vec<&str> = self
+            .each()
+            .filter(|node| !has(&***node))
+            .map(|node| node.name())
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::new(format!("{why}: {}", missing.join(", "))))
+        }
     }
 
     pub(crate) fn queued(&self) -> bool {
