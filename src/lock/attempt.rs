@@ -46,7 +46,7 @@ impl Redlock {
         };
         let (tally, stragglers) = nodes.acquire(start, target, &ask).await;
         in_flight.disarm();
-        let quorum = nodes.quorum();
+        let quorum = target.quorum(nodes.len());
         let valid_until = start + options.ttl - options.drift();
         // Every node that may hold our keys: all but those that said someone else holds
         // a member, which keep nothing of the request (a straggler saying so is skipped

@@ -189,6 +189,11 @@ impl LeaseInner {
         self.members.keys()
     }
 
+    /// The votes this lease needs to hold (a majority but for counted leases).
+    pub(crate) fn quorum(&self) -> usize {
+        self.members.quorum(self.locker.nodes.len())
+    }
+
     pub(crate) fn mode(&self) -> LockMode {
         match &self.members {
             Members::Single(single, _) => single.mode(),
@@ -222,7 +227,7 @@ impl LeaseInner {
         tally: OwnerTally,
     ) -> Result<Instant, ExtendFailure> {
         let locker = &self.locker;
-        let quorum = locker.nodes.quorum();
+        let quorum = self.quorum();
         if tally.no >= quorum {
             metrics::renewal("key_lost");
             return Err(ExtendFailure::KeyLost);
@@ -356,7 +361,7 @@ impl Lease {
                     resource: inner.resource().clone(),
                     nodes: inner.locker.nodes.len(),
                     answered: 0,
-                    quorum: inner.locker.nodes.quorum(),
+                    quorum: inner.quorum(),
                     failures: Vec::new(),
                 })
             }
@@ -434,7 +439,7 @@ pub(crate) async fn release(inner: &LeaseInner) -> ReleaseOutcome {
         Members::Single(single, _) => nodes.release(single, owner, waiter).await,
         Members::Set(set) => nodes.release(&set.0, owner, waiter).await,
     };
-    let quorum = locker.nodes.quorum();
+    let quorum = inner.quorum();
     let outcome = if tally.yes >= quorum {
         ReleaseOutcome::Released
     } else if tally.no >= quorum {

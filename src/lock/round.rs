@@ -260,7 +260,7 @@ impl Nodes {
             holder_ttl: None,
             failures: Vec::new(),
         };
-        let quorum = self.quorum;
+        let quorum = target.quorum(self.list.len());
         let mut stragglers = Stragglers {
             calls: Vec::new(),
             answered: NodeSet::default(),
@@ -351,7 +351,8 @@ impl Nodes {
         ttl: Duration,
         timeout: Duration,
     ) -> OwnerTally {
-        self.owner_round(timeout, |index, node| {
+        let quorum = target.quorum(self.list.len());
+        self.owner_round(quorum, timeout, |index, node| {
             target.extend(node, &owner.for_node(index), ttl)
         })
         .await
@@ -389,11 +390,11 @@ impl Nodes {
 
     pub(crate) async fn owner_round(
         &self,
+        quorum: usize,
         timeout: Duration,
         call: impl FnMut(usize, &dyn Node) -> NodeFuture<bool>,
     ) -> OwnerTally {
         let mut tally = OwnerTally::default();
-        let quorum = self.quorum;
         self.fan_out(
             0..self.list.len(),
             timeout,

@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::quorum;
 use super::wait::{QueueRef, Queues};
 use crate::node::NodeCalls;
 use crate::node::{
@@ -68,6 +69,11 @@ pub(crate) trait Target: Send + Sync + Sized + 'static {
     /// a time, the others wait in order), or one of its own for a holder that shares.
     fn local_queues(&self, queues: &Arc<Queues>) -> Self::Each<QueueRef> {
         self.each(|resource| queues.get(resource))
+    }
+
+    /// The votes this target needs among `nodes` nodes (see [`quorum::for_mode`]).
+    fn quorum(&self, nodes: usize) -> usize {
+        quorum::of(nodes)
     }
 
     /// The members, in canonical order (never empty).
@@ -156,6 +162,10 @@ impl Target for Single {
 
     fn queues(&self) -> bool {
         self.mode.is_exclusive()
+    }
+
+    fn quorum(&self, nodes: usize) -> usize {
+        quorum::for_mode(nodes, self.mode)
     }
 
     fn local_queues(&self, queues: &Arc<Queues>) -> [QueueRef; 1] {
@@ -360,6 +370,15 @@ pub(crate) enum Members {
 }
 
 impl Members {
+    /// The votes this lease needs among `nodes` nodes to hold (see
+    /// [`quorum::for_mode`]).
+    pub(crate) fn quorum(&self, nodes: usize) -> usize {
+        match self {
+            Members::Single(single, _) => single.quorum(nodes),
+            Members::Set(set) => set.0.quorum(nodes),
+        }
+    }
+
     pub(crate) fn resources(&self) -> &[Resource] {
         match self {
             Members::Single(single, _) => single.resources(),

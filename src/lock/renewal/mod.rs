@@ -433,7 +433,7 @@ fn forget(locker: &Shared, id: u64) {
 fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -> Round {
     Box::pin(async move {
         let nodes = &locker.nodes;
-        let quorum = nodes.quorum();
+        let quorums: Vec<usize> = leases.iter().map(|(_, inner)| inner.quorum()).collect();
         let ttl = locker.options.ttl;
         let start = Instant::now();
         // No lease may be reported renewed past its deadline: the round ends there.
@@ -486,9 +486,10 @@ fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -> Round {
         while let Some((index, answer)) = calls.next().await {
             add_answers(&locker, &leases, &mut tallies, index, answer);
             let pending = calls.len();
-            let decided =
-                |t: &OwnerTally| super::quorum::tally_decided(quorum, t.yes, t.no, pending);
-            if tallies.iter().all(decided) {
+            let decided = |(t, quorum): (&OwnerTally, &usize)| {
+                super::quorum::tally_decided(*quorum, t.yes, t.no, pending)
+            };
+            if tallies.iter().zip(&quorums).all(decided) {
                 break;
             }
         }
