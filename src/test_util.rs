@@ -66,7 +66,7 @@ use std::time::Duration;
 
 use crate::error::{ConfigError, NodeFailure};
 use crate::node::{AcquireReply, AcquireRequest, Node, Owner};
-use crate::{node::LockKeys, Resource};
+use crate::{node::ResourceKeys, Resource};
 use crate::{LockOptions, LostCause, MemoryNode, Redlock};
 
 /// In-process lock nodes and the [`Redlock`] over them, with controls to drive the
@@ -241,7 +241,7 @@ impl TestStore {
             return Err(TestStoreError::InvalidTtl { ttl });
         }
         let options = self.inner.locker.options();
-        let keys = LockKeys::new(&options.key_prefix, &resource);
+        let keys = ResourceKeys::new(&options.key_prefix, &resource);
         let owner = Owner::random();
         let request = AcquireRequest {
             keys: &keys,
@@ -291,7 +291,7 @@ impl TestStore {
             let holds = self.holds().keys().cloned().collect();
             return Err(TestStoreError::NoHold { resource, holds });
         };
-        let keys = LockKeys::new(&self.inner.locker.options().key_prefix, &resource);
+        let keys = ResourceKeys::new(&self.inner.locker.options().key_prefix, &resource);
         for node in &self.inner.nodes {
             let _ = node.release(&keys, &owner).await;
         }
@@ -348,7 +348,7 @@ impl TestStore {
             self.holds()
                 .iter()
                 .filter(|(resource, owner)| {
-                    let keys = LockKeys::new(prefix, resource);
+                    let keys = ResourceKeys::new(prefix, resource);
                     let holding = self
                         .inner
                         .nodes
@@ -388,8 +388,8 @@ impl fmt::Debug for TestStore {
 }
 
 /// The keys without the release channel: undoing a partial hold wakes no one.
-fn quiet(keys: &LockKeys) -> LockKeys {
-    LockKeys {
+fn quiet(keys: &ResourceKeys) -> ResourceKeys {
+    ResourceKeys {
         channel: String::new(),
         ..keys.clone()
     }

@@ -13,7 +13,7 @@ use super::target::Target;
 use super::wait::{next_release, QueueRef, Turn, Waiting, QUEUE_TTL};
 use super::{renewal, Lease, LockError, Redlock};
 use crate::node::HANDOFF_TTL;
-use crate::node::{LockKeys, ReleaseSignal, Resource, Waiter};
+use crate::node::{ReleaseSignal, Resource, ResourceKeys, Waiter};
 
 impl Redlock {
     /// One attempt, no waiting: a lease, or [`LockError::Held`] naming the first member
@@ -247,7 +247,7 @@ impl Redlock {
 /// the next hand-off skips it.
 struct LeaveIfGivenUp<'a> {
     nodes: &'a Nodes,
-    keys: &'a LockKeys,
+    keys: &'a ResourceKeys,
     waiter: &'a Waiter,
     queue: &'a QueueRef,
     armed: bool,

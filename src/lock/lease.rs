@@ -14,7 +14,7 @@ use crate::lock::target::Members;
 use crate::lock::LockError;
 use crate::lock::Shared;
 use crate::node::Owner;
-use crate::node::{LockKeys, Resource, Waiter};
+use crate::node::{Resource, ResourceKeys, Waiter};
 use crate::LockMode;
 
 /// Why a lease was lost. Reported once, by [`LeaseHandle::lost`].
@@ -185,7 +185,7 @@ impl LeaseInner {
     }
 
     /// The lock keys of this lease, one per resource.
-    pub(crate) fn lock_keys(&self) -> &[LockKeys] {
+    pub(crate) fn lock_keys(&self) -> &[ResourceKeys] {
         self.members.keys()
     }
 

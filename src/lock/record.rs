@@ -70,7 +70,7 @@ use crate::lock::LockError;
 use crate::lock::Redlock;
 use crate::node::{unsupported, Node, NodeFuture, RecordStore};
 use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
-use crate::node::{FencingToken, LockKeys, Resource};
+use crate::node::{FencingToken, Resource, ResourceKeys};
 
 /// What [`Lease::claim_record`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,7 +129,7 @@ impl Redlock {
         resource: impl Into<Resource>,
     ) -> Result<Option<Record>, LockError> {
         let resource = resource.into();
-        let keys = LockKeys::new(&self.shared.options.key_prefix, &resource);
+        let keys = ResourceKeys::new(&self.shared.options.key_prefix, &resource);
         read(&self.shared.nodes, &keys)
             .await
             .map_err(|(answered, failures)| {
@@ -305,7 +305,7 @@ pub(crate) async fn discard_owned(handle: LeaseHandle) -> Result<(), LockError> 
 /// read as an outcome.
 pub(crate) async fn read(
     nodes: &Nodes,
-    keys: &LockKeys,
+    keys: &ResourceKeys,
 ) -> Result<Option<Record>, (usize, Vec<NodeFailure>)> {
     let quorum = nodes.quorum();
     let mut seen = Seen::default();
@@ -561,7 +561,7 @@ fn records_of(node: &dyn Node) -> &dyn RecordStore {
 struct NoRecords;
 
 impl RecordStore for NoRecords {
-    fn read_record(&self, _: &LockKeys) -> NodeFuture<Option<Record>> {
+    fn read_record(&self, _: &ResourceKeys) -> NodeFuture<Option<Record>> {
         Box::pin(std::future::ready(Err(unsupported())))
     }
 
@@ -573,7 +573,7 @@ impl RecordStore for NoRecords {
         Box::pin(std::future::ready(Err(unsupported())))
     }
 
-    fn discard_record(&self, _: &LockKeys, _: u64) -> NodeFuture<bool> {
+    fn discard_record(&self, _: &ResourceKeys, _: u64) -> NodeFuture<bool> {
         Box::pin(std::future::ready(Err(unsupported())))
     }
 }

@@ -19,7 +19,7 @@ use futures_util::future::join_all;
 
 use crate::error::ConfigError;
 use crate::lock::{LockOptions, Shared};
-use crate::node::{LockKeys, Resource, ServerSetup};
+use crate::node::{Resource, ResourceKeys, ServerSetup};
 
 /// The resource whose keys the nodes may probe: no lease takes it (resource names are
 /// percent-encoded, so none contains a raw space).
@@ -45,8 +45,8 @@ impl Findings {
 }
 
 /// The keys a node may probe, under the locker's prefix.
-fn probe_keys(options: &LockOptions) -> LockKeys {
-    LockKeys::new(&options.key_prefix, &Resource::new(PROBE_RESOURCE))
+fn probe_keys(options: &LockOptions) -> ResourceKeys {
+    ResourceKeys::new(&options.key_prefix, &Resource::new(PROBE_RESOURCE))
 }
 
 /// What `setups`, one node's servers, mean for a locker with `options`.

@@ -17,8 +17,8 @@ use super::quorum;
 use super::wait::{QueueRef, Queues};
 use crate::node::NodeCalls;
 use crate::node::{
-    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, LockKeys, Node, NodeFuture,
-    Owner, Resource, SharedMode, SharedRequest, Waiter,
+    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, Node, NodeFuture, Owner,
+    Resource, ResourceKeys, SharedMode, SharedRequest, Waiter,
 };
 use crate::LockMode;
 
@@ -79,7 +79,7 @@ pub(crate) trait Target: Send + Sync + Sized + 'static {
     /// The members, in canonical order (never empty).
     fn resources(&self) -> &[Resource];
     /// Each member's keys, in canonical order.
-    fn keys(&self) -> &[LockKeys];
+    fn keys(&self) -> &[ResourceKeys];
     /// `f` of every member, in canonical order.
     fn each<X: Send + Sync + 'static>(&self, f: impl FnMut(&Resource) -> X) -> Self::Each<X>;
 
@@ -106,13 +106,13 @@ pub(crate) trait Target: Send + Sync + Sized + 'static {
 /// One resource: the node's single-key calls, exclusive or shared.
 pub(crate) struct Single {
     resource: Resource,
-    keys: LockKeys,
+    keys: ResourceKeys,
     mode: LockMode,
 }
 
 impl Single {
     pub(crate) fn new(prefix: &str, resource: Resource, mode: LockMode) -> Self {
-        let keys = LockKeys::new(prefix, &resource);
+        let keys = ResourceKeys::new(prefix, &resource);
         Single {
             resource,
             keys,
@@ -134,8 +134,8 @@ impl Single {
     }
 
     /// The keys without the channel: a release that wakes nobody.
-    fn quiet(&self) -> LockKeys {
-        LockKeys {
+    fn quiet(&self) -> ResourceKeys {
+        ResourceKeys {
             channel: String::new(),
             ..self.keys.clone()
         }
@@ -149,10 +149,10 @@ impl Single {
 /// entry is removed without waking anyone.
 pub(crate) enum UndoSingle {
     Exclusive {
-        keys: LockKeys,
+        keys: ResourceKeys,
         waiter: Option<Waiter>,
     },
-    Shared(LockKeys),
+    Shared(ResourceKeys),
 }
 
 impl Target for Single {
@@ -179,7 +179,7 @@ impl Target for Single {
         std::slice::from_ref(&self.resource)
     }
 
-    fn keys(&self) -> &[LockKeys] {
+    fn keys(&self) -> &[ResourceKeys] {
         std::slice::from_ref(&self.keys)
     }
 
@@ -272,13 +272,16 @@ impl Target for Single {
 /// A set of two or more resources: the node's set calls (all or nothing on each node).
 pub(crate) struct Set {
     resources: Box<[Resource]>,
-    keys: Box<[LockKeys]>,
+    keys: Box<[ResourceKeys]>,
 }
 
 impl Set {
     /// The set of `resources`, already in canonical order.
     pub(crate) fn new(prefix: &str, resources: Vec<Resource>) -> Self {
-        let keys = resources.iter().map(|r| LockKeys::new(prefix, r)).collect();
+        let keys = resources
+            .iter()
+            .map(|r| ResourceKeys::new(prefix, r))
+            .collect();
         Set {
             resources: resources.into_boxed_slice(),
             keys,
@@ -288,7 +291,7 @@ impl Set {
 
 /// Undoing a set's attempt: the members' keys without their channels, as nothing was
 /// granted to anyone, so the cleanup wakes no waiter.
-pub(crate) struct Quiet(Box<[LockKeys]>);
+pub(crate) struct Quiet(Box<[ResourceKeys]>);
 
 impl Target for Set {
     type Each<X: Send + Sync + 'static> = Vec<X>;
@@ -303,7 +306,7 @@ impl Target for Set {
         &self.resources
     }
 
-    fn keys(&self) -> &[LockKeys] {
+    fn keys(&self) -> &[ResourceKeys] {
         &self.keys
     }
 
@@ -347,7 +350,7 @@ impl Target for Set {
     }
 
     fn undo(&self, _: Option<&Waiter>) -> Quiet {
-        let keys = self.keys.iter().map(|keys| LockKeys {
+        let keys = self.keys.iter().map(|keys| ResourceKeys {
             channel: String::new(),
             ..keys.clone()
         });
@@ -386,7 +389,7 @@ impl Members {
         }
     }
 
-    pub(crate) fn keys(&self) -> &[LockKeys] {
+    pub(crate) fn keys(&self) -> &[ResourceKeys] {
         match self {
             Members::Single(single, _) => single.keys(),
             Members::Set(set) => set.0.keys(),

@@ -81,7 +81,7 @@ use crate::lock::metrics;
 use crate::lock::round::Nodes;
 use crate::node::NodeCalls;
 use crate::node::ReleaseSignal;
-use crate::node::{LockKeys, Resource, Waiter};
+use crate::node::{Resource, ResourceKeys, Waiter};
 
 /// How long a resource's wait queue lives after a waiter's latest attempt.
 pub(crate) const QUEUE_TTL: Duration = Duration::from_secs(10);
@@ -385,7 +385,7 @@ impl LocalQueue {
     pub(crate) async fn signals(
         &self,
         nodes: &Nodes,
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         waiter: &Waiter,
     ) -> Vec<ReleaseSignal> {
         if let Some(signals) = self.live_signals() {
@@ -403,14 +403,14 @@ impl Nodes {
     /// Takes `waiter` out of the wait queue of every node that keeps one, in the
     /// background, each call bounded by the node timeout. The calls are made here: a
     /// node may act when called.
-    pub(crate) fn leave_all(&self, keys: &LockKeys, waiter: &Waiter) {
+    pub(crate) fn leave_all(&self, keys: &ResourceKeys, waiter: &Waiter) {
         self.leave(self.each(), keys, waiter);
     }
 
     fn leave<'a>(
         &self,
         nodes: impl Iterator<Item = &'a Arc<dyn crate::node::Node>>,
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         waiter: &Waiter,
     ) {
         let timeout = self.timeout();
@@ -426,7 +426,7 @@ impl Nodes {
     /// Subscribes to each member's own channel on every node, the nodes concurrently,
     /// the members one after the other (the broadcast wake-up: what waiting for a set
     /// of resources uses); nodes that fail or time out are left out.
-    pub(crate) async fn subscribe_broadcast(&self, members: &[LockKeys]) -> Vec<ReleaseSignal> {
+    pub(crate) async fn subscribe_broadcast(&self, members: &[ResourceKeys]) -> Vec<ReleaseSignal> {
         let timeout = self.timeout();
         let mut signals = Vec::new();
         for keys in members {
@@ -445,7 +445,7 @@ impl Nodes {
     /// [`Node::listen_for_release`](crate::node::Node::listen_for_release)), for
     /// [`QUEUE_TTL`]; nodes that fail or time out are left out (the retry timer covers
     /// them).
-    pub(crate) async fn listen_for_release(&self, members: &[LockKeys]) {
+    pub(crate) async fn listen_for_release(&self, members: &[ResourceKeys]) {
         let timeout = self.timeout();
         let calls: FuturesUnordered<_> = members
             .iter()
@@ -463,11 +463,11 @@ impl Nodes {
     /// time out are left out (the fallback retry covers them).
     pub(crate) async fn subscribe_all(
         &self,
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         waiter: &Waiter,
     ) -> Vec<ReleaseSignal> {
         let timeout = self.timeout();
-        let own = LockKeys {
+        let own = ResourceKeys {
             channel: waiter.channel(keys),
             ..keys.clone()
         };

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::node::set::{acquire_each, extend_each, raise_each, release_each};
 use crate::node::{
-    AcquireReply, AcquireSetReply, AcquireSetRequest, ExtendEntry, LockKeys, Node, NodeError,
-    NodeFuture, Owner, SharedRequest, Waiter,
+    AcquireReply, AcquireSetReply, AcquireSetRequest, ExtendEntry, Node, NodeError, NodeFuture,
+    Owner, ResourceKeys, SharedRequest, Waiter,
 };
 
 fn done() -> NodeFuture<()> {
@@ -31,26 +31,26 @@ pub(crate) trait NodeCalls {
     /// owns the node.
     fn acquire_set(self: Arc<Self>, request: &AcquireSetRequest<'_>)
         -> NodeFuture<AcquireSetReply>;
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool>;
+    fn extend_set(&self, keys: &[ResourceKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
+    fn release_set(&self, keys: &[ResourceKeys], owner: &Owner) -> NodeFuture<bool>;
     fn raise_fences(
         &self,
-        keys: &[LockKeys],
+        keys: &[ResourceKeys],
         tokens: &[u64],
         fence_ttl: Duration,
     ) -> NodeFuture<()>;
     fn release_as_waiter(
         &self,
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         owner: &Owner,
         waiter: &Waiter,
     ) -> NodeFuture<bool>;
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool>;
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()>;
-    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()>;
+    fn hand_back(&self, keys: &ResourceKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool>;
+    fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()>;
+    fn listen_for_release(&self, keys: &ResourceKeys, ttl: Duration) -> NodeFuture<()>;
     fn acquire_shared(&self, request: &SharedRequest<'_>) -> NodeFuture<AcquireReply>;
-    fn extend_shared(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
-    fn release_shared(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool>;
+    fn extend_shared(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
+    fn release_shared(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool>;
     fn extend_shared_many(
         &self,
         entries: &[ExtendEntry<'_>],
@@ -69,14 +69,14 @@ impl NodeCalls for dyn Node {
         acquire_each(self, request)
     }
 
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend_set(&self, keys: &[ResourceKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         match self.sets() {
             Some(sets) => sets.extend_set(keys, owner, ttl),
             None => extend_each(self, keys, owner, ttl),
         }
     }
 
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+    fn release_set(&self, keys: &[ResourceKeys], owner: &Owner) -> NodeFuture<bool> {
         match self.sets() {
             Some(sets) => sets.release_set(keys, owner),
             None => release_each(self, keys, owner),
@@ -85,7 +85,7 @@ impl NodeCalls for dyn Node {
 
     fn raise_fences(
         &self,
-        keys: &[LockKeys],
+        keys: &[ResourceKeys],
         tokens: &[u64],
         fence_ttl: Duration,
     ) -> NodeFuture<()> {
@@ -97,7 +97,7 @@ impl NodeCalls for dyn Node {
 
     fn release_as_waiter(
         &self,
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         owner: &Owner,
         waiter: &Waiter,
     ) -> NodeFuture<bool> {
@@ -107,21 +107,21 @@ impl NodeCalls for dyn Node {
         }
     }
 
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+    fn hand_back(&self, keys: &ResourceKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
         match self.wait_queue() {
             Some(queue) => queue.hand_back(keys, owner, waiter),
             None => self.release(keys, owner),
         }
     }
 
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+    fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()> {
         match self.wait_queue() {
             Some(queue) => queue.leave_queue(keys, waiter),
             None => done(),
         }
     }
 
-    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
+    fn listen_for_release(&self, keys: &ResourceKeys, ttl: Duration) -> NodeFuture<()> {
         match self.wait_queue() {
             Some(queue) => queue.listen_for_release(keys, ttl),
             None => done(),
@@ -135,14 +135,14 @@ impl NodeCalls for dyn Node {
         }
     }
 
-    fn extend_shared(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend_shared(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         match self.shared_modes() {
             Some(modes) => modes.extend_shared(keys, owner, ttl),
             None => no_shared_holders(),
         }
     }
 
-    fn release_shared(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+    fn release_shared(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
         match self.shared_modes() {
             Some(modes) => modes.release_shared(keys, owner),
             None => no_shared_holders(),

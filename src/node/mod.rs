@@ -14,7 +14,7 @@
 //! | [`ExtendEntry`] | one key of a batched renewal ([`Node::extend_many`]) |
 //! | [`AcquireRequest`] / [`AcquireReply`] | one acquire: keys, owner, ttl, fence settings; granted with the node's fence counter, or held with the holder's ttl |
 //! | [`AcquireSetRequest`] / [`AcquireSetReply`] | one acquire of a set of resources, all or nothing on the node (see [`LockSets::acquire_set`]) |
-//! | [`Resource`] / [`LockKeys`] | a lock's name, and its keys (lock, fence counter, record, wake-up channel) |
+//! | [`Resource`] / [`ResourceKeys`] | a lock's name, and its keys (lock, fence counter, record, wake-up channel) |
 //! | [`Owner`] | the random value that identifies one acquisition |
 //! | [`Waiter`] | one process's place in a resource's cross-process wait queue |
 //! | [`ReleaseSignal`] | what a subscription hands waiters: wakes them when the resource is released |
@@ -74,8 +74,8 @@ pub(crate) use memory::MemoryNode;
 pub use modes::{SharedMode, SharedModes, SharedRequest};
 pub(crate) use records::unsupported;
 pub use records::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
-pub use resource::LockKeys;
 pub(crate) use resource::Resource;
+pub use resource::ResourceKeys;
 #[cfg(feature = "redis")]
 pub(crate) use resource::{CHANNEL_SUFFIX, QUEUE_SUFFIX};
 pub use set::{AcquireSetReply, AcquireSetRequest, LockSets};
@@ -116,7 +116,7 @@ pub trait Node: Send + Sync + 'static {
 
     /// Sets the lock key's ttl to `ttl` if it still holds `owner`. Never creates it.
     /// Returns whether the key was extended.
-    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
+    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
 
     /// [`extend`](Node::extend) for many keys at once, each with its own owner and all
     /// with one `ttl`, answering per entry in the order given: `Ok(true)` extended,
@@ -142,10 +142,10 @@ pub trait Node: Send + Sync + 'static {
     /// [`wait_queue`](Node::wait_queue)) — unless `keys.channel` is empty, which the
     /// locker passes when it cleans up a failed attempt. Returns whether the key was
     /// deleted.
-    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool>;
+    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool>;
 
     /// Raises the fence counter to `token` if it is lower.
-    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()>;
+    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()>;
 
     /// Subscribes to the release notifications of one resource. The subscription is
     /// active when the future resolves; it ends when the last clone of the returned
@@ -154,7 +154,7 @@ pub trait Node: Send + Sync + 'static {
     /// A node that keeps the wait queue ([`wait_queue`](Node::wait_queue)) is called
     /// with `keys.channel` set to the waiter's own channel,
     /// [`Waiter::channel`]`(keys)`, and wakes only that waiter there.
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal>;
+    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal>;
 
     /// Where this node's servers are, in a canonical form (lower-case host, explicit
     /// port, no credentials, no database; seeds sorted), so that a locker refuses a
@@ -189,7 +189,7 @@ pub trait Node: Send + Sync + 'static {
     /// `probe` are the keys of a resource under the locker's key prefix that no lease
     /// uses: a node may run its commands on them to learn what the connection's user
     /// is allowed (it must leave no key behind).
-    fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+    fn server_setup(&self, probe: &ResourceKeys) -> NodeFuture<Vec<ServerSetup>> {
         let _ = probe;
         Box::pin(std::future::ready(Ok(Vec::new())))
     }
@@ -204,7 +204,7 @@ pub trait Node: Send + Sync + 'static {
 
     /// The node's cross-process wait queue, if it keeps one (the Redis nodes and the
     /// [`MemoryNode`] do). Without one (the default, `None`) each release wakes every
-    /// waiter of the resource on [`LockKeys::channel`], and waiters
+    /// waiter of the resource on [`ResourceKeys::channel`], and waiters
     /// are served in the order their retries land; a locker whose majority of nodes
     /// keep a queue serves them in order (see [`WaitQueue`]).
     fn wait_queue(&self) -> Option<&dyn WaitQueue> {
@@ -238,7 +238,7 @@ impl fmt::Debug for dyn Node {
 #[derive(Debug, Clone, Copy)]
 pub struct AcquireRequest<'a> {
     /// The keys of the resource.
-    pub keys: &'a LockKeys,
+    pub keys: &'a ResourceKeys,
     /// The owner value of this acquisition.
     pub owner: &'a Owner,
     /// The lock key's time to live.
@@ -274,7 +274,7 @@ pub(crate) const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(3600);
 #[derive(Debug, Clone)]
 pub struct ExtendEntry<'a> {
     /// The keys of the resource.
-    pub keys: &'a LockKeys,
+    pub keys: &'a ResourceKeys,
     /// The owner value expected in the lock key (already this node's, see
     /// [`Owner::for_node`]).
     pub owner: Owner,

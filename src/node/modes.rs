@@ -8,7 +8,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use crate::node::{AcquireReply, ExtendEntry, LockKeys, NodeError, NodeFuture, Owner};
+use crate::node::{AcquireReply, ExtendEntry, NodeError, NodeFuture, Owner, ResourceKeys};
 
 /// How a lease shares its resource with others (the exclusive lease is
 /// [`Node::acquire`](crate::node::Node::acquire)'s).
@@ -41,7 +41,7 @@ impl SharedMode {
 #[derive(Debug, Clone, Copy)]
 pub struct SharedRequest<'a> {
     /// The keys of the resource.
-    pub keys: &'a LockKeys,
+    pub keys: &'a ResourceKeys,
     /// The owner value of this acquisition (this node's, see [`Owner::for_node`]).
     pub owner: &'a Owner,
     /// Reader or permit.
@@ -146,7 +146,7 @@ pub trait SharedModes: Send + Sync {
 
     /// Moves the holder's expiry to `now + ttl` if it is still live; `false` when it is
     /// not (expired, released, never granted). Never re-creates it.
-    fn extend_shared(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
+    fn extend_shared(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
 
     /// [`extend_shared`](SharedModes::extend_shared) for many holders at once, each with
     /// its own owner and all with one `ttl`, answering per entry in the order given (as
@@ -168,5 +168,5 @@ pub trait SharedModes: Send + Sync {
 
     /// Removes the holder (compare-by-owner) and wakes the waiters (see the module
     /// docs); `true` when it was a live holder.
-    fn release_shared(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool>;
+    fn release_shared(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool>;
 }

@@ -10,9 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::NodeError;
-use crate::node::{FencingToken, LockKeys, NodeFuture, Owner};
+use crate::node::{FencingToken, NodeFuture, Owner, ResourceKeys};
 
-impl LockKeys {
+impl ResourceKeys {
     /// The key of the resource's outcome record: `{prefix}{<resource>}:record`, in the
     /// same hash slot as the lock key.
     pub fn record(&self) -> String {
@@ -75,7 +75,7 @@ impl fmt::Debug for Record {
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRequest<'a> {
     /// The keys of the resource.
-    pub keys: &'a LockKeys,
+    pub keys: &'a ResourceKeys,
     /// The owner value the lock key must hold.
     pub owner: &'a Owner,
     /// The claiming lease's fencing token.
@@ -119,7 +119,7 @@ pub enum ClaimReply {
 #[derive(Debug, Clone, Copy)]
 pub struct StoreRequest<'a> {
     /// The keys of the resource.
-    pub keys: &'a LockKeys,
+    pub keys: &'a ResourceKeys,
     /// The owner value the lock key must hold.
     pub owner: &'a Owner,
     /// The record to store; its token orders it against an existing record.
@@ -145,7 +145,7 @@ pub enum StoreReply {
 pub trait RecordStore: Send + Sync {
     /// The completed record under the resource's record key, if any (a pending marker
     /// reads as none). Reads only; needs no lock.
-    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>>;
+    fn read_record(&self, keys: &ResourceKeys) -> NodeFuture<Option<Record>>;
 
     /// Atomically: returns the completed record if one exists; else, unless the lock key
     /// holds `request.owner`, writes nothing ([`ClaimReply::NotOwner`]); else, when
@@ -162,7 +162,7 @@ pub trait RecordStore: Send + Sync {
 
     /// Deletes the record key if it holds the pending marker of `token`. Returns whether
     /// it did.
-    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool>;
+    fn discard_record(&self, keys: &ResourceKeys, token: u64) -> NodeFuture<bool>;
 }
 
 /// What the engine counts for a node without records (see [`Node::records`](crate::node::Node::records)).

@@ -244,7 +244,7 @@ pub(crate) const QUEUE_SUFFIX: &str = ":queue";
 /// What a waiting writer's intent key adds to the lock key; the acquire script knows
 /// it too.
 pub(crate) const WRITER_SUFFIX: &str = ":writer";
-/// The suffix of the release channel's name (`LockKeys::channel`); the acquire script
+/// The suffix of the release channel's name (`ResourceKeys::channel`); the acquire script
 /// knows it too.
 pub(crate) const CHANNEL_SUFFIX: &str = ":released";
 
@@ -252,7 +252,7 @@ pub(crate) const CHANNEL_SUFFIX: &str = ":released";
 /// `…:fence` for the fence counter and `…:released` for the wake-up channel.
 /// The braces form a Redis Cluster hash tag, so all three map to one slot.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct LockKeys {
+pub struct ResourceKeys {
     /// The lock key, holding the owner value.
     pub lock: String,
     /// The fence counter key.
@@ -261,7 +261,7 @@ pub struct LockKeys {
     pub channel: String,
 }
 
-impl LockKeys {
+impl ResourceKeys {
     /// The wait queue's key (a sorted set of waiter ids, see
     /// [`Node::wait_queue`](crate::node::Node::wait_queue)): the lock key and `:queue`.
     pub fn queue(&self) -> String {
@@ -288,7 +288,7 @@ impl LockKeys {
             key.push_str(suffix);
             key
         };
-        LockKeys {
+        ResourceKeys {
             fence: with_suffix(":fence"),
             channel: with_suffix(CHANNEL_SUFFIX),
             lock,
@@ -420,7 +420,7 @@ mod tests {
 
     #[test]
     fn keys_share_one_hash_tag() {
-        let keys = LockKeys::new("redlock:", &Resource::new("a}b{").join("c"));
+        let keys = ResourceKeys::new("redlock:", &Resource::new("a}b{").join("c"));
         assert_eq!(keys.lock, "redlock:{a%7Db%7B:c}");
         assert_eq!(keys.fence, "redlock:{a%7Db%7B:c}:fence");
         assert_eq!(keys.channel, "redlock:{a%7Db%7B:c}:released");

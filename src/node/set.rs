@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::error::NodeError;
-use crate::node::{AcquireReply, AcquireRequest, LockKeys, Node, NodeFuture, Owner};
+use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ResourceKeys};
 
 /// One call for a whole set of resources, **all or nothing on this node**: the
 /// capability a node hands out with [`Node::sets`]. Without it the locker composes the
@@ -27,18 +27,18 @@ pub trait LockSets: Send + Sync {
 
     /// Extends every member of a set held by `owner`, as [`extend`](Node::extend) does
     /// one; `true` only if every member was extended.
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
+    fn extend_set(&self, keys: &[ResourceKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool>;
 
     /// Releases every member of a set held by `owner`, as [`release`](Node::release)
     /// does one (publishing on each member's channel unless it is empty); `true` only if
     /// every member was ours and deleted.
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool>;
+    fn release_set(&self, keys: &[ResourceKeys], owner: &Owner) -> NodeFuture<bool>;
 
     /// Raises each member's fence counter to its token (`tokens[i]` for `keys[i]`), as
     /// [`raise_fence`](Node::raise_fence) does one.
     fn raise_fences(
         &self,
-        keys: &[LockKeys],
+        keys: &[ResourceKeys],
         tokens: &[u64],
         fence_ttl: Duration,
     ) -> NodeFuture<()>;
@@ -49,7 +49,7 @@ pub trait LockSets: Send + Sync {
 pub struct AcquireSetRequest<'a> {
     /// The keys of every member, in the lease's canonical order (sorted by resource,
     /// no duplicates). Never empty.
-    pub keys: &'a [LockKeys],
+    pub keys: &'a [ResourceKeys],
     /// The owner value of this acquisition, the same for every member.
     pub owner: &'a Owner,
     /// The lock keys' time to live.
@@ -67,7 +67,7 @@ pub struct AcquireSetRequest<'a> {
 
 impl<'a> AcquireSetRequest<'a> {
     /// The request for one member, `keys`, with this request's settings.
-    pub fn member(&self, keys: &'a LockKeys) -> AcquireRequest<'a> {
+    pub fn member(&self, keys: &'a ResourceKeys) -> AcquireRequest<'a> {
         AcquireRequest {
             keys,
             owner: self.owner,
@@ -108,7 +108,7 @@ pub(crate) fn acquire_each<N: Node + ?Sized>(
     node: Arc<N>,
     request: &AcquireSetRequest<'_>,
 ) -> NodeFuture<AcquireSetReply> {
-    let keys: Vec<LockKeys> = request.keys.to_vec();
+    let keys: Vec<ResourceKeys> = request.keys.to_vec();
     let owner = request.owner.clone();
     let settings = *request;
     let (ttl, fence_ttl, fencing) = (settings.ttl, settings.fence_ttl, settings.fencing);
@@ -150,14 +150,14 @@ pub(crate) fn acquire_each<N: Node + ?Sized>(
 /// Releases the members taken so far by a failed [`acquire_each`], without publishing.
 async fn undo<N: Node + ?Sized>(
     node: &N,
-    taken: &[LockKeys],
+    taken: &[ResourceKeys],
     owner: &Owner,
 ) -> Result<(), NodeError> {
     let calls: Vec<_> = taken
         .iter()
         .map(|keys| {
             node.release(
-                &LockKeys {
+                &ResourceKeys {
                     channel: String::new(),
                     ..keys.clone()
                 },
@@ -176,7 +176,7 @@ async fn undo<N: Node + ?Sized>(
 /// member was extended. Every call is awaited; the first failure is the answer.
 pub(crate) fn extend_each<N: Node + ?Sized>(
     node: &N,
-    keys: &[LockKeys],
+    keys: &[ResourceKeys],
     owner: &Owner,
     ttl: Duration,
 ) -> NodeFuture<bool> {
@@ -191,7 +191,7 @@ pub(crate) fn extend_each<N: Node + ?Sized>(
 /// member was ours and deleted.
 pub(crate) fn release_each<N: Node + ?Sized>(
     node: &N,
-    keys: &[LockKeys],
+    keys: &[ResourceKeys],
     owner: &Owner,
 ) -> NodeFuture<bool> {
     every(keys.iter().map(|keys| node.release(keys, owner)).collect())
@@ -200,7 +200,7 @@ pub(crate) fn release_each<N: Node + ?Sized>(
 /// [`LockSets::raise_fences`] without the capability: every member, concurrently.
 pub(crate) fn raise_each<N: Node + ?Sized>(
     node: &N,
-    keys: &[LockKeys],
+    keys: &[ResourceKeys],
     tokens: &[u64],
     fence_ttl: Duration,
 ) -> NodeFuture<()> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 #[cfg(doc)]
 use crate::node::{AcquireRequest, Node};
-use crate::node::{LockKeys, NodeFuture, Owner};
+use crate::node::{NodeFuture, Owner, ResourceKeys};
 
 /// A cross-process wait queue per resource: the capability a node hands out with
 /// [`Node::wait_queue`]. A node that keeps one does, atomically with each operation:
@@ -38,7 +38,7 @@ pub trait WaitQueue: Send + Sync {
     /// handed it the key here too late; this release hands it on.
     fn release_as_waiter(
         &self,
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         owner: &Owner,
         waiter: &Waiter,
     ) -> NodeFuture<bool>;
@@ -48,12 +48,12 @@ pub trait WaitQueue: Send + Sync {
     /// waiter's failed attempt, which keeps its turn. Its attempt may have reached this
     /// node before the previous holder's release reached the others; it is woken again
     /// when those releases hand it the lock.
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool>;
+    fn hand_back(&self, keys: &ResourceKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool>;
 
     /// Takes `waiter` out of the resource's wait queue, and hands a lock reserved for
     /// it to the next waiter. The locker calls it when a waiter that may be queued
     /// gives up: timeout, error or cancellation.
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()>;
+    fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()>;
 
     /// Registers, for `ttl`, a waiter that listens on the resource's own channel
     /// (`keys.channel`: a waiter for a set of resources) rather than in the wait queue,
@@ -65,7 +65,7 @@ pub trait WaitQueue: Send + Sync {
     /// its release of a resource nobody waits for stays as cheap as the lock itself:
     /// the Redis nodes keep the mark in the queue, after every waiter, and the release
     /// that reaches it publishes on the channel.
-    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()>;
+    fn listen_for_release(&self, keys: &ResourceKeys, ttl: Duration) -> NodeFuture<()>;
 }
 
 /// How long a lock released to the next waiter stays reserved for it (see
@@ -93,7 +93,7 @@ pub struct Waiter {
 
 impl Waiter {
     /// The waiter's own wake-up channel: the resource's channel, `:` and the id.
-    pub fn channel(&self, keys: &LockKeys) -> String {
+    pub fn channel(&self, keys: &ResourceKeys) -> String {
         format!("{}:{}", keys.channel, self.id)
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tower_redlock::node::{
-    AcquireReply, AcquireRequest, ExtendEntry, LockKeys, NodeFuture, Owner, ReleaseSignal,
+    AcquireReply, AcquireRequest, ExtendEntry, NodeFuture, Owner, ReleaseSignal, ResourceKeys,
 };
 use tower_redlock::{node::Node, Lease, LockOptions, MemoryNode, RedisNode, Redlock};
 
@@ -64,9 +64,9 @@ async fn leases_on(
     leases
 }
 
-fn keys_of(lease: &Lease) -> LockKeys {
+fn keys_of(lease: &Lease) -> ResourceKeys {
     let lock = format!("redlock:{{{}}}", lease.resource());
-    LockKeys {
+    ResourceKeys {
         fence: format!("{lock}:fence"),
         channel: format!("{lock}:released"),
         lock,
@@ -172,16 +172,16 @@ impl Node for PerKey {
     fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
         self.0.acquire(request)
     }
-    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         self.0.extend(keys, owner, ttl)
     }
-    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
         self.0.release(keys, owner)
     }
-    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         self.0.raise_fence(keys, token, fence_ttl)
     }
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         self.0.subscribe(keys)
     }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use support::node_calls::{self, owners};
 use support::RedisServer;
 use tokio::sync::oneshot;
-use tower_redlock::node::{AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner};
+use tower_redlock::node::{AcquireReply, AcquireRequest, NodeFuture, Owner, ResourceKeys};
 use tower_redlock::{node::Node, RedisNode};
 
 /// The least fence value of a fenced call.
@@ -27,11 +27,11 @@ const FLOOR: u64 = 1 << 20;
 const HANG: Duration = Duration::from_secs(20);
 
 struct Call {
-    keys: LockKeys,
+    keys: ResourceKeys,
     owner: Owner,
 }
 
-fn keys(name: &str) -> LockKeys {
+fn keys(name: &str) -> ResourceKeys {
     node_calls::keys(format!("batches:{{{name}}}"))
 }
 

@@ -16,7 +16,7 @@ use support::node_calls::{keys, owners};
 use support::RedisServer;
 use tower_redlock::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ClaimReply, ClaimRequest,
-    ExtendEntry, LockKeys, Owner, Record, SharedMode, SharedModes, SharedRequest, StoreReply,
+    ExtendEntry, Owner, Record, ResourceKeys, SharedMode, SharedModes, SharedRequest, StoreReply,
     StoreRequest, Waiter,
 };
 use tower_redlock::{node::Node, FencingToken, MemoryNode, RedisNode};
@@ -64,13 +64,13 @@ fn modes(node: &Arc<dyn Node>) -> &dyn SharedModes {
     node.shared_modes().expect("the node keeps shared holders")
 }
 
-fn resource(name: &str) -> LockKeys {
+fn resource(name: &str) -> ResourceKeys {
     keys(format!("modes:{{{name}}}"))
 }
 
 async fn shared(
     node: &Arc<dyn Node>,
-    keys: &LockKeys,
+    keys: &ResourceKeys,
     owner: &Owner,
     mode: SharedMode,
     ttl: Duration,
@@ -89,7 +89,7 @@ async fn shared(
 
 async fn exclusive(
     node: &Arc<dyn Node>,
-    keys: &LockKeys,
+    keys: &ResourceKeys,
     owner: &Owner,
     waiter: Option<&Waiter>,
 ) -> AcquireReply {
@@ -167,7 +167,7 @@ async fn a_waiting_writer_holds_new_readers_back_until_served(
     let writer = waiter("00000000000000aa", TTL);
     // The writer listens on its own channel, so the last reader hands it the key.
     let mut woken = node
-        .subscribe(&LockKeys {
+        .subscribe(&ResourceKeys {
             channel: writer.channel(&keys),
             ..keys.clone()
         })

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use support::{eventually, RedisServer};
 use tower_redlock::node::{
-    AcquireReply, AcquireRequest, ExtendEntry, LockKeys, NodeFuture, Owner, ReleaseSignal,
+    AcquireReply, AcquireRequest, ExtendEntry, NodeFuture, Owner, ReleaseSignal, ResourceKeys,
 };
 use tower_redlock::{
     node::Node, LockError, LockOptions, LostCause, MemoryNode, RedisNode, Redlock, ReleaseOutcome,
@@ -241,7 +241,7 @@ impl Node for PanickingRenewals {
     fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
         self.inner.acquire(request)
     }
-    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         self.inner.extend(keys, owner, ttl)
     }
     fn extend_many(
@@ -255,13 +255,13 @@ impl Node for PanickingRenewals {
         );
         self.inner.extend_many(entries, ttl)
     }
-    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
         self.inner.release(keys, owner)
     }
-    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         self.inner.raise_fence(keys, token, fence_ttl)
     }
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         self.inner.subscribe(keys)
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_redlock::node::{
-    AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner, ReleaseSignal,
+    AcquireReply, AcquireRequest, NodeFuture, Owner, ReleaseSignal, ResourceKeys,
 };
 use tower_redlock::{
     node::Node, LockError, LockOptions, MemoryNode, NodeError, Redlock, ReleaseOutcome,
@@ -32,9 +32,9 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn keys(resource: &str) -> LockKeys {
+fn keys(resource: &str) -> ResourceKeys {
     let lock = lock_key(resource);
-    LockKeys {
+    ResourceKeys {
         fence: format!("{lock}:fence"),
         channel: format!("{lock}:released"),
         lock,
@@ -388,20 +388,20 @@ impl Node for CountingNode {
         self.inner.acquire(request)
     }
 
-    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         self.inner.extend(keys, owner, ttl)
     }
 
-    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
         self.inner.release(keys, owner)
     }
 
-    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         self.raises.fetch_add(1, Ordering::SeqCst);
         self.inner.raise_fence(keys, token, fence_ttl)
     }
 
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         self.inner.subscribe(keys)
     }
 }

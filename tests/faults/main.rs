@@ -75,7 +75,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower_redlock::node::HANDOFF_TTL;
 use tower_redlock::node::{
-    AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner, ReleaseSignal,
+    AcquireReply, AcquireRequest, NodeFuture, Owner, ReleaseSignal, ResourceKeys,
 };
 use tower_redlock::{
     node::Node, Lease, LockError, LockOptions, LostCause, NodeError, RedisNode, Redlock,
@@ -177,11 +177,11 @@ impl Node for DelOnRelease {
         self.inner.acquire(request)
     }
 
-    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         self.inner.extend(keys, owner, ttl)
     }
 
-    fn release(&self, keys: &LockKeys, _owner: &Owner) -> NodeFuture<bool> {
+    fn release(&self, keys: &ResourceKeys, _owner: &Owner) -> NodeFuture<bool> {
         let mut conn = self.conn.clone();
         let key = keys.lock.clone();
         Box::pin(async move {
@@ -194,11 +194,11 @@ impl Node for DelOnRelease {
         })
     }
 
-    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         self.inner.raise_fence(keys, token, fence_ttl)
     }
 
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         self.inner.subscribe(keys)
     }
 }

@@ -10,7 +10,7 @@ use std::fmt;
 
 use super::*;
 use tower_redlock::node::{
-    AcquireReply, AcquireRequest, LockKeys, Owner, SharedMode, SharedModes, SharedRequest,
+    AcquireReply, AcquireRequest, Owner, ResourceKeys, SharedMode, SharedModes, SharedRequest,
 };
 use tower_redlock::{node::Node, LockMode, RedisNode};
 
@@ -275,7 +275,7 @@ fn shared(node: &Arc<dyn Node>) -> &dyn SharedModes {
 /// One attempt: exclusive (`mode` `None`) or shared; whether it was granted.
 async fn take(
     node: &Arc<dyn Node>,
-    keys: &LockKeys,
+    keys: &ResourceKeys,
     owner: &Owner,
     mode: Option<SharedMode>,
 ) -> bool {

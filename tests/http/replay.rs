@@ -1468,7 +1468,7 @@ impl tower_redlock::node::Node for LockOnly {
 
     fn extend(
         &self,
-        keys: &tower_redlock::node::LockKeys,
+        keys: &tower_redlock::node::ResourceKeys,
         owner: &tower_redlock::node::Owner,
         ttl: Duration,
     ) -> tower_redlock::node::NodeFuture<bool> {
@@ -1477,7 +1477,7 @@ impl tower_redlock::node::Node for LockOnly {
 
     fn release(
         &self,
-        keys: &tower_redlock::node::LockKeys,
+        keys: &tower_redlock::node::ResourceKeys,
         owner: &tower_redlock::node::Owner,
     ) -> tower_redlock::node::NodeFuture<bool> {
         self.0.release(keys, owner)
@@ -1485,7 +1485,7 @@ impl tower_redlock::node::Node for LockOnly {
 
     fn raise_fence(
         &self,
-        keys: &tower_redlock::node::LockKeys,
+        keys: &tower_redlock::node::ResourceKeys,
         token: u64,
         fence_ttl: Duration,
     ) -> tower_redlock::node::NodeFuture<()> {
@@ -1494,7 +1494,7 @@ impl tower_redlock::node::Node for LockOnly {
 
     fn subscribe(
         &self,
-        keys: &tower_redlock::node::LockKeys,
+        keys: &tower_redlock::node::ResourceKeys,
     ) -> tower_redlock::node::NodeFuture<tower_redlock::node::ReleaseSignal> {
         self.0.subscribe(keys)
     }

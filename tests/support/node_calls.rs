@@ -1,7 +1,7 @@
 //! What tests that call a node directly (its connection, its order of commands) need
 //! from outside the crate: owner values and a resource's keys.
 
-use tower_redlock::node::{LockKeys, Owner};
+use tower_redlock::node::{Owner, ResourceKeys};
 use tower_redlock::{LockOptions, MemoryNode, Redlock};
 
 /// One lease's owner value, to be taken on as many node indices as a test has callers
@@ -13,8 +13,8 @@ pub async fn owners() -> Owner {
 }
 
 /// The keys of the lock key `lock`, named as the crate names them.
-pub fn keys(lock: String) -> LockKeys {
-    LockKeys {
+pub fn keys(lock: String) -> ResourceKeys {
+    ResourceKeys {
         fence: format!("{lock}:fence"),
         channel: format!("{lock}:released"),
         lock,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use support::cluster::{RedisCluster, SentinelGroup};
 use support::node_calls::{keys, owners};
 use tower_redlock::node::{
-    AcquireReply, AcquireRequest, LockKeys, Owner, SharedMode, SharedRequest,
+    AcquireReply, AcquireRequest, Owner, ResourceKeys, SharedMode, SharedRequest,
 };
 use tower_redlock::{node::Node, node_from_url};
 
@@ -37,7 +37,12 @@ async fn shared_holders_on_a_sentinel_master() {
     readers_writers_and_permits(node).await;
 }
 
-async fn shared(node: &Arc<dyn Node>, keys: &LockKeys, owner: &Owner, mode: SharedMode) -> bool {
+async fn shared(
+    node: &Arc<dyn Node>,
+    keys: &ResourceKeys,
+    owner: &Owner,
+    mode: SharedMode,
+) -> bool {
     let request = SharedRequest {
         keys,
         owner,

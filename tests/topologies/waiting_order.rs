@@ -17,7 +17,7 @@ use std::time::Duration;
 use support::cluster::{RedisCluster, SentinelGroup};
 use support::node_calls::{self, owners};
 use support::RedisServer;
-use tower_redlock::node::{AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner};
+use tower_redlock::node::{AcquireReply, AcquireRequest, NodeFuture, Owner, ResourceKeys};
 use tower_redlock::{node::Node, ClusterNode, SentinelNode};
 
 /// Only a hang runs into it.
@@ -27,11 +27,11 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.unwrap()
 }
 
-fn keys(name: &str) -> LockKeys {
+fn keys(name: &str) -> ResourceKeys {
     node_calls::keys(format!("waiting-order:{{{name}}}"))
 }
 
-fn acquire(node: &dyn Node, keys: &LockKeys, owner: &Owner) -> NodeFuture<AcquireReply> {
+fn acquire(node: &dyn Node, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<AcquireReply> {
     node.acquire(&AcquireRequest {
         keys,
         owner,
@@ -60,7 +60,7 @@ async fn finish(call: NodeFuture<AcquireReply>) -> bool {
 /// A Sentinel group whose sentinel is paused, a node made meanwhile (so its first lookup
 /// of the master waits), the keys of resource `name`, and an owner value to take on
 /// several node indices.
-async fn before_the_first_lookup(name: &str) -> (SentinelGroup, SentinelNode, LockKeys, Owner) {
+async fn before_the_first_lookup(name: &str) -> (SentinelGroup, SentinelNode, ResourceKeys, Owner) {
     let group = blocking(SentinelGroup::start).await;
     let keys = keys(name);
     let owner = owners().await;
@@ -119,7 +119,7 @@ async fn a_caller_dropped_while_waiting_for_the_master_lookup_is_never_sent() {
 /// connection waits), the keys of resource `name`, and an owner value.
 async fn before_the_first_cluster_connection(
     name: &str,
-) -> (RedisCluster, ClusterNode, LockKeys, Owner) {
+) -> (RedisCluster, ClusterNode, ResourceKeys, Owner) {
     let mut cluster = blocking(|| RedisCluster::start(3, 0)).await;
     let keys = keys(name);
     let owner = owners().await;

@@ -35,7 +35,7 @@ impl Inner {
     pub(super) async fn acquire(
         &self,
         mut client: Client,
-        keys: LockKeys,
+        keys: ResourceKeys,
         owner: Owner,
         ttl: Duration,
         fencing: bool,
@@ -96,7 +96,7 @@ impl Inner {
     pub(super) async fn extend(
         &self,
         mut client: Client,
-        keys: LockKeys,
+        keys: ResourceKeys,
         owner: Owner,
     ) -> Result<bool, NodeError> {
         let key = self.key(&keys.lock);
@@ -123,7 +123,7 @@ impl Inner {
     pub(super) async fn release(
         &self,
         mut client: Client,
-        keys: LockKeys,
+        keys: ResourceKeys,
         owner: Owner,
     ) -> Result<bool, NodeError> {
         let key = self.key(&keys.lock);
@@ -149,7 +149,7 @@ impl Inner {
     pub(super) async fn subscribe(
         &self,
         mut client: Client,
-        keys: LockKeys,
+        keys: ResourceKeys,
     ) -> Result<ReleaseSignal, NodeError> {
         let key = self.key(&keys.lock);
         let mut stream = client
@@ -188,7 +188,7 @@ impl Inner {
     pub(super) async fn read_record(
         &self,
         mut client: Client,
-        keys: LockKeys,
+        keys: ResourceKeys,
     ) -> Result<Option<Record>, NodeError> {
         let reply = client
             .get(self.key(&keys.record()), None)
@@ -204,7 +204,7 @@ impl Inner {
     pub(super) async fn claim_record(
         &self,
         mut client: Client,
-        keys: LockKeys,
+        keys: ResourceKeys,
         owner: Owner,
         (token, fingerprint): (u64, Bytes),
         (pending_ttl, orphan_ttl): (Duration, Option<Duration>),
@@ -294,7 +294,7 @@ impl Inner {
     pub(super) async fn store_record(
         &self,
         mut client: Client,
-        keys: LockKeys,
+        keys: ResourceKeys,
         owner: Owner,
         record: Record,
         retention: Duration,
@@ -360,7 +360,7 @@ impl Inner {
     pub(super) async fn discard_record(
         &self,
         mut client: Client,
-        keys: LockKeys,
+        keys: ResourceKeys,
         token: u64,
     ) -> Result<bool, NodeError> {
         let record_key = self.key(&keys.record());

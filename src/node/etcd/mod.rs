@@ -20,7 +20,7 @@ use tokio::sync::{watch, OnceCell};
 use crate::error::{ConfigError, NodeError};
 use crate::node::percent::percent_decode;
 use crate::node::FencingToken;
-use crate::node::LockKeys;
+use crate::node::ResourceKeys;
 use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
 use crate::node::{AcquireSetReply, AcquireSetRequest, LockSets};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
@@ -380,7 +380,7 @@ impl Node for EtcdNode {
         })
     }
 
-    fn extend(&self, keys: &LockKeys, owner: &Owner, _ttl: Duration) -> NodeFuture<bool> {
+    fn extend(&self, keys: &ResourceKeys, owner: &Owner, _ttl: Duration) -> NodeFuture<bool> {
         // The ttl is the locker's, the one the lease was granted with: a keep-alive
         // restores exactly it.
         let inner = self.inner.clone();
@@ -394,7 +394,7 @@ impl Node for EtcdNode {
         })
     }
 
-    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
         let inner = self.inner.clone();
         let (keys, owner) = (keys.clone(), owner.clone());
         Box::pin(async move {
@@ -406,13 +406,18 @@ impl Node for EtcdNode {
         })
     }
 
-    fn raise_fence(&self, _keys: &LockKeys, _token: u64, _fence_ttl: Duration) -> NodeFuture<()> {
+    fn raise_fence(
+        &self,
+        _keys: &ResourceKeys,
+        _token: u64,
+        _fence_ttl: Duration,
+    ) -> NodeFuture<()> {
         // The revision is the token; nothing can or need be raised. A locker with an
         // etcd node has no other node, so the engine never asks.
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         let inner = self.inner.clone();
         let keys = keys.clone();
         Box::pin(async move { pinned!(inner, |client| inner.subscribe(client, keys.clone())) })
@@ -429,7 +434,7 @@ impl Node for EtcdNode {
 }
 
 impl RecordStore for EtcdNode {
-    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
+    fn read_record(&self, keys: &ResourceKeys) -> NodeFuture<Option<Record>> {
         let inner = self.inner.clone();
         let keys = keys.clone();
         Box::pin(async move { pinned!(inner, |client| inner.read_record(client, keys.clone())) })
@@ -470,7 +475,7 @@ impl RecordStore for EtcdNode {
         })
     }
 
-    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
+    fn discard_record(&self, keys: &ResourceKeys, token: u64) -> NodeFuture<bool> {
         let inner = self.inner.clone();
         let keys = keys.clone();
         Box::pin(async move {

@@ -12,7 +12,7 @@ impl Inner {
     pub(super) async fn acquire_set(
         &self,
         mut client: Client,
-        keys: Arc<[LockKeys]>,
+        keys: Arc<[ResourceKeys]>,
         owner: Owner,
         ttl: Duration,
         fencing: bool,
@@ -107,7 +107,7 @@ impl Inner {
     pub(super) async fn extend_set(
         &self,
         mut client: Client,
-        keys: Arc<[LockKeys]>,
+        keys: Arc<[ResourceKeys]>,
         owner: Owner,
     ) -> Result<bool, NodeError> {
         let names: Vec<Vec<u8>> = keys.iter().map(|k| self.key(&k.lock)).collect();
@@ -136,7 +136,7 @@ impl Inner {
     pub(super) async fn release_set(
         &self,
         mut client: Client,
-        keys: Arc<[LockKeys]>,
+        keys: Arc<[ResourceKeys]>,
         owner: Owner,
     ) -> Result<bool, NodeError> {
         let names: Vec<Vec<u8>> = keys.iter().map(|k| self.key(&k.lock)).collect();
@@ -170,7 +170,7 @@ impl Inner {
 
 impl LockSets for EtcdNode {
     fn acquire_set(&self, request: &AcquireSetRequest<'_>) -> NodeFuture<AcquireSetReply> {
-        let (keys, owner): (Arc<[LockKeys]>, _) = (request.keys.into(), request.owner.clone());
+        let (keys, owner): (Arc<[ResourceKeys]>, _) = (request.keys.into(), request.owner.clone());
         let (ttl, fencing) = (request.ttl, request.fencing);
         let inner = self.inner.clone();
         Box::pin(async move {
@@ -184,8 +184,8 @@ impl LockSets for EtcdNode {
         })
     }
 
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, _ttl: Duration) -> NodeFuture<bool> {
-        let (inner, keys, owner): (_, Arc<[LockKeys]>, _) =
+    fn extend_set(&self, keys: &[ResourceKeys], owner: &Owner, _ttl: Duration) -> NodeFuture<bool> {
+        let (inner, keys, owner): (_, Arc<[ResourceKeys]>, _) =
             (self.inner.clone(), keys.into(), owner.clone());
         Box::pin(async move {
             pinned!(inner, |client| inner.extend_set(
@@ -196,8 +196,8 @@ impl LockSets for EtcdNode {
         })
     }
 
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
-        let (inner, keys, owner): (_, Arc<[LockKeys]>, _) =
+    fn release_set(&self, keys: &[ResourceKeys], owner: &Owner) -> NodeFuture<bool> {
+        let (inner, keys, owner): (_, Arc<[ResourceKeys]>, _) =
             (self.inner.clone(), keys.into(), owner.clone());
         Box::pin(async move {
             pinned!(inner, |client| inner.release_set(
@@ -210,7 +210,7 @@ impl LockSets for EtcdNode {
 
     fn raise_fences(
         &self,
-        _keys: &[LockKeys],
+        _keys: &[ResourceKeys],
         _tokens: &[u64],
         _fence: Duration,
     ) -> NodeFuture<()> {

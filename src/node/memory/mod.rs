@@ -9,8 +9,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::error::NodeError;
-use crate::node::LockKeys;
 use crate::node::RecordStore;
+use crate::node::ResourceKeys;
 use crate::node::{
     AcquireReply, AcquireRequest, ExtendEntry, Node, NodeFuture, Owner, ReleaseSignal, SharedModes,
 };
@@ -426,7 +426,7 @@ impl Node for MemoryNode {
         })
     }
 
-    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         let lock_key = keys.lock.clone();
         let owner = owner.as_str().to_owned();
         self.run(move |shared| {
@@ -468,13 +468,13 @@ impl Node for MemoryNode {
         })
     }
 
-    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
         let keys = keys.clone();
         let owner = owner.as_str().to_owned();
         self.run(move |shared| Ok(shared.release(&keys, &owner, None)))
     }
 
-    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         let fence_key = keys.fence.clone();
         self.run(move |shared| {
             let now = Instant::now();
@@ -497,7 +497,7 @@ impl Node for MemoryNode {
         })
     }
 
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         let channel = keys.channel.clone();
         let node = Arc::downgrade(&self.shared);
         self.run(move |shared| {

@@ -15,7 +15,7 @@ use super::queue::HandOff;
 use super::{lock, Entry, MemoryNode, Store};
 use crate::error::NodeError;
 use crate::node::{
-    AcquireReply, ExtendEntry, LockKeys, NodeFuture, Owner, SharedModes, SharedRequest, Waiter,
+    AcquireReply, ExtendEntry, NodeFuture, Owner, ResourceKeys, SharedModes, SharedRequest, Waiter,
 };
 
 /// One resource's shared holders: owner value → expiry.
@@ -45,7 +45,7 @@ impl Store {
     /// another writer (`acquire.lua`'s sorted-set case).
     pub(super) fn refuse_writer(
         &mut self,
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         waiter: Option<&Waiter>,
         now: Instant,
     ) -> Option<AcquireReply> {
@@ -135,7 +135,7 @@ impl SharedModes for MemoryNode {
         })
     }
 
-    fn extend_shared(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend_shared(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         let lock_key = keys.lock.clone();
         let owner = owner.as_str().to_owned();
         self.run(move |shared| {
@@ -173,7 +173,7 @@ impl SharedModes for MemoryNode {
         })
     }
 
-    fn release_shared(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+    fn release_shared(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
         let keys = keys.clone();
         let owner = owner.as_str().to_owned();
         self.run(move |shared| {

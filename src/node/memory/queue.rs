@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{lock, Entry, MemoryNode, Shared, Store};
-use crate::node::{LockKeys, NodeFuture, Owner, WaitQueue, Waiter, HANDOFF_TTL};
+use crate::node::{NodeFuture, Owner, ResourceKeys, WaitQueue, Waiter, HANDOFF_TTL};
 
 /// One resource's wait queue: waiter ids ordered by ticket, then id (as a Redis sorted
 /// set orders them).
@@ -31,7 +31,7 @@ impl Shared {
     pub(super) fn hand_off(
         &self,
         store: &mut Store,
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         me: &str,
         now: Instant,
     ) -> HandOff {
@@ -58,7 +58,12 @@ impl Shared {
 
     /// The release script: compare-and-delete, then the hand-off; `leaving`: a waiter
     /// that leaves the queue first, and whose reservation counts as its key.
-    pub(super) fn release(&self, keys: &LockKeys, owner: &str, leaving: Option<&Waiter>) -> bool {
+    pub(super) fn release(
+        &self,
+        keys: &ResourceKeys,
+        owner: &str,
+        leaving: Option<&Waiter>,
+    ) -> bool {
         let now = Instant::now();
         let mut store = lock(&self.store);
         if let Some(waiter) = leaving {
@@ -158,7 +163,7 @@ pub(super) fn reservation(value: &str) -> Option<(&str, u64)> {
 }
 
 impl WaitQueue for MemoryNode {
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+    fn hand_back(&self, keys: &ResourceKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
         let keys = keys.clone();
         let owner = owner.as_str().to_owned();
         let waiter = waiter.clone();
@@ -178,7 +183,7 @@ impl WaitQueue for MemoryNode {
 
     fn release_as_waiter(
         &self,
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         owner: &Owner,
         waiter: &Waiter,
     ) -> NodeFuture<bool> {
@@ -188,7 +193,7 @@ impl WaitQueue for MemoryNode {
         self.run(move |shared| Ok(shared.release(&keys, &owner, Some(&waiter))))
     }
 
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+    fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()> {
         let keys = keys.clone();
         let waiter = waiter.clone();
         self.run(move |shared| {
@@ -199,7 +204,7 @@ impl WaitQueue for MemoryNode {
 
     // A release here wakes the resource's channel whenever no queued waiter takes
     // the lock: there is no mark to leave.
-    fn listen_for_release(&self, _keys: &LockKeys, _ttl: Duration) -> NodeFuture<()> {
+    fn listen_for_release(&self, _keys: &ResourceKeys, _ttl: Duration) -> NodeFuture<()> {
         Box::pin(std::future::ready(Ok(())))
     }
 }

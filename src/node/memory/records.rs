@@ -4,8 +4,8 @@
 
 use crate::error::NodeError;
 use crate::node::{
-    ClaimReply, ClaimRequest, FencingToken, LockKeys, NodeFuture, Record, RecordStore, StoreReply,
-    StoreRequest,
+    ClaimReply, ClaimRequest, FencingToken, NodeFuture, Record, RecordStore, ResourceKeys,
+    StoreReply, StoreRequest,
 };
 
 use tokio::time::Instant;
@@ -15,7 +15,7 @@ use super::{lock, Entry, MemoryNode};
 impl RecordStore for MemoryNode {
     // Outcome records (idempotent replay), stored as text in an ordinary entry of the
     // record key, so expiry, `clear`, `delete` and the fault injection apply to them.
-    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
+    fn read_record(&self, keys: &ResourceKeys) -> NodeFuture<Option<Record>> {
         let key = keys.record();
         self.run(move |shared| {
             let mut store = lock(&shared.store);
@@ -150,7 +150,7 @@ impl RecordStore for MemoryNode {
         })
     }
 
-    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
+    fn discard_record(&self, keys: &ResourceKeys, token: u64) -> NodeFuture<bool> {
         let key = keys.record();
         self.run(move |shared| {
             let mut store = lock(&shared.store);

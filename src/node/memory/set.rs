@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::queue::HandOff;
 use super::{lock, Entry, MemoryNode};
 use crate::error::NodeError;
-use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, LockSets, NodeFuture, Owner};
+use crate::node::{AcquireSetReply, AcquireSetRequest, LockSets, NodeFuture, Owner, ResourceKeys};
 
 impl LockSets for MemoryNode {
     /// Checks every member, then sets them all or none (see `acquire_set.lua`).
@@ -81,7 +81,7 @@ impl LockSets for MemoryNode {
     }
 
     /// Extends every member still ours; yes only if all were.
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend_set(&self, keys: &[ResourceKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         let locks: Vec<String> = keys.iter().map(|k| k.lock.clone()).collect();
         let owner = owner.as_str().to_owned();
         self.run(move |shared| {
@@ -100,7 +100,7 @@ impl LockSets for MemoryNode {
 
     /// Deletes every member still ours and wakes each one's waiters (unless its
     /// channel is empty); yes only if all were ours.
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+    fn release_set(&self, keys: &[ResourceKeys], owner: &Owner) -> NodeFuture<bool> {
         let keys = keys.to_vec();
         let owner = owner.as_str().to_owned();
         self.run(move |shared| {
@@ -135,7 +135,7 @@ impl LockSets for MemoryNode {
     /// Raises each member's counter to its token.
     fn raise_fences(
         &self,
-        keys: &[LockKeys],
+        keys: &[ResourceKeys],
         tokens: &[u64],
         fence_ttl: Duration,
     ) -> NodeFuture<()> {

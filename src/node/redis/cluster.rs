@@ -19,7 +19,7 @@ use crate::node::redis::node::{forward_node, Redis, Route};
 use crate::node::redis::pubsub::{ClusterBuilder, Hub};
 use crate::node::redis::seeds;
 use crate::node::redis::setup;
-use crate::node::{parse_info, LockKeys, NodeFuture, ReleaseSignal, ServerSetup};
+use crate::node::{parse_info, NodeFuture, ReleaseSignal, ResourceKeys, ServerSetup};
 
 type Configure = dyn Fn(ClusterClientBuilder) -> ClusterClientBuilder + Send + Sync;
 
@@ -254,7 +254,7 @@ impl Route for Cluster {
             .map_err(call::CallError::into_node_error)
     }
 
-    fn subscribe(self: &Arc<Self>, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(self: &Arc<Self>, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         let channel = keys.channel.clone();
         let hub = self.hub.clone();
         Box::pin(async move { hub.subscribe(channel).await })
@@ -274,7 +274,7 @@ impl Route for Cluster {
     /// The role and eviction policy of every master, and the permissions of the user
     /// on the master that owns the probe's slot (a cluster's users are set per server;
     /// the others are expected to match).
-    fn server_setup(self: Arc<Self>, probe: LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+    fn server_setup(self: Arc<Self>, probe: ResourceKeys) -> NodeFuture<Vec<ServerSetup>> {
         Box::pin(async move {
             let mut setups: Vec<ServerSetup> = Vec::new();
             for section in ["memory", "replication"] {

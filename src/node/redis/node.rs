@@ -16,8 +16,9 @@ use crate::node::redis::call::{
 use crate::node::redis::records::{ClaimCall, DiscardCall, ReadCall, StoreCall};
 use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ClaimReply, ClaimRequest,
-    ExtendEntry, LockKeys, LockSets, Node, NodeFuture, Owner, Record, RecordStore, ReleaseSignal,
-    ServerSetup, SharedModes, SharedRequest, StoreReply, StoreRequest, WaitQueue, Waiter,
+    ExtendEntry, LockSets, Node, NodeFuture, Owner, Record, RecordStore, ReleaseSignal,
+    ResourceKeys, ServerSetup, SharedModes, SharedRequest, StoreReply, StoreRequest, WaitQueue,
+    Waiter,
 };
 
 /// How a Redis node's calls reach a server.
@@ -39,13 +40,13 @@ pub(crate) trait Route: Send + Sync + 'static {
     ) -> impl Future<Output = Result<O::Output, NodeError>> + Send + 'a;
 
     /// See [`Node::subscribe`].
-    fn subscribe(self: &Arc<Self>, keys: &LockKeys) -> NodeFuture<ReleaseSignal>;
+    fn subscribe(self: &Arc<Self>, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal>;
 
     /// See [`Node::server_ids`].
     fn server_ids(self: Arc<Self>) -> NodeFuture<Vec<String>>;
 
     /// See [`Node::server_setup`].
-    fn server_setup(self: Arc<Self>, probe: LockKeys) -> NodeFuture<Vec<ServerSetup>>;
+    fn server_setup(self: Arc<Self>, probe: ResourceKeys) -> NodeFuture<Vec<ServerSetup>>;
 }
 
 /// A Redis node over route `R`: the route, shared by every clone, and this handle's
@@ -89,7 +90,7 @@ impl<R: Route> Node for Redis<R> {
         self.call(Acquire::new(request, R::SHARDED))
     }
 
-    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         self.call(ExtendCall::new(keys, owner, ttl))
     }
 
@@ -108,15 +109,15 @@ impl<R: Route> Node for Redis<R> {
         self.call(ExtendManyCall::new(entries, ttl))
     }
 
-    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
         self.call(ReleaseCall::new(keys, owner, R::SHARDED))
     }
 
-    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         self.call(RaiseFenceCall::new(keys, token, fence_ttl))
     }
 
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         self.route.subscribe(keys)
     }
 
@@ -128,7 +129,7 @@ impl<R: Route> Node for Redis<R> {
         self.route.clone().server_ids()
     }
 
-    fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+    fn server_setup(&self, probe: &ResourceKeys) -> NodeFuture<Vec<ServerSetup>> {
         self.route.clone().server_setup(probe.clone())
     }
 
@@ -157,11 +158,11 @@ impl<R: Route> SharedModes for Redis<R> {
         self.call(SharedAcquireCall::new(request))
     }
 
-    fn extend_shared(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend_shared(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         self.call(SharedExtendCall::new(keys, owner, ttl))
     }
 
-    fn release_shared(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+    fn release_shared(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
         self.call(SharedReleaseCall::new(keys, owner, R::SHARDED))
     }
 }
@@ -172,17 +173,17 @@ impl<R: Route> LockSets for Redis<R> {
         self.call(set::acquire_set(request))
     }
 
-    fn extend_set(&self, keys: &[LockKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend_set(&self, keys: &[ResourceKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         self.call(set::extend_set(keys, owner, ttl))
     }
 
-    fn release_set(&self, keys: &[LockKeys], owner: &Owner) -> NodeFuture<bool> {
+    fn release_set(&self, keys: &[ResourceKeys], owner: &Owner) -> NodeFuture<bool> {
         self.call(set::release_set(keys, owner, R::SHARDED))
     }
 
     fn raise_fences(
         &self,
-        keys: &[LockKeys],
+        keys: &[ResourceKeys],
         tokens: &[u64],
         fence_ttl: Duration,
     ) -> NodeFuture<()> {
@@ -195,23 +196,23 @@ impl<R: Route> LockSets for Redis<R> {
 impl<R: Route> WaitQueue for Redis<R> {
     fn release_as_waiter(
         &self,
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         owner: &Owner,
         waiter: &Waiter,
     ) -> NodeFuture<bool> {
         self.call(ReleaseCall::as_waiter(keys, owner, waiter, R::SHARDED))
     }
 
-    fn hand_back(&self, keys: &LockKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
+    fn hand_back(&self, keys: &ResourceKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
         self.call(ReleaseCall::hand_back(keys, owner, waiter, R::SHARDED))
     }
 
-    fn leave_queue(&self, keys: &LockKeys, waiter: &Waiter) -> NodeFuture<()> {
+    fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()> {
         let leave = self.call(ReleaseCall::leave(keys, waiter, R::SHARDED));
         Box::pin(async move { leave.await.map(|_| ()) })
     }
 
-    fn listen_for_release(&self, keys: &LockKeys, ttl: Duration) -> NodeFuture<()> {
+    fn listen_for_release(&self, keys: &ResourceKeys, ttl: Duration) -> NodeFuture<()> {
         self.call(ListenCall::new(keys, ttl))
     }
 }
@@ -222,7 +223,7 @@ impl<R: Route> WaitQueue for Redis<R> {
 /// stores honour `wait_for_replicas`: a record counts only once the replicas a failover
 /// may promote have it.
 impl<R: Route> RecordStore for Redis<R> {
-    fn read_record(&self, keys: &LockKeys) -> NodeFuture<Option<Record>> {
+    fn read_record(&self, keys: &ResourceKeys) -> NodeFuture<Option<Record>> {
         self.call(ReadCall(keys.clone()))
     }
 
@@ -234,7 +235,7 @@ impl<R: Route> RecordStore for Redis<R> {
         self.call(StoreCall::new(request))
     }
 
-    fn discard_record(&self, keys: &LockKeys, token: u64) -> NodeFuture<bool> {
+    fn discard_record(&self, keys: &ResourceKeys, token: u64) -> NodeFuture<bool> {
         self.call(DiscardCall::new(keys, token))
     }
 }
@@ -248,8 +249,8 @@ macro_rules! forward_node {
 
             use $crate::error::NodeError;
             use $crate::node::{
-                AcquireReply, AcquireRequest, ExtendEntry, LockKeys, LockSets, Node, NodeFuture,
-                Owner, RecordStore, ReleaseSignal, ServerSetup, SharedModes, WaitQueue,
+                AcquireReply, AcquireRequest, ExtendEntry, LockSets, Node, NodeFuture, Owner,
+                RecordStore, ReleaseSignal, ResourceKeys, ServerSetup, SharedModes, WaitQueue,
             };
 
             impl Node for $node {
@@ -261,7 +262,7 @@ macro_rules! forward_node {
                 }
                 fn extend(
                     &self,
-                    keys: &LockKeys,
+                    keys: &ResourceKeys,
                     owner: &Owner,
                     ttl: Duration,
                 ) -> NodeFuture<bool> {
@@ -274,18 +275,18 @@ macro_rules! forward_node {
                 ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
                     self.node.extend_many(entries, ttl)
                 }
-                fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+                fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
                     self.node.release(keys, owner)
                 }
                 fn raise_fence(
                     &self,
-                    keys: &LockKeys,
+                    keys: &ResourceKeys,
                     token: u64,
                     ttl: Duration,
                 ) -> NodeFuture<()> {
                     self.node.raise_fence(keys, token, ttl)
                 }
-                fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+                fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
                     self.node.subscribe(keys)
                 }
                 fn address(&self) -> Option<&str> {
@@ -294,7 +295,7 @@ macro_rules! forward_node {
                 fn server_ids(&self) -> NodeFuture<Vec<String>> {
                     self.node.server_ids()
                 }
-                fn server_setup(&self, probe: &LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+                fn server_setup(&self, probe: &ResourceKeys) -> NodeFuture<Vec<ServerSetup>> {
                     self.node.server_setup(probe)
                 }
                 fn sets(&self) -> Option<&dyn LockSets> {

@@ -15,7 +15,7 @@ use crate::error::NodeError;
 use crate::node::redis::call::{self, int, CallError, Op, ReplicaWait};
 use crate::node::redis::millis_ceil;
 use crate::node::FencingToken;
-use crate::node::LockKeys;
+use crate::node::ResourceKeys;
 use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 
 // The scripts are always sent with `EVAL`, never `EVALSHA`: after a `NOSCRIPT` answer
@@ -102,7 +102,7 @@ fn record_of(
 }
 
 /// `HMGET record state token fp data`: the completed record, if any.
-pub(crate) struct ReadCall(pub(crate) LockKeys);
+pub(crate) struct ReadCall(pub(crate) ResourceKeys);
 
 impl Op for ReadCall {
     type Output = Option<Record>;
@@ -116,7 +116,7 @@ impl Op for ReadCall {
     }
 }
 
-async fn read<C: SendOne>(conn: &mut C, keys: &LockKeys) -> Result<Option<Record>, CallError> {
+async fn read<C: SendOne>(conn: &mut C, keys: &ResourceKeys) -> Result<Option<Record>, CallError> {
     let value: Value = redis::cmd("HMGET")
         .arg(keys.record())
         .arg(&["state", "token", "fp", "data"])
@@ -258,7 +258,7 @@ impl Op for StoreCall {
 pub(crate) struct DiscardCall(Eval);
 
 impl DiscardCall {
-    pub(crate) fn new(keys: &LockKeys, token: u64) -> Self {
+    pub(crate) fn new(keys: &ResourceKeys, token: u64) -> Self {
         DiscardCall(Eval {
             code: DISCARD,
             keys: vec![keys.record().into()],

@@ -8,7 +8,7 @@ use redis::{RedisError, Value};
 
 use crate::error::NodeError;
 use crate::node::redis::call::node_error;
-use crate::node::{parse_info, LockKeys, ServerSetup};
+use crate::node::{parse_info, ResourceKeys, ServerSetup};
 
 /// The SHA1 of no script the crate loads: `EVALSHA` answers `NOSCRIPT` when the user may
 /// run it on the probe key, and `NOPERM` when not.
@@ -20,7 +20,7 @@ fn refused(error: &RedisError) -> bool {
 }
 
 /// The permission a `NOPERM` refusal of `command` on the probe's key names.
-fn missing(error: &RedisError, command: &str, probe: &LockKeys) -> String {
+fn missing(error: &RedisError, command: &str, probe: &ResourceKeys) -> String {
     let detail = error.detail().unwrap_or_default();
     if detail.contains("key") {
         // The lock key is the prefix, then the resource in braces.
@@ -63,7 +63,7 @@ pub(crate) async fn read_info<C: ConnectionLike + Send>(
 /// listens on the probe's channel.
 pub(crate) async fn probe_permissions<C: ConnectionLike + Send>(
     conn: &mut C,
-    probe: &LockKeys,
+    probe: &ResourceKeys,
     setup: &mut ServerSetup,
 ) -> Result<(), NodeError> {
     let evalsha = redis::cmd("EVALSHA")

@@ -14,7 +14,7 @@ use crate::node::redis::conn::Resending;
 use crate::node::redis::node::{forward_node, Redis, Route};
 use crate::node::redis::pubsub::Hub;
 use crate::node::redis::setup;
-use crate::node::{LockKeys, NodeFuture, ReleaseSignal, ServerSetup};
+use crate::node::{NodeFuture, ReleaseSignal, ResourceKeys, ServerSetup};
 
 /// One Redis server (standalone master) as a lock node.
 ///
@@ -228,7 +228,7 @@ impl Route for Direct {
 
     // The subscriptions are kept by one upkeep task per node (see `pubsub`): they
     // come back after the server restarts, and a frozen server piles nothing up.
-    fn subscribe(self: &Arc<Self>, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(self: &Arc<Self>, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         let channel = keys.channel.clone();
         let hub = self.hub.clone();
         Box::pin(async move { hub.subscribe(channel).await })
@@ -238,7 +238,7 @@ impl Route for Direct {
         Box::pin(async move { identity::run_id(&mut self.conn.clone()).await })
     }
 
-    fn server_setup(self: Arc<Self>, probe: LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+    fn server_setup(self: Arc<Self>, probe: ResourceKeys) -> NodeFuture<Vec<ServerSetup>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
             let mut found = setup::read_info(&mut conn, &self.address).await?;
@@ -306,7 +306,7 @@ mod tests {
     #[tokio::test]
     async fn a_node_call_future_fits_the_allocator_fast_path() {
         let node = RedisNode::open("redis://127.0.0.1:1/0").unwrap();
-        let keys = LockKeys::new("p:", &Resource::new("r"));
+        let keys = ResourceKeys::new("p:", &Resource::new("r"));
         let owner = Owner::random();
         let release = node.release(&keys, &owner);
         let request = AcquireRequest {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use support::eventually;
 use tower_redlock::node::{
-    AcquireReply, AcquireRequest, LockKeys, NodeFuture, Owner, ReleaseSignal,
+    AcquireReply, AcquireRequest, NodeFuture, Owner, ReleaseSignal, ResourceKeys,
 };
 use tower_redlock::{
     node::Node, LockError, LockOptions, LostCause, MemoryNode, Redlock, ReleaseOutcome, Resource,
@@ -247,19 +247,19 @@ impl Node for PerKey {
         self.0.acquire(request)
     }
 
-    fn extend(&self, keys: &LockKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
+    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
         self.0.extend(keys, owner, ttl)
     }
 
-    fn release(&self, keys: &LockKeys, owner: &Owner) -> NodeFuture<bool> {
+    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
         self.0.release(keys, owner)
     }
 
-    fn raise_fence(&self, keys: &LockKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
         self.0.raise_fence(keys, token, fence_ttl)
     }
 
-    fn subscribe(&self, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         self.0.subscribe(keys)
     }
 }

@@ -12,7 +12,7 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Va
 use crate::error::NodeError;
 use crate::node::redis::conn::SendOne;
 use crate::node::redis::millis_ceil;
-use crate::node::LockKeys;
+use crate::node::ResourceKeys;
 use crate::node::{
     AcquireReply, AcquireRequest, Owner, CHANNEL_SUFFIX, DEFAULT_FENCE_TTL, HANDOFF_TTL,
     QUEUE_SUFFIX,
@@ -398,7 +398,7 @@ pub(crate) trait Op: Send + Sync + 'static {
 pub(crate) struct ExtendCall(Call);
 
 impl ExtendCall {
-    pub(crate) fn new(keys: &LockKeys, owner: &Owner, ttl: Duration) -> Self {
+    pub(crate) fn new(keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> Self {
         ExtendCall(
             Call::new(&EXTEND, 1)
                 .arg(&keys.lock)
@@ -426,7 +426,7 @@ impl Op for ExtendCall {
 pub(crate) struct RaiseFenceCall(Call);
 
 impl RaiseFenceCall {
-    pub(crate) fn new(keys: &LockKeys, token: u64, fence_ttl: Duration) -> Self {
+    pub(crate) fn new(keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> Self {
         RaiseFenceCall(
             Call::new(&RAISE_FENCE, 1)
                 .arg(&keys.fence)

@@ -62,7 +62,7 @@ impl Op for SharedAcquireCall {
 pub(crate) struct SharedExtendCall(Call);
 
 impl SharedExtendCall {
-    pub(crate) fn new(keys: &LockKeys, owner: &Owner, ttl: Duration) -> Self {
+    pub(crate) fn new(keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> Self {
         SharedExtendCall(
             Call::new(&SHARED_EXTEND, 1)
                 .arg(&keys.lock)
@@ -91,7 +91,7 @@ pub(crate) struct SharedReleaseCall(Call);
 
 impl SharedReleaseCall {
     /// `sharded`: the node publishes with `SPUBLISH` (Redis Cluster).
-    pub(crate) fn new(keys: &LockKeys, owner: &Owner, sharded: bool) -> Self {
+    pub(crate) fn new(keys: &ResourceKeys, owner: &Owner, sharded: bool) -> Self {
         SharedReleaseCall(
             Call::new(&SHARED_RELEASE, 2)
                 .arg(&keys.lock)

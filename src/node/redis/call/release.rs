@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{int, parse_flag, Call, CallError, Op, ReplicaWait, Suffixed, LISTEN, RELEASE};
 use crate::error::NodeError;
 use crate::node::redis::millis_ceil;
-use crate::node::{LockKeys, Owner, Waiter, CHANNEL_SUFFIX, HANDOFF_TTL, QUEUE_SUFFIX};
+use crate::node::{Owner, ResourceKeys, Waiter, CHANNEL_SUFFIX, HANDOFF_TTL, QUEUE_SUFFIX};
 
 /// The owned arguments of one release call: compare-and-delete, then the hand-off to
 /// the wait queue's next waiter, woken by `PUBLISH` on its own channel, or `SPUBLISH`
@@ -16,7 +16,7 @@ use crate::node::{LockKeys, Owner, Waiter, CHANNEL_SUFFIX, HANDOFF_TTL, QUEUE_SU
 pub(crate) struct ReleaseCall(pub(super) Call);
 
 impl ReleaseCall {
-    pub(crate) fn new(keys: &LockKeys, owner: &Owner, sharded: bool) -> Self {
+    pub(crate) fn new(keys: &ResourceKeys, owner: &Owner, sharded: bool) -> Self {
         let call = Call::new(&RELEASE, 2)
             .arg(&keys.lock)
             .arg(Suffixed(&keys.lock, QUEUE_SUFFIX))
@@ -35,14 +35,14 @@ impl ReleaseCall {
 
     /// A waiter leaving the queue: it is taken off, and a lock reserved for it is
     /// handed to the next waiter (the release of its reservation).
-    pub(crate) fn leave(keys: &LockKeys, waiter: &Waiter, sharded: bool) -> Self {
+    pub(crate) fn leave(keys: &ResourceKeys, waiter: &Waiter, sharded: bool) -> Self {
         Self::of(keys, "", sharded, &waiter.id, "")
     }
 
     /// The release of a lease won by `waiter`'s attempt (see
     /// [`Node::release_as_waiter`](crate::node::Node::release_as_waiter)).
     pub(crate) fn as_waiter(
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         owner: &Owner,
         waiter: &Waiter,
         sharded: bool,
@@ -52,7 +52,7 @@ impl ReleaseCall {
 
     /// The cleanup of a waiter's failed attempt: the key goes back to the waiter.
     pub(crate) fn hand_back(
-        keys: &LockKeys,
+        keys: &ResourceKeys,
         owner: &Owner,
         waiter: &Waiter,
         sharded: bool,
@@ -61,12 +61,12 @@ impl ReleaseCall {
         Self::of(keys, owner.as_str(), sharded, "", &back_to)
     }
 
-    fn of(keys: &LockKeys, owner: &str, sharded: bool, leaving: &str, back_to: &str) -> Self {
+    fn of(keys: &ResourceKeys, owner: &str, sharded: bool, leaving: &str, back_to: &str) -> Self {
         let call = Self::with_defaults(Self::common(keys, owner), sharded);
         ReleaseCall(call.arg(leaving).arg(back_to))
     }
 
-    fn common(keys: &LockKeys, owner: &str) -> Call {
+    fn common(keys: &ResourceKeys, owner: &str) -> Call {
         Call::new(&RELEASE, 2)
             .arg(&keys.lock)
             .arg(Suffixed(&keys.lock, QUEUE_SUFFIX))
@@ -100,7 +100,7 @@ impl Op for ReleaseCall {
 pub(crate) struct ListenCall(pub(super) Call);
 
 impl ListenCall {
-    pub(crate) fn new(keys: &LockKeys, ttl: Duration) -> Self {
+    pub(crate) fn new(keys: &ResourceKeys, ttl: Duration) -> Self {
         ListenCall(
             Call::new(&LISTEN, 1)
                 .arg(Suffixed(&keys.lock, QUEUE_SUFFIX))

@@ -12,7 +12,7 @@ use redis::Value;
 use super::{int, parse_flag, Call, CallError, Lua, Op, ReplicaWait, EXTEND_MANY};
 use crate::error::NodeError;
 use crate::node::redis::millis_ceil;
-use crate::node::{AcquireSetReply, AcquireSetRequest, LockKeys, Owner, HANDOFF_TTL};
+use crate::node::{AcquireSetReply, AcquireSetRequest, Owner, ResourceKeys, HANDOFF_TTL};
 
 static ACQUIRE_SET: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../scripts/acquire_set.lua")));
@@ -110,7 +110,7 @@ fn parse_acquire_set(value: &Value) -> Result<AcquireSetReply, NodeError> {
 
 /// The extend-many script with one owner for every member: yes only if every member
 /// was still ours (and so extended).
-pub(crate) fn extend_set(keys: &[LockKeys], owner: &Owner, ttl: Duration) -> SetCall<bool> {
+pub(crate) fn extend_set(keys: &[ResourceKeys], owner: &Owner, ttl: Duration) -> SetCall<bool> {
     let mut call = Call::new(&EXTEND_MANY, keys.len());
     for member in keys {
         call = call.arg(&member.lock);
@@ -136,7 +136,7 @@ pub(crate) fn extend_set(keys: &[LockKeys], owner: &Owner, ttl: Duration) -> Set
 
 /// The release-set script: compare-and-delete every member, handing each to the next
 /// waiter of its queue as a single release does (`SPUBLISH` when `sharded`).
-pub(crate) fn release_set(keys: &[LockKeys], owner: &Owner, sharded: bool) -> SetCall<bool> {
+pub(crate) fn release_set(keys: &[ResourceKeys], owner: &Owner, sharded: bool) -> SetCall<bool> {
     let mut call = Call::new(&RELEASE_SET, 2 * keys.len());
     for member in keys {
         call = call.arg(&member.lock).arg(member.queue());
@@ -157,7 +157,11 @@ pub(crate) fn release_set(keys: &[LockKeys], owner: &Owner, sharded: bool) -> Se
 }
 
 /// The raise-fences script: each member's counter to at least its token.
-pub(crate) fn raise_fences(keys: &[LockKeys], tokens: &[u64], fence_ttl: Duration) -> SetCall<()> {
+pub(crate) fn raise_fences(
+    keys: &[ResourceKeys],
+    tokens: &[u64],
+    fence_ttl: Duration,
+) -> SetCall<()> {
     let mut call = Call::new(&RAISE_FENCES, keys.len());
     for member in keys {
         call = call.arg(&member.fence);

@@ -4,7 +4,7 @@ use super::*;
 #[test]
 fn acquire_goes_by_hash_with_exact_arguments() {
     assert!(ACQUIRE.code.contains("redis.call('INCR', key)"));
-    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    let keys = ResourceKeys::new("p:", &crate::node::Resource::new("r"));
     let owner = Owner::random();
     let request = try_acquire(
         &keys,
@@ -82,7 +82,7 @@ fn acquire_goes_by_hash_with_exact_arguments() {
 
 /// A fenced `try_acquire` of a 1.5 s lease (no waiter).
 fn try_acquire<'a>(
-    keys: &'a LockKeys,
+    keys: &'a ResourceKeys,
     owner: &'a Owner,
     fence_ttl: Duration,
     fence_floor: u64,
@@ -143,7 +143,7 @@ fn parses_flags() {
 
 #[test]
 fn release_publishes_sharded_only_when_asked() {
-    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    let keys = ResourceKeys::new("p:", &crate::node::Resource::new("r"));
     let owner = Owner::random();
     let plain = words(&ReleaseCall::new(&keys, &owner, false).0.evalsha);
     let sharded = words(&ReleaseCall::new(&keys, &owner, true).0.evalsha);
@@ -156,7 +156,7 @@ fn release_publishes_sharded_only_when_asked() {
     assert_eq!(sharded[6..], [keys.channel.as_str(), "1", "1000"]);
     // A channel of another name, or none (the test kit's undo), goes out with the rest.
     for channel in ["elsewhere", ""] {
-        let other = LockKeys {
+        let other = ResourceKeys {
             channel: channel.into(),
             ..keys.clone()
         };
@@ -167,7 +167,7 @@ fn release_publishes_sharded_only_when_asked() {
 
 #[test]
 fn a_fence_ttl_by_default_is_left_to_the_script() {
-    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    let keys = ResourceKeys::new("p:", &crate::node::Resource::new("r"));
     let owner = Owner::random();
     let request = try_acquire(&keys, &owner, DEFAULT_FENCE_TTL, 7);
     let Acquire::Pipelined(pipelined) = Acquire::new(&request, false) else {
@@ -194,7 +194,7 @@ fn a_fence_ttl_by_default_is_left_to_the_script() {
 
 #[test]
 fn listening_marks_the_queue_after_every_waiter() {
-    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    let keys = ResourceKeys::new("p:", &crate::node::Resource::new("r"));
     let sent = words(&ListenCall::new(&keys, Duration::from_secs(10)).0.evalsha);
     assert_eq!(sent[2..], ["1", keys.queue().as_str(), "10000"]);
     // The mark ('*' at +inf) is what the queue's functions look for.
@@ -205,7 +205,7 @@ fn listening_marks_the_queue_after_every_waiter() {
 
 #[test]
 fn the_eval_fallback_sends_the_same_keys_and_arguments() {
-    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    let keys = ResourceKeys::new("p:", &crate::node::Resource::new("r"));
     let call = ExtendCall::new(&keys, &Owner::random(), Duration::from_millis(1500)).0;
     let (evalsha, eval) = (words(&call.evalsha), words(&call.eval()));
     assert_eq!(evalsha[0], "EVALSHA");
@@ -242,7 +242,7 @@ fn the_scripts_defaults_are_the_crates_constants() {
     for lua in [&*ACQUIRE, &*RELEASE] {
         assert!(lua.code.contains("or '1000'"));
     }
-    let keys = LockKeys::new("p:", &crate::node::Resource::new("r"));
+    let keys = ResourceKeys::new("p:", &crate::node::Resource::new("r"));
     assert_eq!(keys.channel, format!("{}:released", keys.lock));
     assert!(ACQUIRE.code.contains("(KEYS[1] .. ':released')"));
     assert!(RELEASE.code.contains("(KEYS[1] .. ':released')"));

@@ -10,7 +10,7 @@
 -- charges every argument, see BENCHMARKS.md), with their defaults:
 -- ARGV[5] '1' fenced (default), '0' lock key only (token 0), 's' fenced with the floor
 -- applied only when the counter is missing (test hook),
--- ARGV[6] channel prefix (default: the lock key and ':released', as `LockKeys`),
+-- ARGV[6] channel prefix (default: the lock key and ':released', as `ResourceKeys`),
 -- ARGV[7] '1' for sharded channels (default '0'), ARGV[8] reservation ms (default
 -- 1000, `HANDOFF_TTL`);
 -- a waiting caller only: ARGV[9] waiter id, ARGV[10] its ticket, ARGV[11] queue ttl ms

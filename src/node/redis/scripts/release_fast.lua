@@ -5,7 +5,7 @@
 -- KEYS[1] lock key, KEYS[2] queue; ARGV[1] owner ('' for a leaving waiter); then, left
 -- out by a lease's own release on a standalone server (the fast path; Redis charges
 -- every argument, see BENCHMARKS.md), with their defaults:
--- ARGV[2] channel prefix (default: the lock key and ':released', as `LockKeys`; empty
+-- ARGV[2] channel prefix (default: the lock key and ':released', as `ResourceKeys`; empty
 -- hands nothing over: the key is only deleted, a test kit's undo),
 -- ARGV[3] "1" to publish on sharded channels (SPUBLISH, Redis Cluster >= 7; default
 -- "0"), ARGV[4] reservation ms (default 1000, `HANDOFF_TTL`); only for a waiter's

@@ -8,12 +8,12 @@ use tokio::task::AbortHandle;
 
 use super::Master;
 use crate::error::NodeError;
-use crate::node::{LockKeys, Node};
+use crate::node::{Node, ResourceKeys};
 
 /// One resource's release notifications as the waiters see them, fed by a subscription
 /// on the current master that is replaced when the master changes.
 pub(super) struct HubChannel {
-    pub(super) keys: LockKeys,
+    pub(super) keys: ResourceKeys,
     pub(super) tx: watch::Sender<u64>,
     pub(super) upstream: Mutex<Option<Upstream>>,
 }

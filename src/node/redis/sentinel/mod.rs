@@ -21,7 +21,7 @@ use crate::node::redis::call::{self, Op, ReplicaWait};
 use crate::node::redis::node::{forward_node, Redis, Route};
 use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
-use crate::node::{LockKeys, Node, NodeFuture, ReleaseSignal, ServerSetup};
+use crate::node::{Node, NodeFuture, ReleaseSignal, ResourceKeys, ServerSetup};
 use channel::HubChannel;
 
 /// How long one lookup through the sentinels may take.
@@ -361,7 +361,7 @@ impl Route for Sentinels {
         }
     }
 
-    fn subscribe(self: &Arc<Self>, keys: &LockKeys) -> NodeFuture<ReleaseSignal> {
+    fn subscribe(self: &Arc<Self>, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         let route = self.clone();
         let keys = keys.clone();
         Box::pin(async move {
@@ -396,7 +396,7 @@ impl Route for Sentinels {
     }
 
     /// The setup of the current master (the sentinels resolve it, as for every call).
-    fn server_setup(self: Arc<Self>, probe: LockKeys) -> NodeFuture<Vec<ServerSetup>> {
+    fn server_setup(self: Arc<Self>, probe: ResourceKeys) -> NodeFuture<Vec<ServerSetup>> {
         Box::pin(async move {
             let master = self.master.get().await.value?;
             master.node.server_setup(&probe).await
