@@ -315,9 +315,10 @@ async fn take(
 // ---------------------------------------------------------------------------------------
 
 /// Readers and writers of one resource and permit holders of another, through the
-/// engine (`Redlock::acquire_as`) of four app instances over three nodes, while node 0
-/// is killed, then restarted empty. At least 1,000 critical sections in each phase,
-/// every one checked by
+/// engine (`Redlock::acquire_as`) of four app instances over three nodes, while the
+/// nodes fail in turn: node 0 killed, then restarted empty; node 1 paused (SIGSTOP),
+/// then resumed; node 2 partitioned (its proxy a blackhole), then healed. At least
+/// 1,000 critical sections in each phase, every one checked by
 /// [`mode_violations`] (a section counts only while its lease was held: none may be
 /// lost, a minority failing). Counted leases need every node of three here (see
 /// `quorum::for_mode`): while one is down they are unavailable, never over the limit.
@@ -326,14 +327,16 @@ async fn take(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s13_modes_under_faults() {
     const PERMITS: u32 = 3;
+    const RW: [&str; 4] = ["rw:0", "rw:1", "rw:2", "rw:3"];
+    const PERMITS_AT: [&str; 2] = ["permits:0", "permits:1"];
     let _serial = SERIAL.lock().await;
     let mut servers = RedisServer::start_many(3);
     // Node 2 behind a proxy, to be partitioned; nodes 0 and 1 direct, to be killed and
-    // paused (a proxy whose upstream dies stops listening).
+    // paused.
     let proxy = Proxy::start(servers[2].addr());
     let urls = vec![servers[0].url(), servers[1].url(), proxy.url()];
     let ttl = ms(2000);
-    let options = LockOptions::default().ttl(ttl).node_timeout(ms(100));
+    let options = LockOptions::default().ttl(ttl).node_timeout(ms(30));
     let lockers = lockers(4, &urls, &options);
     let asked = if broken() {
         eprintln!(
@@ -349,13 +352,16 @@ async fn s13_modes_under_faults() {
     let lost = Arc::new(AtomicU64::new(0));
     let history = Arc::new(Mutex::new(Vec::new()));
     let (stop, stopped) = watch::channel(false);
-    let tasks: Vec<_> = (0..16)
+    // Four resources of one writer and three readers each, two of four permit holders
+    // each: a node that stops answering adds its timeout to every release (a release
+    // waits for every node), so one resource alone would crawl.
+    let tasks: Vec<_> = (0..24)
         .map(|task| {
             let (resource, mode, lock_mode) = match task {
-                0 | 1 => ("rw", Mode::Exclusive, LockMode::Exclusive),
-                2..=7 => ("rw", Mode::Shared, LockMode::Shared),
+                0..=15 if task % 4 == 0 => (RW[task / 4], Mode::Exclusive, LockMode::Exclusive),
+                0..=15 => (RW[task / 4], Mode::Shared, LockMode::Shared),
                 _ => (
-                    "permits",
+                    PERMITS_AT[task % 2],
                     Mode::Counted(PERMITS as usize),
                     LockMode::counted(asked).unwrap(),
                 ),
@@ -422,10 +428,14 @@ async fn s13_modes_under_faults() {
     phase("node 0 killed").await;
     blocking(|| servers[0].restart());
     phase("node 0 restarted empty").await;
-    // Not run yet: a node that stops answering (`servers[1].pause()`, or
-    // `proxy.blackhole()`) stalls `rw` here — readers give up behind waiting writers'
-    // intents and writers meet a holders' set that does not clear (issue 38, left
-    // open). Node 2 stays behind `proxy` for when it is found.
+    blocking(|| servers[1].pause());
+    phase("node 1 paused").await;
+    blocking(|| servers[1].resume());
+    phase("node 1 resumed").await;
+    proxy.blackhole();
+    phase("node 2 partitioned").await;
+    proxy.heal();
+    phase("node 2 healed").await;
     stop.send_replace(true);
     for task in tasks {
         task.await.unwrap();
