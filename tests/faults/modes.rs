@@ -317,8 +317,9 @@ async fn take(
 /// Readers and writers of one resource and permit holders of another, through the
 /// engine (`Redlock::acquire_as`) of four app instances over three nodes, while the
 /// nodes fail in turn: node 0 killed, then restarted empty; node 1 paused (SIGSTOP),
-/// then resumed; node 2 partitioned (its proxy a blackhole), then healed. At least
-/// 1,000 critical sections in each phase, every one checked by
+/// then resumed; node 2 partitioned (its proxy a blackhole), then healed; then each node
+/// restored from a stale snapshot, one at a time, after a ttl down. At least 1,000
+/// critical sections in each phase, every one checked by
 /// [`mode_violations`] (a section counts only while its lease was held: none may be
 /// lost, a minority failing). Counted leases need every node of three here (see
 /// `quorum::for_mode`): while one is down they are unavailable, never over the limit.
@@ -436,6 +437,20 @@ async fn s13_modes_under_faults() {
     phase("node 2 partitioned").await;
     proxy.heal();
     phase("node 2 healed").await;
+    // Stale restores, as s10's: a snapshot of each node in turn while the load runs,
+    // then each node killed and brought back from its snapshot after a ttl (the fault's
+    // duration, not a synchronisation), one at a time.
+    let mut snapshots = Vec::new();
+    for server in &servers {
+        snapshots.push(blocking(|| server.snapshot()));
+        phase("after a snapshot").await;
+    }
+    for (k, snapshot) in snapshots.iter().enumerate() {
+        blocking(|| servers[k].kill());
+        tokio::time::sleep(ttl).await;
+        blocking(|| servers[k].restart_from(snapshot));
+        phase("a node restored from its stale snapshot").await;
+    }
     stop.send_replace(true);
     for task in tasks {
         task.await.unwrap();
