@@ -68,8 +68,6 @@ use tokio::sync::watch;
 
 pub(crate) use crate::error::NodeError;
 pub(crate) use dispatch::NodeCalls;
-#[cfg(feature = "etcd")]
-pub(crate) use etcd::EtcdNode;
 pub(crate) use memory::MemoryNode;
 pub use modes::{SharedMode, SharedModes, SharedRequest};
 pub(crate) use records::unsupported;

@@ -118,7 +118,7 @@ pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
 
 #[cfg(feature = "etcd")]
 fn etcd(url: &str) -> Result<Arc<dyn Node>, ConfigError> {
-    Ok(Arc::new(crate::node::EtcdNode::from_url(url)?))
+    Ok(Arc::new(crate::node::etcd::EtcdNode::from_url(url)?))
 }
 
 #[cfg(not(feature = "etcd"))]
