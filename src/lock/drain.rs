@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::lease::{release, LeaseInner, LostCause};
-use super::{LockError, Redlock, Resource};
+use super::{LockError, Redlock};
+use crate::Resource;
 
 /// What [`Redlock::drain`] found and did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::error::NodeFailure;
-use crate::lock::{LostCause, Resource};
+use crate::lock::LostCause;
+use crate::Resource;
 
 /// Why a lock could not be acquired, extended or kept.
 ///

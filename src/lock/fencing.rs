@@ -225,9 +225,6 @@
 //! a token is refused ([`FenceError::OutOfRange`](crate::fence::FenceError::OutOfRange)),
 //! never wrapped.
 
-// For the engine's modules, which name the token next to its argument.
-pub(crate) use crate::node::FencingToken;
-
 /// The floor one acquisition round sends every node (for one resource or a set): read
 /// once per round, as equal floors keep the nodes' counters equal; 0 without fencing,
 /// when no node reads it and the wall clock is not read for it.

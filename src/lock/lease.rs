@@ -7,7 +7,6 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use crate::lock::fencing::FencingToken;
 use crate::lock::metrics;
 use crate::lock::round::OwnerTally;
 use crate::lock::target::Members;
@@ -15,6 +14,7 @@ use crate::lock::LockError;
 use crate::lock::Shared;
 use crate::node::Owner;
 use crate::node::{Resource, ResourceKeys, Waiter};
+use crate::FencingToken;
 use crate::LockMode;
 
 /// Why a lease was lost. Reported once, by [`LeaseHandle::lost`].

@@ -60,10 +60,10 @@ pub use mode::LockMode;
 pub use options::{Backoff, LockOptions, RetryPolicy};
 pub use set::MAX_RESOURCES_PER_LEASE;
 
-// For the engine's modules, which name node items as `crate::lock::…`.
 #[cfg(feature = "redis")]
 use crate::node::redis::node_from_url;
 use crate::node::{MemoryNode, Node, Owner, Resource};
+
 /// A Redlock over one or more independent nodes.
 ///
 /// With one node it is the single-instance lock; with `N` nodes a lease needs a

@@ -63,11 +63,11 @@
 
 use tokio::time::Instant;
 
-use crate::lock::fencing::FencingToken;
 use crate::lock::lease::LeaseHandle;
 use crate::lock::target::Set;
 use crate::lock::{metrics, Lease, LockError, Redlock};
 use crate::node::Resource;
+use crate::FencingToken;
 
 /// The most distinct resources one lease takes (see [`Redlock::try_acquire_all`]).
 ///
