@@ -5,7 +5,7 @@
 //! a stopped VM) past its lease: when it wakes up it still believes it holds the lock.
 //! The storage it writes to must reject such a late write, and for that it needs a
 //! number that only grows: the fencing token (Kleppmann, *How to do distributed
-//! locking*). Pass [`FencingToken`] along with every write and let the storage accept a
+//! locking*). Pass [`FencingToken`](crate::FencingToken) along with every write and let the storage accept a
 //! write only when its token is greater than the last one it accepted.
 //!
 //! # How the token is made
