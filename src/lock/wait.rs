@@ -58,12 +58,11 @@
 //! jitter, capped by the holder's remaining ttl, covers lost messages and crashed
 //! holders.
 //!
-//! Cost, from `benches/handoff.rs` (Redis commands per acquisition, `INFO
-//! commandstats`): an uncontended acquire and release are one command more than
-//! without the queue (its check in the acquire script and `ZPOPMIN` in the release,
-//! less a `PEXPIRE` the fence counter no longer needs); 16 processes of one waiter each
-//! cost 18.0 on 1 node and 56.8 on 3 nodes, 1.8× and 1.9× what 16 waiters in one
-//! process cost (10.1 and 30.1), down from 104 and 542 with the broadcast wake-up.
+//! Cost: an uncontended acquire and release are one command more than without the
+//! queue (its check in the acquire script and `ZPOPMIN` in the release, less a
+//! `PEXPIRE` the fence counter no longer needs); a hand-off across processes costs
+//! about twice one inside a process, a fraction of a broadcast wake-up's (the figures:
+//! BENCHMARKS.md, "Contended hand-off", from `benches/handoff.rs`).
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
