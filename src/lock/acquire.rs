@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::lease::LeaseInner;
 use super::round::Nodes;
 use super::target::Target;
-use super::wait::{next_release, QueueRef, Turn, Waiting, QUEUE_TTL};
+use super::wait::{next_release, QueueRef, Queues, Turn, Waiting, QUEUE_TTL};
 use super::{renewal, Lease, LockError, Redlock};
 use crate::node::HANDOFF_TTL;
 use crate::node::{ReleaseSignal, Resource, ResourceKeys, Waiter};
@@ -21,7 +21,7 @@ impl Redlock {
     pub(super) async fn try_once<T: Target>(&self, target: T) -> Result<Lease, LockError> {
         let shared = &self.shared;
         self.refuse_if_draining(&target.resources()[0])?;
-        let queues = target.local_queues(&shared.queues);
+        let queues = local_queues(&target, &shared.queues);
         let mut turns = target.each(|_| None);
         let members = target.resources().iter().zip(queues.as_ref());
         for ((resource, queue), turn) in members.zip(turns.as_mut()) {
@@ -82,7 +82,7 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<Lease, LockError> {
         let shared = &self.shared;
-        let queues = target.local_queues(&shared.queues);
+        let queues = local_queues(&target, &shared.queues);
         // Counts this caller against each member's `max_waiters` until it returns: the
         // head of a queue, contending at the nodes, waits as much as those behind it.
         let mut waiting: T::Each<Option<Waiting>> = target.each(|_| None);
@@ -276,4 +276,15 @@ fn unix_micros() -> u64 {
 
 pub(super) fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400 * 365 * 30)
+}
+
+/// Each member's place in this process: the resource's local queue (one holder at a
+/// time, the others wait in order), or one of its own for a target that shares its
+/// resource (see [`Queues::own`]).
+fn local_queues<T: Target>(target: &T, queues: &Arc<Queues>) -> T::Each<QueueRef> {
+    if target.shares() {
+        target.each(|resource| queues.own(resource))
+    } else {
+        target.each(|resource| queues.get(resource))
+    }
 }

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::quorum;
-use super::wait::{QueueRef, Queues};
 use crate::node::NodeCalls;
 use crate::node::{
     AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, Node, NodeFuture, Owner,
@@ -65,10 +64,10 @@ pub(crate) trait Target: Send + Sync + Sized + 'static {
     /// release of a member instead.
     fn queues(&self) -> bool;
 
-    /// Each member's place in this process: the resource's local queue (one holder at
-    /// a time, the others wait in order), or one of its own for a holder that shares.
-    fn local_queues(&self, queues: &Arc<Queues>) -> Self::Each<QueueRef> {
-        self.each(|resource| queues.get(resource))
+    /// Whether the target shares its resource (a reader, a permit): then it takes a
+    /// local queue of its own rather than the resource's, which has one holder at a time.
+    fn shares(&self) -> bool {
+        false
     }
 
     /// The votes this target needs among `nodes` nodes (see [`quorum::for_mode`]).
@@ -168,11 +167,8 @@ impl Target for Single {
         quorum::for_mode(nodes, self.mode)
     }
 
-    fn local_queues(&self, queues: &Arc<Queues>) -> [QueueRef; 1] {
-        match self.mode {
-            LockMode::Exclusive => [queues.get(&self.resource)],
-            _ => [queues.own(&self.resource)],
-        }
+    fn shares(&self) -> bool {
+        !self.mode.is_exclusive()
     }
 
     fn resources(&self) -> &[Resource] {
