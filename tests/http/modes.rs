@@ -220,9 +220,11 @@ async fn a_waiting_writer_is_served_before_readers_that_come_after_it() {
             let writers = writers.clone();
             async move { writers.send(write("w1")).await }
         });
-        // The writer has met the reader: it waits, and its intent stands.
-        eventually("the writer to wait", PROMPTLY, || {
-            writer_locker.metrics().contended >= 1
+        // The writer has met the reader twice: its second attempt, made once it is
+        // subscribed, queues it and leaves its intent (the first joins nothing, so that
+        // no hand-off to it goes unheard).
+        eventually("the writer to queue", PROMPTLY, || {
+            writer_locker.metrics().contended >= 2
         })
         .await;
         let late = tokio::spawn({
