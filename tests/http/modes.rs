@@ -5,7 +5,8 @@
 //! real `redis-server`s.
 
 use crate::http_client::{Req, Served};
-use crate::support::{self, eventually, RedisServer};
+use crate::sockets::Store;
+use crate::support::eventually;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,43 +22,10 @@ use tower_redlock::axum::{LockKey, Locked};
 use tower_redlock::http::key::{header, json_fields, Header};
 use tower_redlock::http::replay::Replay;
 use tower_redlock::http::{Contention, LockLayer, Scope};
-use tower_redlock::{LockMode, MemoryNode, Redlock};
+use tower_redlock::{LockMode, Redlock};
 
 /// Bound on things that happen promptly; only reached when a test fails.
 const PROMPTLY: Duration = Duration::from_secs(10);
-
-/// Where the instances keep their locks.
-enum Store {
-    Memory(MemoryNode),
-    Redis(Vec<RedisServer>),
-}
-
-impl Store {
-    fn all() -> Vec<Store> {
-        vec![
-            Store::Memory(MemoryNode::new()),
-            Store::Redis(RedisServer::start_many(3)),
-        ]
-    }
-
-    /// A locker of its own: one instance of the service.
-    fn locker(&self) -> Redlock {
-        match self {
-            Store::Memory(node) => Redlock::new([node.clone()], support::patient()).unwrap(),
-            Store::Redis(servers) => {
-                Redlock::from_urls(servers.iter().map(RedisServer::url), support::patient())
-                    .unwrap()
-            }
-        }
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Store::Memory(_) => "memory",
-            Store::Redis(_) => "3 redis nodes",
-        }
-    }
-}
 
 /// Where the handlers run: each request names its door (`x-door`) and stays inside
 /// until the test opens it. Counts who is inside, and the order they came in.
@@ -349,7 +317,7 @@ async fn read_locked(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn locked_readers_share_and_exclude_the_layer_s_writer() {
-    let store = Store::Redis(RedisServer::start_many(3));
+    let store = Store::redis(3);
     let room = Room::default();
     let locker = store.locker();
     let app = Router::new()

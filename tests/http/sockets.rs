@@ -30,22 +30,22 @@ use tower_redlock::{LeaseHandle, LockError, MemoryNode, Redlock, Resource};
 const PROMPTLY: Duration = Duration::from_secs(10);
 
 /// Where the instances keep their locks.
-enum Store {
+pub(crate) enum Store {
     Memory(MemoryNode),
     Redis(Vec<RedisServer>),
 }
 
 impl Store {
-    fn all() -> Vec<Store> {
+    pub(crate) fn all() -> Vec<Store> {
         vec![Store::Memory(MemoryNode::new()), Store::redis(3)]
     }
 
-    fn redis(nodes: usize) -> Store {
+    pub(crate) fn redis(nodes: usize) -> Store {
         Store::Redis(RedisServer::start_many(nodes))
     }
 
     /// A locker of its own: one instance of the service.
-    fn locker(&self) -> Redlock {
+    pub(crate) fn locker(&self) -> Redlock {
         match self {
             Store::Memory(node) => Redlock::new([node.clone()], support::patient()).unwrap(),
             Store::Redis(servers) => {
@@ -55,7 +55,7 @@ impl Store {
         }
     }
 
-    fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match self {
             Store::Memory(_) => "memory".to_owned(),
             Store::Redis(servers) => format!("{} redis nodes", servers.len()),
