@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::NodeError;
-use crate::node::redis::call::modes::{SharedAcquireCall, SharedExtendCall, SharedReleaseCall};
+use crate::node::redis::call::modes::{self, SharedAcquireCall};
 use crate::node::redis::call::set;
 use crate::node::redis::call::{
     Acquire, ExtendCall, ExtendManyCall, ListenCall, Op, RaiseFenceCall, ReleaseCall, ReplicaWait,
@@ -159,11 +159,11 @@ impl<R: Route> SharedModes for Redis<R> {
     }
 
     fn extend_shared(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.call(SharedExtendCall::new(keys, owner, ttl))
+        self.call(modes::extend_shared(keys, owner, ttl))
     }
 
     fn release_shared(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
-        self.call(SharedReleaseCall::new(keys, owner, R::SHARDED))
+        self.call(modes::release_shared(keys, owner, R::SHARDED))
     }
 }
 

@@ -58,63 +58,28 @@ impl Op for SharedAcquireCall {
     }
 }
 
-/// The owned arguments of one shared extend (`shared_extend.lua`).
-pub(crate) struct SharedExtendCall(Call);
-
-impl SharedExtendCall {
-    pub(crate) fn new(keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> Self {
-        SharedExtendCall(
-            Call::new(&SHARED_EXTEND, 1)
-                .arg(&keys.lock)
-                .arg(owner.as_str())
-                .arg(millis_ceil(ttl)),
-        )
-    }
+/// One shared extend (`shared_extend.lua`): answered as the exclusive extend is, so it
+/// is an [`ExtendCall`] with another script.
+pub(crate) fn extend_shared(keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> ExtendCall {
+    ExtendCall(
+        Call::new(&SHARED_EXTEND, 1)
+            .arg(&keys.lock)
+            .arg(owner.as_str())
+            .arg(millis_ceil(ttl)),
+    )
 }
 
-/// With `wait`, an extension counts only once enough replicas acknowledged it.
-impl Op for SharedExtendCall {
-    type Output = bool;
-
-    async fn run<C: SendOne>(
-        &self,
-        conn: &mut C,
-        wait: Option<ReplicaWait>,
-    ) -> Result<bool, CallError> {
-        let value = self.0.run(conn, wait, |v| int(v) == Some(1)).await?;
-        parse_flag(value).map_err(CallError::Reply)
-    }
-}
-
-/// The owned arguments of one shared release (`hand_off.lua`, `shared_release.lua`).
-pub(crate) struct SharedReleaseCall(Call);
-
-impl SharedReleaseCall {
-    /// `sharded`: the node publishes with `SPUBLISH` (Redis Cluster).
-    pub(crate) fn new(keys: &ResourceKeys, owner: &Owner, sharded: bool) -> Self {
-        SharedReleaseCall(
-            Call::new(&SHARED_RELEASE, 2)
-                .arg(&keys.lock)
-                .arg(keys.queue())
-                .arg(owner.as_str())
-                .arg(&keys.channel)
-                .arg(if sharded { "1" } else { "0" })
-                .arg(millis_ceil(HANDOFF_TTL)),
-        )
-    }
-}
-
-/// No replica acknowledgement, as for the exclusive release: a lost release only
-/// leaves a holder to expire.
-impl Op for SharedReleaseCall {
-    type Output = bool;
-
-    async fn run<C: SendOne>(
-        &self,
-        conn: &mut C,
-        _: Option<ReplicaWait>,
-    ) -> Result<bool, CallError> {
-        let value = self.0.run(conn, None, |_| false).await?;
-        parse_flag(value).map_err(CallError::Reply)
-    }
+/// One shared release (`hand_off.lua`, `shared_release.lua`): answered as the exclusive
+/// release is, so it is a [`ReleaseCall`] with another script. `sharded`: the node
+/// publishes with `SPUBLISH` (Redis Cluster).
+pub(crate) fn release_shared(keys: &ResourceKeys, owner: &Owner, sharded: bool) -> ReleaseCall {
+    ReleaseCall(
+        Call::new(&SHARED_RELEASE, 2)
+            .arg(&keys.lock)
+            .arg(keys.queue())
+            .arg(owner.as_str())
+            .arg(&keys.channel)
+            .arg(if sharded { "1" } else { "0" })
+            .arg(millis_ceil(HANDOFF_TTL)),
+    )
 }
