@@ -155,6 +155,8 @@
 pub mod axum;
 mod error;
 pub mod fence;
+#[cfg(all(feature = "redis", feature = "axum"))]
+pub mod guide;
 pub mod http;
 mod lock;
 pub mod node;

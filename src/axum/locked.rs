@@ -221,7 +221,7 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// does not hold. A state that gives no `Redlock` shows in a plain handler as axum's
 /// "`Handler<_, _>` is not satisfied"; `#[axum::debug_handler]` on the handler names
 /// the missing `FromRef` instead (that error is axum's trait's, so the crate cannot word
-/// it; `tests/diagnostics` shows it). The key is read from the request head by
+/// it; the `guide::keys` docs show it). The key is read from the request head by
 /// [`K::extractor`](LockKey::extractor) and checked like the layer checks it; the
 /// resource is [`K::scope`](LockKey::scope)'s, and the lease is acquired as
 /// [`K::contention`](LockKey::contention) says.
