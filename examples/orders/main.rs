@@ -181,15 +181,17 @@ pub async fn main() -> Result<(), BoxError> {
     // `GET /metrics`: the lock's metrics (feature `metrics`) in the Prometheus text format.
     // Installed before the locker and the layers are built: they register their series
     // at zero with it.
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-    if !cfg!(feature = "metrics") {
-        tracing::info!(
-            "GET /metrics is empty: run with `--features metrics` to record the lock's metrics"
-        );
-    }
+    #[cfg(feature = "metrics")]
+    let metrics = {
+        let prometheus =
+            metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+        move || async move { prometheus.render() }
+    };
+    #[cfg(not(feature = "metrics"))]
+    let metrics =
+        || async { "run the demo with `--features metrics` to record the lock's metrics\n" };
     let (locker, ledger) = locker_and_ledger(&config)?;
-    let app = app(locker.clone(), ledger, &config)
-        .route("/metrics", get(move || async move { prometheus.render() }));
+    let app = app(locker.clone(), ledger, &config).route("/metrics", get(metrics));
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
     // A deploy: stop taking connections and answer those in flight, then give the
