@@ -58,7 +58,7 @@ async fn paying_an_order_under_contention_outage_and_loss() {
 #[test]
 fn the_readme_shows_the_first_test_verbatim() {
     let source = include_str!("kit.rs");
-    let readme = include_str!("../../README.md");
+    let guide = include_str!("../../docs/testing.md");
     let example = source
         .split("// README: begin\n")
         .nth(1)
@@ -66,22 +66,52 @@ fn the_readme_shows_the_first_test_verbatim() {
         .expect("markers in tests/engine/kit.rs");
     let block = format!("```rust\n{example}```\n");
     assert!(
-        readme.contains(&block),
-        "README's \"Testing your handlers\" must show tests/engine/kit.rs's first test verbatim"
+        guide.contains(&block),
+        "docs/testing.md must show tests/engine/kit.rs's first test verbatim"
     );
 }
 
-/// The README's Rust snippets import only crates its Cargo snippets name (and `std`):
-/// rustdoc compiles the snippets (`ReadmeDoctests` in src/lib.rs) with every dependency
-/// of this crate, so an import of one the README never names (`http`) would still pass
-/// there, and fail in a user's project.
+/// The Rust snippets of the README and the guides import only crates the README's or
+/// their own Cargo snippets name (and `std`): rustdoc compiles them (`ReadmeDoctests`
+/// in src/lib.rs, the `guide` modules) with every dependency of this crate, so an
+/// import of one the docs never name (`http`) would still pass there, and fail in a
+/// user's project.
 #[test]
 fn readme_snippets_import_only_the_crates_it_names() {
     let readme = include_str!("../../README.md");
-    let mut named = vec!["std".to_owned(), "crate".to_owned(), "super".to_owned()];
+    let docs = [
+        readme,
+        include_str!("../../docs/keys.md"),
+        include_str!("../../docs/modes.md"),
+        include_str!("../../docs/operations.md"),
+        include_str!("../../docs/replay.md"),
+        include_str!("../../docs/safety.md"),
+        include_str!("../../docs/stores.md"),
+        include_str!("../../docs/testing.md"),
+        include_str!("../../docs/tour.md"),
+    ];
+    let (readme_named, _) = crates_in(readme);
     let mut imports = Vec::new();
+    for doc in docs {
+        let (mut named, used) = crates_in(doc);
+        named.extend(readme_named.iter().cloned());
+        named.extend(["std", "crate", "super"].map(str::to_owned));
+        for root in used {
+            assert!(
+                named.contains(&root),
+                "the docs import `{root}`, which none of their Cargo snippets name ({named:?})"
+            );
+            imports.push(root);
+        }
+    }
+    assert!(imports.len() > 10, "{imports:?}");
+}
+
+/// The crates a Markdown text's `toml` blocks name, and the roots its `rust` blocks import.
+fn crates_in(doc: &str) -> (Vec<String>, Vec<String>) {
+    let (mut named, mut imports) = (Vec::new(), Vec::new());
     let mut block = None;
-    for line in readme.lines() {
+    for line in doc.lines() {
         match (block.as_deref(), line.strip_prefix("```")) {
             (None, Some(lang)) => block = Some(lang.to_owned()),
             (Some(_), Some(_)) => block = None,
@@ -101,13 +131,7 @@ fn readme_snippets_import_only_the_crates_it_names() {
             _ => {}
         }
     }
-    assert!(imports.len() > 10, "{imports:?}");
-    for root in imports {
-        assert!(
-            named.contains(&root),
-            "the README imports `{root}`, which none of its Cargo snippets name ({named:?})"
-        );
-    }
+    (named, imports)
 }
 
 /// A route whose handler signals that it runs, then runs until dropped (or, with
