@@ -1,7 +1,7 @@
 //! The command connection of the standalone and Sentinel nodes: one redis-rs
 //! `MultiplexedConnection` at a time, made on first use and made again when found
 //! broken, plus one resend when a command finds it broken. The nodes use it through
-//! `batching.rs`, which sends concurrent callers' commands together.
+//! `batching/`, which sends concurrent callers' commands together.
 //!
 //! # Why not redis-rs's `ConnectionManager`
 //!
@@ -87,7 +87,7 @@ enum Given<'a> {
     Many(&'a Pipeline, usize, usize),
 }
 
-/// One caller's replies, in the shape of its commands (here and in `batching.rs`).
+/// One caller's replies, in the shape of its commands (here and in `batching/`).
 pub(crate) enum Replies {
     One(Value),
     Many(Vec<Value>),

@@ -5,8 +5,8 @@
 //! What they share lives next to them: the scripts and their calls (`call/`,
 //! `scripts/*.lua`), the record scripts (`records.rs`), the release subscriber
 //! (`pubsub.rs`), the connection that re-sends after a reconnect (`conn.rs`), the
-//! batching of concurrent callers' commands on it (`batching.rs`) and URL
-//! parsing (`url.rs`, which builds the nodes; `seeds.rs`, which the multi-server nodes use).
+//! batching of concurrent callers' commands on it (`batching/`) and URL
+//! parsing (`url/`, which builds the nodes; `seeds.rs`, which the multi-server nodes use).
 
 mod attempt;
 mod batching;
