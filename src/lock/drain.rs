@@ -1,7 +1,7 @@
 //! Graceful shutdown: [`Redlock::drain`].
 
-use std::sync::atomic::Ordering;
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 

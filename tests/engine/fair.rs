@@ -332,14 +332,20 @@ async fn a_drain_ends_the_waiting_callers_and_their_places_in_the_queues() {
         tokio::spawn(async move { locker.drain(LIMIT).await })
     };
     let outcome = tokio::time::timeout(LIMIT, local).await.unwrap().unwrap();
-    assert!(matches!(outcome, Err(LockError::Draining { .. })), "{outcome:?}");
+    assert!(
+        matches!(outcome, Err(LockError::Draining { .. })),
+        "{outcome:?}"
+    );
 
     assert_eq!(other.drain(LIMIT).await.released_at_deadline, 0);
     let outcome = tokio::time::timeout(LIMIT, queued_elsewhere)
         .await
         .unwrap()
         .unwrap();
-    assert!(matches!(outcome, Err(LockError::Draining { .. })), "{outcome:?}");
+    assert!(
+        matches!(outcome, Err(LockError::Draining { .. })),
+        "{outcome:?}"
+    );
     // Its place is gone from every node: only the third waiter is in line.
     until_queued(&servers, resource, 1).await;
 
