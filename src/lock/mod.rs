@@ -228,7 +228,10 @@ impl Redlock {
     ///   managed services disable `CONFIG`): it may evict a held lock key, and a second
     ///   holder gets the lock; accepted, with a warning on every connect, under
     ///   [`LockOptions::accept_evicting_nodes`];
-    /// - a user refused the scripts (`EVALSHA`, `EVAL`) or the key prefix's keys.
+    /// - a user refused the scripts (`EVALSHA`, `EVAL`) or the key prefix's keys;
+    /// - a server without a command the locker sends, itself or from its scripts
+    ///   (renamed or removed with `rename-command`, as some managed services and
+    ///   hardening guides do: `COMMAND INFO` does not know it), naming it.
     ///
     /// A user refused the wake-up channels is accepted with a warning: waiters then
     /// poll. The locker checks again every
