@@ -58,39 +58,18 @@ pub(crate) async fn read_info<C: ConnectionLike + Send>(
 }
 
 /// Every command the locker sends, itself or from its scripts, but `WAIT` (only for
-/// replica acknowledgements) and `INFO` (optional); `sharded` for a Cluster's channels.
+/// replica acknowledgements) and `INFO` (optional).
+const NEEDED: &str = "evalsha eval set get exists del pttl pexpire incr type time hget hset \
+                      hsetnx hmget zadd zcard zpopmin zrange zrem zremrangebyscore zscore";
+
+/// [`NEEDED`] and the channels' commands (`sharded`: a Cluster's).
 fn needed(sharded: bool) -> impl Iterator<Item = &'static str> {
     let channels = if sharded {
-        ["spublish", "ssubscribe", "sunsubscribe"]
+        "spublish ssubscribe sunsubscribe"
     } else {
-        ["publish", "subscribe", "unsubscribe"]
+        "publish subscribe unsubscribe"
     };
-    [
-        "evalsha",
-        "eval",
-        "set",
-        "get",
-        "exists",
-        "del",
-        "pttl",
-        "pexpire",
-        "incr",
-        "type",
-        "time",
-        "hget",
-        "hset",
-        "hsetnx",
-        "hmget",
-        "zadd",
-        "zcard",
-        "zpopmin",
-        "zrange",
-        "zrem",
-        "zremrangebyscore",
-        "zscore",
-    ]
-    .into_iter()
-    .chain(channels)
+    NEEDED.split_whitespace().chain(channels.split(' '))
 }
 
 /// Adds to `setup` the commands the locker needs that the server lacks (renamed or
