@@ -259,7 +259,7 @@ impl TestStore {
         for node in &self.inner.nodes {
             match node.acquire(&request).await {
                 Ok(AcquireReply::Acquired { .. }) => taken.push(node),
-                Ok(AcquireReply::Held { .. }) => held = true,
+                Ok(AcquireReply::Held { .. } | AcquireReply::OtherMode { .. }) => held = true,
                 Err(error) => failures.push(NodeFailure {
                     node: node.name().into(),
                     error,

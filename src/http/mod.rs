@@ -63,6 +63,7 @@
 //! | lock held, [`Contention::Wait`], timeout passed | 409 `lock-wait-timeout`, `Retry-After` |
 //! | a shared lock ([`LockLayer::mode`], [`LockLayer::read_mode`]) with a writer holding it, or a writer waiting for it | 409 `lock-held` (or `lock-wait-timeout`), as for an exclusive lock |
 //! | a counted lock ([`LockMode::Counted`](crate::LockMode::Counted)) with every permit taken | 429 `limit-reached`, `Retry-After` = when the earliest permit runs out at the latest (after the wait under [`Contention::Wait`]) |
+//! | a shared or counted lock on a resource its holders hold in another mode (another `n`: a deploy that changed the limit without draining first) | 503 `lock-unavailable`, `Retry-After: 1`, warning logged naming both modes |
 //! | a shared or counted lock on a route whose extractor names several keys | 500 `key-misconfigured`: a lease over several resources is exclusive |
 //! | too many waiters ([`LockLayer::queue_limit`]) | 503 `lock-queue-full`, `Retry-After: 1` |
 //! | no quorum, [`Unavailable::FailClosed`] (default) | 503 `lock-unavailable`, `Retry-After: 1`; the handler never runs |

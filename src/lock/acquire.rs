@@ -48,7 +48,8 @@ impl Redlock {
         }
         let won = self.attempt(&target, None).await?;
         let inner = won.into_lease(shared, target);
-        Ok(self.finish::<T>(inner, turns, queues))
+        self.unless_drained(Ok(self.finish::<T>(inner, turns, queues)))
+            .await
     }
 
     /// Turns a won round into a [`Lease`]: records the local holder of every member and

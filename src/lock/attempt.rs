@@ -58,6 +58,13 @@ impl Redlock {
         if tally.won.len() < quorum {
             let answered = tally.won.len() + tally.held.len();
             cleanup(stragglers);
+            if let Some(held) = tally.other_mode {
+                return Err(LockError::ModeMismatch {
+                    resource: resource.clone(),
+                    held: held.into(),
+                    asked: target.mode(),
+                });
+            }
             if answered >= quorum {
                 shared.metrics.contended.inc();
                 let member = tally.first_held.unwrap_or(0);

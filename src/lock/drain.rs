@@ -1,5 +1,6 @@
 //! Graceful shutdown: [`Redlock::drain`].
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::lease::{release, LeaseInner, LostCause};
-use super::{LockError, Redlock};
+use super::{Lease, LockError, Redlock};
 use crate::Resource;
 
 /// What [`Redlock::drain`] found and did.
@@ -24,6 +25,9 @@ impl Redlock {
     /// 1. From now on no new lease is granted: `try_acquire`, `acquire` and their set
     ///    forms fail with [`LockError::Draining`] (the layer answers 503
     ///    `lock-unavailable` with `Retry-After`, so clients go to another instance).
+    ///    So do the callers already waiting, woken at once: in this process's queue and
+    ///    in the nodes' wait queues, which they leave, so no other instance waits for
+    ///    them. A lease a node granted as the drain began is released, not handed over.
     /// 2. The leases held now — handlers in their critical section, including those
     ///    finishing after their client left — are given until `deadline` to end and be
     ///    released by their holders.
@@ -51,6 +55,7 @@ impl Redlock {
     /// ```
     pub async fn drain(&self, deadline: Duration) -> Drained {
         self.shared.draining.store(true, Ordering::Release);
+        self.shared.drain_began.notify_waiters();
         let until = Instant::now()
             .checked_add(deadline)
             .unwrap_or_else(super::acquire::far_future);
@@ -93,6 +98,46 @@ impl Redlock {
             });
         }
         Ok(())
+    }
+
+    /// `acquire` (a waiting acquisition), unless a drain has begun or begins before it is
+    /// granted: then [`LockError::Draining`]. The acquisition is dropped where it waits
+    /// (it is cancellation-safe: it leaves the local and the nodes' queues).
+    pub(crate) async fn unless_draining(
+        &self,
+        resource: &Resource,
+        acquire: impl Future<Output = Result<Lease, LockError>>,
+    ) -> Result<Lease, LockError> {
+        // Listening before looking: a drain between the two still wakes us.
+        let began = self.shared.drain_began.notified();
+        let mut began = std::pin::pin!(began);
+        began.as_mut().enable();
+        self.refuse_if_draining(resource)?;
+        let granted = tokio::select! {
+            biased;
+            () = began => Err(LockError::Draining {
+                resource: resource.clone(),
+            }),
+            granted = acquire => granted,
+        };
+        self.unless_drained(granted).await
+    }
+
+    /// `granted`, unless a drain began meanwhile: its lease is then released, and
+    /// [`LockError::Draining`]. A drain that looks for the leases held after this
+    /// check finds this one (it was recorded as held before).
+    pub(crate) async fn unless_drained(
+        &self,
+        granted: Result<Lease, LockError>,
+    ) -> Result<Lease, LockError> {
+        let lease = granted?;
+        match self.refuse_if_draining(&lease.resources()[0]) {
+            Ok(()) => Ok(lease),
+            Err(draining) => {
+                lease.release().await;
+                Err(draining)
+            }
+        }
     }
 
     /// The leases of this locker held in this process now, each once (a set's lease

@@ -79,6 +79,19 @@ pub enum LockError {
         /// The resource asked for.
         resource: Resource,
     },
+    /// Shared holders hold the resource in another mode than asked: a counted lease
+    /// whose `n` differs from the holders', a reader among permits, or a permit among
+    /// readers (see [`LockMode`](crate::LockMode): a resource's holders share one mode).
+    /// Refused at once, also by a waiting `acquire`.
+    #[error("`{resource}` is held as {held:?}, asked as {asked:?}: every holder of a resource uses one mode and count")]
+    ModeMismatch {
+        /// The resource asked for.
+        resource: Resource,
+        /// The mode its holders hold it in.
+        held: crate::LockMode,
+        /// The mode asked for.
+        asked: crate::LockMode,
+    },
     /// The lease is lost (expired, taken over, or renewals failed) and cannot be extended.
     #[error("the lease on `{resource}` is lost: {cause}")]
     Lost {
@@ -115,6 +128,7 @@ impl LockError {
             | LockError::ValidityExpired { resource, .. }
             | LockError::QueueFull { resource, .. }
             | LockError::Draining { resource }
+            | LockError::ModeMismatch { resource, .. }
             | LockError::Lost { resource, .. }
             | LockError::ResourceCount { resource, .. } => resource,
         }

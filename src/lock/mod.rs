@@ -111,6 +111,8 @@ pub(crate) struct Shared {
     pub(crate) waiter_id: String,
     /// Set by [`Redlock::drain`]: no new lease.
     draining: std::sync::atomic::AtomicBool,
+    /// Told when a drain begins: the waiting callers end.
+    drain_began: tokio::sync::Notify,
 }
 
 impl Redlock {
@@ -169,6 +171,7 @@ impl Redlock {
                 queues: Arc::default(),
                 waiter_id: format!("{:016x}", rand::random::<u64>()),
                 draining: std::sync::atomic::AtomicBool::new(false),
+                drain_began: tokio::sync::Notify::new(),
             }),
         })
     }
@@ -225,7 +228,10 @@ impl Redlock {
     ///   managed services disable `CONFIG`): it may evict a held lock key, and a second
     ///   holder gets the lock; accepted, with a warning on every connect, under
     ///   [`LockOptions::accept_evicting_nodes`];
-    /// - a user refused the scripts (`EVALSHA`, `EVAL`) or the key prefix's keys.
+    /// - a user refused the scripts (`EVALSHA`, `EVAL`) or the key prefix's keys;
+    /// - a server without a command the locker sends, itself or from its scripts
+    ///   (renamed or removed with `rename-command`, as some managed services and
+    ///   hardening guides do: `COMMAND INFO` does not know it), naming it.
     ///
     /// A user refused the wake-up channels is accepted with a warning: waiters then
     /// poll. The locker checks again every
@@ -383,13 +389,9 @@ impl Redlock {
             .checked_add(timeout)
             .unwrap_or_else(acquire::far_future);
         let resource = resource.into();
-        let result = match self.refuse_if_draining(&resource) {
-            Ok(()) => {
-                let single = Single::new(&self.shared.options.key_prefix, resource, mode);
-                self.queue_and_acquire(single, started, deadline).await
-            }
-            Err(error) => Err(error),
-        };
+        let single = Single::new(&self.shared.options.key_prefix, resource.clone(), mode);
+        let waiting = self.queue_and_acquire(single, started, deadline);
+        let result = self.unless_draining(&resource, waiting).await;
         metrics::acquisition(&result, metrics::Started::at(started));
         result
     }
@@ -412,8 +414,9 @@ impl Redlock {
     /// contends at the nodes. The head retries at once when a release is published on
     /// any node, and otherwise after the [`RetryPolicy`]'s delay. Fails with
     /// [`LockError::WaitTimeout`] at the deadline, [`LockError::QueueFull`] when
-    /// [`LockOptions::max_waiters`] callers already wait, and at once with
-    /// [`LockError::Unavailable`] when too few nodes answer.
+    /// [`LockOptions::max_waiters`] callers already wait, at once with
+    /// [`LockError::Unavailable`] when too few nodes answer, and with
+    /// [`LockError::Draining`] as soon as [`drain`](Redlock::drain) begins.
     ///
     /// Cancellation-safe: dropping the future leaves no queue entry and no lock behind.
     pub async fn acquire_until(
@@ -423,13 +426,8 @@ impl Redlock {
     ) -> Result<Lease, LockError> {
         let started = Instant::now();
         let resource = resource.into();
-        let result = match self.refuse_if_draining(&resource) {
-            Ok(()) => {
-                let single = self.single(resource);
-                self.queue_and_acquire(single, started, deadline).await
-            }
-            Err(error) => Err(error),
-        };
+        let waiting = self.queue_and_acquire(self.single(resource.clone()), started, deadline);
+        let result = self.unless_draining(&resource, waiting).await;
         metrics::acquisition(&result, metrics::Started::at(started));
         result
     }

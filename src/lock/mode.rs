@@ -18,8 +18,14 @@ use std::num::NonZeroU32;
 /// A writer's fencing token is above every token an earlier holder had, in any mode;
 /// overlapping shared holders are not ordered (the argument is on `node::SharedModes`).
 ///
-/// Every caller of one resource should use one `n` for counted leases: each
-/// acquisition checks its own `n` against the live holders.
+/// The shared holders of a resource hold it in one mode: readers, or permits of one
+/// `n`. A caller in another mode (another `n`, a reader among permits, a permit among
+/// readers) is refused with [`LockError::ModeMismatch`](crate::LockError::ModeMismatch)
+/// naming both, however much room is left, so no holder ever holds the resource beside
+/// more holders than its own `n` allows. To change a limit in a rolling deploy, drain
+/// the instances holding the old one ([`Redlock::drain`](crate::Redlock::drain)) before
+/// the new one takes leases: while old holders live, the new `n` is refused (the layer
+/// answers 503 `lock-unavailable`), and once they are gone the first new holder sets it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum LockMode {
@@ -45,5 +51,14 @@ impl LockMode {
     /// Whether this is [`Exclusive`](LockMode::Exclusive).
     pub const fn is_exclusive(&self) -> bool {
         matches!(self, LockMode::Exclusive)
+    }
+}
+
+impl From<crate::node::SharedMode> for LockMode {
+    fn from(mode: crate::node::SharedMode) -> Self {
+        match mode {
+            crate::node::SharedMode::Shared => LockMode::Shared,
+            crate::node::SharedMode::Counted(n) => LockMode::Counted(n),
+        }
     }
 }

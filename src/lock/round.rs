@@ -21,7 +21,7 @@ use crate::lock::background::{Background, Leftover};
 use crate::lock::health::{Health, NodeState};
 use crate::lock::metrics;
 use crate::lock::target::{Ask, Target, Vote};
-use crate::node::{Node, NodeFuture, Owner, Waiter};
+use crate::node::{Node, NodeFuture, Owner, SharedMode, Waiter};
 
 /// A call still in flight when its round was decided, with its node's index.
 pub(crate) type Pending<T> = Pin<Box<dyn Future<Output = (usize, Result<T, NodeError>)> + Send>>;
@@ -136,6 +136,8 @@ pub(crate) struct AcquireTally<F> {
     pub(crate) first_held: Option<usize>,
     /// The largest remaining ttl reported by a holder.
     pub(crate) holder_ttl: Option<Duration>,
+    /// The mode of shared holders found holding it in another mode than asked.
+    pub(crate) other_mode: Option<SharedMode>,
     pub(crate) failures: Vec<NodeFailure>,
 }
 
@@ -258,6 +260,7 @@ impl Nodes {
             held: Vec::new(),
             first_held: None,
             holder_ttl: None,
+            other_mode: None,
             failures: Vec::new(),
         };
         let quorum = target.quorum(self.list.len());
@@ -291,6 +294,10 @@ impl Nodes {
                         tally.held.push(index);
                         tally.holder_ttl = tally.holder_ttl.max(pttl);
                         tally.first_held = Some(tally.first_held.map_or(member, |m| m.min(member)));
+                    }
+                    Ok(Vote::OtherMode(held)) => {
+                        tally.held.push(index);
+                        tally.other_mode = Some(held);
                     }
                     Err(error) => tally.failures.push(NodeFailure {
                         node: self.name(index),

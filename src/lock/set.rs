@@ -198,13 +198,9 @@ impl Redlock {
             return self.acquire_until(set.remove(0), deadline).await;
         }
         let started = Instant::now();
-        let result = match self.refuse_if_draining(&set[0]) {
-            Ok(()) => {
-                self.queue_and_acquire(self.set_of(set), started, deadline)
-                    .await
-            }
-            Err(error) => Err(error),
-        };
+        let first = set[0].clone();
+        let waiting = self.queue_and_acquire(self.set_of(set), started, deadline);
+        let result = self.unless_draining(&first, waiting).await;
         metrics::acquisition(&result, metrics::Started::at(started));
         result
     }

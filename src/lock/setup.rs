@@ -63,6 +63,14 @@ fn judge(options: &LockOptions, setups: &[ServerSetup]) -> Findings {
                 setup.role.as_deref().unwrap_or_default()
             ));
         }
+        if !setup.missing.is_empty() {
+            findings.refusals.push(format!(
+                "server {server} has no command {} (renamed or removed with \
+                 rename-command): the locker sends them, itself or from its scripts; \
+                 restore them under their own names",
+                setup.missing.join(", ")
+            ));
+        }
         if !setup.refused.is_empty() {
             findings.refusals.push(format!(
                 "the user on server {server} is refused {}: the locker runs its scripts \

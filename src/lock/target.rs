@@ -44,6 +44,8 @@ pub(crate) enum Vote<F> {
         member: usize,
         pttl: Option<Duration>,
     },
+    /// Shared holders hold the resource in another mode.
+    OtherMode(SharedMode),
 }
 
 /// One resource or a set, in canonical order: what the engine's rounds are generic over.
@@ -68,6 +70,11 @@ pub(crate) trait Target: Send + Sync + Sized + 'static {
     /// local queue of its own rather than the resource's, which has one holder at a time.
     fn shares(&self) -> bool {
         false
+    }
+
+    /// The mode of the lease (a set's is exclusive).
+    fn mode(&self) -> LockMode {
+        LockMode::Exclusive
     }
 
     /// The votes this target needs among `nodes` nodes (see [`quorum::for_mode`]).
@@ -171,6 +178,10 @@ impl Target for Single {
         !self.mode.is_exclusive()
     }
 
+    fn mode(&self) -> LockMode {
+        self.mode
+    }
+
     fn resources(&self) -> &[Resource] {
         std::slice::from_ref(&self.resource)
     }
@@ -211,11 +222,15 @@ impl Target for Single {
         match reply {
             AcquireReply::Acquired { fence } => Vote::Granted([fence]),
             AcquireReply::Held { pttl } => Vote::Held { member: 0, pttl },
+            AcquireReply::OtherMode { held } => Vote::OtherMode(held),
         }
     }
 
     fn refused(reply: &AcquireReply) -> bool {
-        matches!(reply, AcquireReply::Held { .. })
+        matches!(
+            reply,
+            AcquireReply::Held { .. } | AcquireReply::OtherMode { .. }
+        )
     }
 
     fn raise(&self, node: &dyn Node, tokens: &[u64], fence_ttl: Duration) -> NodeFuture<()> {

@@ -291,6 +291,13 @@ pub enum AcquireReply {
         /// The key's remaining time to live.
         pttl: Option<Duration>,
     },
+    /// Shared holders hold the resource in another mode than the one asked
+    /// ([`SharedModes::acquire_shared`] only): a counted request meeting holders with
+    /// another `n`, a reader meeting permits, or permits meeting readers.
+    OtherMode {
+        /// The mode the live holders hold it in.
+        held: SharedMode,
+    },
 }
 
 /// The random value that marks one acquisition as the owner of a key: hex-encoded, 40

@@ -93,9 +93,12 @@ pub struct SharedRequest<'a> {
 ///   leaves other holders wakes the channel's listeners too, for a waiting permit.
 ///   An empty `keys.channel` only removes the entry.
 ///
-/// Mixed limits on one resource are the callers' business: each counted acquisition
-/// checks its own `n` against the live holders, so every caller of a resource should
-/// use one `n` (a reader is a holder without a limit).
+/// The live holders of a resource hold it in **one** mode: readers, or permits of one
+/// `n`. [`acquire_shared`](SharedModes::acquire_shared) in another mode (another `n`,
+/// a reader among permits, a permit among readers) answers
+/// [`AcquireReply::OtherMode`] with theirs, room or not: a holder never holds the
+/// resource beside more holders than its own `n` allows. The mode is decided in the
+/// same atomic step as the admission, so the first holder after none sets it.
 ///
 /// # Writer preference
 ///

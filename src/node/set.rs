@@ -138,6 +138,11 @@ pub(crate) fn acquire_each<N: Node + ?Sized>(
                     member: index,
                     pttl,
                 }),
+                // Answers only a shared acquire, never this one.
+                Ok(AcquireReply::OtherMode { .. }) => Ok(AcquireSetReply::Held {
+                    member: index,
+                    pttl: None,
+                }),
                 Err(error) => Err(error),
             };
             undo(&*node, &keys[..index], &owner).await?;

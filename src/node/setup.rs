@@ -21,6 +21,9 @@ pub struct ServerSetup {
     /// permission (for example `+evalsha`, `~redlock:*`). A lock cannot work without
     /// them.
     pub refused: Vec<String>,
+    /// Commands the locker needs that the server does not know (renamed or removed
+    /// with Redis's `rename-command`), by name. A lock cannot work without them.
+    pub missing: Vec<String>,
     /// The user may not publish on the crate's wake-up channels (Redis's `&` channel
     /// permissions): releases cannot wake waiters, who then find a freed lock by
     /// polling.

@@ -297,3 +297,62 @@ async fn memory_nodes_serve_waiters_in_arrival_order_too() {
     let key = format!("redlock:{{{resource}}}");
     assert!(nodes.iter().all(|n| n.get(&key).is_none()), "no lock left");
 }
+
+/// A drain ends the callers already waiting, at once, and takes its waiters out of the
+/// nodes' queues: one waits in the draining locker's own queue (behind its lease), one
+/// of another locker (another instance) in the nodes' queue, which its drain ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_ends_the_waiting_callers_and_their_places_in_the_queues() {
+    let resource = "fair-drain";
+    let servers = RedisServer::start_many(3);
+    let urls = urls(&servers);
+    let draining = locker(&urls);
+    let lease = draining.try_acquire(resource).await.unwrap();
+    let local = {
+        let locker = draining.clone();
+        tokio::spawn(async move { locker.acquire(resource, LIMIT).await.map(drop) })
+    };
+    eventually("the local caller waits", LIMIT, || {
+        draining.metrics().waits == 1
+    })
+    .await;
+    let other = locker(&urls);
+    let queued_elsewhere = {
+        let locker = other.clone();
+        tokio::spawn(async move { locker.acquire(resource, LIMIT).await.map(drop) })
+    };
+    until_queued(&servers, resource, 1).await;
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let third = waiter(locker(&urls), resource, 3, served.clone());
+    until_queued(&servers, resource, 2).await;
+
+    // The drain waits for the lease; the waiter behind it ends now.
+    let drain = {
+        let locker = draining.clone();
+        tokio::spawn(async move { locker.drain(LIMIT).await })
+    };
+    let outcome = tokio::time::timeout(LIMIT, local).await.unwrap().unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::Draining { .. })),
+        "{outcome:?}"
+    );
+
+    assert_eq!(other.drain(LIMIT).await.released_at_deadline, 0);
+    let outcome = tokio::time::timeout(LIMIT, queued_elsewhere)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::Draining { .. })),
+        "{outcome:?}"
+    );
+    // Its place is gone from every node: only the third waiter is in line.
+    until_queued(&servers, resource, 1).await;
+
+    lease.release().await;
+    tokio::time::timeout(LIMIT, third).await.unwrap().unwrap();
+    assert_eq!(*served.lock().unwrap(), vec![3]);
+    let drained = tokio::time::timeout(LIMIT, drain).await.unwrap().unwrap();
+    assert_eq!(drained.released_at_deadline, 0);
+    assert_eq!(draining.local_resources(), 0);
+}

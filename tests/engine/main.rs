@@ -34,6 +34,8 @@ mod sets;
 #[cfg(feature = "redis")]
 mod smoke;
 #[cfg(feature = "redis")]
+mod ttls;
+#[cfg(feature = "redis")]
 mod watchdog;
 
 #[cfg(all(feature = "test-util", feature = "axum"))]

@@ -154,6 +154,10 @@ async fn a_writer_excludes_readers_and_permits(node: Arc<dyn Node>, _: Option<&R
     assert!(is_held(&shared(&node, &keys, &p, permit, TTL).await));
     assert!(node.release(&keys, &w).await.unwrap());
     token(shared(&node, &keys, &r, READ, TTL).await);
+    // A permit among readers: the holders' mode, not contention.
+    let other = shared(&node, &keys, &p, permit, TTL).await;
+    assert_eq!(other, AcquireReply::OtherMode { held: READ });
+    assert!(modes(&node).release_shared(&keys, &r).await.unwrap());
     token(shared(&node, &keys, &p, permit, TTL).await);
 }
 
@@ -381,7 +385,7 @@ async fn tokens_come_from_the_one_counter(node: Arc<dyn Node>, _: Option<&RedisS
     let first = token(exclusive(&node, &keys, &w1, None).await);
     assert!(node.release(&keys, &w1).await.unwrap());
     let read1 = token(shared(&node, &keys, &r1, READ, TTL).await);
-    let read2 = token(shared(&node, &keys, &r2, SharedMode::counted(4).unwrap(), TTL).await);
+    let read2 = token(shared(&node, &keys, &r2, READ, TTL).await);
     assert!(read1 > first && read2 > first, "{first} {read1} {read2}");
     assert!(modes(&node).release_shared(&keys, &r1).await.unwrap());
     assert!(modes(&node).release_shared(&keys, &r2).await.unwrap());
@@ -505,4 +509,106 @@ async fn exclusive_calls_meeting_shared_holders_answer(
         .unwrap());
     assert!(modes(&node).release_shared(&keys, &reader).await.unwrap());
     token(exclusive(&node, &keys, &w, None).await);
+}
+
+/// Through a locker (the quorum): the holders of a resource share one mode. Three
+/// permits of 3, then a caller with 5 (the next version of a service, with a raised
+/// limit) is refused naming both counts, waiting or not, as a reader among them is;
+/// once the old holders are gone the new limit takes, and the old one is refused.
+mod one_mode_per_resource {
+    use super::*;
+    use tower_redlock::{LockError, LockMode, LockOptions, Redlock};
+
+    fn mismatch(outcome: Result<tower_redlock::Lease, LockError>, held: LockMode, asked: LockMode) {
+        match outcome {
+            Err(error @ LockError::ModeMismatch { .. }) => {
+                let LockError::ModeMismatch {
+                    held: found,
+                    asked: sent,
+                    ..
+                } = &error
+                else {
+                    unreachable!()
+                };
+                assert_eq!((*found, *sent), (held, asked));
+                let text = error.to_string();
+                assert!(
+                    text.contains(&format!("{held:?}")) && text.contains(&format!("{asked:?}")),
+                    "{text}"
+                );
+            }
+            other => panic!("expected {asked:?} refused beside {held:?}, got {other:?}"),
+        }
+    }
+
+    async fn check(locker: Redlock) {
+        let three = LockMode::counted(3).unwrap();
+        let five = LockMode::counted(5).unwrap();
+        let mut old = Vec::new();
+        for _ in 0..3 {
+            old.push(locker.try_acquire_as("export", three).await.unwrap());
+        }
+        mismatch(locker.try_acquire_as("export", five).await, three, five);
+        mismatch(
+            locker.acquire_as("export", five, PATIENCE).await,
+            three,
+            five,
+        );
+        mismatch(
+            locker.try_acquire_as("export", LockMode::Shared).await,
+            three,
+            LockMode::Shared,
+        );
+        for lease in old {
+            lease.release().await;
+        }
+        let mut new = Vec::new();
+        for _ in 0..5 {
+            new.push(locker.try_acquire_as("export", five).await.unwrap());
+        }
+        mismatch(locker.try_acquire_as("export", three).await, five, three);
+        for lease in new {
+            lease.release().await;
+        }
+        let reader = locker
+            .try_acquire_as("report", LockMode::Shared)
+            .await
+            .unwrap();
+        mismatch(
+            locker.try_acquire_as("report", three).await,
+            LockMode::Shared,
+            three,
+        );
+        reader.release().await;
+        locker
+            .try_acquire_as("report", three)
+            .await
+            .unwrap()
+            .release()
+            .await;
+    }
+
+    fn options() -> LockOptions {
+        LockOptions::default().node_timeout(support::PATIENT_NODE_TIMEOUT)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_memory_nodes() {
+        check(Redlock::new([MemoryNode::new()], options()).unwrap()).await;
+        let three = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];
+        check(Redlock::new(three, options()).unwrap()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_one_redis_server() {
+        let server = RedisServer::start();
+        check(Redlock::from_urls([server.url()], options()).unwrap()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_three_redis_servers() {
+        let servers = RedisServer::start_many(3);
+        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+        check(Redlock::from_urls(urls, options()).unwrap()).await;
+    }
 }

@@ -210,6 +210,36 @@ async fn a_user_refused_the_scripts_or_the_keys_is_refused_at_connect() {
     }
 }
 
+/// Fails if `connect` accepts a server on which a command the locker sends is renamed
+/// or removed (`rename-command`, as managed services and hardening guides do): every
+/// acquisition would then fail with "unknown command".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_a_needed_command_is_refused_at_connect() {
+    for (command, renamed) in [("EVALSHA", ""), ("PEXPIRE", "pexpire-hidden"), ("EVAL", "")] {
+        let server = RedisServer::builder()
+            .raw_args(["--rename-command", command, renamed])
+            .start();
+        let error = Redlock::connect([server.url()], LockOptions::default())
+            .await
+            .expect_err(command);
+        let message = error.to_string();
+        assert!(
+            message.contains(&format!("no command {command}")),
+            "{message}"
+        );
+        assert!(message.contains("rename-command"), "{message}");
+    }
+    // A user that may not ask `COMMAND INFO`: the probes' "unknown command" tell.
+    let server = RedisServer::builder()
+        .raw_args(["--rename-command", "EVALSHA", ""])
+        .start();
+    let url = acl_user(&server, "nocommand", &["~*", "&*", "+@all", "-command"]);
+    let error = Redlock::connect([url], LockOptions::default())
+        .await
+        .expect_err("a user without COMMAND");
+    assert!(error.to_string().contains("no command EVALSHA"), "{error}");
+}
+
 // ---------------------------------------------------------------------------------
 // 4. No option value can stop the watchdog; a failed renewal task loses its leases
 // ---------------------------------------------------------------------------------

@@ -75,6 +75,16 @@ pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Probl
             )
             .with_retry_after(RETRY_SOON)
         }
+        // Another version of the service holds the resource with another limit (a
+        // rolling deploy that changed it without a drain): an operator's to fix.
+        LockError::ModeMismatch { .. } => {
+            tracing::warn!(%error, "lock mode differs from the holders': request refused");
+            Problem::new(
+                ProblemKind::LockUnavailable,
+                "the resource is held under another limit; the request was not processed",
+            )
+            .with_retry_after(RETRY_SOON)
+        }
         LockError::QueueFull { limit, .. } => Problem::new(
             ProblemKind::LockQueueFull,
             format!("{limit} requests already wait for this resource"),

@@ -15,18 +15,22 @@ use super::queue::HandOff;
 use super::{lock, Entry, MemoryNode, Store};
 use crate::error::NodeError;
 use crate::node::{
-    AcquireReply, ExtendEntry, NodeFuture, Owner, ResourceKeys, SharedModes, SharedRequest, Waiter,
+    AcquireReply, ExtendEntry, NodeFuture, Owner, ResourceKeys, SharedMode, SharedModes,
+    SharedRequest, Waiter,
 };
 
-/// One resource's shared holders: owner value → expiry.
-pub(super) type Holders = HashMap<String, Instant>;
+/// One resource's shared holders: the mode they all hold it in, owner value → expiry.
+pub(super) struct Holders {
+    mode: SharedMode,
+    expiry: HashMap<String, Instant>,
+}
 
 impl Store {
     /// The resource's live holders, the expired ones pruned; `None` when none is live.
     fn live_holders(&mut self, lock: &str, now: Instant) -> Option<&mut Holders> {
         let holders = self.holders.get_mut(lock)?;
-        holders.retain(|_, at| *at > now);
-        if holders.is_empty() {
+        holders.expiry.retain(|_, at| *at > now);
+        if holders.expiry.is_empty() {
             self.holders.remove(lock);
             return None;
         }
@@ -36,7 +40,7 @@ impl Store {
     /// When shared holders are live: how long the last of them lasts (`Some`), for an
     /// exclusive caller, which is refused.
     pub(super) fn shared_pttl(&mut self, lock: &str, now: Instant) -> Option<Option<Duration>> {
-        let last = self.live_holders(lock, now)?.values().max().copied();
+        let last = self.live_holders(lock, now)?.expiry.values().max().copied();
         Some(last.map(|at| at.saturating_duration_since(now)))
     }
 
@@ -66,8 +70,8 @@ impl Store {
     /// Drops the resources whose holders all expired (the periodic sweep).
     pub(super) fn sweep_holders(&mut self, now: Instant) {
         self.holders.retain(|_, holders| {
-            holders.retain(|_, at| *at > now);
-            !holders.is_empty()
+            holders.expiry.retain(|_, at| *at > now);
+            !holders.expiry.is_empty()
         });
     }
 }
@@ -94,15 +98,20 @@ impl SharedModes for MemoryNode {
                     pttl: store.pttl(&writer, now),
                 });
             }
-            if let (Some(limit), Some(holders)) =
-                (mode.limit(), store.live_holders(&keys.lock, now))
-            {
-                let full = holders.len() >= usize::try_from(limit.get()).unwrap_or(usize::MAX);
-                if full && !holders.contains_key(&owner) {
-                    let first = holders.values().min().copied();
-                    return Ok(AcquireReply::Held {
-                        pttl: first.map(|at| at.saturating_duration_since(now)),
+            if let Some(holders) = store.live_holders(&keys.lock, now) {
+                if !holders.expiry.contains_key(&owner) {
+                    if holders.mode != mode {
+                        return Ok(AcquireReply::OtherMode { held: holders.mode });
+                    }
+                    let limit = mode.limit().map_or(usize::MAX, |n| {
+                        usize::try_from(n.get()).unwrap_or(usize::MAX)
                     });
+                    if holders.expiry.len() >= limit {
+                        let first = holders.expiry.values().min().copied();
+                        return Ok(AcquireReply::Held {
+                            pttl: first.map(|at| at.saturating_duration_since(now)),
+                        });
+                    }
                 }
             }
             // The counter is checked before anything is written.
@@ -117,7 +126,11 @@ impl SharedModes for MemoryNode {
             store
                 .holders
                 .entry(keys.lock.clone())
-                .or_default()
+                .or_insert_with(|| Holders {
+                    mode,
+                    expiry: HashMap::new(),
+                })
+                .expiry
                 .insert(owner, now + ttl);
             store.wrote(now);
             if !fencing {
@@ -143,7 +156,7 @@ impl SharedModes for MemoryNode {
             let mut store = lock(&shared.store);
             let expiry = store
                 .live_holders(&lock_key, now)
-                .and_then(|holders| holders.get_mut(&owner));
+                .and_then(|holders| holders.expiry.get_mut(&owner));
             Ok(expiry.map(|at| *at = now + ttl).is_some())
         })
     }
@@ -166,7 +179,7 @@ impl SharedModes for MemoryNode {
                 .map(|(lock_key, owner)| {
                     let expiry = store
                         .live_holders(lock_key, now)
-                        .and_then(|holders| holders.get_mut(owner));
+                        .and_then(|holders| holders.expiry.get_mut(owner));
                     Ok(expiry.map(|at| *at = now + ttl).is_some())
                 })
                 .collect())
@@ -182,10 +195,10 @@ impl SharedModes for MemoryNode {
             let Some(holders) = store.live_holders(&keys.lock, now) else {
                 return Ok(false);
             };
-            if holders.remove(&owner).is_none() {
+            if holders.expiry.remove(&owner).is_none() {
                 return Ok(false);
             }
-            let last = holders.is_empty();
+            let last = holders.expiry.is_empty();
             if last {
                 store.holders.remove(&keys.lock);
             }

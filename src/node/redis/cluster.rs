@@ -292,8 +292,11 @@ impl Route for Cluster {
             }
             let mut permissions = ServerSetup::new(self.name.to_string());
             let mut conn = self.connection().await?;
-            setup::probe_permissions(&mut conn, &probe, &mut permissions).await?;
-            if !permissions.refused.is_empty() || permissions.channels_refused {
+            setup::probe_permissions(&mut conn, &probe, true, &mut permissions).await?;
+            if !permissions.refused.is_empty()
+                || !permissions.missing.is_empty()
+                || permissions.channels_refused
+            {
                 setups.push(permissions);
             }
             Ok(setups)

@@ -57,15 +57,70 @@ pub(crate) async fn read_info<C: ConnectionLike + Send>(
     Ok(parse_info(server, &format!("{memory}\n{replication}")))
 }
 
-/// Adds to `setup` what the user behind `conn` is refused: the scripts on the lock
-/// keys (`EVALSHA`, and `EVAL`, which runs a script the server lost), and publishing
-/// on the wake-up channels. Writes nothing: the scripts are not run, and nobody
-/// listens on the probe's channel.
+/// Every command the locker sends, itself or from its scripts, but `WAIT` (only for
+/// replica acknowledgements) and `INFO` (optional).
+const NEEDED: &str = "evalsha eval set get exists del pttl pexpire incr type time hget hset \
+                      hsetnx hmget zadd zcard zpopmin zrange zrem zremrangebyscore zscore";
+
+/// [`NEEDED`] and the channels' commands (`sharded`: a Cluster's).
+fn needed(sharded: bool) -> impl Iterator<Item = &'static str> {
+    let channels = if sharded {
+        "spublish ssubscribe sunsubscribe"
+    } else {
+        "publish subscribe unsubscribe"
+    };
+    NEEDED.split_whitespace().chain(channels.split(' '))
+}
+
+/// Adds to `setup` the commands the locker needs that the server lacks (renamed or
+/// removed with `rename-command`, as managed services and hardening guides do; scripts
+/// cannot call them either): `COMMAND INFO` answers nil for them. Nothing is known
+/// when the user may not run `COMMAND`.
+async fn probe_commands<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sharded: bool,
+    setup: &mut ServerSetup,
+) -> Result<(), NodeError> {
+    let mut info = redis::cmd("COMMAND");
+    info.arg("INFO");
+    for command in needed(sharded) {
+        info.arg(command);
+    }
+    match info.query_async::<Vec<Value>>(conn).await {
+        Ok(found) => {
+            let absent = needed(sharded).zip(found).filter(|(_, v)| *v == Value::Nil);
+            setup
+                .missing
+                .extend(absent.map(|(command, _)| command.to_uppercase()));
+            Ok(())
+        }
+        Err(error) if refused(&error) || unknown_command(&error) => Ok(()),
+        Err(error) => Err(node_error(error)),
+    }
+}
+
+/// Whether the server does not know the command of `error` (renamed or removed).
+fn unknown_command(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.starts_with("unknown command"))
+}
+
+/// Adds to `setup` the commands the server lacks (see [`probe_commands`]) and what the
+/// user behind `conn` is refused: the scripts on the lock keys (`EVALSHA`, and `EVAL`,
+/// which runs a script the server lost), and publishing on the wake-up channels. Writes
+/// nothing: the scripts are not run, and nobody listens on the probe's channel.
 pub(crate) async fn probe_permissions<C: ConnectionLike + Send>(
     conn: &mut C,
     probe: &ResourceKeys,
+    sharded: bool,
     setup: &mut ServerSetup,
 ) -> Result<(), NodeError> {
+    probe_commands(conn, sharded, setup).await?;
+    if !setup.missing.is_empty() {
+        // The probes below would fail on them; the refusal names them already.
+        return Ok(());
+    }
     let evalsha = redis::cmd("EVALSHA")
         .arg(UNKNOWN_SHA)
         .arg(1)
@@ -75,6 +130,8 @@ pub(crate) async fn probe_permissions<C: ConnectionLike + Send>(
     if let Err(error) = &evalsha {
         if refused(error) {
             setup.refused.push(missing(error, "evalsha", probe));
+        } else if unknown_command(error) {
+            setup.missing.push("EVALSHA".into());
         }
     }
     let eval = redis::cmd("EVAL")
@@ -90,6 +147,7 @@ pub(crate) async fn probe_permissions<C: ConnectionLike + Send>(
                 setup.refused.push(permission);
             }
         }
+        Err(error) if unknown_command(&error) => setup.missing.push("EVAL".into()),
         Err(error) => return Err(node_error(error)),
         Ok(_) => {}
     }
@@ -100,6 +158,7 @@ pub(crate) async fn probe_permissions<C: ConnectionLike + Send>(
         .await;
     match publish {
         Err(error) if refused(&error) => setup.channels_refused = true,
+        Err(error) if unknown_command(&error) => setup.missing.push("PUBLISH".into()),
         Err(error) => return Err(node_error(error)),
         Ok(_) => {}
     }

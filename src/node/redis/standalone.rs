@@ -242,7 +242,7 @@ impl Route for Direct {
         Box::pin(async move {
             let mut conn = self.conn.clone();
             let mut found = setup::read_info(&mut conn, &self.address).await?;
-            setup::probe_permissions(&mut conn, &probe, &mut found).await?;
+            setup::probe_permissions(&mut conn, &probe, false, &mut found).await?;
             Ok(vec![found])
         })
     }

@@ -2,6 +2,7 @@
 //! standalone server, and the acquire script, with their replies.
 
 use super::*;
+use crate::node::SharedMode;
 
 /// The owned arguments of one acquire call (the call outlives the request).
 pub(crate) enum Acquire {
@@ -270,7 +271,8 @@ pub(super) fn acquire_granted(value: &Value) -> bool {
     matches!(value, Value::Array(items) if items.first().and_then(int) == Some(1))
 }
 
-/// The acquire script's reply: `{1, token}` or `{0, pttl}`.
+/// The acquire script's reply: `{1, token}` or `{0, pttl}` (and the shared acquire's
+/// `{2, limit}`).
 pub(super) fn parse_acquire(value: &Value) -> Result<AcquireReply, NodeError> {
     let bad = || NodeError::Protocol(format!("acquire script returned {value:?}").into());
     let Value::Array(items) = value else {
@@ -287,6 +289,13 @@ pub(super) fn parse_acquire(value: &Value) -> Result<AcquireReply, NodeError> {
         (Some(0), Some(pttl)) => Ok(AcquireReply::Held {
             pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
         }),
+        // The shared acquire's: the holders' limit, 0 for readers.
+        (Some(2), Some(limit)) => {
+            let limit = u32::try_from(limit).map_err(|_| bad())?;
+            Ok(AcquireReply::OtherMode {
+                held: SharedMode::counted(limit).unwrap_or(SharedMode::Shared),
+            })
+        }
         _ => Err(bad()),
     }
 }

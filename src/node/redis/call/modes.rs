@@ -4,6 +4,7 @@
 
 use super::acquire::{acquire_granted, parse_acquire};
 use super::*;
+use crate::node::resource::LIMIT_SUFFIX;
 use crate::node::SharedRequest;
 
 static SHARED_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
@@ -29,11 +30,12 @@ impl SharedAcquireCall {
         let keys = request.keys;
         let limit = request.mode.limit().map_or(0, |n| n.get());
         SharedAcquireCall(
-            Call::new(&SHARED_ACQUIRE, 4)
+            Call::new(&SHARED_ACQUIRE, 5)
                 .arg(&keys.lock)
                 .arg(&keys.fence)
                 .arg(keys.queue())
                 .arg(keys.writer())
+                .arg(Suffixed(&keys.lock, LIMIT_SUFFIX))
                 .arg(request.owner.as_str())
                 .arg(millis_ceil(request.ttl))
                 .arg(millis_ceil(request.fence_ttl))
@@ -62,8 +64,9 @@ impl Op for SharedAcquireCall {
 /// is an [`ExtendCall`] with another script.
 pub(crate) fn extend_shared(keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> ExtendCall {
     ExtendCall(
-        Call::new(&SHARED_EXTEND, 1)
+        Call::new(&SHARED_EXTEND, 2)
             .arg(&keys.lock)
+            .arg(Suffixed(&keys.lock, LIMIT_SUFFIX))
             .arg(owner.as_str())
             .arg(millis_ceil(ttl)),
     )
