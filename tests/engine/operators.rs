@@ -632,7 +632,7 @@ mod extremes {
             .build()
             .unwrap();
         runtime.block_on(async move {
-            let replay = Replay::new()
+            let replay = Replay::global()
                 .retention(settings.retention)
                 .unknown_outcome(match settings.unknown {
                     Some(after) => UnknownOutcome::ReexecuteAfter(after),
@@ -713,7 +713,7 @@ async fn layer_and_replay_settings_at_their_extremes_answer_requests() {
                 } else {
                     Redlock::from_urls([server.url()], LockOptions::default()).unwrap()
                 };
-                let replay = Replay::new()
+                let replay = Replay::global()
                     .retention(retention)
                     .unknown_outcome(UnknownOutcome::ReexecuteAfter(retention))
                     .max_body(sizes)
@@ -883,7 +883,7 @@ async fn replay_keeps_the_headers_that_give_the_body_its_meaning() {
                 )
             }),
         )
-        .route_layer(LockLayer::new(locker, header("Idempotency-Key")).replay(Replay::new()));
+        .route_layer(LockLayer::new(locker, header("Idempotency-Key")).replay(Replay::global()));
     let request = || {
         Request::post("/report")
             .header("Idempotency-Key", "gz-1")
