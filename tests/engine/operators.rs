@@ -124,6 +124,24 @@ async fn a_replica_is_refused_at_connect() {
         .unwrap();
 }
 
+/// What replay's records survive depends on persistence: a server reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_reports_whether_it_persists_its_keys() {
+    let volatile = RedisServer::start();
+    let aof = RedisServer::builder().appendonly(true).start();
+    let rdb = RedisServer::builder().save_schedule("3600 1").start();
+    let probe = ResourceKeys {
+        lock: "redlock:{probe}".into(),
+        fence: "redlock:{probe}:fence".into(),
+        channel: "redlock:{probe}:released".into(),
+    };
+    for (server, persists) in [(&volatile, false), (&aof, true), (&rdb, true)] {
+        let node = RedisNode::open(server.url().as_str()).unwrap();
+        let setups = node.server_setup(&probe).await.unwrap();
+        assert_eq!(setups[0].persists, Some(persists), "{setups:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // 3. A restricted ACL user
 // ---------------------------------------------------------------------------------

@@ -897,7 +897,10 @@ async fn a_holder_whose_lock_key_was_taken_cannot_write_the_record() {
             "{}: {states:?}",
             backend.name()
         );
-        assert_eq!(locker.read_record(&resource).await.unwrap(), None);
+        // Where it did land (a node whose lock key was still its own), it is the
+        // outcome of work that ran, and a read finds it (see `tower_redlock::record`).
+        let found = locker.read_record(&resource).await.unwrap();
+        assert_eq!(found.is_some(), done > 0, "{}: {states:?}", backend.name());
         drop(lease);
     }
 }

@@ -59,9 +59,14 @@
 //! execution the response came from.
 //!
 //! Records live in the lock nodes, next to the lock key and in its hash slot
-//! (`{prefix}{<resource>}:record`): written to every node and counted at a majority,
-//! read from a majority (see [`crate::record`] for the protocol and why a holder
-//! that lost its lease can never write one).
+//! (`{prefix}{<resource>}:record`): written to every node and counted at a majority;
+//! found on any node that answers (a record is written only after the handler ran, so
+//! any copy is its response), and written back to the nodes that lack it (see
+//! [`crate::record`] for the protocol and why a holder that lost its lease can never
+//! write one). A node restarted empty loses its copies: records survive restarts of
+//! nodes without persistence one at a time, as long as a node that has the record
+//! answers a request for it in between (a request writes it back); restarting every
+//! node before that loses them, and the handler runs again.
 //!
 //! # Keys, clients and the fingerprint
 //!
