@@ -43,7 +43,7 @@
 //!
 //! Two overlapping shared holders would both pass a fence (their tokens may be equal)
 //! and both write, or the later-granted one would be told `Stale` while it is valid: a
-//! fence cannot tell one from the other. So [`postgres::advance`](crate::fence::postgres::advance)
+//! fence cannot tell one from the other. So [`postgres::advance`]
 //! and [`redis`](mod@crate::fence::redis)'s writes refuse a holder whose
 //! [`Fenced::mode`] is not exclusive, before anything is sent. Take the lock
 //! exclusively to write.

@@ -7,13 +7,15 @@
 //! | situation | response |
 //! |---|---|
 //! | first request with a key | the handler runs under the lock; its response is recorded (when [`Replay::store_if`] accepts the status and the body fits [`Replay::max_body`]) **before** it is sent |
+//! | same key from another client ([`Replay::per_client`]) | its own record: the handler runs for it |
+//! | a request without the client [`Replay::per_client`] looks for | 400 `key-missing`; nothing runs |
 //! | same key, same request, after the first completed | the recorded response: same status, same allowed headers, same body bytes, plus `Idempotent-Replayed: true`; the handler does not run and no lock is taken |
 //! | same key, different request ([`Fingerprint`]) | 422 `idempotency-key-reused` |
 //! | same key while the first is in flight, [`Contention::Reject`](super::Contention::Reject) | 409 `request-in-progress`, `Retry-After` = the holder's remaining ttl |
 //! | same key while the first is in flight, [`Contention::Wait`](super::Contention::Wait) | waits for the lock, then gets the first response replayed (or runs, if the first recorded nothing); 409 `request-in-progress` when the wait times out |
 //! | the first's outcome was not recorded because it is not worth keeping (status rejected by [`Replay::store_if`], by default 5xx, 408, 409 and 429, and the refusals of a malformed request — 400, 411, 413, 415, 422, what axum's extractors answer before the handler runs; body larger than [`Replay::max_body`]) | the next request runs the handler again |
 //! | same key while the first is in flight after its client left (it runs to its end, [`OnDisconnect::Finish`](super::OnDisconnect::Finish)) | as while it is in flight: 409 `request-in-progress` or a wait, then the first's response replayed |
-//! | the first was interrupted: lease lost mid-handler, its process died, record write refused (or its client left under [`OnDisconnect::Cancel`](super::OnDisconnect::Cancel)) | 409 `outcome-unknown` with `Retry-After`, for [`UnknownOutcome`]'s time (default: the lock's ttl), then the next request runs the handler again, with the interrupted attempt's token in an [`InterruptedAttempt`](super::InterruptedAttempt) extension, so it can ask its store whether that attempt took effect (for the record's retention; not on etcd nodes) |
+//! | the first was interrupted: lease lost mid-handler, its process died, its handler panicked, record write refused (or its client left under [`OnDisconnect::Cancel`](super::OnDisconnect::Cancel)) | 409 `outcome-unknown` with `Retry-After`, for [`UnknownOutcome`]'s time (default: the lock's ttl), then the next request runs the handler again, with the interrupted attempt's token in an [`InterruptedAttempt`](super::InterruptedAttempt) extension, so it can ask its store whether that attempt took effect (for the record's retention; not on etcd nodes) |
 //! | the record's retention passed (default 24 h) | the key is new again: the handler runs |
 //! | the response body fails while being recorded | 500 `response-failed`; nothing recorded |
 //! | a method other than those of [`Replay::methods`] (default `POST` and `PATCH`) | locked as without replay; nothing looked up or recorded |
