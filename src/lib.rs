@@ -92,7 +92,7 @@
 //! | lock by hand, outside HTTP | [`Redlock::try_acquire`] (refuse when held) or [`Redlock::acquire`] (wait), which give a [`Lease`] |
 //! | lock several resources at once | [`Redlock::try_acquire_all`] / [`Redlock::acquire_all`] |
 //! | hand the lease's token to a task or a log | [`Lease::handle`] gives a [`LeaseHandle`]: clone-able, token, validity, lost signal |
-//! | make the database refuse a stale holder | [`fence::postgres::advance`] or [`fence::redis::set`] with the [`FencingToken`] |
+//! | make the database refuse a stale holder | [`fence::postgres::advance`] or [`fence::redis::set`] with the (exclusive) lease |
 //! | choose the stores | [`Redlock::connect`] with URLs; [`MemoryNode`] for one process; [`RedisNode`], [`ClusterNode`], [`SentinelNode`] to build them by hand |
 //! | test handlers without Redis | `test_util::TestStore` (feature `test-util`) |
 //! | write a store of my own | the [`node`] module |

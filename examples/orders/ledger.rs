@@ -17,7 +17,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::IntoConnectionInfo;
 use tokio::sync::OnceCell;
 use tower_redlock::fence::{self, FenceError};
-use tower_redlock::FencingToken;
+use tower_redlock::{FencingToken, Resource};
 
 use super::BoxError;
 
@@ -416,9 +416,11 @@ impl Visit {
                 let number = count.unwrap_or(0) + 1;
                 // The crate's guarded write: the count is written only if no later
                 // holder of the order's lock wrote before (its token is kept beside
-                // the order's hash, `fence::redis::fence_key`).
+                // the order's hash, `fence::redis::fence_key`). The token is the
+                // order's exclusive lease's.
                 let fields = [(entry.field(), number)];
-                match fence::redis::set_fields(&mut connection, token, &key, &fields).await {
+                let held = (Resource::from(key.as_str()), token);
+                match fence::redis::set_fields(&mut connection, &held, &key, &fields).await {
                     Ok(()) => Ok(number),
                     Err(FenceError::Stale { current, .. }) => Err(LedgerError::Stale {
                         token,

@@ -34,7 +34,7 @@
 //! | `GET /metrics` | none | the lock's metrics in the Prometheus text format, with `--features metrics`: `tower_redlock_acquisitions_total{outcome="held"}` grows with every 409 |
 //! | `POST /orders/{id}/pay[?work_ms=N]` | `order:{id}`, refuse when held (409) | `{"order", "payment", "fencing_token"}` |
 //! | `POST /orders/{id}/ship[?work_ms=N]` | `order:{id}`, wait up to `WAIT_TIMEOUT_MS` | `{"order", "shipment", "fencing_token"}` |
-//! | `POST /payments[?work_ms=N]` | the `Idempotency-Key` header (required), refuse when held, replay the first answer | `{"idempotency_key", "payment", "fencing_token"}` |
+//! | `POST /payments[?work_ms=N]` | the `Idempotency-Key` header of the customer (`Authorization: Bearer <customer>`; both required), refuse when held, replay the first answer to that customer only | `{"idempotency_key", "payment", "fencing_token"}`; the ledger entry `payment:<customer>:<key>` |
 //! | `GET /orders/{id}` | none | `{"order", "payments", "shipments", "max_in_flight", "last_fencing_token"}` |
 //! | `POST /transfers[?work_ms=N]` with `{"from", "to", "amount"}` | `account:{from}` and `account:{to}`, one lease, wait up to `WAIT_TIMEOUT_MS` | `{"from", "to", "amount", "balances", "fencing_tokens"}`; 400 `invalid-transfer` before locking for the same account twice, a missing account or an amount that is not a whole number from 1 up |
 //! | `GET /accounts/{id}` | none | `{"account", "balance", "transfers", "max_in_flight"}` |
@@ -66,7 +66,8 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
@@ -434,29 +435,44 @@ async fn work_on_order(
 /// again gets it back (`Idempotent-Replayed: true`) without running the handler. The
 /// layer answers 400 `key-missing` without the header, 409 `request-in-progress` while a
 /// request with the same key runs, and 422 `idempotency-key-reused` for the same key
-/// with another request (method, path, query or body).
+/// with another request (method, path, query or body). Keys are the customer's: two
+/// customers who pick the same key make two payments (400 `key-missing` without one).
 fn payments_route(locker: &Redlock) -> MethodRouter<AppState> {
+    let customer = |parts: &Parts| customer(&parts.headers).map(str::to_owned);
     post(create_payment).route_layer(
         LockLayer::new(locker.clone(), lock_http::key::header("Idempotency-Key"))
-            .replay(lock_http::replay::Replay::new()),
+            .replay(lock_http::replay::Replay::per_client(customer)),
     )
+}
+
+/// The customer a request comes from. A demo: the bearer token is the customer's name;
+/// a real service verifies the credentials first and uses its own account id.
+fn customer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    value
+        .strip_prefix("Bearer ")
+        .filter(|name| !name.is_empty())
 }
 
 async fn create_payment(
     State(state): State<AppState>,
     Extension(key): Extension<RequestKey>,
     Query(params): Query<WorkParams>,
+    headers: HeaderMap,
     lease: LayerLease,
     interrupted: Option<Extension<lock_http::InterruptedAttempt>>,
 ) -> Result<Json<Value>, ApiProblem> {
     let work = work_of(&params)?;
+    // The layer refused a request without one.
+    let customer = customer(&headers).unwrap_or_default();
     // The key the layer locked (`"8e03978e"` in the structured form gives `8e03978e`):
     // reading the header again could name another payment than the one locked.
     let key = key.as_str();
     let token = lease.fencing_token();
-    // The ledger entry of this payment is named after its key (`GET /orders/payment:<key>`
-    // shows it): a token orders writes of one lock only, so it gets its own entry.
-    let entry = format!("payment:{key}");
+    // The ledger entry of this payment is named after its customer and key (`GET
+    // /orders/payment:<customer>:<key>` shows it): a token orders writes of one lock only,
+    // so it gets its own entry.
+    let entry = format!("payment:{customer}:{key}");
     // An earlier attempt with this key was cut (its lease lost, its process gone) after
     // it may have charged: the ledger says whether its token made the charge.
     if let Some(Extension(attempt)) = interrupted {

@@ -134,4 +134,8 @@ impl crate::fence::Fenced for LayerLease {
     fn tokens(&self) -> Vec<(crate::Resource, crate::FencingToken)> {
         self.0.tokens()
     }
+
+    fn mode(&self) -> crate::LockMode {
+        self.0.mode()
+    }
 }

@@ -503,4 +503,12 @@ impl<K> crate::fence::Fenced for Locked<K> {
             })
             .collect()
     }
+
+    fn mode(&self) -> crate::LockMode {
+        std::iter::once(&self.handle)
+            .chain(&self.reused)
+            .map(LeaseHandle::mode)
+            .find(|mode| !mode.is_exclusive())
+            .unwrap_or_default()
+    }
 }

@@ -29,10 +29,28 @@
 //! the same lease finds its own token there and is accepted too), and refused with
 //! [`FenceError::Stale`] carrying the stored token when that token is larger: a later
 //! holder has written, so this holder's lease ran out while it was paused.
+//!
+//! # Writers only
+//!
+//! A fence orders writers, and only an exclusive lease is one. What a token orders
+//! depends on the mode it was granted in (see [`SharedModes`](crate::node::SharedModes)):
+//!
+//! | mode | its token is ordered against | at a write fence |
+//! |---|---|---|
+//! | [`LockMode::Exclusive`] | every holder before and after it, in any mode: none overlaps it | passes (or [`FenceError::Stale`]) |
+//! | [`LockMode::Shared`] | writers only: readers that overlap may hold equal tokens, in either order | refused, [`FenceError::NotExclusive`] |
+//! | [`LockMode::Counted`] | writers only: up to `n` holders at once, tokens unordered among them | refused, [`FenceError::NotExclusive`] |
+//!
+//! Two overlapping shared holders would both pass a fence (their tokens may be equal)
+//! and both write, or the later-granted one would be told `Stale` while it is valid: a
+//! fence cannot tell one from the other. So [`postgres::advance`]
+//! and [`redis`](mod@crate::fence::redis)'s writes refuse a holder whose
+//! [`Fenced::mode`] is not exclusive, before anything is sent. Take the lock
+//! exclusively to write.
 
 use crate::Lease;
 use crate::LeaseHandle;
-use crate::{FencingToken, Resource};
+use crate::{FencingToken, LockMode, Resource};
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -68,6 +86,18 @@ pub enum FenceError<E> {
     OutOfRange {
         /// The token refused.
         token: FencingToken,
+    },
+    /// The holder is not exclusive ([`LockMode::Shared`], [`LockMode::Counted`]): others
+    /// may hold the resource beside it, so its token does not order its writes (see
+    /// [Writers only](self#writers-only)). Nothing was sent. Take the lock exclusively
+    /// to write.
+    #[error(
+        "a {mode:?} lease cannot pass a write fence: holders beside it may hold the same \
+         or a larger token; take the lock exclusively to write; nothing was sent"
+    )]
+    NotExclusive {
+        /// The mode the holder holds the resource in.
+        mode: LockMode,
     },
     /// The store failed (connection, permissions, a serialization failure…). Whatever
     /// the transaction did is for the application to roll back or retry.
@@ -107,6 +137,11 @@ impl<E> FenceError<E> {
 pub trait Fenced {
     /// Each resource held with its token; empty when nothing is held.
     fn tokens(&self) -> Vec<(Resource, FencingToken)>;
+
+    /// How the resources are held: a write fence takes only
+    /// [`LockMode::Exclusive`] (see [Writers only](self#writers-only)). A holder of
+    /// several leases answers the first of them that is not exclusive.
+    fn mode(&self) -> LockMode;
 }
 
 impl Fenced for LeaseHandle {
@@ -115,23 +150,51 @@ impl Fenced for LeaseHandle {
             .map(|(resource, token)| (resource.clone(), token))
             .collect()
     }
+
+    fn mode(&self) -> LockMode {
+        LeaseHandle::mode(self)
+    }
 }
 
 impl Fenced for Lease {
     fn tokens(&self) -> Vec<(Resource, FencingToken)> {
         (**self).tokens()
     }
+
+    fn mode(&self) -> LockMode {
+        LeaseHandle::mode(self)
+    }
 }
 
+/// A token carried apart from its lease: the pair says it is an exclusive holder's
+/// (take it from one).
 impl Fenced for (Resource, FencingToken) {
     fn tokens(&self) -> Vec<(Resource, FencingToken)> {
         vec![self.clone()]
+    }
+
+    fn mode(&self) -> LockMode {
+        LockMode::Exclusive
     }
 }
 
 impl<T: Fenced + ?Sized> Fenced for &T {
     fn tokens(&self) -> Vec<(Resource, FencingToken)> {
         (**self).tokens()
+    }
+
+    fn mode(&self) -> LockMode {
+        (**self).mode()
+    }
+}
+
+/// The tokens of `held` for a write fence: refused unless it holds exclusively.
+pub(crate) fn writer_tokens<E>(
+    held: &(impl Fenced + ?Sized),
+) -> Result<Vec<(Resource, FencingToken)>, FenceError<E>> {
+    match held.mode() {
+        LockMode::Exclusive => Ok(held.tokens()),
+        mode => Err(FenceError::NotExclusive { mode }),
     }
 }
 
@@ -165,6 +228,7 @@ impl<E> FenceError<E> {
                 current,
             },
             FenceError::OutOfRange { token } => FenceError::OutOfRange { token },
+            FenceError::NotExclusive { mode } => FenceError::NotExclusive { mode },
             FenceError::Store(e) => FenceError::Store(f(e)),
         }
     }

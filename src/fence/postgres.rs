@@ -100,7 +100,7 @@
 
 use sqlx::PgConnection;
 
-use super::{to_i64, FenceError, Fenced};
+use super::{to_i64, writer_tokens, FenceError, Fenced};
 use crate::error::ConfigError;
 use crate::{FencingToken, Resource};
 
@@ -228,6 +228,8 @@ impl FenceTable {
     /// transaction (pass `&mut tx`), or fails with [`FenceError::Stale`] when a fence
     /// holds a larger token. On `Stale` roll the transaction back: the statement wrote
     /// nothing, but the application's writes before it are still in the transaction.
+    /// A holder that is not exclusive is refused with [`FenceError::NotExclusive`]
+    /// before anything is sent (see [Writers only](super#writers-only)).
     ///
     /// Holding nothing (an empty set) advances nothing. Outside a transaction the fence
     /// moves on its own, which is rarely what a guard is for.
@@ -236,7 +238,7 @@ impl FenceTable {
         conn: &mut PgConnection,
         held: &(impl Fenced + ?Sized),
     ) -> Result<(), FenceError<sqlx::Error>> {
-        let mut tokens = held.tokens();
+        let mut tokens = writer_tokens(held)?;
         if tokens.is_empty() {
             return Ok(());
         }

@@ -18,8 +18,7 @@
 //! # async fn run(locker: Redlock, client: redis::Client) -> Result<(), Box<dyn std::error::Error>> {
 //! let mut conn = client.get_multiplexed_async_connection().await?;
 //! let lease = locker.try_acquire("order:42").await?;
-//! let token = lease.fencing_token();
-//! match fence::redis::set(&mut conn, token, "order:42:status", "paid").await {
+//! match fence::redis::set(&mut conn, &lease, "order:42:status", "paid").await {
 //!     Ok(()) => {}
 //!     Err(FenceError::Stale { current, .. }) => {
 //!         // A later holder (token `current`) wrote: this lease is over, nothing written.
@@ -27,10 +26,16 @@
 //!     }
 //!     Err(other) => return Err(other.into()),
 //! }
-//! fence::redis::set_fields(&mut conn, token, "order:42", &[("status", "paid"), ("by", "worker-1")])
+//! fence::redis::set_fields(&mut conn, &lease, "order:42", &[("status", "paid"), ("by", "worker-1")])
 //!     .await?;
 //! # Ok(()) }
 //! ```
+//!
+//! The write's token is the holder's ([`Fenced`]): a lease's
+//! [`fencing_token`](crate::LeaseHandle::fencing_token); for another member of a set,
+//! pass `&(member, lease.fencing_token_of(&member)?)`. A holder that is not exclusive
+//! is refused with [`FenceError::NotExclusive`] before anything is sent (see
+//! [Writers only](super#writers-only)).
 //!
 //! The fence key has no expiry: it must live as long as the value it guards. Delete the
 //! two together (a fence deleted alone lets an old token write again).
@@ -40,7 +45,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::Script;
 
-use super::FenceError;
+use super::{writer_tokens, FenceError, Fenced};
 use crate::FencingToken;
 
 /// KEYS: the value's key, its fence key. ARGV: the token (decimal), `string` or `hash`,
@@ -98,14 +103,15 @@ fn has_hash_tag(key: &str) -> bool {
     }
 }
 
-/// Sets the string `key` to `value` if `token` is not below the token stored for `key`
-/// (the token is stored with it), else [`FenceError::Stale`] and nothing written.
+/// Sets the string `key` to `value` if `held`'s token is not below the token stored for
+/// `key` (the token is stored with it), else [`FenceError::Stale`] and nothing written.
 pub async fn set<C: ConnectionLike + Send>(
     conn: &mut C,
-    token: FencingToken,
+    held: &(impl Fenced + ?Sized),
     key: &str,
     value: impl redis::ToRedisArgs + Send + Sync,
 ) -> Result<(), FenceError<redis::RedisError>> {
+    let token = token_of(held)?;
     let mut invocation = SCRIPT.key(key);
     invocation
         .key(fence_key(key))
@@ -115,11 +121,11 @@ pub async fn set<C: ConnectionLike + Send>(
     answer(invocation.invoke_async(conn).await, key, token)
 }
 
-/// Sets `fields` of the hash `key` if `token` is not below the token stored for `key`,
-/// else [`FenceError::Stale`] and nothing written. Other fields are kept.
+/// Sets `fields` of the hash `key` if `held`'s token is not below the token stored for
+/// `key`, else [`FenceError::Stale`] and nothing written. Other fields are kept.
 pub async fn set_fields<C, F, V>(
     conn: &mut C,
-    token: FencingToken,
+    held: &(impl Fenced + ?Sized),
     key: &str,
     fields: &[(F, V)],
 ) -> Result<(), FenceError<redis::RedisError>>
@@ -129,17 +135,32 @@ where
     V: redis::ToRedisArgs + Send + Sync,
 {
     if fields.is_empty() {
-        return Err(FenceError::Store(redis::RedisError::from((
-            redis::ErrorKind::Client,
+        return Err(client_error(
             "a guarded hash write needs at least one field",
-        ))));
+        ));
     }
+    let token = token_of(held)?;
     let mut invocation = SCRIPT.key(key);
     invocation.key(fence_key(key)).arg(token.get()).arg("hash");
     for (field, value) in fields {
         invocation.arg(field).arg(value);
     }
     answer(invocation.invoke_async(conn).await, key, token)
+}
+
+/// The token a write of `held` carries: its first resource's, as
+/// [`LeaseHandle::fencing_token`](crate::LeaseHandle::fencing_token).
+fn token_of(held: &(impl Fenced + ?Sized)) -> Result<FencingToken, FenceError<redis::RedisError>> {
+    match writer_tokens(held)?.first() {
+        Some((_, token)) => Ok(*token),
+        None => Err(client_error(
+            "a guarded write needs a holder: it holds nothing",
+        )),
+    }
+}
+
+fn client_error(what: &'static str) -> FenceError<redis::RedisError> {
+    FenceError::Store(redis::RedisError::from((redis::ErrorKind::Client, what)))
 }
 
 /// The token stored for `key` (`None`: nothing has written it through a guard).

@@ -79,7 +79,8 @@ impl Critical {
 /// through what it protects. Under this layer, once a `Locked` extractor of the
 /// request acquired its lease, a dropped response future is run to its end in a task
 /// of its own (counted in the `redlock_http_handlers_finishing` gauge); before that,
-/// it is dropped as usual. Put it on the routes that use `Locked`:
+/// it is dropped as usual. A handler that panics is dropped as the panic unwinds (its
+/// lease released at once), never run on. Put it on the routes that use `Locked`:
 ///
 /// ```
 /// use axum::{routing::post, Router};
@@ -192,12 +193,16 @@ impl<O> Future for FinishingFuture<O> {
     type Output = O;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<O> {
-        let Some(future) = self.future.as_mut() else {
+        // Out of `self` while it is polled: a handler whose poll panics is dropped by the
+        // unwinding, never detached to be polled again.
+        let Some(mut future) = self.future.take() else {
             panic!("FinishingFuture polled after completion");
         };
-        let output = std::task::ready!(future.as_mut().poll(cx));
-        self.future = None;
-        Poll::Ready(output)
+        let output = future.as_mut().poll(cx);
+        if output.is_pending() {
+            self.future = Some(future);
+        }
+        output
     }
 }
 

@@ -309,6 +309,13 @@ impl crate::fence::Fenced for RequestLeases {
         }
         tokens
     }
+
+    fn mode(&self) -> LockMode {
+        self.iter()
+            .map(|lease| lease.mode())
+            .find(|mode| !mode.is_exclusive())
+            .unwrap_or_default()
+    }
 }
 
 /// Whether a lease held in `held` mode serves a request that needs `needed`: an

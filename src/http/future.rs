@@ -37,7 +37,10 @@ type Output<RB, E> = Result<Response<LeaseBody<RB>>, E>;
 /// leaves nothing behind. Dropped during the critical section, the section goes on in
 /// a task of its own to its end, and the lease is released then
 /// ([`OnDisconnect::Finish`]), or it is dropped with the lease released in the
-/// background ([`OnDisconnect::Cancel`]).
+/// background ([`OnDisconnect::Cancel`]). A section that panics is over: it is dropped
+/// as the panic unwinds (its lease released at once, nothing recorded; with replay its
+/// pending marker stays, as after a crash: the outcome is unknown) and the panic goes
+/// on to the caller (`CatchPanicLayer` outside turns it into a 500).
 pub struct ResponseFuture<S, K, B, RB>
 where
     S: Service<Request<B>>,
@@ -121,10 +124,22 @@ where
                         self.state = State::Critical { section, detach }
                     }
                 },
-                State::Critical { section, .. } => {
-                    let output = ready!(section.as_mut().poll(cx));
-                    self.state = State::Done;
-                    return Poll::Ready(output);
+                State::Critical { .. } => {
+                    // Out of the state while it is polled: a section whose poll panics
+                    // is dropped by the unwinding (its lease released at once), never
+                    // detached to be polled again. A panic is not a disconnect.
+                    let State::Critical {
+                        mut section,
+                        detach,
+                    } = std::mem::replace(&mut self.state, State::Done)
+                    else {
+                        unreachable!()
+                    };
+                    if let Poll::Ready(output) = section.as_mut().poll(cx) {
+                        return Poll::Ready(output);
+                    }
+                    self.state = State::Critical { section, detach };
+                    return Poll::Pending;
                 }
                 State::Done => panic!("ResponseFuture polled after completion"),
             }

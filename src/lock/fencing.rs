@@ -205,8 +205,7 @@
 //!     conn: &mut redis::aio::MultiplexedConnection,
 //! ) -> Result<(), Box<dyn std::error::Error>> {
 //!     let lease = locker.try_acquire("invoice:7").await?;
-//!     let token = lease.fencing_token();
-//!     match fence::redis::set_fields(conn, token, "invoice:7", &[("total", "100")]).await {
+//!     match fence::redis::set_fields(conn, &lease, "invoice:7", &[("total", "100")]).await {
 //!         Ok(()) => Ok(()),
 //!         Err(FenceError::Stale { current, .. }) => Err(format!("superseded by {current}").into()),
 //!         Err(other) => Err(other.into()),
@@ -219,7 +218,9 @@
 //! [`RequestLeases`](crate::http::RequestLeases) and [`Locked`](crate::axum::Locked) are
 //! all [`Fenced`](crate::fence::Fenced): `fence::postgres::advance(&mut tx, &lease)`
 //! takes any of them, and fences every resource they hold (one token per member of a
-//! set).
+//! set). Only an exclusive holder passes a fence: see
+//! [Writers only](crate::fence#writers-only) for what a shared or counted holder's
+//! token orders.
 //!
 //! Tokens are `u64`; PostgreSQL's `bigint` holds them until the year ~287,000, past which
 //! a token is refused ([`FenceError::OutOfRange`](crate::fence::FenceError::OutOfRange)),

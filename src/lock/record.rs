@@ -38,23 +38,26 @@
 //! accepted it before the lease's validity ran out; by Redlock's own assumption no
 //! other lease can exist during that validity, so no two holders can both store.
 //!
-//! # Majorities, both ways
+//! # Pending markers count at a majority; a completed record anywhere
 //!
-//! A store goes to every node and counts once a majority accepted it; a read (and a
-//! claim) counts a completed record only when a majority of nodes holds it. Two
-//! majorities intersect, so a read always meets a stored record; a store reaches every
-//! node that is up, so when all were up any `(N−1)/2` of them may fail afterwards and
-//! the record is still found (one that missed the store while down, or was restarted
-//! empty, only takes a vote away). And a write that reached only a minority — a holder
-//! that lost its lease mid-write, whose store therefore failed — is never taken for an
-//! outcome. Such a leftover is harmless: the interrupted attempt's pending markers still say
-//! "unknown" on the majority, and the token orders it below any later record, which
-//! replaces it wherever it lands (a store replaces a completed record only when its
-//! token is larger).
+//! A store goes to every node and counts once a majority accepted it; a claim counts
+//! this lease's pending markers, and an earlier holder's, at a majority, as a lock is.
 //!
-//! Reading from a majority rather than from the first node that has the record costs
-//! the same single round trip (all nodes are asked at once), and it is what makes
-//! minority leftovers invisible.
+//! A completed record is different: it is written only after the work ran, and never
+//! changed after (a later record, with a larger token, only replaces it where it lands).
+//! Any copy of it, on any node that answers, is the outcome of an execution that
+//! happened, so a read and a claim take the newest record **any** node holds, and wait
+//! for every node's answer (within the node timeout) rather than for a majority's: the
+//! one node that still has it may answer last. A copy on a minority (its store failed:
+//! its lease was lost, or nodes did not answer) is an outcome too, the response the
+//! work gave.
+//!
+//! A claim that finds a record on some nodes and not on others writes it back, under its
+//! lease, to every node (best effort: as a store, for the claim's `pending_ttl`, which is
+//! the record's retention for [`Replay`](crate::http::replay::Replay)). So nodes that
+//! restarted empty, one at a time, get the record back from the others as long as one
+//! node that has it answers a claim between the restarts; records are as durable as
+//! the nodes' persistence otherwise (see [`Redlock::read_record`]).
 
 use std::time::Duration;
 
@@ -108,27 +111,38 @@ pub const DEFAULT_REMEMBER_INTERRUPTED: Duration = Duration::from_secs(24 * 3600
 
 impl Redlock {
     /// Refuses a locker with a node that stores no outcome records (see
-    /// [`Node::records`]): idempotent replay checks it when its layer is built.
+    /// [`Node::records`]): idempotent replay checks it when its layer is built, and
+    /// warns (once per process) when the nodes' servers persist nothing.
     pub(crate) fn check_records(&self) -> Result<(), ConfigError> {
         self.shared.nodes.require(
             |node| node.records().is_some(),
             "idempotent replay stores outcome records on the lock nodes, and these nodes \
              store none (Node::records is None)",
-        )
+        )?;
+        crate::lock::setup::warn_if_records_volatile(&self.shared);
+        Ok(())
     }
 
     /// The completed outcome stored under `resource`, if any. Takes no lock: a completed
     /// record is immutable until its retention ends.
     ///
-    /// Asks every node; a record counts when a majority of nodes holds it (see the
-    /// [module documentation](crate::record)). `Ok(None)` when a majority answered
-    /// and no record is held by a majority; [`LockError::Unavailable`] when too few nodes
-    /// answer to tell.
+    /// Asks every node and waits for each answer (within the node timeout); the newest
+    /// record any node holds is the outcome (see the [module documentation](crate::record)).
+    /// `Ok(None)` when a majority answered and none holds one; [`LockError::Unavailable`]
+    /// when too few nodes answer to tell.
     pub async fn read_record(
         &self,
         resource: impl Into<Resource>,
     ) -> Result<Option<Record>, LockError> {
-        let resource = resource.into();
+        Ok(self
+            .find_record(resource.into())
+            .await?
+            .map(|found| found.record))
+    }
+
+    /// [`read_record`](Self::read_record), telling whether every node that answered
+    /// holds the record.
+    pub(crate) async fn find_record(&self, resource: Resource) -> Result<Option<Found>, LockError> {
         let keys = ResourceKeys::new(&self.shared.options.key_prefix, &resource);
         read(&self.shared.nodes, &keys)
             .await
@@ -232,37 +246,25 @@ fn lost(inner: &LeaseInner) -> LockError {
     }
 }
 
-/// Completed records seen in one round, with how many nodes hold each (by token).
+/// Completed records seen in one round: the newest, and how many nodes hold it.
 #[derive(Default)]
-struct Seen(Vec<(Record, usize)>);
+struct Seen(Option<(Record, usize)>);
 
 impl Seen {
     fn add(&mut self, found: Record) {
-        match self.0.iter_mut().find(|(r, _)| r.token() == found.token()) {
-            Some((_, count)) => *count += 1,
-            None => self.0.push((found, 1)),
+        match &mut self.0 {
+            Some((newest, count)) if newest.token() == found.token() => *count += 1,
+            Some((newest, _)) if newest.token() > found.token() => {}
+            _ => self.0 = Some((found, 1)),
         }
     }
+}
 
-    /// The most widely held record and how many nodes hold it (the newest on a tie).
-    fn best(&self) -> Option<(&Record, usize)> {
-        self.0
-            .iter()
-            .max_by_key(|(r, count)| (*count, r.token()))
-            .map(|(r, count)| (r, *count))
-    }
-
-    fn count(&self) -> usize {
-        self.best().map_or(0, |(_, count)| count)
-    }
-
-    /// The record a majority holds.
-    fn committed(self, quorum: usize) -> Option<Record> {
-        self.0
-            .into_iter()
-            .find(|(_, count)| *count >= quorum)
-            .map(|(r, _)| r)
-    }
+/// A completed record a round found.
+pub(crate) struct Found {
+    pub(crate) record: Record,
+    /// Every node that answered holds it: nothing to write back.
+    pub(crate) everywhere: bool,
 }
 
 /// [`claim`] for a future that owns what it needs (the HTTP layer's response future).
@@ -299,15 +301,12 @@ pub(crate) async fn discard_owned(handle: LeaseHandle) -> Result<(), LockError> 
     discard(handle.lease_inner()).await
 }
 
-/// Reads the completed record on every node. A record counts only when a majority of
-/// nodes holds it (as a store counts only once a majority accepted it): a write that
-/// reached a minority, such as a late one by a holder whose lease was lost, is never
-/// read as an outcome.
+/// Reads the completed record on every node, waiting for each answer: the newest
+/// record any node holds is the outcome (see the module documentation).
 pub(crate) async fn read(
     nodes: &Nodes,
     keys: &ResourceKeys,
-) -> Result<Option<Record>, (usize, Vec<NodeFailure>)> {
-    let quorum = nodes.quorum();
+) -> Result<Option<Found>, (usize, Vec<NodeFailure>)> {
     let mut seen = Seen::default();
     let mut answered = 0;
     let mut failures = Vec::new();
@@ -329,16 +328,15 @@ pub(crate) async fn read(
                         error,
                     }),
                 }
-                // Decided once a majority holds one record, or once none can (and it
-                // is clear whether a majority answered), as an acquisition is.
-                quorum::acquisition_decided(quorum, seen.count(), answered, pending)
+                pending == 0
             },
         )
         .await;
-    if let Some(record) = seen.committed(quorum) {
-        return Ok(Some(record));
+    if let Some((record, count)) = seen.0 {
+        let everywhere = count == answered;
+        return Ok(Some(Found { record, everywhere }));
     }
-    if answered >= quorum {
+    if answered >= nodes.quorum() {
         Ok(None)
     } else {
         Err((answered, failures))
@@ -408,15 +406,17 @@ pub(crate) async fn claim(
                         error,
                     }),
                 }
-                completed.count() >= quorum
-                    || claimed >= quorum
-                    || not_owner >= quorum
-                    || (orphaned.is_some() && answered >= quorum)
-                    || answered + pending < quorum
+                // A record may be on the one node that answers last: a claim is
+                // decided by every answer (or the timeout), unless a majority says the
+                // lock is not ours.
+                pending == 0 || not_owner >= quorum
             },
         )
         .await;
-    let outcome = if let Some(record) = completed.committed(quorum) {
+    let outcome = if let Some((record, count)) = completed.0 {
+        if count < nodes.len() {
+            write_back(inner, &record, pending_ttl).await;
+        }
         Ok(Claim::Completed(record))
     } else if let Some(retry_after) = orphaned {
         Ok(Claim::Unknown { retry_after })
@@ -430,8 +430,7 @@ pub(crate) async fn claim(
     } else if not_owner >= quorum || !holds(inner) {
         Err(lost(inner))
     } else {
-        // Too few answers, or a record on a minority only (a node holding its copy
-        // may be down): undecided.
+        // Too few answers: undecided.
         Err(unavailable(nodes, inner.resource(), answered, failures))
     };
     // Our marker may have landed on some nodes (also on those that answered after the
@@ -503,6 +502,38 @@ pub(crate) async fn store(
         stored + refused,
         failures,
     ))
+}
+
+/// Writes `record`, found on some nodes, to every node under this lease (as a store:
+/// a node holding it already, or a newer one, keeps what it has). Best effort: a node
+/// that misses it is written back by a later claim.
+async fn write_back(inner: &LeaseInner, record: &Record, ttl: Duration) {
+    let nodes = &inner.locker.nodes;
+    let request = StoreRequest {
+        keys: &inner.lock_keys()[0],
+        owner: &inner.owner,
+        record,
+        retention: record_ttl(ttl),
+    };
+    let mut written = 0;
+    nodes
+        .fan_out(
+            0..nodes.len(),
+            bounded_by_validity(inner),
+            |index, node| {
+                let owner = inner.owner.for_node(index);
+                records_of(node).store_record(&StoreRequest {
+                    owner: &owner,
+                    ..request
+                })
+            },
+            |_, answer, pending| {
+                written += usize::from(matches!(answer, Ok(StoreReply::Stored)));
+                pending == 0
+            },
+        )
+        .await;
+    tracing::debug!(resource = %inner.resource(), token = %record.token(), holding = written, "outcome record written back to the nodes");
 }
 
 pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {

@@ -12,6 +12,7 @@
 //! found by the periodic check, logged, and shown in
 //! [`NodeState::setup_warning`](crate::NodeState::setup_warning).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -157,6 +158,43 @@ pub(crate) async fn check(shared: &Shared, timeout: Duration) -> Result<(), Conf
         }
     }
     Ok(())
+}
+
+/// Warns (once per process) when outcome records live on servers that persist nothing:
+/// called when a replaying layer is built; asks the nodes in the background.
+pub(crate) fn warn_if_records_volatile(shared: &Arc<Shared>) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.load(Ordering::Relaxed) {
+        return;
+    }
+    let shared = shared.clone();
+    let timeout = shared.options.node_timeout.max(Duration::from_secs(2));
+    crate::lock::metrics::spawn(&shared.runtime.clone(), async move {
+        let probe = probe_keys(&shared.options);
+        let setups = join_all(
+            shared
+                .nodes
+                .each()
+                .map(|node| tokio::time::timeout(timeout, node.server_setup(&probe))),
+        )
+        .await;
+        let volatile: Vec<String> = setups
+            .into_iter()
+            .flat_map(|answer| answer.ok().and_then(Result::ok).unwrap_or_default())
+            .filter(|setup| setup.persists == Some(false))
+            .map(|setup| setup.server)
+            .collect();
+        if !volatile.is_empty() && !WARNED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                servers = ?volatile,
+                "idempotent replay keeps its records on servers that persist nothing (no AOF, \
+                 no RDB snapshots): a restarted server comes back without them. A record \
+                 survives restarts one server at a time while a server that has it answers a \
+                 request for it in between (the request writes it back); otherwise the \
+                 handler runs again. Turn on persistence (`appendonly yes`) to keep them"
+            );
+        }
+    });
 }
 
 /// Checks the servers' setup again every `setup_check_interval`, for as long as the

@@ -28,6 +28,11 @@ pub struct ServerSetup {
     /// permissions): releases cannot wake waiters, who then find a freed lock by
     /// polling.
     pub channels_refused: bool,
+    /// Whether the server keeps its keys across a restart (Redis: `INFO persistence`
+    /// `aof_enabled`, or RDB snapshots in `CONFIG GET save`): `Some(false)` when it
+    /// persists nothing and comes back empty. Idempotent replay's records are lost with
+    /// it (see [`crate::record`]).
+    pub persists: Option<bool>,
 }
 
 impl ServerSetup {
@@ -52,7 +57,8 @@ impl ServerSetup {
     }
 }
 
-/// Reads `role` and `maxmemory_policy` from the text of `INFO` (any sections).
+/// Reads `role`, `maxmemory_policy` and `aof_enabled` from the text of `INFO` (any
+/// sections).
 #[cfg(feature = "redis")]
 pub(crate) fn parse_info(server: impl Into<String>, info: &str) -> ServerSetup {
     let mut setup = ServerSetup::new(server);
@@ -63,6 +69,8 @@ pub(crate) fn parse_info(server: impl Into<String>, info: &str) -> ServerSetup {
         match field {
             "role" => setup.role = Some(value.to_owned()),
             "maxmemory_policy" => setup.maxmemory_policy = Some(value.to_owned()),
+            // Without AOF, whether RDB snapshots are taken is `CONFIG GET save`'s.
+            "aof_enabled" if value == "1" => setup.persists = Some(true),
             _ => {}
         }
     }
@@ -83,5 +91,8 @@ mod tests {
         let fine = parse_info("h:1", "maxmemory_policy:noeviction\r\nrole:master\r\n");
         assert!(!fine.evicts() && !fine.is_replica());
         assert!(!ServerSetup::new("h:1").evicts());
+        assert_eq!(parse_info("h:1", "aof_enabled:1\r\n").persists, Some(true));
+        // Without AOF, the `save` schedule decides (read apart).
+        assert_eq!(parse_info("h:1", "aof_enabled:0\r\n").persists, None);
     }
 }

@@ -350,8 +350,9 @@ async fn replay_outcomes() {
     let store = TestStore::new();
     let app = Router::new().route(
         "/pay",
-        post(|body: String| async move { format!("paid {body}") })
-            .layer(LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new())),
+        post(|body: String| async move { format!("paid {body}") }).layer(
+            LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::global()),
+        ),
     );
     let pay = |body: &'static str| {
         Request::post("/pay")
@@ -399,7 +400,7 @@ async fn a_scrape_before_the_first_request_shows_every_series_at_zero() {
     let handle = recorder.handle();
     let _local = metrics::set_default_local_recorder(&recorder);
     let store = TestStore::with_nodes(3, LockOptions::default()).unwrap();
-    let _layer = LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new());
+    let _layer = LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::global());
     let scrape = handle.render();
 
     for line in [

@@ -124,6 +124,24 @@ async fn a_replica_is_refused_at_connect() {
         .unwrap();
 }
 
+/// What replay's records survive depends on persistence: a server reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_reports_whether_it_persists_its_keys() {
+    let volatile = RedisServer::start();
+    let aof = RedisServer::builder().appendonly(true).start();
+    let rdb = RedisServer::builder().save_schedule("3600 1").start();
+    let probe = ResourceKeys {
+        lock: "redlock:{probe}".into(),
+        fence: "redlock:{probe}:fence".into(),
+        channel: "redlock:{probe}:released".into(),
+    };
+    for (server, persists) in [(&volatile, false), (&aof, true), (&rdb, true)] {
+        let node = RedisNode::open(server.url().as_str()).unwrap();
+        let setups = node.server_setup(&probe).await.unwrap();
+        assert_eq!(setups[0].persists, Some(persists), "{setups:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // 3. A restricted ACL user
 // ---------------------------------------------------------------------------------
@@ -662,7 +680,7 @@ mod extremes {
             .build()
             .unwrap();
         runtime.block_on(async move {
-            let replay = Replay::new()
+            let replay = Replay::global()
                 .retention(settings.retention)
                 .unknown_outcome(match settings.unknown {
                     Some(after) => UnknownOutcome::ReexecuteAfter(after),
@@ -743,7 +761,7 @@ async fn layer_and_replay_settings_at_their_extremes_answer_requests() {
                 } else {
                     Redlock::from_urls([server.url()], LockOptions::default()).unwrap()
                 };
-                let replay = Replay::new()
+                let replay = Replay::global()
                     .retention(retention)
                     .unknown_outcome(UnknownOutcome::ReexecuteAfter(retention))
                     .max_body(sizes)
@@ -913,7 +931,7 @@ async fn replay_keeps_the_headers_that_give_the_body_its_meaning() {
                 )
             }),
         )
-        .route_layer(LockLayer::new(locker, header("Idempotency-Key")).replay(Replay::new()));
+        .route_layer(LockLayer::new(locker, header("Idempotency-Key")).replay(Replay::global()));
     let request = || {
         Request::post("/report")
             .header("Idempotency-Key", "gz-1")

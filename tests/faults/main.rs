@@ -57,6 +57,8 @@ mod network;
 mod over_http;
 mod paused_holder;
 mod persistence;
+#[cfg(feature = "axum")]
+mod records;
 mod server_errors;
 mod tools;
 #[cfg(feature = "axum")]

@@ -372,7 +372,7 @@ async fn s08d_clients_that_hang_up_and_retry_are_charged_once() {
                 }),
             )
             .route_layer(
-                LockLayer::new(locker.clone(), header("Idempotency-Key")).replay(Replay::new()),
+                LockLayer::new(locker.clone(), header("Idempotency-Key")).replay(Replay::global()),
             );
         instances.push(Served::start(app).await);
     }

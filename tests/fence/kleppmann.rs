@@ -181,23 +181,13 @@ async fn on_redis_the_paused_holder_s_write_is_refused_and_b_s_value_stays() {
     scene.pause_past_ttl_and_restore(&a, &snapshots).await;
 
     let b = scene.b_acquires(&a).await;
-    fence::redis::set_fields(
-        &mut conn,
-        b.fencing_token(),
-        "invoice:7",
-        &[("total", "100")],
-    )
-    .await
-    .unwrap();
+    fence::redis::set_fields(&mut conn, &b, "invoice:7", &[("total", "100")])
+        .await
+        .unwrap();
 
-    let refused = fence::redis::set_fields(
-        &mut conn,
-        a.fencing_token(),
-        "invoice:7",
-        &[("total", "90")],
-    )
-    .await
-    .unwrap_err();
+    let refused = fence::redis::set_fields(&mut conn, &a, "invoice:7", &[("total", "90")])
+        .await
+        .unwrap_err();
     assert_eq!(refused.current(), Some(b.fencing_token()), "{refused:?}");
     let total: String = redis::AsyncCommands::hget(&mut conn, "invoice:7", "total")
         .await

@@ -10,6 +10,7 @@ mod concurrency;
 #[cfg(feature = "axum")]
 mod handlers;
 mod kleppmann;
+mod modes;
 mod postgres;
 mod redis;
 

@@ -4,7 +4,7 @@
 use sqlx::{Connection, PgConnection};
 use tower_redlock::fence::postgres::{self as pg, FenceTable};
 use tower_redlock::fence::{self, FenceError};
-use tower_redlock::{FencingToken, Redlock, Resource};
+use tower_redlock::{FencingToken, LockMode, Redlock, Resource};
 
 use crate::held;
 use crate::support::postgres::TestDatabase;
@@ -151,6 +151,10 @@ struct Pairs(Vec<(Resource, FencingToken)>);
 impl fence::Fenced for Pairs {
     fn tokens(&self) -> Vec<(Resource, FencingToken)> {
         self.0.clone()
+    }
+
+    fn mode(&self) -> LockMode {
+        LockMode::Exclusive
     }
 }
 

@@ -4,7 +4,7 @@
 use redis::AsyncCommands;
 use tower_redlock::fence::redis as guarded;
 use tower_redlock::fence::FenceError;
-use tower_redlock::FencingToken;
+use tower_redlock::{FencingToken, Resource};
 
 #[cfg(feature = "cluster")]
 use crate::support::cluster::RedisCluster;
@@ -12,6 +12,11 @@ use crate::support::RedisServer;
 
 fn t(token: u64) -> FencingToken {
     FencingToken::new(token)
+}
+
+/// An exclusive holder's token, carried apart from its lease.
+fn w(token: u64) -> (Resource, FencingToken) {
+    (Resource::from("writer"), t(token))
 }
 
 async fn connection(server: &RedisServer) -> redis::aio::MultiplexedConnection {
@@ -27,8 +32,8 @@ async fn a_string_is_written_only_under_a_token_not_below_the_stored_one() {
     let server = RedisServer::start();
     let mut conn = connection(&server).await;
 
-    guarded::set(&mut conn, t(10), "doc", "ten").await.unwrap();
-    match guarded::set(&mut conn, t(9), "doc", "nine").await {
+    guarded::set(&mut conn, &w(10), "doc", "ten").await.unwrap();
+    match guarded::set(&mut conn, &w(9), "doc", "nine").await {
         Err(FenceError::Stale {
             fence,
             token,
@@ -40,10 +45,10 @@ async fn a_string_is_written_only_under_a_token_not_below_the_stored_one() {
     }
     assert_eq!(server.get("doc").as_deref(), Some("ten"));
     // The same holder again, then a later one.
-    guarded::set(&mut conn, t(10), "doc", "ten again")
+    guarded::set(&mut conn, &w(10), "doc", "ten again")
         .await
         .unwrap();
-    guarded::set(&mut conn, t(11), "doc", "eleven")
+    guarded::set(&mut conn, &w(11), "doc", "eleven")
         .await
         .unwrap();
     assert_eq!(server.get("doc").as_deref(), Some("eleven"));
@@ -61,19 +66,19 @@ async fn hash_fields_are_written_only_under_a_token_not_below_the_stored_one() {
 
     guarded::set_fields(
         &mut conn,
-        t(5),
+        &w(5),
         "order:1",
         &[("status", "paid"), ("by", "b")],
     )
     .await
     .unwrap();
-    let refused = guarded::set_fields(&mut conn, t(4), "order:1", &[("status", "refunded")])
+    let refused = guarded::set_fields(&mut conn, &w(4), "order:1", &[("status", "refunded")])
         .await
         .unwrap_err();
     assert_eq!(refused.current(), Some(t(5)));
     let status: String = conn.hget("order:1", "status").await.unwrap();
     assert_eq!(status, "paid");
-    guarded::set_fields(&mut conn, t(6), "order:1", &[("status", "shipped")])
+    guarded::set_fields(&mut conn, &w(6), "order:1", &[("status", "shipped")])
         .await
         .unwrap();
     let fields: Vec<(String, String)> = conn.hgetall("order:1").await.unwrap();
@@ -84,7 +89,7 @@ async fn hash_fields_are_written_only_under_a_token_not_below_the_stored_one() {
     );
     let none: &[(&str, &str)] = &[];
     assert!(matches!(
-        guarded::set_fields(&mut conn, t(7), "order:1", none).await,
+        guarded::set_fields(&mut conn, &w(7), "order:1", none).await,
         Err(FenceError::Store(_))
     ));
 }
@@ -95,20 +100,20 @@ async fn tokens_compare_exactly_across_the_whole_u64_range() {
     let server = RedisServer::start();
     let mut conn = connection(&server).await;
     let big = (1_u64 << 53) + 1;
-    guarded::set(&mut conn, t(big), "k", "a").await.unwrap();
+    guarded::set(&mut conn, &w(big), "k", "a").await.unwrap();
     // 2⁵³ + 1 and 2⁵³ are the same Lua number: a float comparison would accept this.
-    assert!(guarded::set(&mut conn, t(big - 1), "k", "b")
+    assert!(guarded::set(&mut conn, &w(big - 1), "k", "b")
         .await
         .unwrap_err()
         .is_stale());
-    assert!(guarded::set(&mut conn, t(999), "k", "b")
+    assert!(guarded::set(&mut conn, &w(999), "k", "b")
         .await
         .unwrap_err()
         .is_stale());
-    guarded::set(&mut conn, t(u64::MAX), "k", "max")
+    guarded::set(&mut conn, &w(u64::MAX), "k", "max")
         .await
         .unwrap();
-    assert!(guarded::set(&mut conn, t(u64::MAX - 1), "k", "b")
+    assert!(guarded::set(&mut conn, &w(u64::MAX - 1), "k", "b")
         .await
         .unwrap_err()
         .is_stale());
@@ -129,8 +134,10 @@ async fn over_a_cluster_connection() {
     for key in ["order:42", "{order:42}:status", "a{b}c"] {
         let fence = guarded::fence_key(key);
         assert_eq!(cluster.slot(key), cluster.slot(&fence), "{key} vs {fence}");
-        guarded::set(&mut conn, t(2), key, "two").await.unwrap();
-        let refused = guarded::set(&mut conn, t(1), key, "one").await.unwrap_err();
+        guarded::set(&mut conn, &w(2), key, "two").await.unwrap();
+        let refused = guarded::set(&mut conn, &w(1), key, "one")
+            .await
+            .unwrap_err();
         assert_eq!(refused.current(), Some(t(2)), "{key}");
         let value: String = conn.get(key).await.unwrap();
         assert_eq!(value, "two");

@@ -15,11 +15,13 @@ mod orders_example;
 #[path = "../../examples/webhooks.rs"]
 mod webhooks_example;
 
+mod clients;
 mod extract;
 mod layer;
 mod modes;
 mod multi;
 mod orders;
+mod panics;
 mod replay;
 mod sockets;
 mod transfers;

@@ -354,12 +354,12 @@ async fn the_layer_refuses_shared_locks_with_replay_and_with_several_keys() {
 
     let replaying = LockLayer::new(locker.clone(), header("idempotency-key"))
         .read_mode(LockMode::Shared)
-        .try_replay(Replay::new());
+        .try_replay(Replay::global());
     assert!(replaying.is_err(), "replay over shared reads was accepted");
 
     let mode_after_replay = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         LockLayer::new(locker.clone(), header("idempotency-key"))
-            .replay(Replay::new())
+            .replay(Replay::global())
             .mode(LockMode::Shared)
     }));
     assert!(

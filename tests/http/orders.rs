@@ -69,10 +69,16 @@ impl Answer {
     }
 }
 
+/// The customer every request with an idempotency key comes from.
+const CUSTOMER: &str = "c1";
+
 async fn send(app: &Router, method: &str, uri: &str, key: Option<&str>) -> Answer {
     let mut request = Request::builder().method(method).uri(uri);
     if let Some(key) = key {
-        request = request.header("Idempotency-Key", key);
+        // `/payments`' keys are the customer's.
+        request = request
+            .header("Idempotency-Key", key)
+            .header("Authorization", format!("Bearer {CUSTOMER}"));
     }
     let request = request.body(Body::empty()).unwrap();
     let response = tokio::time::timeout(RESPONSE_LIMIT, app.clone().oneshot(request))
@@ -518,23 +524,24 @@ async fn postgres_ledger_reconciles_an_interrupted_payment_through_its_token() {
     };
     // The first attempt has charged (its slow part runs on).
     support::eventually_async("the first attempt charges", RESPONSE_LIMIT, || async {
-        ledger.order("payment:i1").await.unwrap().payments == 1
+        ledger.order("payment:c1:i1").await.unwrap().payments == 1
     })
     .await;
     let charged_by = ledger
-        .order("payment:i1")
+        .order("payment:c1:i1")
         .await
         .unwrap()
         .last_token
         .unwrap();
     // It loses its lock, as a paused or partitioned process would.
-    let lock_key = format!(
-        "redlock:{{{}}}",
-        tower_redlock::Resource::new("POST")
-            .join("/payments")
-            .join("i1")
-            .as_str()
-    );
+    // The key's resource, scoped to the customer (its hash follows the key).
+    let resource = tower_redlock::Resource::new("POST")
+        .join("/payments")
+        .join("i1");
+    let lock_key = servers[0]
+        .keys(&format!("redlock:{{{}*}}", resource.as_str()))
+        .pop()
+        .expect("the payment's lock key");
     servers[0].cmd(&["DEL", &lock_key]);
     let cut = first.await.unwrap();
     assert_eq!(cut.status, StatusCode::SERVICE_UNAVAILABLE, "{}", cut.json);
@@ -555,7 +562,7 @@ async fn postgres_ledger_reconciles_an_interrupted_payment_through_its_token() {
     );
     assert_eq!(answer.json["payment"], 1);
     assert_eq!(
-        ledger.order("payment:i1").await.unwrap().payments,
+        ledger.order("payment:c1:i1").await.unwrap().payments,
         1,
         "charged once"
     );

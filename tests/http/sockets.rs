@@ -155,7 +155,8 @@ async fn a_client_that_hangs_up_is_charged_once_and_its_retry_gets_the_response(
         let a = Served::start(
             payments
                 .app(
-                    LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new()),
+                    LockLayer::new(store.locker(), header("Idempotency-Key"))
+                        .replay(Replay::global()),
                 )
                 .layer(watch.clone()),
         )
@@ -164,7 +165,7 @@ async fn a_client_that_hangs_up_is_charged_once_and_its_retry_gets_the_response(
             payments.app(
                 LockLayer::new(store.locker(), header("Idempotency-Key"))
                     .contention(wait(PROMPTLY))
-                    .replay(Replay::new()),
+                    .replay(Replay::global()),
             ),
         )
         .await;
@@ -507,7 +508,8 @@ async fn a_client_mistake_does_not_burn_its_idempotency_key() {
                     }),
                 )
                 .route_layer(
-                    LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new()),
+                    LockLayer::new(store.locker(), header("Idempotency-Key"))
+                        .replay(Replay::global()),
                 )
         };
         let served = Served::start(app).await;
@@ -551,7 +553,8 @@ async fn a_drain_lets_running_sections_finish_then_releases_what_is_left() {
         let served = Served::start(
             payments
                 .app(
-                    LockLayer::new(locker.clone(), header("Idempotency-Key")).replay(Replay::new()),
+                    LockLayer::new(locker.clone(), header("Idempotency-Key"))
+                        .replay(Replay::global()),
                 )
                 .layer(watch.clone()),
         )
@@ -574,11 +577,10 @@ async fn a_drain_lets_running_sections_finish_then_releases_what_is_left() {
         assert_eq!(payments.completed.load(Ordering::SeqCst), 1);
         assert_eq!(locker.local_resources(), 0);
         // Another instance replays the recorded response at once.
-        let other =
-            Served::start(payments.app(
-                LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::new()),
-            ))
-            .await;
+        let other = Served::start(payments.app(
+            LockLayer::new(store.locker(), header("Idempotency-Key")).replay(Replay::global()),
+        ))
+        .await;
         let replayed = other.send(pay("d1")).await;
         assert_eq!(
             replayed.status,
@@ -775,7 +777,7 @@ async fn the_next_execution_is_told_which_attempt_was_interrupted() {
                 )
                 .route_layer(
                     LockLayer::new(locker.clone(), header("Idempotency-Key")).replay(
-                        Replay::new()
+                        Replay::global()
                             .unknown_outcome(UnknownOutcome::ReexecuteAfter(Duration::from_millis(1))),
                     ),
                 )

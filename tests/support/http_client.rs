@@ -249,6 +249,16 @@ impl Conn {
         Ok((size > 0).then_some(chunk))
     }
 
+    /// `true` when the server closes the connection without a response, as hyper does
+    /// when the task serving it panicked.
+    pub async fn closed_without_reply(&mut self) -> bool {
+        let mut line = String::new();
+        let read = tokio::time::timeout(IO_LIMIT, self.reader.read_line(&mut line))
+            .await
+            .expect("read timed out");
+        matches!(read, Ok(0) | Err(_))
+    }
+
     async fn read_line(&mut self, line: &mut String) {
         let read = tokio::time::timeout(IO_LIMIT, self.reader.read_line(line))
             .await

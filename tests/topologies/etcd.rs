@@ -532,7 +532,7 @@ async fn replay_and_422_over_etcd() {
         .route_layer(
             LockLayer::new(locker(cluster, options()), header("Idempotency-Key"))
                 .contention(Contention::Wait { timeout: PROMPTLY })
-                .replay(Replay::new()),
+                .replay(Replay::global()),
         );
     let pay = |body: &'static str| {
         Request::post("/payments")

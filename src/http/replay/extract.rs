@@ -16,8 +16,8 @@ use super::{ReplayRequest, ReplaySettings};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The key extractor of a replaying layer: the layer's own extractor, then the tenant
-/// and the fingerprint (reading the body when the fingerprint covers it, and passing
+/// The key extractor of a replaying layer: the layer's own extractor, then the client
+/// ([`Replay::per_client`](super::Replay::per_client)) and the fingerprint (reading the body when the fingerprint covers it, and passing
 /// the identical bytes on). Made by [`LockLayer::replay`](crate::http::LockLayer::replay).
 #[derive(Clone)]
 pub struct Replaying<K> {
@@ -63,9 +63,12 @@ where
                 return Ok((request, key));
             }
             let (mut parts, body) = request.into_parts();
-            let tenant = match &settings.tenant {
+            let client = match &settings.client {
                 None => None,
-                Some((find, _)) => Some(find(&mut parts)?),
+                Some((find, describe)) => match find(&mut parts)? {
+                    Some(client) => Some(client),
+                    None => return Err(no_client(describe)),
+                },
             };
             let fingerprint = &settings.fingerprint;
             let (fingerprint, body) = if fingerprint.reads_body() {
@@ -91,7 +94,7 @@ where
             };
             parts.extensions.insert(ReplayRequest {
                 fingerprint,
-                tenant,
+                client,
             });
             Ok((Request::from_parts(parts, body), key))
         })
@@ -100,6 +103,15 @@ where
     fn describe(&self) -> String {
         self.key.describe()
     }
+}
+
+/// A layer replaying per client cannot tell whose record a request without its client
+/// would get: nothing runs.
+fn no_client(describe: &str) -> KeyRejection {
+    KeyRejection::missing(format!(
+        "idempotency keys on this route belong to a client, told by {describe}, \
+         which the request lacks"
+    ))
 }
 
 fn request_too_large(limit: usize) -> KeyRejection {

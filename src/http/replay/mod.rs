@@ -7,13 +7,15 @@
 //! | situation | response |
 //! |---|---|
 //! | first request with a key | the handler runs under the lock; its response is recorded (when [`Replay::store_if`] accepts the status and the body fits [`Replay::max_body`]) **before** it is sent |
+//! | same key from another client ([`Replay::per_client`]) | its own record: the handler runs for it |
+//! | a request without the client [`Replay::per_client`] looks for | 400 `key-missing`; nothing runs |
 //! | same key, same request, after the first completed | the recorded response: same status, same allowed headers, same body bytes, plus `Idempotent-Replayed: true`; the handler does not run and no lock is taken |
 //! | same key, different request ([`Fingerprint`]) | 422 `idempotency-key-reused` |
 //! | same key while the first is in flight, [`Contention::Reject`](super::Contention::Reject) | 409 `request-in-progress`, `Retry-After` = the holder's remaining ttl |
 //! | same key while the first is in flight, [`Contention::Wait`](super::Contention::Wait) | waits for the lock, then gets the first response replayed (or runs, if the first recorded nothing); 409 `request-in-progress` when the wait times out |
 //! | the first's outcome was not recorded because it is not worth keeping (status rejected by [`Replay::store_if`], by default 5xx, 408, 409 and 429, and the refusals of a malformed request — 400, 411, 413, 415, 422, what axum's extractors answer before the handler runs; body larger than [`Replay::max_body`]) | the next request runs the handler again |
 //! | same key while the first is in flight after its client left (it runs to its end, [`OnDisconnect::Finish`](super::OnDisconnect::Finish)) | as while it is in flight: 409 `request-in-progress` or a wait, then the first's response replayed |
-//! | the first was interrupted: lease lost mid-handler, its process died, record write refused (or its client left under [`OnDisconnect::Cancel`](super::OnDisconnect::Cancel)) | 409 `outcome-unknown` with `Retry-After`, for [`UnknownOutcome`]'s time (default: the lock's ttl), then the next request runs the handler again, with the interrupted attempt's token in an [`InterruptedAttempt`](super::InterruptedAttempt) extension, so it can ask its store whether that attempt took effect (for the record's retention; not on etcd nodes) |
+//! | the first was interrupted: lease lost mid-handler, its process died, its handler panicked, record write refused (or its client left under [`OnDisconnect::Cancel`](super::OnDisconnect::Cancel)) | 409 `outcome-unknown` with `Retry-After`, for [`UnknownOutcome`]'s time (default: the lock's ttl), then the next request runs the handler again, with the interrupted attempt's token in an [`InterruptedAttempt`](super::InterruptedAttempt) extension, so it can ask its store whether that attempt took effect (for the record's retention; not on etcd nodes) |
 //! | the record's retention passed (default 24 h) | the key is new again: the handler runs |
 //! | the response body fails while being recorded | 500 `response-failed`; nothing recorded |
 //! | a method other than those of [`Replay::methods`] (default `POST` and `PATCH`) | locked as without replay; nothing looked up or recorded |
@@ -59,17 +61,35 @@
 //! execution the response came from.
 //!
 //! Records live in the lock nodes, next to the lock key and in its hash slot
-//! (`{prefix}{<resource>}:record`): written to every node and counted at a majority,
-//! read from a majority (see [`crate::record`] for the protocol and why a holder
-//! that lost its lease can never write one).
+//! (`{prefix}{<resource>}:record`): written to every node and counted at a majority;
+//! found on any node that answers (a record is written only after the handler ran, so
+//! any copy is its response), and written back to the nodes that lack it (see
+//! [`crate::record`] for the protocol and why a holder that lost its lease can never
+//! write one). A node restarted empty loses its copies: records survive restarts of
+//! nodes without persistence one at a time, as long as a node that has the record
+//! answers a request for it in between (a request writes it back); restarting every
+//! node before that loses them, and the handler runs again.
 //!
-//! # Keys, tenants and the fingerprint
+//! # Keys, clients and the fingerprint
 //!
-//! The record belongs to the lock's [`Resource`]: by default method,
-//! route and key. [`Replay::tenant`] adds the client's identity (draft §5: the lookup key
-//! should combine the client's key with what the server knows of the client), hashed,
-//! so two clients who pick the same key never see each other's responses. The
-//! [`Fingerprint`] (method, route, path and query, and a SHA-256 of the body by
+//! An `Idempotency-Key` is chosen by the client (often a counter or a timestamp), so two
+//! clients may well pick the same one. A replaying layer therefore says whose keys they
+//! are when it is built, and there is no default:
+//!
+//! - [`Replay::per_client`]: the record belongs to the lock's [`Resource`] (method,
+//!   route and key) **and** the client the request comes from (its credentials, or the
+//!   account an authentication layer put in the extensions), hashed. The same key sent
+//!   by two clients names two records, two locks and two executions. This is what
+//!   Stripe does (keys are scoped to the account) and what the IETF draft asks (§2: a
+//!   key is unique per client, and the server's lookup should combine it with what it
+//!   knows of the client). A request whose client cannot be told gets 400 `key-missing`
+//!   and runs nothing: without its client, the layer cannot know whose record it would
+//!   replay.
+//! - [`Replay::global`]: keys name one operation whoever sends them, as when a single
+//!   sender numbers its deliveries (a webhook's event id). Any request with the key is
+//!   replayed the record, so use it only where every sender may see every response.
+//!
+//! The [`Fingerprint`] (method, route, path and query, and a SHA-256 of the body by
 //! default) is stored with the record; a later request with the same key and another
 //! fingerprint gets 422.
 //!
@@ -124,7 +144,7 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// The default [`Replay::max_body`] and [`Replay::max_request_body`]: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
 
-type TenantFn = Arc<dyn Fn(&mut Parts) -> Result<Option<String>, KeyRejection> + Send + Sync>;
+type ClientFn = Arc<dyn Fn(&mut Parts) -> Result<Option<String>, KeyRejection> + Send + Sync>;
 
 /// Idempotent replay for [`LockLayer::replay`](super::LockLayer::replay); see the
 /// [module documentation](self) for the behaviour.
@@ -143,10 +163,11 @@ type TenantFn = Arc<dyn Fn(&mut Parts) -> Result<Option<String>, KeyRejection> +
 ///     .route("/payments", post(|| async { (StatusCode::CREATED, "pay_1") }))
 ///     .route_layer(
 ///         LockLayer::new(Redlock::in_memory(), header("Idempotency-Key"))
-///             .replay(Replay::new().retention(Duration::from_secs(3600))),
+///             .replay(Replay::per_client(header("Authorization")).retention(Duration::from_secs(3600))),
 ///     );
 /// let pay = || {
 ///     Request::post("/payments")
+///         .header("Authorization", "Bearer alice")
 ///         .header("Idempotency-Key", "k-1")
 ///         .body(Body::from(r#"{"amount":100}"#))
 ///         .unwrap()
@@ -168,21 +189,37 @@ pub struct Replay {
     store_if: Arc<dyn Fn(StatusCode) -> bool + Send + Sync>,
     fingerprint: Fingerprint,
     unknown: Option<UnknownOutcome>,
-    tenant: Option<(TenantFn, String)>,
+    client: Option<(ClientFn, String)>,
     methods: Vec<Method>,
 }
 
-impl Default for Replay {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Replay {
-    /// Replay with the defaults: records kept 24 h, bodies up to 1 MiB, headers
-    /// `Content-Type` and `Location`, statuses of [`stored_by_default`], the default
-    /// [`Fingerprint`], [`UnknownOutcome::ReexecuteAfter`] the lock's ttl, no tenant.
-    pub fn new() -> Self {
+    /// Replay scoped to the client that `client` finds in the request head: e.g.
+    /// `header("Authorization")`, or a closure reading the account an authentication
+    /// layer put in the extensions. The same key from two clients names two records (see
+    /// [Keys, clients and the fingerprint](self#keys-clients-and-the-fingerprint)). The
+    /// value is hashed (SHA-256) before it becomes part of the lock's and record's keys,
+    /// so credentials never appear there. A request in which `client` finds nothing gets
+    /// 400 `key-missing`.
+    ///
+    /// The other settings are the defaults: records kept 24 h, bodies up to 1 MiB,
+    /// headers `Content-Type` and `Location`, statuses of [`stored_by_default`], the
+    /// default [`Fingerprint`], [`UnknownOutcome::ReexecuteAfter`] the lock's ttl.
+    pub fn per_client<T: KeyFromParts>(client: T) -> Self {
+        let describe = client.describe();
+        let find: ClientFn = Arc::new(move |parts: &mut Parts| client.key(parts));
+        Replay::with_client(Some((find, describe)))
+    }
+
+    /// Replay with keys shared by every client: a request with a key gets the record of
+    /// whoever sent that key first. Only for keys that name one operation whoever sends
+    /// them (a single sender's delivery ids, a webhook's event id); for keys that clients
+    /// choose, use [`Replay::per_client`]. Defaults as there.
+    pub fn global() -> Self {
+        Replay::with_client(None)
+    }
+
+    fn with_client(client: Option<(ClientFn, String)>) -> Self {
         Replay {
             retention: DEFAULT_RETENTION,
             max_body: DEFAULT_MAX_BODY,
@@ -191,7 +228,7 @@ impl Replay {
             store_if: Arc::new(stored_by_default),
             fingerprint: Fingerprint::default(),
             unknown: None,
-            tenant: None,
+            client,
             methods: vec![Method::POST, Method::PATCH],
         }
     }
@@ -205,7 +242,7 @@ impl Replay {
     /// use http::Method;
     /// use tower_redlock::http::replay::Replay;
     ///
-    /// let replay = Replay::new().methods([Method::POST, Method::PATCH, Method::DELETE]);
+    /// let replay = Replay::global().methods([Method::POST, Method::PATCH, Method::DELETE]);
     /// # let _ = replay;
     /// ```
     #[must_use]
@@ -285,19 +322,6 @@ impl Replay {
         self.unknown = Some(policy);
         self
     }
-
-    /// Scopes records (and locks) to the client that `tenant` finds in the request,
-    /// e.g. `header("Authorization")` or a closure reading an authenticated user id from
-    /// the extensions: the same key sent by two clients names two records. The value is
-    /// hashed (SHA-256) before it becomes part of the Redis keys, so credentials never
-    /// appear there. Requests without a tenant share one anonymous scope.
-    #[must_use]
-    pub fn tenant<T: KeyFromParts>(mut self, tenant: T) -> Self {
-        let describe = tenant.describe();
-        let find: TenantFn = Arc::new(move |parts: &mut Parts| tenant.key(parts));
-        self.tenant = Some((find, describe));
-        self
-    }
 }
 
 impl fmt::Debug for Replay {
@@ -309,7 +333,7 @@ impl fmt::Debug for Replay {
             .field("headers", &self.headers)
             .field("fingerprint", &self.fingerprint)
             .field("unknown", &self.unknown)
-            .field("tenant", &self.tenant.as_ref().map(|(_, d)| d))
+            .field("client", &self.client.as_ref().map(|(_, d)| d))
             .field("methods", &self.methods)
             .finish_non_exhaustive()
     }
@@ -366,7 +390,7 @@ pub(crate) struct ReplaySettings {
     pub(crate) unknown_for: Option<Duration>,
     pub(super) max_request_body: usize,
     pub(super) fingerprint: Fingerprint,
-    pub(super) tenant: Option<(TenantFn, String)>,
+    pub(super) client: Option<(ClientFn, String)>,
     pub(super) methods: Vec<Method>,
 }
 
@@ -391,7 +415,7 @@ impl ReplaySettings {
             unknown_for,
             max_request_body: replay.max_request_body,
             fingerprint: replay.fingerprint,
-            tenant: replay.tenant,
+            client: replay.client,
             methods: replay.methods,
         }
     }
@@ -416,7 +440,7 @@ impl fmt::Debug for ReplaySettings {
             .field("headers", &self.headers)
             .field("unknown_for", &self.unknown_for)
             .field("fingerprint", &self.fingerprint)
-            .field("tenant", &self.tenant.as_ref().map(|(_, d)| d))
+            .field("client", &self.client.as_ref().map(|(_, d)| d))
             .finish_non_exhaustive()
     }
 }
@@ -426,20 +450,20 @@ impl fmt::Debug for ReplaySettings {
 #[derive(Clone)]
 pub(crate) struct ReplayRequest {
     pub(crate) fingerprint: Bytes,
-    pub(super) tenant: Option<Option<String>>,
+    /// The client, for [`Replay::per_client`].
+    pub(super) client: Option<String>,
 }
 
 impl ReplayRequest {
-    /// The resource of this request's lock and record: with a tenant, one more part,
-    /// the tenant's SHA-256 (or `anonymous`).
+    /// The resource of this request's lock and record: with a client, one more part,
+    /// the client's SHA-256.
     pub(crate) fn scope(&self, resource: Resource) -> Resource {
-        match &self.tenant {
+        match &self.client {
             None => resource,
-            Some(None) => resource.join("tenant").join("anonymous"),
-            Some(Some(tenant)) => {
-                let digest = Sha256::digest(tenant.as_bytes());
+            Some(client) => {
+                let digest = Sha256::digest(client.as_bytes());
                 let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-                resource.join("tenant").join(hex)
+                resource.join("client").join(hex)
             }
         }
     }
@@ -463,19 +487,18 @@ mod tests {
     }
 
     #[test]
-    fn tenants_scope_resources_without_revealing_them() {
+    fn clients_scope_resources_without_revealing_them() {
         let resource = Resource::new("POST").join("/pay").join("k");
-        let of = |tenant: Option<Option<&str>>| {
+        let of = |client: Option<&str>| {
             ReplayRequest {
                 fingerprint: Bytes::new(),
-                tenant: tenant.map(|t| t.map(str::to_owned)),
+                client: client.map(str::to_owned),
             }
             .scope(resource.clone())
         };
         assert_eq!(of(None), resource);
-        let alice = of(Some(Some("Bearer alice")));
-        assert_ne!(alice, of(Some(Some("Bearer bob"))));
-        assert_ne!(alice, of(Some(None)));
+        let alice = of(Some("Bearer alice"));
+        assert_ne!(alice, of(Some("Bearer bob")));
         assert!(!alice.as_str().contains("alice"));
     }
 }

@@ -36,7 +36,7 @@ pub(crate) struct ReplayStep {
     pub(crate) routed: bool,
 }
 
-/// Before locking: a completed record for `resource` is answered at once, without
+/// Before locking: a completed record every node holds is answered at once, without
 /// locking. A failed lookup is not final: the claim after locking reads the record again.
 pub(crate) async fn lookup<RB: Body>(
     settings: &Settings,
@@ -45,16 +45,18 @@ pub(crate) async fn lookup<RB: Body>(
     resource: &Resource,
     fingerprint: &Bytes,
 ) -> Option<Response<LeaseBody<RB>>> {
-    match settings.locker.read_record(resource.clone()).await {
-        Ok(Some(record)) => Some(answer_record(
+    match settings.locker.find_record(resource.clone()).await {
+        Ok(Some(found)) if found.everywhere => Some(answer_record(
             settings,
             policy,
             span,
-            &record,
+            &found.record,
             fingerprint,
             resource,
         )),
-        Ok(None) => None,
+        // A node lacks it (restarted empty): the claim under the lock finds it on the
+        // others, writes it back, and answers it.
+        Ok(_) => None,
         Err(error) => {
             tracing::debug!(%error, "record lookup failed; locking");
             None

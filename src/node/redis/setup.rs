@@ -47,14 +47,28 @@ async fn info<C: ConnectionLike + Send>(
     }
 }
 
-/// The role and eviction policy of the server behind `conn`.
+/// The role, eviction policy and persistence of the server behind `conn`.
 pub(crate) async fn read_info<C: ConnectionLike + Send>(
     conn: &mut C,
     server: &str,
 ) -> Result<ServerSetup, NodeError> {
     let memory = info(conn, "memory").await?.unwrap_or_default();
     let replication = info(conn, "replication").await?.unwrap_or_default();
-    Ok(parse_info(server, &format!("{memory}\n{replication}")))
+    let persistence = info(conn, "persistence").await?.unwrap_or_default();
+    let mut setup = parse_info(server, &format!("{memory}\n{replication}\n{persistence}"));
+    if setup.persists.is_none() && persistence.contains("aof_enabled:0") {
+        // Without AOF, RDB snapshots are the `save` schedule; a managed service may
+        // refuse `CONFIG` (unknown then).
+        let save: Result<Vec<String>, RedisError> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("save")
+            .query_async(conn)
+            .await;
+        if let Ok([_, schedule]) = save.as_deref() {
+            setup.persists = Some(!schedule.trim().is_empty());
+        }
+    }
+    Ok(setup)
 }
 
 /// Every command the locker sends, itself or from its scripts, but `WAIT` (only for
