@@ -24,3 +24,4 @@ mod replay;
 mod sockets;
 mod transfers;
 mod webhooks;
+mod writes;
