@@ -464,13 +464,16 @@ fn print_tables(samples: &[Sample], config: &Config) {
     println!("|---|---|---|---|---|---|");
     for &setup in &setups {
         let (layer, raw) = (of(setup, Route::Layer), of(setup, Route::Raw));
-        let pairs = || {
-            layer
+        let pairs: Vec<(&Sample, &Sample)> = layer
+            .iter()
+            .filter_map(|l| Some((*l, *raw.iter().find(|r| r.rep == l.rep)?)))
+            .collect();
+        let ratio = median(pairs.iter().map(|(l, r)| l.rps / r.rps));
+        let p50 = median(
+            pairs
                 .iter()
-                .filter_map(|l| Some((l, raw.iter().find(|r| r.rep == l.rep)?)))
-        };
-        let ratio = median(pairs().map(|(l, r)| l.rps / r.rps));
-        let p50 = median(pairs().map(|(l, r)| (l.p50.as_secs_f64() - r.p50.as_secs_f64()) * 1e3));
+                .map(|(l, r)| (l.p50.as_secs_f64() - r.p50.as_secs_f64()) * 1e3),
+        );
         println!(
             "| {} | {} | {} | {ratio:.2}× | {p50:+.3} | {} |",
             setup.runtime,
