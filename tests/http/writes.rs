@@ -5,6 +5,7 @@
 
 use crate::http_client::{Conn, Req};
 use crate::sockets::Store;
+use crate::support::{self, eventually, RedisServer};
 
 use std::io;
 use std::net::SocketAddr;
@@ -12,13 +13,17 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::Path;
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tower_redlock::http::{key::path_param, replay::Replay, LockLayer};
+use tower_redlock::{LeaseHandle, Redlock};
 
 /// Bound on things that happen promptly; only reached when a test fails.
 const PROMPTLY: Duration = Duration::from_secs(10);
@@ -162,4 +167,66 @@ async fn a_locked_response_leaves_in_one_write() {
             store.name()
         );
     }
+}
+
+/// A body of announced length whose bytes the test sends.
+struct Announced {
+    chunks: mpsc::Receiver<Bytes>,
+    len: u64,
+}
+
+impl http_body::Body for Announced {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.chunks
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.len)
+    }
+}
+
+/// The layer reads a body of known length before anything is sent; a lease lost
+/// meanwhile (`OnLost::Abort`, the default) stops the reading, and the client is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_while_its_body_is_read_is_answered_lock_lost() {
+    let server = RedisServer::start();
+    let options = support::patient().ttl(Duration::from_secs(3));
+    let locker = Redlock::from_urls([server.url()], options).unwrap();
+    let (chunks_tx, chunks) = mpsc::channel::<Bytes>(1);
+    let chunks = std::sync::Arc::new(std::sync::Mutex::new(Some(chunks)));
+    let (lease_tx, mut lease_rx) = mpsc::channel::<LeaseHandle>(1);
+    let export = post(move |Extension(lease): Extension<LeaseHandle>| {
+        let chunks = chunks.lock().unwrap().take().expect("one request");
+        let lease_tx = lease_tx.clone();
+        async move {
+            lease_tx.send(lease).await.unwrap();
+            Body::new(Announced { chunks, len: 10 })
+        }
+    });
+    let app = Router::new()
+        .route("/exports/{id}", export)
+        .route_layer(LockLayer::new(locker, path_param("id")));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let served = tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut conn = Conn::open(addr).await;
+    conn.write(&Req::post("/exports/e1")).await;
+    let lease = lease_rx.recv().await.unwrap();
+    chunks_tx.send(Bytes::from_static(b"first")).await.unwrap();
+    // Someone deletes the key: the watchdog finds it gone and the lease is lost.
+    server.cmd(&["DEL", &format!("redlock:{{{}}}", lease.resource().as_str())]);
+    lease.lost().await;
+    let reply = conn.read_reply().await;
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert_eq!(reply.problem().as_deref(), Some("lock-lost"));
+    eventually("the body was dropped", PROMPTLY, || chunks_tx.is_closed()).await;
+    served.abort();
 }
