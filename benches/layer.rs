@@ -1,148 +1,108 @@
-//! Middleware cost (issue 6): requests/s and latency of an axum route behind
-//! `LockLayer`, against the same route without the layer whose handler does the
-//! equivalent raw redis-rs round trips by hand, in the same run.
+//! What a client sees of `LockLayer` (issue 42): requests/s and latency of an axum
+//! route behind the layer, served by `axum::serve` on a loopback port to keep-alive
+//! clients, against the same route without the layer whose handler does the same
+//! Redis round trips by hand, in the same run.
 //!
 //! `cargo bench --bench layer` spawns its own redis-server nodes on free loopback ports
-//! (the `tests/support` helper) and prints markdown tables. For 1 and 3 nodes, under
-//! tokio's multi-thread runtime and then under `current_thread`:
+//! (the `tests/support` helper) and prints markdown tables. For tokio's multi-thread
+//! and `current_thread` runtimes, 1 and 3 nodes, and a listener without and with
+//! `TCP_NODELAY` (`axum::serve`'s default is without):
 //!
 //! - **layer**: `POST /work` with `route_layer(LockLayer::new(locker, header("Idempotency-Key")))`,
 //!   every request a unique key (so no contention), a handler that returns `"ok"`. The
-//!   locker has ttl 30 s, the watchdog on (the default), a 500 ms node timeout. The
-//!   lease is released in the background when the response body ends.
+//!   locker has ttl 30 s, the watchdog on (the default), a 500 ms node timeout.
 //! - **raw**: the same route without the layer; its handler does by hand, per node
 //!   concurrently (`join_all`) over one multiplexed redis-rs connection per node, the
 //!   same Redis work as the layer's fenced lock: what the crate pipelines for a caller
 //!   that does not wait (`SET NX PX`, `EXISTS` of the wait queue, the crate's fence
-//!   script `fence.lua`: the counter floored by the clock), counts a quorum (N/2+1),
-//!   then the crate's release script (compare-and-delete, `PUBLISH`) on the nodes that
-//!   granted it, both as `EVALSHA`, and answers `"ok"`. (Until 2026-11-23 the
-//!   raw handler did a bare `SET NX PX` and an unfenced compare-and-delete: 4 Redis
-//!   commands per request against the layer's 9, which measured fencing, not the
-//!   layer.)
-//!   Same TCP settings as the crate (`TCP_NODELAY`).
-//! - **direct** (with `-- --direct`): the same route without the layer; its handler
-//!   takes the layer's lock through the locker's API (`try_acquire` of the same
-//!   resource, the lease dropped before answering, so released in the background):
-//!   the lock engine without the middleware, to tell their costs apart.
+//!   script), counts a quorum (N/2+1), then the crate's release script
+//!   (compare-and-delete, `PUBLISH`) on the nodes that granted it, and answers `"ok"`.
 //!
-//! Every router is made with `with_state`, as `axum::serve` (`into_make_service`) makes
-//! it, so handlers and their layers become routes once, not on every request.
+//! Load: `--conns` (16) keep-alive HTTP/1.1 connections from this process (the
+//! `tests/support` client), each sending its next request once it has read the last
+//! response, for `--secs` (2) after a warm-up of 0.3 s. Latency = from writing the
+//! request to reading the last byte of the response. Both run in the same runtime as
+//! the server, as an application's own load would. Each row starts on flushed nodes.
 //!
-//! Load: a client in the same process, no sockets: `tasks` (64) tokio tasks send
-//! `requests` (50,000: long enough for the 10 ms resolution of the CPU counters)
-//! requests after a warm-up (5,000), each with `ServiceExt::oneshot` on a clone of the
-//! `Router`, and read the body to the end.
-//! Latency = from building the request to the end of the body. A row ends when every
-//! response was read and, for the layer, every lease released (the locker holds no
-//! resource any more), so background releases are inside the time.
+//! Each (runtime, nodes, listener) triple is measured `--reps` (2) times, the routes
+//! taking turns at going first; the tables show medians, and the ratios the median of
+//! the per-repetition ratios. Redis commands per request come from
+//! `INFO commandstats`, CPU per request (server and client: this process) from
+//! `/proc/self/stat`.
 //!
-//! Each (runtime, nodes) pair is measured `reps` (4) times, the variants taking turns
-//! at going first, each row on freshly flushed nodes; the tables show medians, and
-//! the ratio is the median of the per-repetition ratios. Redis commands per request
-//! come from `INFO commandstats`; CPU per request from `/proc/PID/stat` of this process
-//! and of the servers.
+//! The `oneshot` bench this replaces (the service driven without sockets) could not
+//! show a response that leaves in two writes, which is what a client pays for; the
+//! layer's CPU per request, which it measured, is in the table here.
 //!
-//! Options: `-- --requests N`, `-- --tasks N`, `-- --reps N`, `-- --quick` (2,000
-//! requests, one repetition, for a smoke run); for profiling one row: `-- --nodes 1`
-//! (or `3`, default `1,3`), `-- --runtime current_thread` (or `multi-thread`),
-//! `-- --no-context` (skip the rows without Redis), `-- --only layer` (or `raw`,
-//! `direct`).
+//! Options: `-- --secs N`, `-- --conns N`, `-- --reps N`, `-- --nodes 1` (or `3`,
+//! default `1,3`), `-- --runtime current_thread` (or `multi-thread`), `-- --nodelay on`
+//! (or `off`, default both), `-- --quick` (0.5 s rows, one repetition).
 
+#[path = "../tests/support/http_client.rs"]
+mod http_client;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
+use axum::serve::ListenerExt;
 use axum::Router;
 use futures_util::future::join_all;
-use http_body_util::BodyExt;
+use http_client::{Conn, Req};
 use redis::aio::MultiplexedConnection;
 use support::RedisServer;
-use tower::ServiceExt;
+use tokio::net::TcpListener;
 use tower_redlock::http::{key::header, LockLayer};
-use tower_redlock::{LockOptions, MemoryNode, Redlock, Resource};
+use tower_redlock::{LockOptions, Redlock};
 
-use common::{median, ms, percentile, thousands};
+use common::{median, percentile, thousands};
 
 const TTL: Duration = Duration::from_secs(30);
-/// The compare-and-delete of the anchors' raw client.
 /// The fence counter's ttl: the crate's default (`LockOptions::fence_ttl`).
 const FENCE_TTL: Duration = Duration::from_secs(3600);
+const WARM_UP: Duration = Duration::from_millis(300);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Flavor {
-    MultiThread,
-    CurrentThread,
-}
-
-impl Flavor {
-    fn name(self) -> &'static str {
-        match self {
-            Flavor::MultiThread => "multi-thread",
-            Flavor::CurrentThread => "current_thread",
-        }
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Variant {
+enum Route {
     /// `LockLayer` over the Redis nodes.
     Layer,
     /// Raw redis-rs round trips in the handler.
     Raw,
-    /// Context: `LockLayer` over one `MemoryNode` (no Redis).
-    LayerMemory,
-    /// Context: the bare route, no lock at all.
-    Bare,
-    /// Context: the same locker as the layer's, called by hand in the handler (no
-    /// layer): what the lock costs without the middleware around it.
-    Direct,
 }
 
-impl Variant {
-    /// The value of `--only` that selects this variant.
-    fn flag(self) -> &'static str {
-        match self {
-            Variant::Layer => "layer",
-            Variant::Raw => "raw",
-            Variant::LayerMemory => "memory",
-            Variant::Bare => "bare",
-            Variant::Direct => "direct",
-        }
-    }
-
+impl Route {
     fn name(self) -> &'static str {
         match self {
-            Variant::Layer => "LockLayer",
-            Variant::Raw => "raw redis-rs in handler",
-            Variant::LayerMemory => "LockLayer over MemoryNode",
-            Variant::Bare => "bare route, no lock",
-            Variant::Direct => "Redlock by hand in handler",
+            Route::Layer => "LockLayer",
+            Route::Raw => "raw redis-rs in handler",
         }
     }
+}
+
+/// What a row is measured under.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Setup {
+    runtime: &'static str,
+    nodes: usize,
+    nodelay: bool,
 }
 
 struct Config {
-    requests: usize,
-    warmup: usize,
-    tasks: usize,
+    secs: Duration,
+    conns: usize,
     reps: usize,
 }
 
 /// One measured row.
 struct Sample {
-    flavor: Flavor,
-    nodes: usize,
-    variant: Variant,
+    setup: Setup,
+    route: Route,
     rep: usize,
     rps: f64,
     p50: Duration,
@@ -151,123 +111,83 @@ struct Sample {
     errors: usize,
     /// Redis commands per request, summed over nodes.
     commands: f64,
-    /// CPU of this process per request (µs).
-    client_cpu_us: f64,
-    /// CPU of the Redis servers per request (µs), summed over nodes.
-    redis_cpu_us: f64,
-    /// CPU of the busiest Redis server, % of one core.
-    redis_busiest: f64,
+    /// CPU of this process (server and client) per request, µs.
+    cpu_us: f64,
 }
 
 fn main() {
     let quick = common::switch("--quick");
     let config = Config {
-        requests: common::flag("--requests", if quick { 2000 } else { 50_000 }),
-        warmup: if quick { 2000 } else { 5000 },
-        tasks: common::flag("--tasks", 64),
-        reps: common::flag("--reps", if quick { 1 } else { 4 }),
+        secs: Duration::from_secs_f64(common::flag("--secs", if quick { 0.5 } else { 2.0 })),
+        conns: common::flag("--conns", 16),
+        reps: common::flag("--reps", if quick { 1 } else { 2 }),
     };
     let nodes: String = common::flag("--nodes", "1,3".to_owned());
     let runtimes: String = common::flag("--runtime", "multi-thread,current_thread".to_owned());
+    let nodelay: String = common::flag("--nodelay", "off,on".to_owned());
     let clusters: Vec<Vec<RedisServer>> = nodes
         .split(',')
         .map(|n| RedisServer::start_many(n.trim().parse().expect("--nodes")))
         .collect();
+    let nodelays: Vec<bool> = nodelay.split(',').map(|v| v.trim() == "on").collect();
     let mut samples = Vec::new();
-    let mut loads = Vec::new();
-    for flavor in [Flavor::MultiThread, Flavor::CurrentThread]
-        .into_iter()
-        .filter(|f| runtimes.split(',').any(|r| r.trim() == f.name()))
-    {
-        let runtime = match flavor {
-            Flavor::MultiThread => tokio::runtime::Builder::new_multi_thread(),
-            Flavor::CurrentThread => tokio::runtime::Builder::new_current_thread(),
-        }
-        .enable_all()
-        .build()
-        .expect("runtime");
-        let before = common::loadavg();
-        runtime.block_on(measure(flavor, &clusters, &config, &mut samples));
-        loads.push((flavor, before, common::loadavg()));
-    }
-    print_tables(&samples, &loads, &config);
-}
-
-async fn measure(
-    flavor: Flavor,
-    clusters: &[Vec<RedisServer>],
-    config: &Config,
-    samples: &mut Vec<Sample>,
-) {
-    let only = std::env::args()
-        .position(|a| a == "--only")
-        .and_then(|i| std::env::args().nth(i + 1));
-    let with_direct = common::switch("--direct") || only.as_deref() == Some("direct");
-    for servers in clusters {
-        let nodes = servers.len();
-        let layer = layer_target(
-            Redlock::connect(servers.iter().map(|s| s.url()), options())
-                .await
-                .expect("locker"),
-        );
-        let raw = Target {
-            router: raw_router(servers).await,
-            locker: None,
+    for runtime in runtimes.split(',').map(str::trim) {
+        let (name, mut builder) = match runtime {
+            "multi-thread" => ("multi-thread", tokio::runtime::Builder::new_multi_thread()),
+            "current_thread" => (
+                "current_thread",
+                tokio::runtime::Builder::new_current_thread(),
+            ),
+            other => panic!("--runtime {other}: multi-thread or current_thread"),
         };
-        let direct = direct_target(
-            Redlock::connect(servers.iter().map(|s| s.url()), options())
-                .await
-                .expect("locker"),
-        );
-        let mut variants = vec![Variant::Layer, Variant::Raw];
-        if with_direct {
-            variants.push(Variant::Direct);
-        }
-        for rep in 0..config.reps {
-            // Each variant goes first in turn: a drift of the machine's load over a
-            // repetition then favours none of them.
-            let mut order = variants.clone();
-            order.rotate_left(rep % variants.len());
-            for variant in order {
-                if only.as_deref().is_some_and(|o| o != variant.flag()) {
-                    continue;
-                }
-                let target = match variant {
-                    Variant::Layer => &layer,
-                    Variant::Direct => &direct,
-                    _ => &raw,
+        let rt = builder.enable_all().build().expect("runtime");
+        for servers in &clusters {
+            for &nodelay in &nodelays {
+                let setup = Setup {
+                    runtime: name,
+                    nodes: servers.len(),
+                    nodelay,
                 };
-                let sample = run(flavor, servers, variant, rep, target, config).await;
-                eprintln!(
-                    "{} {} node(s) rep {} {}: {:.0} req/s, p50 {} ms, p99 {} ms, {} errors (load {})",
-                    flavor.name(),
-                    nodes,
-                    rep + 1,
-                    variant.name(),
-                    sample.rps,
-                    ms(sample.p50),
-                    ms(sample.p99),
-                    sample.errors,
-                    common::loadavg(),
-                );
-                samples.push(sample);
+                rt.block_on(measure(setup, servers, &config, &mut samples));
             }
         }
     }
-    if common::switch("--no-context") {
-        return;
-    }
-    // Context, without Redis: what the layer itself and the load driver cost.
-    let memory = layer_target(Redlock::new([MemoryNode::new()], options()).expect("locker"));
-    let bare = Target {
-        router: Router::new()
-            .route("/work", post(|| async { "ok" }))
-            .with_state(()),
-        locker: None,
-    };
+    print_tables(&samples, &config);
+}
+
+async fn measure(
+    setup: Setup,
+    servers: &[RedisServer],
+    config: &Config,
+    samples: &mut Vec<Sample>,
+) {
+    let locker = Redlock::connect(servers.iter().map(|s| s.url()), options())
+        .await
+        .expect("locker");
+    let layer = Router::new()
+        .route("/work", post(|| async { "ok" }))
+        .route_layer(LockLayer::new(locker, header("Idempotency-Key")));
+    let raw = raw_router(servers).await;
     for rep in 0..config.reps {
-        for (variant, target) in [(Variant::LayerMemory, &memory), (Variant::Bare, &bare)] {
-            let sample = run(flavor, &[], variant, rep, target, config).await;
+        // Each route goes first in turn: a drift of the machine's load over a
+        // repetition then favours neither.
+        let mut order = [(Route::Layer, &layer), (Route::Raw, &raw)];
+        order.rotate_left(rep % 2);
+        for (route, router) in order {
+            let sample = run(setup, route, rep, router.clone(), servers, config).await;
+            eprintln!(
+                "{} {} node(s) nodelay {} rep {} {}: {:.0} req/s, p50 {:.3} ms, p99 {:.3} ms, {} errors (load {})",
+                setup.runtime,
+                setup.nodes,
+                setup.nodelay,
+                rep + 1,
+                route.name(),
+                sample.rps,
+                sample.p50.as_secs_f64() * 1e3,
+                sample.p99.as_secs_f64() * 1e3,
+                sample.errors,
+                common::loadavg(),
+            );
             samples.push(sample);
         }
     }
@@ -279,54 +199,6 @@ fn options() -> LockOptions {
     LockOptions::default()
         .ttl(TTL)
         .node_timeout(Duration::from_millis(500))
-}
-
-/// `POST /work` behind the lock layer, keyed by the `Idempotency-Key` header.
-fn layer_target(locker: Redlock) -> Target {
-    Target {
-        router: Router::new()
-            .route("/work", post(|| async { "ok" }))
-            .route_layer(LockLayer::new(locker.clone(), header("Idempotency-Key")))
-            .with_state(()),
-        locker: Some(locker),
-    }
-}
-
-/// `POST /work` without the layer; the handler takes the same lock as the layer's
-/// through the locker's API and drops the lease (released in the background, as the
-/// layer's is when the body ends).
-fn direct_target(locker: Redlock) -> Target {
-    let handler = {
-        let locker = locker.clone();
-        move |headers: HeaderMap| async move {
-            let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
-                return (StatusCode::BAD_REQUEST, "no key");
-            };
-            match locker
-                .try_acquire(Resource::new("POST").join("/work").join(key))
-                .await
-            {
-                Ok(_lease) => (StatusCode::OK, "ok"),
-                Err(_) => (StatusCode::CONFLICT, "held"),
-            }
-        }
-    };
-    Target {
-        router: Router::new().route("/work", post(handler)).with_state(()),
-        locker: Some(locker),
-    }
-}
-
-/// A router to drive, and the locker behind its layer, if any.
-///
-/// Every router is made with `with_state`, as `axum::serve` makes it (through
-/// `into_make_service`): the handlers, and the layers around them, become routes once.
-/// A router without it turns each handler into a route, and builds its layers, on
-/// every request (until 2026-11-24 the layer's router paid that and the hand-written
-/// one, made with its state, did not).
-struct Target {
-    router: Router,
-    locker: Option<Redlock>,
 }
 
 /// What the hand-written handler needs: one multiplexed connection per node.
@@ -457,221 +329,161 @@ fn owner() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Warm-up, then `config.requests` requests over `config.tasks` tasks.
+/// One row: `router` served on a loopback port, driven by `config.conns` keep-alive
+/// connections for the warm-up and then `config.secs`.
 async fn run(
-    flavor: Flavor,
-    servers: &[RedisServer],
-    variant: Variant,
+    setup: Setup,
+    route: Route,
     rep: usize,
-    target: &Target,
+    router: Router,
+    servers: &[RedisServer],
     config: &Config,
 ) -> Sample {
-    let tag = format!("{:?}-{}-{:?}-{rep}", flavor, servers.len(), variant);
-    let router = &target.router;
-    // Every row starts from empty nodes: the layer's fence counters (one per key, kept
-    // for 7 days) would otherwise grow the keyspace under the next row, which then
-    // pays Redis's incremental rehashing.
+    // Every row starts from empty nodes: the layer's fence counters (one per key) would
+    // otherwise grow the keyspace under the next row.
     servers.iter().for_each(RedisServer::flushall);
-    drive(router, &format!("{tag}-warm"), config.warmup, config.tasks).await;
-    settle(target).await;
-    common::reset_stats(servers);
-    let (cpu0, redis0) = (common::own_cpu(), server_cpus(servers));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let nodelay = setup.nodelay;
+    let listener = listener.tap_io(move |tcp| {
+        if nodelay {
+            let _ = tcp.set_nodelay(true);
+        }
+    });
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
     let start = Instant::now();
-    let (mut latencies, errors) =
-        drive(router, &format!("{tag}-m"), config.requests, config.tasks).await;
-    settle(target).await;
-    let elapsed = start.elapsed();
-    let cpu = common::own_cpu() - cpu0;
-    let redis: Vec<Duration> = server_cpus(servers)
-        .iter()
-        .zip(&redis0)
-        .map(|(after, before)| *after - *before)
+    let (measured, end) = (start + WARM_UP, start + WARM_UP + config.secs);
+    let tag = format!(
+        "{}-{}-{}-{route:?}-{rep}",
+        setup.runtime, setup.nodes, nodelay
+    );
+    let clients: Vec<_> = (0..config.conns)
+        .map(|c| {
+            let tag = format!("{tag}-{c}");
+            tokio::spawn(async move {
+                let mut conn = Conn::open(addr).await;
+                let (mut latencies, mut errors) = (Vec::new(), 0);
+                for i in 0.. {
+                    let sent = Instant::now();
+                    if sent >= end {
+                        break;
+                    }
+                    let request =
+                        Req::post("/work").header("idempotency-key", &format!("{tag}-{i}"));
+                    let reply = conn.send(request).await;
+                    if sent >= measured {
+                        latencies.push(sent.elapsed());
+                        errors += usize::from(reply.status != 200);
+                    }
+                }
+                (latencies, errors)
+            })
+        })
         .collect();
-    let commands = common::commands(servers);
+    tokio::time::sleep_until(measured.into()).await;
+    common::reset_stats(servers);
+    let cpu0 = common::own_cpu();
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for client in join_all(clients).await {
+        let (l, e) = client.expect("client");
+        latencies.extend(l);
+        errors += e;
+    }
+    let cpu = common::own_cpu() - cpu0;
+    let elapsed = measured.elapsed();
+    server.abort();
     latencies.sort();
-    let n = config.requests as f64;
+    let n = latencies.len().max(1) as f64;
     Sample {
-        flavor,
-        nodes: servers.len(),
-        variant,
+        setup,
+        route,
         rep,
         rps: n / elapsed.as_secs_f64(),
         p50: percentile(&latencies, 50.0),
         p99: percentile(&latencies, 99.0),
         errors,
-        commands: commands as f64 / n,
-        client_cpu_us: cpu.as_secs_f64() * 1e6 / n,
-        redis_cpu_us: redis.iter().sum::<Duration>().as_secs_f64() * 1e6 / n,
-        redis_busiest: redis
-            .iter()
-            .map(|d| d.as_secs_f64() / elapsed.as_secs_f64() * 100.0)
-            .fold(0.0, f64::max),
+        commands: common::commands(servers) as f64 / n,
+        cpu_us: cpu.as_secs_f64() * 1e6 / n,
     }
 }
 
-fn server_cpus(servers: &[RedisServer]) -> Vec<Duration> {
-    servers
-        .iter()
-        .map(|s| common::cpu_time(&s.pid().to_string()))
-        .collect()
-}
-
-/// Waits until the layer's locker (if any) holds nothing: every lease released.
-async fn settle(target: &Target) {
-    if let Some(locker) = &target.locker {
-        while locker.local_resources() > 0 {
-            tokio::time::sleep(Duration::from_micros(100)).await;
+fn print_tables(samples: &[Sample], config: &Config) {
+    let mut setups: Vec<Setup> = Vec::new();
+    for s in samples {
+        if !setups.contains(&s.setup) {
+            setups.push(s.setup);
         }
     }
-}
-
-/// `total` requests with keys `prefix-i` over `tasks` tasks; latencies and the number
-/// of responses other than 200.
-async fn drive(
-    router: &Router,
-    prefix: &str,
-    total: usize,
-    tasks: usize,
-) -> (Vec<Duration>, usize) {
-    let next = Arc::new(AtomicUsize::new(0));
-    let workers: Vec<_> = (0..tasks)
-        .map(|_| {
-            let (router, next, prefix) = (router.clone(), next.clone(), prefix.to_owned());
-            tokio::spawn(async move {
-                let mut latencies = Vec::with_capacity(total / tasks + 1);
-                let mut errors = 0;
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= total {
-                        return (latencies, errors);
-                    }
-                    let start = Instant::now();
-                    let request = Request::post("/work")
-                        .header("idempotency-key", format!("{prefix}-{i}"))
-                        .body(Body::empty())
-                        .expect("request");
-                    let response = router.clone().oneshot(request).await.expect("infallible");
-                    if response.status() != StatusCode::OK {
-                        errors += 1;
-                    }
-                    let _ = response.into_body().collect().await;
-                    latencies.push(start.elapsed());
-                }
-            })
-        })
-        .collect();
-    let mut all = Vec::with_capacity(total);
-    let mut errors = 0;
-    for worker in workers {
-        let (latencies, e) = worker.await.expect("worker");
-        all.extend(latencies);
-        errors += e;
-    }
-    (all, errors)
-}
-
-fn print_tables(samples: &[Sample], loads: &[(Flavor, String, String)], config: &Config) {
-    let of = |flavor: Flavor, nodes: usize, variant: Variant| -> Vec<&Sample> {
+    let of = |setup: Setup, route: Route| -> Vec<&Sample> {
         samples
             .iter()
-            .filter(|s| s.flavor == flavor && s.nodes == nodes && s.variant == variant)
+            .filter(|s| s.setup == setup && s.route == route)
             .collect()
     };
     let med = |rows: &[&Sample], f: fn(&Sample) -> f64| median(rows.iter().map(|s| f(s)));
-    let flavors = [Flavor::MultiThread, Flavor::CurrentThread];
+    let listener = |setup: Setup| {
+        if setup.nodelay {
+            "TCP_NODELAY"
+        } else {
+            "default"
+        }
+    };
     println!();
     println!(
-        "{} requests per row after {} warm-up, {} client tasks, medians of {} repetitions.",
-        thousands(config.requests as f64),
-        thousands(config.warmup as f64),
-        config.tasks,
-        config.reps
+        "{} keep-alive connections, {:.1} s per row after {:.1} s of warm-up, medians of {} repetitions. Load average: {}",
+        config.conns,
+        config.secs.as_secs_f64(),
+        WARM_UP.as_secs_f64(),
+        config.reps,
+        common::loadavg()
     );
-    for (flavor, before, after) in loads {
-        println!("Load average ({}): {before} → {after}", flavor.name());
-    }
     println!();
-    println!("| runtime | nodes | route | requests/s | p50 (ms) | p99 (ms) | non-200 | Redis commands / request | client CPU (µs / request) | Redis CPU (µs / request) | busiest Redis (% of a core) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    for flavor in flavors {
-        for (nodes, variant) in [
-            (1, Variant::Layer),
-            (1, Variant::Raw),
-            (1, Variant::Direct),
-            (3, Variant::Layer),
-            (3, Variant::Raw),
-            (3, Variant::Direct),
-            (0, Variant::LayerMemory),
-            (0, Variant::Bare),
-        ] {
-            let rows = of(flavor, nodes, variant);
-            if rows.is_empty() {
-                continue;
-            }
-            let redis = |x: f64| {
-                if nodes == 0 {
-                    "–".to_owned()
-                } else {
-                    format!("{x:.1}")
-                }
-            };
+    println!("| runtime | nodes | listener | route | requests/s | p50 (ms) | p99 (ms) | non-200 | Redis commands / request | CPU (µs / request) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for &setup in &setups {
+        for route in [Route::Layer, Route::Raw] {
+            let rows = of(setup, route);
             println!(
-                "| {} | {} | {} | {} | {:.3} | {:.3} | {} | {} | {:.1} | {} | {} |",
-                flavor.name(),
-                if nodes == 0 {
-                    "–".into()
-                } else {
-                    nodes.to_string()
-                },
-                variant.name(),
+                "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {} | {:.1} | {:.0} |",
+                setup.runtime,
+                setup.nodes,
+                listener(setup),
+                route.name(),
                 thousands(med(&rows, |s| s.rps)),
                 med(&rows, |s| s.p50.as_secs_f64() * 1e3),
                 med(&rows, |s| s.p99.as_secs_f64() * 1e3),
                 rows.iter().map(|s| s.errors).sum::<usize>(),
-                redis(med(&rows, |s| s.commands)),
-                med(&rows, |s| s.client_cpu_us),
-                redis(med(&rows, |s| s.redis_cpu_us)),
-                redis(med(&rows, |s| s.redis_busiest)),
+                med(&rows, |s| s.commands),
+                med(&rows, |s| s.cpu_us),
             );
         }
     }
     println!();
-    println!("| runtime | nodes | LockLayer requests/s | raw requests/s | LockLayer / raw (median) | per repetition | p50 LockLayer / raw | target ≥ 0.9× |");
-    println!("|---|---|---|---|---|---|---|---|");
-    for flavor in flavors {
-        for nodes in [1, 3] {
-            let (layer, raw) = (
-                of(flavor, nodes, Variant::Layer),
-                of(flavor, nodes, Variant::Raw),
-            );
-            if layer.is_empty() || raw.is_empty() {
-                continue;
-            }
-            let ratios: Vec<f64> = layer
+    println!("| runtime | nodes | listener | requests/s LockLayer / raw | p50 LockLayer − raw (ms) | target ≥ 0.9×, ≤ 1 ms |");
+    println!("|---|---|---|---|---|---|");
+    for &setup in &setups {
+        let (layer, raw) = (of(setup, Route::Layer), of(setup, Route::Raw));
+        let pairs: Vec<(&Sample, &Sample)> = layer
+            .iter()
+            .filter_map(|l| Some((*l, *raw.iter().find(|r| r.rep == l.rep)?)))
+            .collect();
+        let ratio = median(pairs.iter().map(|(l, r)| l.rps / r.rps));
+        let p50 = median(
+            pairs
                 .iter()
-                .filter_map(|l| {
-                    let r = raw.iter().find(|r| r.rep == l.rep)?;
-                    Some(l.rps / r.rps)
-                })
-                .collect();
-            let p50s = layer.iter().filter_map(|l| {
-                let r = raw.iter().find(|r| r.rep == l.rep)?;
-                Some(l.p50.as_secs_f64() / r.p50.as_secs_f64())
-            });
-            let ratio = median(ratios.iter().copied());
-            println!(
-                "| {} | {nodes} | {} | {} | {ratio:.2}× | {} | {:.2}× | {} |",
-                flavor.name(),
-                thousands(med(&layer, |s| s.rps)),
-                thousands(med(&raw, |s| s.rps)),
-                ratios
-                    .iter()
-                    .map(|r| format!("{r:.2}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                median(p50s),
-                if ratio >= 0.9 { "met" } else { "not met" },
-            );
-        }
+                .map(|(l, r)| (l.p50.as_secs_f64() - r.p50.as_secs_f64()) * 1e3),
+        );
+        println!(
+            "| {} | {} | {} | {ratio:.2}× | {p50:+.3} | {} |",
+            setup.runtime,
+            setup.nodes,
+            listener(setup),
+            if ratio >= 0.9 && p50 <= 1.0 {
+                "met"
+            } else {
+                "not met"
+            },
+        );
     }
 }

@@ -33,6 +33,7 @@
 //! | `GET /healthz` | none | 200 |
 //! | `GET /metrics` | none | the lock's metrics in the Prometheus text format, with `--features metrics`: `tower_redlock_acquisitions_total{outcome="held"}` grows with every 409 |
 //! | `POST /orders/{id}/pay[?work_ms=N]` | `order:{id}`, refuse when held (409) | `{"order", "payment", "fencing_token"}` |
+//! | `POST /orders/{id}/pay-unlocked[?work_ms=N]` | none: `pay` without the lock, for `benches/load.sh` to measure what the lock costs; unfenced (token 0), so keep its orders apart from `pay`'s | as `pay` |
 //! | `POST /orders/{id}/ship[?work_ms=N]` | `order:{id}`, wait up to `WAIT_TIMEOUT_MS` | `{"order", "shipment", "fencing_token"}` |
 //! | `POST /payments[?work_ms=N]` | the `Idempotency-Key` header of the customer (`Authorization: Bearer <customer>`; both required), refuse when held, replay the first answer to that customer only | `{"idempotency_key", "payment", "fencing_token"}`; the ledger entry `payment:<customer>:<key>` |
 //! | `GET /orders/{id}` | none | `{"order", "payments", "shipments", "max_in_flight", "last_fencing_token"}` |
@@ -337,6 +338,7 @@ pub fn app(locker: Redlock, ledger: Ledger, config: &Config) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/orders/{id}", get(order_status))
         .route("/orders/{id}/pay", post(pay).route_layer(pay_lock))
+        .route("/orders/{id}/pay-unlocked", post(pay_unlocked))
         .route("/orders/{id}/ship", post(ship).route_layer(ship_lock))
         .route("/payments", payments_route(&locker))
         .merge(transfers::routes(&locker, config))
@@ -389,6 +391,23 @@ async fn pay(
     let token = lease.fencing_token();
     let payment = work_on_order(&state.ledger, &order, Entry::Payment, token, work).await?;
     tracing::info!(%order, payment, %token, "payment recorded");
+    Ok(Json(json!({
+        "order": order,
+        "payment": payment,
+        "fencing_token": token.to_string(),
+    })))
+}
+
+/// `POST /orders/{id}/pay-unlocked`: `pay`'s work without a lock, hence without a
+/// fencing token (0).
+async fn pay_unlocked(
+    State(state): State<AppState>,
+    Path(order): Path<String>,
+    Query(params): Query<WorkParams>,
+) -> Result<Json<Value>, ApiProblem> {
+    let work = work_of(&params)?;
+    let token = FencingToken::new(0);
+    let payment = work_on_order(&state.ledger, &order, Entry::Payment, token, work).await?;
     Ok(Json(json!({
         "order": order,
         "payment": payment,

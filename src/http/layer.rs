@@ -94,7 +94,8 @@ impl<K> LockLayer<K> {
 
     /// Keep the lease until the response body has been produced (default `true`), so a
     /// streamed response is produced under the lock; it is released before the body's
-    /// end is handed on. With `false` the lease is released as soon as the handler
+    /// end is handed on (a short body of known length is read, then released, before
+    /// the response is: see [`LeaseBody`](super::LeaseBody)). With `false` the lease is released as soon as the handler
     /// returns its response, before the response is sent. Either way a client that has
     /// read the whole response finds the lock free.
     #[must_use]

@@ -174,10 +174,12 @@
 //!
 //! The lease is released:
 //!
-//! - when the response body has been produced ([`LeaseBody`]), **before** its end is
-//!   handed on — the last frame waits for the nodes to answer the release, so a client
-//!   that read the whole response finds the lock free; or before the response is sent,
-//!   with [`LockLayer::hold_through_body`]`(false)` or an empty body;
+//! - before the response is handed on when its body is short and of known length (up
+//!   to 1 MiB: the layer reads it under the lease), so head and body leave in one write;
+//!   when a longer or streamed body has been produced ([`LeaseBody`]), **before** its end
+//!   is handed on — the last frame waits for the nodes to answer the release; either way
+//!   a client that read the whole response finds the lock free. Before the response is
+//!   sent with [`LockLayer::hold_through_body`]`(false)` or an empty body;
 //! - when the handler ends, if the client went away meanwhile ([`OnDisconnect::Finish`]);
 //!   at once, in the background, under [`OnDisconnect::Cancel`] or while the request
 //!   still waits for its lock;

@@ -10,6 +10,7 @@ use std::task::Poll;
 
 use http::{Request, Response};
 use http_body::Body;
+use http_body_util::{BodyExt, Collected};
 use tokio::time::Instant;
 use tower_service::Service;
 use tracing::Span;
@@ -156,17 +157,42 @@ where
         }
         // The handler future is dropped here, before the answer is made.
     };
+    Ok(Called::Stopped(stopped(settings, span, handle, cause)))
+}
+
+/// 503 `lock-lost`: the lease was lost before the response left, under
+/// [`OnLost::Abort`]; the handler (or the reading of its body) was stopped.
+fn stopped<RB: Body>(
+    settings: &Settings,
+    span: &Span,
+    handle: &LeaseHandle,
+    cause: LostCause,
+) -> Response<LeaseBody<RB>> {
     span.record("outcome", ProblemKind::LockLost.code());
     metrics::refusal(ProblemKind::LockLost.code());
     tracing::warn!(%cause, "lease lost while the handler ran: handler stopped");
     let problem = problem::lock_lost(handle.resource().clone());
     let mut response = render(settings, &problem);
     response.extensions_mut().insert(LeaseLost(cause));
-    Ok(Called::Stopped(response))
+    response
 }
+
+/// The largest body of known length that [`finish`] reads under the lease before the
+/// response is handed on. What axum's `Json`, `String` and `Bytes` answer is in memory
+/// already, and costs nothing to read; a larger known length is most likely a file or a
+/// proxied stream, whose copy in memory would cost more than the round trip it saves
+/// (the order of [`Replay::max_body`](super::replay::Replay::max_body), which buffers
+/// the same way).
+const READ_AHEAD: u64 = 1 << 20;
 
 /// The handler's response, with the fencing token and the lost marker; the lease goes
 /// to the body (released before the body's end is handed on) or is released now.
+///
+/// A body of known length up to [`READ_AHEAD`] is read to its end under the lease, and
+/// the lease released, before the response is handed on: hyper then writes head and
+/// body at once. Handing on a held body instead makes hyper write the head alone, and
+/// the body once the release is answered: a second write, which on a connection
+/// without `TCP_NODELAY` waits for the client's delayed ACK (40 ms on Linux).
 pub(crate) async fn finish<RB: Body>(
     settings: &Settings,
     span: &Span,
@@ -177,6 +203,31 @@ pub(crate) async fn finish<RB: Body>(
     let (parts, body) = response.into_parts();
     // A body already complete (empty) is never polled: nothing to hold it through.
     let hold = settings.hold_through_body && !body.is_end_stream();
+    let known = body
+        .size_hint()
+        .exact()
+        .is_some_and(|len| len <= READ_AHEAD);
+    let (lease, handle) = match (lease, handle) {
+        (Some(lease), Some(handle)) if hold && known => {
+            let abort = settings.on_lost == OnLost::Abort;
+            return match read_whole(body, &handle, abort).await {
+                Ok(read) => {
+                    let trailers = read.trailers().cloned();
+                    let body = LeaseBody::recorded(read.to_bytes(), trailers);
+                    let (lease, handle) = (Some(lease), Some(handle));
+                    finish_with(settings, span, parts, lease, handle, false, |_| body).await
+                }
+                Err(Unread::Lost(cause)) => stopped(settings, span, &handle, cause),
+                Err(Unread::Failed) => {
+                    tracing::warn!("the response body failed before it was sent");
+                    Box::pin(lease.release()).await;
+                    let problem = problem::response_failed(handle.resource().clone());
+                    refuse(settings, span, problem)
+                }
+            };
+        }
+        other => other,
+    };
     finish_with(
         settings,
         span,
@@ -189,6 +240,30 @@ pub(crate) async fn finish<RB: Body>(
             None => LeaseBody::new(body),
         },
     )
+    .await
+}
+
+/// Why [`read_whole`] read no body.
+enum Unread {
+    /// The body failed.
+    Failed,
+    /// The lease was lost meanwhile, under [`OnLost::Abort`].
+    Lost(LostCause),
+}
+
+/// `body` read to its end; under `abort`, given up as soon as the lease is lost.
+async fn read_whole<RB: Body>(
+    body: RB,
+    handle: &LeaseHandle,
+    abort: bool,
+) -> Result<Collected<RB::Data>, Unread> {
+    let mut read = pin!(body.collect());
+    let mut lost = pin!(handle.lost());
+    poll_fn(|cx| match read.as_mut().poll(cx) {
+        Poll::Ready(read) => Poll::Ready(read.map_err(|_| Unread::Failed)),
+        Poll::Pending if abort => lost.as_mut().poll(cx).map(|cause| Err(Unread::Lost(cause))),
+        Poll::Pending => Poll::Pending,
+    })
     .await
 }
 

@@ -26,3 +26,4 @@ mod replay;
 mod sockets;
 mod transfers;
 mod webhooks;
+mod writes;
