@@ -17,15 +17,48 @@ use super::target::{Ask, Target};
 use super::{fencing, LockError, Redlock, Shared};
 use crate::node::{Node, NodeFuture, Owner, Waiter};
 
+/// How many times an attempt that lost to a split vote is run again before it is
+/// refused ([`Redlock::attempt`]).
+pub(super) const SPLIT_RETRIES: u32 = 3;
+
 impl Redlock {
     /// One Redlock round over `target` (plus the fence write-back when needed); the
     /// caller holds every member's local turn. `waiter`: the caller waits, and joins
     /// the wait queues if refused.
+    ///
+    /// A round that lost only to a split vote (concurrent attempts each won some nodes,
+    /// none a quorum) names no holder: it is undone and, for a caller that does not
+    /// wait (`try_acquire`, the layer's `Contention::Reject`), run
+    /// again after the retry policy's random delay, at most [`SPLIT_RETRIES`] times
+    /// (Redlock's rule). A round that won no node at all was refused by holders, and is
+    /// refused at once; so is the last split. A waiter retries in its own loop.
     #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %target.resources()[0], members = target.resources().len()))]
     pub(super) async fn attempt<T: Target>(
         &self,
         target: &T,
         waiter: Option<&Waiter>,
+    ) -> Result<Won<T>, LockError> {
+        let mut splits = 0;
+        loop {
+            let mut split = false;
+            let result = self.round(target, waiter, &mut split).await;
+            if !split || waiter.is_some() || splits == SPLIT_RETRIES {
+                return result;
+            }
+            splits += 1;
+            let delay = self.shared.options.retry.delay(splits, None);
+            tracing::debug!(resource = %target.resources()[0], splits, ?delay, "split vote: retrying");
+            tokio::time::sleep(delay).await;
+            self.refuse_if_draining(&target.resources()[0])?;
+        }
+    }
+
+    /// One round of [`attempt`](Self::attempt); `split`: it was lost to a split vote.
+    async fn round<T: Target>(
+        &self,
+        target: &T,
+        waiter: Option<&Waiter>,
+        split: &mut bool,
     ) -> Result<Won<T>, LockError> {
         let shared = &self.shared;
         let options = &shared.options;
@@ -59,6 +92,10 @@ impl Redlock {
             let answered = tally.won.len() + tally.held.len();
             cleanup(stragglers);
             if answered >= quorum {
+                // Nodes granted us while others refused: contenders of the same moment
+                // split the votes (a quorum-holder's nodes refuse every one of ours;
+                // the round waits for every answer before calling it that).
+                *split = !tally.won.is_empty();
                 shared.metrics.contended.inc();
                 let member = tally.first_held.unwrap_or(0);
                 let held = target.resources().get(member).unwrap_or(resource);

@@ -22,5 +22,6 @@ mod multi;
 mod orders;
 mod replay;
 mod sockets;
+mod splits;
 mod transfers;
 mod webhooks;
