@@ -50,9 +50,12 @@ pub(crate) async fn lock(
     }
     match taken {
         Ok(taken) => Ok(taken),
-        Err(error @ (LockError::Held { .. } | LockError::WaitTimeout { .. })) if replaying => {
-            let resource = target.resources[0].clone();
-            Err(NotLocked::Refused(problem::in_progress(&error, resource)))
+        Err(error @ (LockError::Held { .. } | LockError::WaitTimeout { .. })) => {
+            let problem = match replaying {
+                true => problem::in_progress(&error, target.resources[0].clone()),
+                false => target.problem(&error),
+            };
+            Err(NotLocked::Refused(settings.sections.retry_after(problem)))
         }
         Err(error @ (LockError::Unavailable { .. } | LockError::ValidityExpired { .. }))
             if settings.on_unavailable == Unavailable::FailOpen =>
@@ -136,9 +139,12 @@ where
     tracing::debug!(token = %handle.fencing_token(), "running the handler under the lease");
     request.extensions_mut().insert(handle.clone());
     add_request_lease(request.extensions_mut(), handle);
+    let started = Instant::now();
     let handler = inner.call(request);
     if settings.on_lost != OnLost::Abort {
-        return handler.await.map(Called::Answered);
+        let result = handler.await;
+        settings.sections.record(started.elapsed());
+        return result.map(Called::Answered);
     }
     let cause = {
         let mut handler = pin!(handler);
@@ -151,7 +157,10 @@ where
         })
         .await;
         match raced {
-            Ok(result) => return result.map(Called::Answered),
+            Ok(result) => {
+                settings.sections.record(started.elapsed());
+                return result.map(Called::Answered);
+            }
             Err(cause) => cause,
         }
         // The handler future is dropped here, before the answer is made.

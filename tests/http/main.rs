@@ -23,5 +23,6 @@ mod orders;
 mod replay;
 mod sockets;
 mod splits;
+mod told;
 mod transfers;
 mod webhooks;

@@ -58,17 +58,19 @@
 //!
 //! ### lock-held
 //! 409: another request holds the lock ([`Contention::Reject`](super::Contention::Reject)).
-//! `Retry-After` is the holder's remaining time to live.
+//! `Retry-After` is when a retry can succeed: the typical length of the layer's
+//! critical sections (a moving mean of its handlers' run time in this process), at
+//! least 1 s, never past the holder's remaining time to live (which it is until a
+//! section has ended).
 //!
 //! ### lock-wait-timeout
 //! 409: the lock was still held when the wait ran out
-//! ([`Contention::Wait`](super::Contention::Wait)). `Retry-After` is the holder's
-//! remaining time to live.
+//! ([`Contention::Wait`](super::Contention::Wait)). `Retry-After` as for `lock-held`.
 //!
 //! ### limit-reached
 //! 429: every permit of a counted lock ([`LockMode::Counted`](crate::LockMode::Counted))
 //! is taken, and stayed taken for the wait ([`Contention::Wait`](super::Contention::Wait)).
-//! `Retry-After` is when the earliest permit runs out at the latest. Not 409: the
+//! `Retry-After` as for `lock-held`, at most when the earliest permit runs out. Not 409: the
 //! resource is in no conflicting state, this client (or tenant) has as many requests in
 //! flight as it may; not 503: the service is up, and other tenants are served.
 //!
