@@ -486,7 +486,7 @@ where
 
 fn refuse(problem: Problem) -> LockRejection {
     tracing::debug!(%problem, "request refused by the Locked extractor");
-    crate::metrics::refusal(problem.kind().code());
+    crate::metrics::refusal(problem.kind().code(), None);
     LockRejection::from(problem)
 }
 

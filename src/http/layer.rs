@@ -38,7 +38,7 @@ impl<K> LockLayer<K> {
     /// ends, [`Scope::Route`], keys of at most 255 bytes, the locker's own queue limit
     /// (1000 unless set), [`Unavailable::FailClosed`] and [`DefaultRenderer`](super::problem::DefaultRenderer).
     pub fn new(locker: Redlock, key: K) -> Self {
-        crate::metrics::http_series(ProblemKind::ALL.map(ProblemKind::code), false);
+        crate::metrics::http_series(ProblemKind::ALL.map(ProblemKind::code), false, "");
         LockLayer {
             key,
             settings: Arc::new(Settings::new(locker)),
@@ -188,6 +188,18 @@ impl<K> LockLayer<K> {
         self
     }
 
+    /// Names this layer in the metrics it records (the `layer` label of
+    /// `tower_redlock_http_refusals_total`, see [`metrics`](crate::metrics)), so that an
+    /// operator sees which endpoint is contended or refused. A bounded name the
+    /// application chooses ("exports", "payments"), never a key; default empty.
+    #[must_use]
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        let name = name.into();
+        crate::metrics::http_series(ProblemKind::ALL.map(ProblemKind::code), false, &name);
+        self.settings().name = name;
+        self
+    }
+
     /// Renders the problem responses (default [`DefaultRenderer`](super::problem::DefaultRenderer), RFC 9457 JSON).
     #[must_use]
     pub fn problem_renderer(mut self, renderer: impl ProblemRenderer) -> Self {
@@ -244,7 +256,7 @@ impl<K> LockLayer<K> {
             settings: self.settings,
         };
         layer.settings().replay = Some(replay);
-        crate::metrics::http_series([], true);
+        crate::metrics::http_series([], true, "");
         Ok(layer)
     }
 

@@ -61,7 +61,8 @@ pub(crate) async fn lock(
             if settings.on_unavailable == Unavailable::FailOpen =>
         {
             span.record("outcome", "fail-open");
-            tracing::warn!(%error, "lock store unavailable: running without a lock (fail open)");
+            // The loss of the quorum is logged once by the locker.
+            tracing::debug!(%error, "lock store unavailable: running without a lock (fail open)");
             Err(NotLocked::FailOpen)
         }
         Err(error) => Err(NotLocked::Refused(target.problem(&error))),
@@ -166,7 +167,7 @@ where
         // The handler future is dropped here, before the answer is made.
     };
     span.record("outcome", ProblemKind::LockLost.code());
-    metrics::refusal(ProblemKind::LockLost.code());
+    metrics::refusal(ProblemKind::LockLost.code(), Some(&settings.name));
     tracing::warn!(%cause, "lease lost while the handler ran: handler stopped");
     let problem = problem::lock_lost(handle.resource().clone());
     let mut response = render(settings, &problem);
@@ -261,7 +262,7 @@ pub(crate) fn refuse<RB: Body>(
     problem: Problem,
 ) -> Response<LeaseBody<RB>> {
     span.record("outcome", problem.kind().code());
-    metrics::refusal(problem.kind().code());
+    metrics::refusal(problem.kind().code(), Some(&settings.name));
     tracing::debug!(%problem, "request refused");
     render(settings, &problem)
 }

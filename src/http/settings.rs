@@ -37,6 +37,8 @@ pub(crate) struct Settings {
     pub(crate) replay: Option<Arc<ReplaySettings>>,
     pub(crate) modes: Modes,
     pub(crate) sections: Arc<Sections>,
+    /// The `layer` label of its metrics.
+    pub(crate) name: Arc<str>,
 }
 
 /// How a request locks its key, by method: `safe` for the methods that only read
@@ -76,6 +78,7 @@ impl fmt::Debug for Settings {
             .field("on_unavailable", &self.on_unavailable)
             .field("replay", &self.replay)
             .field("modes", &self.modes)
+            .field("name", &self.name)
             .finish_non_exhaustive()
     }
 }
@@ -98,6 +101,7 @@ impl Settings {
             replay: None,
             modes: Modes::default(),
             sections: Arc::default(),
+            name: Arc::from(""),
         }
     }
 }

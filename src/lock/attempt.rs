@@ -80,6 +80,9 @@ impl Redlock {
         let (tally, stragglers) = nodes.acquire(start, target, &ask).await;
         in_flight.disarm();
         let quorum = target.quorum(nodes.len());
+        if tally.won.len() + tally.held.len() >= quorum {
+            shared.quorum.answered();
+        }
         let valid_until = start + options.ttl - options.drift();
         // Every node that may hold our keys: all but those that said someone else holds
         // a member, which keep nothing of the request (a straggler saying so is skipped
@@ -106,14 +109,15 @@ impl Redlock {
                 });
             }
             shared.metrics.unavailable.inc();
-            tracing::warn!(%resource, answered, quorum, failures = tally.failures.len(), "no quorum");
-            return Err(LockError::Unavailable {
+            let error = LockError::Unavailable {
                 resource: resource.clone(),
                 nodes: nodes.len(),
                 answered,
                 quorum,
                 failures: tally.failures,
-            });
+            };
+            shared.quorum.refused(answered, nodes.len(), quorum, &error);
+            return Err(error);
         }
 
         // Each member's token: the highest of its counters among the nodes that granted.
@@ -166,13 +170,15 @@ impl Redlock {
                     });
                 }
                 shared.metrics.unavailable.inc();
-                return Err(LockError::Unavailable {
+                let error = LockError::Unavailable {
                     resource: resource.clone(),
                     nodes: nodes.len(),
                     answered: level + confirmed,
                     quorum,
                     failures,
-                });
+                };
+                shared.quorum.refused(level + confirmed, nodes.len(), quorum, &error);
+                return Err(error);
             }
         }
 

@@ -67,8 +67,9 @@ pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Probl
         )
         .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
         LockError::Unavailable { .. } | LockError::ValidityExpired { .. } => {
-            // The details (node addresses) go to the log, not to the client.
-            tracing::warn!(%error, "lock store unavailable: request refused");
+            // The details (node addresses) go to the log, not to the client; the loss
+            // of the quorum is logged once by the locker.
+            tracing::debug!(%error, "lock store unavailable: request refused");
             Problem::new(
                 ProblemKind::LockUnavailable,
                 "the lock store could not reach a quorum; the request was not processed",
