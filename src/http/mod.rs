@@ -79,6 +79,7 @@
 //! | the client hangs up while the request waits for its lock | the request is dropped: it never started |
 //! | the client hangs up while the handler holds its lease, [`OnDisconnect::Finish`] (default) | the handler runs to its end under its lease; with replay its response is recorded; then the lease is released |
 //! | the client hangs up while the handler holds its lease, [`OnDisconnect::Cancel`] | the handler future is dropped, the lease released in the background |
+//! | a handler's extractor refuses the request (axum's `text/plain` 400, 415, 422: malformed JSON, no JSON content type, a field of the wrong type), with [`LockLayer::problem_for_rejections`] | the same status as a problem: `bad-request`, `unsupported-media-type`, `unprocessable-content`, the extractor's text as `detail`; the lock was taken (the body is read after it) and is released before the response is sent (`Fencing-Token` present). Without the option: axum's `text/plain` |
 //! | the locker is draining ([`Redlock::drain`](crate::Redlock::drain)) | 503 `lock-unavailable`, `Retry-After: 1` |
 //! | a streamed body whose lease is lost, [`OnLost::Abort`] | the body ends with a [`LeaseLost`] error: the response is cut short |
 //!

@@ -107,6 +107,17 @@ where
         tracing::debug!(token = %handle.fencing_token(), "the request holds this lock already: reusing its lease");
     }
     match call_locked(settings, span, inner, request, &handle).await? {
+        Called::Answered(response) if settings.problem_for_rejections => {
+            match problem::rejection(response).await {
+                Ok(problem) => {
+                    metrics::refusal(problem.kind().code(), Some(&settings.name));
+                    let (parts, body) = problem::render(&*settings.renderer, &problem).into_parts();
+                    let body = |_| LeaseBody::full(body);
+                    Ok(finish_with(settings, span, parts, lease, Some(handle), false, body).await)
+                }
+                Err(response) => Ok(finish(settings, span, response, lease, Some(handle)).await),
+            }
+        }
         Called::Answered(response) => {
             Ok(finish(settings, span, response, lease, Some(handle)).await)
         }

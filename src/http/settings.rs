@@ -34,6 +34,9 @@ pub(crate) struct Settings {
     pub(crate) max_key_len: usize,
     pub(crate) on_unavailable: Unavailable,
     pub(crate) renderer: Arc<dyn ProblemRenderer>,
+    /// Set by `problem_renderer`: passed on to the `Locked` extractors behind.
+    pub(crate) own_renderer: bool,
+    pub(crate) problem_for_rejections: bool,
     pub(crate) replay: Option<Arc<ReplaySettings>>,
     pub(crate) modes: Modes,
     pub(crate) sections: Arc<Sections>,
@@ -79,6 +82,7 @@ impl fmt::Debug for Settings {
             .field("replay", &self.replay)
             .field("modes", &self.modes)
             .field("name", &self.name)
+            .field("problem_for_rejections", &self.problem_for_rejections)
             .finish_non_exhaustive()
     }
 }
@@ -98,6 +102,8 @@ impl Settings {
             max_key_len: DEFAULT_MAX_KEY_LEN,
             on_unavailable: Unavailable::default(),
             renderer: Arc::new(DefaultRenderer),
+            own_renderer: false,
+            problem_for_rejections: false,
             replay: None,
             modes: Modes::default(),
             sections: Arc::default(),
@@ -116,8 +122,16 @@ pub(crate) struct Sections(AtomicU64);
 impl Sections {
     pub(crate) fn record(&self, took: Duration) {
         let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
-        let mean = |mean: u64| Some(if mean == 0 { sample } else { mean - mean / 8 + sample / 8 });
-        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, mean);
+        let mean = |mean: u64| {
+            Some(if mean == 0 {
+                sample
+            } else {
+                mean - mean / 8 + sample / 8
+            })
+        };
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, mean);
     }
 
     /// A contention refusal's `Retry-After`: the typical section, at least 1 s, never

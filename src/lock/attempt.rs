@@ -177,7 +177,9 @@ impl Redlock {
                     quorum,
                     failures,
                 };
-                shared.quorum.refused(level + confirmed, nodes.len(), quorum, &error);
+                shared
+                    .quorum
+                    .refused(level + confirmed, nodes.len(), quorum, &error);
                 return Err(error);
             }
         }

@@ -202,7 +202,13 @@ pub(crate) struct QuorumWatch {
 
 impl QuorumWatch {
     /// A round found fewer than `quorum` of `nodes` answering.
-    pub(crate) fn refused(&self, answered: usize, nodes: usize, quorum: usize, why: &dyn fmt::Display) {
+    pub(crate) fn refused(
+        &self,
+        answered: usize,
+        nodes: usize,
+        quorum: usize,
+        why: &dyn fmt::Display,
+    ) {
         self.refused.fetch_add(1, Ordering::Relaxed);
         if self.lost.swap(true, Ordering::AcqRel) {
             tracing::debug!(%why, "no quorum");

@@ -299,7 +299,13 @@ async fn http_refusals_by_problem_code() {
 
     let missing = app.clone().oneshot(post_with_key("")).await.unwrap();
     assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(seen.count(HTTP_REFUSALS, &[("problem", "key-missing"), ("layer", "payments")]), 1);
+    assert_eq!(
+        seen.count(
+            HTTP_REFUSALS,
+            &[("problem", "key-missing"), ("layer", "payments")]
+        ),
+        1
+    );
 
     let order = Resource::new("POST").join("/pay").join("k1");
     store
@@ -308,14 +314,23 @@ async fn http_refusals_by_problem_code() {
         .unwrap();
     let held = app.clone().oneshot(post_with_key("k1")).await.unwrap();
     assert_eq!(held.status(), StatusCode::CONFLICT);
-    assert_eq!(seen.count(HTTP_REFUSALS, &[("problem", "lock-held"), ("layer", "payments")]), 1);
+    assert_eq!(
+        seen.count(
+            HTTP_REFUSALS,
+            &[("problem", "lock-held"), ("layer", "payments")]
+        ),
+        1
+    );
     store.release(order).await.unwrap();
 
     store.set_available(false);
     let down = app.clone().oneshot(post_with_key("k1")).await.unwrap();
     assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
-        seen.count(HTTP_REFUSALS, &[("problem", "lock-unavailable"), ("layer", "payments")]),
+        seen.count(
+            HTTP_REFUSALS,
+            &[("problem", "lock-unavailable"), ("layer", "payments")]
+        ),
         1
     );
     store.set_available(true);
@@ -331,7 +346,13 @@ async fn http_refusals_by_problem_code() {
         .unwrap();
     let lost = running.await.unwrap().unwrap();
     assert_eq!(lost.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(seen.count(HTTP_REFUSALS, &[("problem", "lock-lost"), ("layer", "payments")]), 1);
+    assert_eq!(
+        seen.count(
+            HTTP_REFUSALS,
+            &[("problem", "lock-lost"), ("layer", "payments")]
+        ),
+        1
+    );
 
     assert_eq!(
         app.oneshot(post_with_key("k3")).await.unwrap().status(),

@@ -251,7 +251,10 @@ impl Logs {
     #[cfg(feature = "axum")]
     fn lines(&self, mark: usize, part: &str) -> Vec<String> {
         let text = String::from_utf8_lossy(&self.0.lock().unwrap()[mark..]).into_owned();
-        text.lines().filter(|line| line.contains(part)).map(str::to_owned).collect()
+        text.lines()
+            .filter(|line| line.contains(part))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// Log lines since `mark` that contain every one of `parts`.
@@ -343,7 +346,11 @@ async fn quorum_lost_and_back() {
     let mut servers = RedisServer::start_many(3);
     let mark = logs.mark();
     let locker = locker(&servers);
-    let names: Vec<String> = locker.node_states().iter().map(|s| s.name.to_string()).collect();
+    let names: Vec<String> = locker
+        .node_states()
+        .iter()
+        .map(|s| s.name.to_string())
+        .collect();
     let app = Router::new()
         .route("/jobs/{id}", post(|| async { "done" }))
         .route_layer(LockLayer::new(locker.clone(), path_param("id")));
@@ -370,7 +377,10 @@ async fn quorum_lost_and_back() {
     while app.clone().oneshot(job(99)).await.unwrap().status() != http::StatusCode::OK
         || statuses(&locker) != [NodeStatus::Up; 3]
     {
-        assert!(tokio::time::Instant::now() < deadline, "the quorum never came back");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the quorum never came back"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 

@@ -169,6 +169,8 @@ async fn distribution() {
         (5, LockMode::Exclusive, 5),
     ] {
         let seen = admitted(&store, instances, mode, requests, 200).await;
-        println!("{requests} requests, {mode:?}, {instances} instances: admitted → trials {seen:?}");
+        println!(
+            "{requests} requests, {mode:?}, {instances} instances: admitted → trials {seen:?}"
+        );
     }
 }

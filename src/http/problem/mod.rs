@@ -116,10 +116,25 @@
 //! 500: idempotent replay: the handler's response body failed while it was being
 //! recorded, before anything was sent. Nothing was recorded: a retry runs the handler
 //! again.
+//!
+//! ### bad-request
+//! 400: a handler's extractor refused the request (axum's `Json`, `Form`, `Query`,
+//! `Path`…: malformed JSON, a missing field), with
+//! [`LockLayer::problem_for_rejections`](super::LockLayer::problem_for_rejections). The
+//! `detail` is the extractor's text. The lock was taken and released: the response
+//! carries `Fencing-Token`.
+//!
+//! ### unsupported-media-type
+//! 415: as `bad-request`, for a body of the wrong content type (`Json` without
+//! `Content-Type: application/json`).
+//!
+//! ### unprocessable-content
+//! 422: as `bad-request`, for a body of the right syntax with a field of the wrong type.
 
 mod sent;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -131,8 +146,13 @@ use crate::Resource;
 pub use sent::problem_response;
 pub(crate) use sent::{
     counted_error_problem, in_progress, key_reused, lock_error_problem, lock_lost, outcome_unknown,
-    record_unreadable, response_failed, set_error_problem,
+    record_unreadable, rejection, response_failed, set_error_problem,
 };
+
+/// A layer's own renderer, in the requests it passes on, for the `Locked` extractor's
+/// refusals.
+#[derive(Clone)]
+pub(crate) struct LayerRenderer(pub(crate) Arc<dyn ProblemRenderer>);
 
 /// `Retry-After` of refusals that know no better delay.
 pub(crate) const RETRY_SOON: Duration = Duration::from_secs(1);
@@ -181,11 +201,18 @@ pub enum ProblemKind {
     IdempotencyKeyReused,
     /// 500 `response-failed` (idempotent replay).
     ResponseFailed,
+    /// 400 `bad-request` (a handler's extractor, with
+    /// [`problem_for_rejections`](super::LockLayer::problem_for_rejections)).
+    BadRequest,
+    /// 415 `unsupported-media-type` (as `bad-request`).
+    UnsupportedMediaType,
+    /// 422 `unprocessable-content` (as `bad-request`).
+    UnprocessableContent,
 }
 
 impl ProblemKind {
     /// Every kind, in documentation order.
-    pub const ALL: [ProblemKind; 17] = [
+    pub const ALL: [ProblemKind; 20] = [
         ProblemKind::KeyMissing,
         ProblemKind::KeyInvalid,
         ProblemKind::KeyMisconfigured,
@@ -203,6 +230,9 @@ impl ProblemKind {
         ProblemKind::OutcomeUnknown,
         ProblemKind::IdempotencyKeyReused,
         ProblemKind::ResponseFailed,
+        ProblemKind::BadRequest,
+        ProblemKind::UnsupportedMediaType,
+        ProblemKind::UnprocessableContent,
     ];
 
     /// The short, stable code, e.g. `lock-held`: the fragment of the `type` URI.
@@ -225,6 +255,9 @@ impl ProblemKind {
             ProblemKind::OutcomeUnknown => "outcome-unknown",
             ProblemKind::IdempotencyKeyReused => "idempotency-key-reused",
             ProblemKind::ResponseFailed => "response-failed",
+            ProblemKind::BadRequest => "bad-request",
+            ProblemKind::UnsupportedMediaType => "unsupported-media-type",
+            ProblemKind::UnprocessableContent => "unprocessable-content",
         }
     }
 
@@ -234,7 +267,10 @@ impl ProblemKind {
             ProblemKind::KeyMissing
             | ProblemKind::KeyInvalid
             | ProblemKind::BodyNotJson
-            | ProblemKind::BodyUnreadable => StatusCode::BAD_REQUEST,
+            | ProblemKind::BodyUnreadable
+            | ProblemKind::BadRequest => StatusCode::BAD_REQUEST,
+            ProblemKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ProblemKind::UnprocessableContent => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::LockHeld
             | ProblemKind::LockWaitTimeout
@@ -271,6 +307,9 @@ impl ProblemKind {
             ProblemKind::OutcomeUnknown => "Outcome unknown",
             ProblemKind::IdempotencyKeyReused => "Idempotency key reused",
             ProblemKind::ResponseFailed => "Response failed",
+            ProblemKind::BadRequest => "Bad request",
+            ProblemKind::UnsupportedMediaType => "Unsupported media type",
+            ProblemKind::UnprocessableContent => "Unprocessable content",
         }
     }
 

@@ -218,6 +218,43 @@ pub(crate) fn response_failed(resource: Resource) -> Problem {
     .with_resource(resource)
 }
 
+/// The longest `text/plain` refusal of a handler that
+/// [`problem_for_rejections`](crate::http::LockLayer::problem_for_rejections) rewrites:
+/// axum's extractor rejections are a line or two.
+const REJECTION_TEXT_LIMIT: u64 = 4096;
+
+/// A handler's own refusal as a problem: a `text/plain` 400, 415 or 422 of at most
+/// [`REJECTION_TEXT_LIMIT`] bytes (axum's extractor rejections: `Json`, `Form`, `Query`,
+/// `Path`…), its text the detail; any other response is given back.
+pub(crate) async fn rejection<RB: http_body::Body>(
+    response: Response<RB>,
+) -> Result<Problem, Response<RB>> {
+    let kind = match response.status().as_u16() {
+        400 => ProblemKind::BadRequest,
+        415 => ProblemKind::UnsupportedMediaType,
+        422 => ProblemKind::UnprocessableContent,
+        _ => return Err(response),
+    };
+    let plain = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("text/plain"));
+    let small = response
+        .body()
+        .size_hint()
+        .upper()
+        .is_some_and(|len| len <= REJECTION_TEXT_LIMIT);
+    if !(plain && small) {
+        return Err(response);
+    }
+    let text = match http_body_util::BodyExt::collect(response.into_body()).await {
+        Ok(collected) => String::from_utf8_lossy(&collected.to_bytes()).into_owned(),
+        Err(_) => String::new(),
+    };
+    Ok(Problem::new(kind, text))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
