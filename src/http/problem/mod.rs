@@ -152,6 +152,7 @@ pub(crate) use sent::{
 /// A layer's own renderer, in the requests it passes on, for the `Locked` extractor's
 /// refusals.
 #[derive(Clone)]
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
 pub(crate) struct LayerRenderer(pub(crate) Arc<dyn ProblemRenderer>);
 
 /// `Retry-After` of refusals that know no better delay.
