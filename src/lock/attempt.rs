@@ -17,44 +17,18 @@ use super::target::{Ask, Target};
 use super::{fencing, LockError, Redlock, Shared};
 use crate::node::{Node, NodeFuture, Owner, Waiter};
 
-/// How many times an attempt that lost to a split vote is run again before it is
-/// refused ([`Redlock::attempt`]).
+/// How many times a caller that does not wait runs an attempt lost to a split vote
+/// again, after a short random delay, before it is refused (Redlock's rule).
 pub(super) const SPLIT_RETRIES: u32 = 3;
 
 impl Redlock {
     /// One Redlock round over `target` (plus the fence write-back when needed); the
     /// caller holds every member's local turn. `waiter`: the caller waits, and joins
-    /// the wait queues if refused.
-    ///
-    /// A round that lost only to a split vote (concurrent attempts each won some nodes,
-    /// none a quorum) names no holder: it is undone and, for a caller that does not
-    /// wait (`try_acquire`, the layer's `Contention::Reject`), run
-    /// again after the retry policy's random delay, at most [`SPLIT_RETRIES`] times
-    /// (Redlock's rule). A round that won no node at all was refused by holders, and is
-    /// refused at once; so is the last split. A waiter retries in its own loop.
+    /// the wait queues if refused. `split`: set when the round was lost to a split vote (concurrent attempts each
+    /// won some nodes, none a quorum): it names no holder, and a caller that does not
+    /// wait runs it again ([`SPLIT_RETRIES`]).
     #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %target.resources()[0], members = target.resources().len()))]
     pub(super) async fn attempt<T: Target>(
-        &self,
-        target: &T,
-        waiter: Option<&Waiter>,
-    ) -> Result<Won<T>, LockError> {
-        let mut splits = 0;
-        loop {
-            let mut split = false;
-            let result = self.round(target, waiter, &mut split).await;
-            if !split || waiter.is_some() || splits == SPLIT_RETRIES {
-                return result;
-            }
-            splits += 1;
-            let delay = self.shared.options.retry.delay(splits, None);
-            tracing::debug!(resource = %target.resources()[0], splits, ?delay, "split vote: retrying");
-            tokio::time::sleep(delay).await;
-            self.refuse_if_draining(&target.resources()[0])?;
-        }
-    }
-
-    /// One round of [`attempt`](Self::attempt); `split`: it was lost to a split vote.
-    async fn round<T: Target>(
         &self,
         target: &T,
         waiter: Option<&Waiter>,
