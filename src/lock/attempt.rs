@@ -24,9 +24,9 @@ pub(super) const SPLIT_RETRIES: u32 = 3;
 impl Redlock {
     /// One Redlock round over `target` (plus the fence write-back when needed); the
     /// caller holds every member's local turn. `waiter`: the caller waits, and joins
-    /// the wait queues if refused. `split`: set when the round was lost to a split vote (concurrent attempts each
-    /// won some nodes, none a quorum): it names no holder, and a caller that does not
-    /// wait runs it again ([`SPLIT_RETRIES`]).
+    /// the wait queues if refused. `split`: set when the round was lost to a split
+    /// vote (concurrent attempts each won some nodes, none a quorum): it names no
+    /// holder, and a caller that does not wait runs it again ([`SPLIT_RETRIES`]).
     #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %target.resources()[0], members = target.resources().len()))]
     pub(super) async fn attempt<T: Target>(
         &self,
