@@ -118,7 +118,7 @@ async fn run(args: &Args) -> String {
         .watchdog(std::env::var("NO_WATCHDOG").is_err())
         .fencing(std::env::var("NO_FENCING").is_err())
         // Profiling under valgrind (callgrind counts instructions, ~50× slower) needs
-        // a node timeout far above the 50 ms default.
+        // a node timeout far above the 200 ms default.
         .node_timeout(Duration::from_millis(
             std::env::var("NODE_TIMEOUT_MS")
                 .ok()

@@ -24,7 +24,7 @@
 //!
 //! Environment: `SCALE_SECS` (hold, default 30), `SCALE_LEASES` (default 10000),
 //! `SCALE_NODES` (default `1,3`), `SCALE_REPS` (default 3), `SCALE_SPREAD_MS` (default
-//! 0), `SCALE_NODE_TIMEOUT_MS` (default: the crate's 50 ms), `SCALE_LOG` (a tracing
+//! 0), `SCALE_NODE_TIMEOUT_MS` (default: the crate's 200 ms), `SCALE_LOG` (a tracing
 //! filter, e.g. `tower_redlock::lock::lease=debug` to see failed renewal rounds). The
 //! tables show every repetition and the medians.
 
@@ -54,7 +54,7 @@ struct Config {
     /// `SCALE_SPREAD_MS`: acquisition `i` starts no earlier than `spread × i / leases`
     /// after the first (default 0: as fast as 64 tasks go).
     spread: Duration,
-    /// `SCALE_NODE_TIMEOUT_MS`; the crate's default (50 ms) when unset.
+    /// `SCALE_NODE_TIMEOUT_MS`; the crate's default (200 ms) when unset.
     node_timeout_ms: Option<u64>,
 }
 
@@ -297,7 +297,7 @@ fn print_tables(rows: &[Row], config: &Config) {
         config.spread,
         config
             .node_timeout_ms
-            .map_or("50 ms (default)".to_owned(), |ms| format!("{ms} ms")),
+            .map_or("200 ms (default)".to_owned(), |ms| format!("{ms} ms")),
     );
     println!();
     println!("| nodes | rep | load avg before → after | acquire 10k (s) | min remaining seen (ms) | worst sampler lateness (ms) | not held at a sample | held at end | lost at end | renewals | renewals / lease / s | renewal failures | client CPU (% of a core) | of which sampler (%) | Redis CPU (% of a core, all nodes) | Redis commands / s (all nodes) | EVALSHA / s (all nodes) | connected_clients | left after release |");

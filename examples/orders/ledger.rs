@@ -602,7 +602,7 @@ pub(super) mod postgres {
                  WHERE entry = $1 RETURNING {column}"
             ))
             .bind(order)
-            .bind(fence::to_i64::<()>(token).map_err(|_| {
+            .bind(fence::to_i64(token).map_err(|_| {
                 LedgerError::Unavailable(format!("fencing token {token} does not fit bigint"))
             })?)
             .fetch_one(&mut *tx)

@@ -13,7 +13,7 @@ use crate::http::acquire::{check_key, missing_key, name_keys, take, Taken, Targe
 use crate::http::detach::Critical;
 use crate::http::extensions::add_request_lease;
 use crate::http::key::{KeySetFromParts, Keys};
-use crate::http::problem::Problem;
+use crate::http::problem::{LayerRenderer, Problem};
 use crate::http::{Contention, Scope, DEFAULT_MAX_KEY_LEN};
 use crate::FencingToken;
 use crate::{Lease, LeaseHandle, LockMode, Redlock, Resource};
@@ -265,7 +265,16 @@ impl<K: LockKey, S> LockSpec<S> for K {
 ///
 /// Refusals, all as [`LockRejection`] with the layer's problem bodies: 400
 /// `key-missing` / `key-invalid`, 409 `lock-held` / `lock-wait-timeout`, 503
-/// `lock-unavailable` / `lock-queue-full`.
+/// `lock-unavailable` / `lock-queue-full`; rendered by the
+/// [`problem_renderer`](crate::http::LockLayer::problem_renderer) of a `LockLayer` the
+/// request passed through, else by [`DefaultRenderer`](crate::http::problem::DefaultRenderer).
+///
+/// The lock is taken when the extractor runs, before the body is read: a body
+/// extractor (`Json<T>`) is the handler's last argument and runs after every
+/// `FromRequestParts` one. A request refused for its body has held the lock for
+/// nothing; where that matters, check the body in a middleware in front of the route
+/// (`axum::middleware::from_fn`), or take the lock by hand
+/// ([`Redlock::try_acquire`](crate::Redlock::try_acquire)) once `Json<T>` has parsed it.
 ///
 /// ```
 /// use axum::{extract::{FromRef, State}, http::StatusCode, routing::post, Json, Router};
@@ -432,16 +441,17 @@ where
         let extractor = K::extractor(state);
         let found = extractor
             .keys(parts)
-            .map_err(|rejection| refuse(rejection.into()))?;
+            .map_err(|rejection| refuse(rejection.into(), parts))?;
         let Some(keys) = found else {
-            return Err(refuse(missing_key(&extractor.describe_keys())));
+            return Err(refuse(missing_key(&extractor.describe_keys()), parts));
         };
         let scope = K::scope(state);
         let resource_of =
             |key: &str| scope.resource_of(&parts.method, &parts.uri, &parts.extensions, key);
         let target = match keys {
             Keys::One(key) => {
-                let key = check_key(key, K::max_key_len(state)).map_err(refuse)?;
+                let key = check_key(key, K::max_key_len(state))
+                    .map_err(|problem| refuse(problem, parts))?;
                 Target::one(resource_of(&key), K::mode(state))
             }
             Keys::Many(keys) => {
@@ -451,9 +461,9 @@ where
                     |index| extractor.describe_key(index),
                     resource_of,
                 )
-                .map_err(refuse)?;
+                .map_err(|problem| refuse(problem, parts))?;
                 let resources = named.into_iter().map(|(_, resource)| resource).collect();
-                Target::set(resources, K::mode(state)).map_err(refuse)?
+                Target::set(resources, K::mode(state)).map_err(|problem| refuse(problem, parts))?
             }
         };
         let locker = Redlock::from_ref(state);
@@ -463,7 +473,7 @@ where
             reused,
         } = take(&locker, K::contention(state), &parts.extensions, &target)
             .await
-            .map_err(|error| refuse(target.problem(&error)))?;
+            .map_err(|error| refuse(target.problem(&error), parts))?;
         match &lease {
             Some(_) => {
                 tracing::debug!(resources = ?target.resources, token = %handle.fencing_token(), "lease acquired by the Locked extractor");
@@ -484,10 +494,13 @@ where
     }
 }
 
-fn refuse(problem: Problem) -> LockRejection {
+/// A refusal, rendered by the renderer of the [`LockLayer`](crate::http::LockLayer)
+/// the request came through, if it has one of its own.
+fn refuse(problem: Problem, parts: &Parts) -> LockRejection {
     tracing::debug!(%problem, "request refused by the Locked extractor");
-    crate::metrics::refusal(problem.kind().code());
-    LockRejection::from(problem)
+    crate::metrics::refusal(problem.kind().code(), None);
+    let renderer = parts.extensions.get::<LayerRenderer>();
+    LockRejection::rendered(problem, renderer.map(|r| r.0.clone()))
 }
 
 /// The resources of this lock with their tokens (its own lease's and the reused ones'),

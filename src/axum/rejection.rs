@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::fmt;
+use std::sync::Arc;
 
 use ::axum::body::Body;
 use ::axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
@@ -9,13 +10,14 @@ use http::header::HeaderValue;
 use http::StatusCode;
 
 use crate::http::key::KeyRejection;
-use crate::http::problem::{self, DefaultRenderer, Problem};
+use crate::http::problem::{self, DefaultRenderer, Problem, ProblemRenderer};
 use crate::http::FENCING_TOKEN;
 use crate::FencingToken;
 use crate::LockError;
 
 /// Why [`Locked`](super::Locked) or [`LayerLease`](super::LayerLease) refused a request: a [`Problem`], answered as the
-/// layer answers it (`application/problem+json` by [`DefaultRenderer`],
+/// layer answers it (`application/problem+json` by [`DefaultRenderer`], or by the
+/// renderer of the [`LockLayer`](crate::http::LockLayer) the request came through;
 /// `Cache-Control: no-store`, `Retry-After` when known).
 ///
 /// Take `Result<Locked<K>, LockRejection>` in the handler to answer in another format:
@@ -40,10 +42,29 @@ use crate::LockError;
 ///     }
 /// }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct LockRejection {
     problem: Problem,
+    /// The renderer of the layer the request came through, if it set one.
+    renderer: Option<Arc<dyn ProblemRenderer>>,
 }
+
+impl fmt::Debug for LockRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockRejection")
+            .field("problem", &self.problem)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Two rejections are equal when their problems are.
+impl PartialEq for LockRejection {
+    fn eq(&self, other: &Self) -> bool {
+        self.problem == other.problem
+    }
+}
+
+impl Eq for LockRejection {}
 
 impl LockRejection {
     /// The problem.
@@ -85,19 +106,21 @@ impl LockRejection {
     pub fn status(&self) -> StatusCode {
         self.problem.status()
     }
+
+    pub(crate) fn rendered(problem: Problem, renderer: Option<Arc<dyn ProblemRenderer>>) -> Self {
+        LockRejection { problem, renderer }
+    }
 }
 
 impl From<Problem> for LockRejection {
     fn from(problem: Problem) -> Self {
-        LockRejection { problem }
+        LockRejection::rendered(problem, None)
     }
 }
 
 impl From<KeyRejection> for LockRejection {
     fn from(rejection: KeyRejection) -> Self {
-        LockRejection {
-            problem: rejection.into(),
-        }
+        LockRejection::rendered(rejection.into(), None)
     }
 }
 
@@ -111,7 +134,8 @@ impl std::error::Error for LockRejection {}
 
 impl IntoResponse for LockRejection {
     fn into_response(self) -> Response {
-        problem::render(&DefaultRenderer, &self.problem)
+        let renderer = self.renderer.as_deref().unwrap_or(&DefaultRenderer);
+        problem::render(renderer, &self.problem)
             .map(Body::from)
             .into_response()
     }

@@ -200,18 +200,30 @@ pub(crate) fn writer_tokens<E>(
 
 /// The token as PostgreSQL's `bigint` (or any signed 64-bit column), refused rather
 /// than wrapped above `i64::MAX`: for a row that carries its own fence column (see
-/// "A row's own fence column" in `fence::postgres`, feature `postgres`).
+/// "A row's own fence column" in `fence::postgres`, feature `postgres`). `?` turns the
+/// refusal into [`FenceError::OutOfRange`] for any store error.
 ///
 /// ```
-/// use tower_redlock::fence::{self, FenceError};
+/// use tower_redlock::fence::{self, OutOfRange};
 /// use tower_redlock::FencingToken;
 ///
-/// assert_eq!(fence::to_i64::<()>(FencingToken::new(42)).unwrap(), 42);
+/// assert_eq!(fence::to_i64(FencingToken::new(42)).unwrap(), 42);
 /// let huge = FencingToken::new(u64::MAX);
-/// assert!(matches!(fence::to_i64::<()>(huge), Err(FenceError::OutOfRange { .. })));
+/// assert_eq!(fence::to_i64(huge), Err(OutOfRange(huge)));
 /// ```
-pub fn to_i64<E>(token: FencingToken) -> Result<i64, FenceError<E>> {
-    i64::try_from(token.get()).map_err(|_| FenceError::OutOfRange { token })
+pub fn to_i64(token: FencingToken) -> Result<i64, OutOfRange> {
+    i64::try_from(token.get()).map_err(|_| OutOfRange(token))
+}
+
+/// A token that does not fit a signed 64-bit integer ([`to_i64`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("fencing token {0} does not fit a signed 64-bit integer (bigint); refused, never wrapped")]
+pub struct OutOfRange(pub FencingToken);
+
+impl<E> From<OutOfRange> for FenceError<E> {
+    fn from(OutOfRange(token): OutOfRange) -> Self {
+        FenceError::OutOfRange { token }
+    }
 }
 
 impl<E> FenceError<E> {

@@ -78,7 +78,7 @@ impl Critical {
 /// `Locked` lease would be cut at its next `.await` and its lease released, halfway
 /// through what it protects. Under this layer, once a `Locked` extractor of the
 /// request acquired its lease, a dropped response future is run to its end in a task
-/// of its own (counted in the `redlock_http_handlers_finishing` gauge); before that,
+/// of its own (counted in the `tower_redlock_http_handlers_finishing` gauge); before that,
 /// it is dropped as usual. A handler that panics is dropped as the panic unwinds (its
 /// lease released at once), never run on. Put it on the routes that use `Locked`:
 ///

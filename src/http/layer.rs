@@ -38,7 +38,7 @@ impl<K> LockLayer<K> {
     /// ends, [`Scope::Route`], keys of at most 255 bytes, the locker's own queue limit
     /// (1000 unless set), [`Unavailable::FailClosed`] and [`DefaultRenderer`](super::problem::DefaultRenderer).
     pub fn new(locker: Redlock, key: K) -> Self {
-        crate::metrics::http_series(ProblemKind::ALL.map(ProblemKind::code), false);
+        crate::metrics::http_series(ProblemKind::ALL.map(ProblemKind::code), false, "");
         LockLayer {
             key,
             settings: Arc::new(Settings::new(locker)),
@@ -189,10 +189,50 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Renders the problem responses (default [`DefaultRenderer`](super::problem::DefaultRenderer), RFC 9457 JSON).
+    /// Names this layer in the metrics it records (the `layer` label of
+    /// `tower_redlock_http_refusals_total`, see [`metrics`](crate::metrics)), so that an
+    /// operator sees which endpoint is contended or refused. A bounded name the
+    /// application chooses ("exports", "payments"), never a key; default empty.
+    #[must_use]
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        let name = name.into();
+        crate::metrics::http_series(ProblemKind::ALL.map(ProblemKind::code), false, &name);
+        self.settings().name = name;
+        self
+    }
+
+    /// Renders the problem responses (default [`DefaultRenderer`](super::problem::DefaultRenderer), RFC 9457 JSON):
+    /// the layer's, and those of the [`Locked`](crate::axum::Locked) extractors of the
+    /// handlers behind it.
     #[must_use]
     pub fn problem_renderer(mut self, renderer: impl ProblemRenderer) -> Self {
-        self.settings().renderer = Arc::new(renderer);
+        let settings = self.settings();
+        settings.renderer = Arc::new(renderer);
+        settings.own_renderer = true;
+        self
+    }
+
+    /// Answers the refusals of the handler's own extractors in the layer's format
+    /// (default `false`): a handler response with status 400, 415 or 422, a
+    /// `Content-Type` of `text/plain` and a body of at most 4 KiB — what axum's
+    /// extractor rejections are (`Json`, `Form`, `Query`, `Path`: malformed JSON,
+    /// missing content type, a field of the wrong type) — is sent as the problem
+    /// `bad-request`, `unsupported-media-type` or `unprocessable-content`, rendered by
+    /// the layer's [`problem_renderer`](Self::problem_renderer), with the text as its
+    /// `detail`. axum's rejections carry no mark of their own, so a handler's own
+    /// `text/plain` answer with those statuses is rewritten too. Not applied to
+    /// replayed layers ([`replay`](Self::replay)), whose responses are recorded as the
+    /// handler made them.
+    ///
+    /// The lock is taken before the handler reads the body: such a request held the
+    /// lock for nothing (its response carries `Fencing-Token`). Where that matters,
+    /// check the body before the lock: in a middleware added outside this layer (with
+    /// `route_layer(lock)` first, then `route_layer(check)`, the check runs first), or
+    /// lock by hand ([`Redlock::try_acquire`]) in the handler once `Json<T>` has parsed
+    /// the body.
+    #[must_use]
+    pub fn problem_for_rejections(mut self, on: bool) -> Self {
+        self.settings().problem_for_rejections = on;
         self
     }
 
@@ -245,7 +285,7 @@ impl<K> LockLayer<K> {
             settings: self.settings,
         };
         layer.settings().replay = Some(replay);
-        crate::metrics::http_series([], true);
+        crate::metrics::http_series([], true, "");
         Ok(layer)
     }
 

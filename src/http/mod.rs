@@ -59,10 +59,10 @@
 //! | a `path_param` name the matched route does not have (a server mistake, logged as an error) | 500 `key-misconfigured` |
 //! | body over the limit of a body key | 413 `body-too-large`, no lock taken |
 //! | body key: body not JSON | 400 `body-not-json` |
-//! | lock held, [`Contention::Reject`] (default) | 409 `lock-held`, `Retry-After` = holder's ttl, rounded up |
-//! | lock held, [`Contention::Wait`], timeout passed | 409 `lock-wait-timeout`, `Retry-After` |
+//! | lock held, [`Contention::Reject`] (default) | 409 `lock-held`, `Retry-After` = the typical length of this layer's critical sections (a moving mean of its handlers' run time in this process), at least 1 s, at most the holder's remaining ttl (the holder's ttl until a section has ended); `retry_after_ms` in the body |
+//! | lock held, [`Contention::Wait`], timeout passed | 409 `lock-wait-timeout`, `Retry-After` as for `lock-held` |
 //! | a shared lock ([`LockLayer::mode`], [`LockLayer::read_mode`]) with a writer holding it, or a writer waiting for it | 409 `lock-held` (or `lock-wait-timeout`), as for an exclusive lock |
-//! | a counted lock ([`LockMode::Counted`](crate::LockMode::Counted)) with every permit taken | 429 `limit-reached`, `Retry-After` = when the earliest permit runs out at the latest (after the wait under [`Contention::Wait`]) |
+//! | a counted lock ([`LockMode::Counted`](crate::LockMode::Counted)) with every permit taken | 429 `limit-reached` (after the wait under [`Contention::Wait`]), `Retry-After` as for `lock-held`, at most when the earliest permit runs out |
 //! | a shared or counted lock on a resource its holders hold in another mode (another `n`: a deploy that changed the limit without draining first) | 503 `lock-unavailable`, `Retry-After: 1`, warning logged naming both modes |
 //! | a shared or counted lock on a route whose extractor names several keys | 500 `key-misconfigured`: a lease over several resources is exclusive |
 //! | too many waiters ([`LockLayer::queue_limit`]) | 503 `lock-queue-full`, `Retry-After: 1` |
@@ -74,12 +74,13 @@
 //! | several keys, one missing (others present) | 400 `key-missing` naming the missing one; nothing locked |
 //! | several keys, one invalid | 400 `key-invalid` naming it; nothing locked |
 //! | several keys, more than [`MAX_RESOURCES_PER_LEASE`](crate::MAX_RESOURCES_PER_LEASE) distinct ones | 400 `key-invalid`; nothing locked |
-//! | several keys, one held | 409 `lock-held` (or `lock-wait-timeout`) naming the held one in `resource` and `detail`; `Retry-After` = the holders' longest ttl; nothing locked |
+//! | several keys, one held | 409 `lock-held` (or `lock-wait-timeout`) naming the held one in `resource` and `detail`; `Retry-After` as for `lock-held`, at most the holders' longest ttl; nothing locked |
 //! | several keys, acquired | as for one, with [`RequestKeys`] instead of [`RequestKey`], and one `Fencing-Token` line per resource |
 //! | the request holds the resources already (an outer layer, same locker and scope) | the handler runs under that lease: nothing acquired ([`RequestLeases`]) |
 //! | the client hangs up while the request waits for its lock | the request is dropped: it never started |
 //! | the client hangs up while the handler holds its lease, [`OnDisconnect::Finish`] (default) | the handler runs to its end under its lease; with replay its response is recorded; then the lease is released |
 //! | the client hangs up while the handler holds its lease, [`OnDisconnect::Cancel`] | the handler future is dropped, the lease released in the background |
+//! | a handler's extractor refuses the request (axum's `text/plain` 400, 415, 422: malformed JSON, no JSON content type, a field of the wrong type), with [`LockLayer::problem_for_rejections`] | the same status as a problem: `bad-request`, `unsupported-media-type`, `unprocessable-content`, the extractor's text as `detail`; the lock was taken (the body is read after it) and is released before the response is sent (`Fencing-Token` present). Without the option: axum's `text/plain` |
 //! | the locker is draining ([`Redlock::drain`](crate::Redlock::drain)) | 503 `lock-unavailable`, `Retry-After: 1` |
 //! | a streamed body whose lease is lost, [`OnLost::Abort`] | the body ends with a [`LeaseLost`] error: the response is cut short |
 //!

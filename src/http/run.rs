@@ -51,15 +51,19 @@ pub(crate) async fn lock(
     }
     match taken {
         Ok(taken) => Ok(taken),
-        Err(error @ (LockError::Held { .. } | LockError::WaitTimeout { .. })) if replaying => {
-            let resource = target.resources[0].clone();
-            Err(NotLocked::Refused(problem::in_progress(&error, resource)))
+        Err(error @ (LockError::Held { .. } | LockError::WaitTimeout { .. })) => {
+            let problem = match replaying {
+                true => problem::in_progress(&error, target.resources[0].clone()),
+                false => target.problem(&error),
+            };
+            Err(NotLocked::Refused(settings.sections.retry_after(problem)))
         }
         Err(error @ (LockError::Unavailable { .. } | LockError::ValidityExpired { .. }))
             if settings.on_unavailable == Unavailable::FailOpen =>
         {
             span.record("outcome", "fail-open");
-            tracing::warn!(%error, "lock store unavailable: running without a lock (fail open)");
+            // The loss of the quorum is logged once by the locker.
+            tracing::debug!(%error, "lock store unavailable: running without a lock (fail open)");
             Err(NotLocked::FailOpen)
         }
         Err(error) => Err(NotLocked::Refused(target.problem(&error))),
@@ -104,6 +108,17 @@ where
         tracing::debug!(token = %handle.fencing_token(), "the request holds this lock already: reusing its lease");
     }
     match call_locked(settings, span, inner, request, &handle).await? {
+        Called::Answered(response) if settings.problem_for_rejections => {
+            match problem::rejection(response).await {
+                Ok(problem) => {
+                    metrics::refusal(problem.kind().code(), Some(&settings.name));
+                    let (parts, body) = problem::render(&*settings.renderer, &problem).into_parts();
+                    let body = |_| LeaseBody::full(body);
+                    Ok(finish_with(settings, span, parts, lease, Some(handle), false, body).await)
+                }
+                Err(response) => Ok(finish(settings, span, response, lease, Some(handle)).await),
+            }
+        }
         Called::Answered(response) => {
             Ok(finish(settings, span, response, lease, Some(handle)).await)
         }
@@ -137,9 +152,12 @@ where
     tracing::debug!(token = %handle.fencing_token(), "running the handler under the lease");
     request.extensions_mut().insert(handle.clone());
     add_request_lease(request.extensions_mut(), handle);
+    let started = Instant::now();
     let handler = inner.call(request);
     if settings.on_lost != OnLost::Abort {
-        return handler.await.map(Called::Answered);
+        let result = handler.await;
+        settings.sections.record(started.elapsed());
+        return result.map(Called::Answered);
     }
     let cause = {
         let mut handler = pin!(handler);
@@ -152,7 +170,10 @@ where
         })
         .await;
         match raced {
-            Ok(result) => return result.map(Called::Answered),
+            Ok(result) => {
+                settings.sections.record(started.elapsed());
+                return result.map(Called::Answered);
+            }
             Err(cause) => cause,
         }
         // The handler future is dropped here, before the answer is made.
@@ -169,7 +190,7 @@ fn stopped<RB: Body>(
     cause: LostCause,
 ) -> Response<LeaseBody<RB>> {
     span.record("outcome", ProblemKind::LockLost.code());
-    metrics::refusal(ProblemKind::LockLost.code());
+    metrics::refusal(ProblemKind::LockLost.code(), Some(&settings.name));
     tracing::warn!(%cause, "lease lost while the handler ran: handler stopped");
     let problem = problem::lock_lost(handle.resource().clone());
     let mut response = render(settings, &problem);
@@ -327,7 +348,7 @@ pub(crate) fn refuse<RB: Body>(
     problem: Problem,
 ) -> Response<LeaseBody<RB>> {
     span.record("outcome", problem.kind().code());
-    metrics::refusal(problem.kind().code());
+    metrics::refusal(problem.kind().code(), Some(&settings.name));
     tracing::debug!(%problem, "request refused");
     render(settings, &problem)
 }

@@ -105,7 +105,11 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+        if self.settings.own_renderer {
+            let renderer = super::problem::LayerRenderer(self.settings.renderer.clone());
+            request.extensions_mut().insert(renderer);
+        }
         // The inner service was driven to readiness: take it, and leave a clone for
         // the next call (the clone may not be ready).
         let clone = self.inner.clone();

@@ -1,13 +1,15 @@
 //! What the layer's services and futures share: the locker and the layer's settings.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::header::HeaderName;
 use http::Method;
 
 use super::policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
-use super::problem::{DefaultRenderer, ProblemRenderer};
+use super::problem::{DefaultRenderer, Problem, ProblemRenderer};
 use super::replay::ReplaySettings;
 use crate::{LockMode, Redlock};
 
@@ -32,8 +34,14 @@ pub(crate) struct Settings {
     pub(crate) max_key_len: usize,
     pub(crate) on_unavailable: Unavailable,
     pub(crate) renderer: Arc<dyn ProblemRenderer>,
+    /// Set by `problem_renderer`: passed on to the `Locked` extractors behind.
+    pub(crate) own_renderer: bool,
+    pub(crate) problem_for_rejections: bool,
     pub(crate) replay: Option<Arc<ReplaySettings>>,
     pub(crate) modes: Modes,
+    pub(crate) sections: Arc<Sections>,
+    /// The `layer` label of its metrics.
+    pub(crate) name: Arc<str>,
 }
 
 /// How a request locks its key, by method: `safe` for the methods that only read
@@ -73,6 +81,8 @@ impl fmt::Debug for Settings {
             .field("on_unavailable", &self.on_unavailable)
             .field("replay", &self.replay)
             .field("modes", &self.modes)
+            .field("name", &self.name)
+            .field("problem_for_rejections", &self.problem_for_rejections)
             .finish_non_exhaustive()
     }
 }
@@ -92,8 +102,47 @@ impl Settings {
             max_key_len: DEFAULT_MAX_KEY_LEN,
             on_unavailable: Unavailable::default(),
             renderer: Arc::new(DefaultRenderer),
+            own_renderer: false,
+            problem_for_rejections: false,
             replay: None,
             modes: Modes::default(),
+            sections: Arc::default(),
+            name: Arc::from(""),
+        }
+    }
+}
+
+/// How long the layer's critical sections (its handlers) typically take, in this
+/// process: a moving mean in µs (each section weighs 1/8), 0 before the first. A
+/// refused client is told to come back then, rather than after the holder's ttl, which
+/// renewal keeps near the full ttl while sections are much shorter.
+#[derive(Debug, Default)]
+pub(crate) struct Sections(AtomicU64);
+
+impl Sections {
+    pub(crate) fn record(&self, took: Duration) {
+        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
+        let mean = |mean: u64| {
+            Some(if mean == 0 {
+                sample
+            } else {
+                mean - mean / 8 + sample / 8
+            })
+        };
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, mean);
+    }
+
+    /// A contention refusal's `Retry-After`: the typical section, at least 1 s, never
+    /// past the holder's remaining ttl (the problem's delay so far).
+    pub(crate) fn retry_after(&self, problem: Problem) -> Problem {
+        match (self.0.load(Ordering::Relaxed), problem.retry_after()) {
+            (0, _) | (_, None) => problem,
+            (mean, Some(holder_ttl)) => {
+                let typical = Duration::from_micros(mean).max(Duration::from_secs(1));
+                problem.with_retry_after(typical.min(holder_ttl))
+            }
         }
     }
 }

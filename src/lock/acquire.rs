@@ -7,17 +7,19 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::attempt::SPLIT_RETRIES;
 use super::lease::LeaseInner;
 use super::round::Nodes;
 use super::target::Target;
 use super::wait::{next_release, QueueRef, Queues, Turn, Waiting, QUEUE_TTL};
-use super::{renewal, Lease, LockError, Redlock};
+use super::{renewal, Backoff, Lease, LockError, Redlock, RetryPolicy};
 use crate::node::HANDOFF_TTL;
 use crate::node::{ReleaseSignal, Resource, ResourceKeys, Waiter};
 
 impl Redlock {
     /// One attempt, no waiting: a lease, or [`LockError::Held`] naming the first member
-    /// a caller of this process holds or queues for, or the nodes found held.
+    /// a caller of this process holds or queues for, or the nodes found held. An
+    /// attempt lost to a split vote is not a refusal: it runs again (`SPLIT_RETRIES`).
     pub(super) async fn try_once<T: Target>(&self, target: T) -> Result<Lease, LockError> {
         let shared = &self.shared;
         self.refuse_if_draining(&target.resources()[0])?;
@@ -46,7 +48,22 @@ impl Redlock {
                 });
             }
         }
-        let won = self.attempt(&target, None).await?;
+        let mut splits = 0;
+        let won = loop {
+            let mut split = false;
+            match self.attempt(&target, None, &mut split).await {
+                // No holder: undone, and again after a short random delay (the
+                // default backoff's, whatever the locker's retry policy for waiters).
+                Err(_) if split && splits < SPLIT_RETRIES => {
+                    splits += 1;
+                    let delay = Backoff::default().delay(splits, None);
+                    tracing::debug!(resource = %target.resources()[0], splits, ?delay, "split vote: retrying");
+                    tokio::time::sleep(delay).await;
+                    self.refuse_if_draining(&target.resources()[0])?;
+                }
+                result => break result?,
+            }
+        };
         let inner = won.into_lease(shared, target);
         self.unless_drained(Ok(self.finish::<T>(inner, turns, queues)))
             .await
@@ -156,7 +173,7 @@ impl Redlock {
                     None => shared.nodes.listen_for_release(target.keys()).await,
                 }
             }
-            let (held, holder_ttl) = match self.attempt(&target, joining).await {
+            let (held, holder_ttl) = match self.attempt(&target, joining, &mut false).await {
                 Ok(won) => {
                     // A granted head left the queue (the grant took it off).
                     if let Some(queued) = queued.as_mut() {

@@ -17,15 +17,22 @@ use super::target::{Ask, Target};
 use super::{fencing, LockError, Redlock, Shared};
 use crate::node::{Node, NodeFuture, Owner, Waiter};
 
+/// How many times a caller that does not wait runs an attempt lost to a split vote
+/// again, after a short random delay, before it is refused (Redlock's rule).
+pub(super) const SPLIT_RETRIES: u32 = 3;
+
 impl Redlock {
     /// One Redlock round over `target` (plus the fence write-back when needed); the
     /// caller holds every member's local turn. `waiter`: the caller waits, and joins
-    /// the wait queues if refused.
+    /// the wait queues if refused. `split`: set when the round was lost to a split
+    /// vote (concurrent attempts each won some nodes, none a quorum): it names no
+    /// holder, and a caller that does not wait runs it again ([`SPLIT_RETRIES`]).
     #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %target.resources()[0], members = target.resources().len()))]
     pub(super) async fn attempt<T: Target>(
         &self,
         target: &T,
         waiter: Option<&Waiter>,
+        split: &mut bool,
     ) -> Result<Won<T>, LockError> {
         let shared = &self.shared;
         let options = &shared.options;
@@ -47,6 +54,9 @@ impl Redlock {
         let (tally, stragglers) = nodes.acquire(start, target, &ask).await;
         in_flight.disarm();
         let quorum = target.quorum(nodes.len());
+        if tally.won.len() + tally.held.len() >= quorum {
+            shared.quorum.answered();
+        }
         let valid_until = start + options.ttl - options.drift();
         // Every node that may hold our keys: all but those that said someone else holds
         // a member, which keep nothing of the request (a straggler saying so is skipped
@@ -66,6 +76,10 @@ impl Redlock {
                 });
             }
             if answered >= quorum {
+                // Nodes granted us while others refused: contenders of the same moment
+                // split the votes (a quorum-holder's nodes refuse every one of ours;
+                // the round waits for every answer before calling it that).
+                *split = !tally.won.is_empty();
                 shared.metrics.contended.inc();
                 let member = tally.first_held.unwrap_or(0);
                 let held = target.resources().get(member).unwrap_or(resource);
@@ -76,14 +90,15 @@ impl Redlock {
                 });
             }
             shared.metrics.unavailable.inc();
-            tracing::warn!(%resource, answered, quorum, failures = tally.failures.len(), "no quorum");
-            return Err(LockError::Unavailable {
+            let error = LockError::Unavailable {
                 resource: resource.clone(),
                 nodes: nodes.len(),
                 answered,
                 quorum,
                 failures: tally.failures,
-            });
+            };
+            shared.quorum.refused(answered, nodes.len(), quorum, &error);
+            return Err(error);
         }
 
         // Each member's token: the highest of its counters among the nodes that granted.
@@ -136,13 +151,17 @@ impl Redlock {
                     });
                 }
                 shared.metrics.unavailable.inc();
-                return Err(LockError::Unavailable {
+                let error = LockError::Unavailable {
                     resource: resource.clone(),
                     nodes: nodes.len(),
                     answered: level + confirmed,
                     quorum,
                     failures,
-                });
+                };
+                shared
+                    .quorum
+                    .refused(level + confirmed, nodes.len(), quorum, &error);
+                return Err(error);
             }
         }
 

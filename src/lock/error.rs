@@ -38,7 +38,8 @@ pub enum LockError {
     },
     /// Fewer than a majority of the nodes answered: the store cannot decide.
     #[error(
-        "no quorum for `{resource}`: {answered} of {nodes} nodes answered, {quorum} needed ({})",
+        "no quorum for `{resource}`: {} of {nodes} nodes failed ({}), {answered} answered, {quorum} needed",
+        failures.len(),
         NodeFailures(failures)
     )]
     Unavailable {

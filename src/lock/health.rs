@@ -4,6 +4,7 @@
 //! [`Redlock::node_states`](crate::Redlock::node_states) reads the current picture.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -72,6 +73,8 @@ struct Entry {
     decided_by: Instant,
     last_error: Option<NodeError>,
     setup_warning: Option<Arc<str>>,
+    /// Calls that did not reach the node since it went down.
+    failed: u64,
 }
 
 /// What an answer says about the node.
@@ -95,6 +98,7 @@ impl Health {
                 decided_by: now,
                 last_error: None,
                 setup_warning: None,
+                failed: 0,
             }),
         }
     }
@@ -125,14 +129,20 @@ impl Health {
             if let Some(error) = error {
                 entry.last_error = Some(error.clone());
             }
+            if status == NodeStatus::Down {
+                entry.failed += 1;
+            }
             if started < entry.decided_by {
                 return;
             }
             entry.decided_by = started;
             if entry.status == status {
+                if let Some(error) = error.filter(|_| status == NodeStatus::Down) {
+                    tracing::debug!(node = %self.name, %error, "node still down");
+                }
                 return;
             }
-            let previous = (entry.status, entry.since);
+            let previous = (entry.status, entry.since, std::mem::take(&mut entry.failed));
             entry.status = status;
             entry.since = Instant::now();
             previous
@@ -142,8 +152,8 @@ impl Health {
             (_, Some(error)) if status == NodeStatus::Down => {
                 tracing::warn!(node = %self.name, %error, "node down");
             }
-            ((NodeStatus::Down, since), _) => {
-                tracing::info!(node = %self.name, down_for = ?since.elapsed(), "node back up");
+            ((NodeStatus::Down, since, failed_calls), _) => {
+                tracing::info!(node = %self.name, down_for = ?since.elapsed(), failed_calls, "node back up");
             }
             _ => tracing::debug!(node = %self.name, "node up"),
         }
@@ -177,6 +187,41 @@ impl Health {
                 tracing::warn!(node = %self.name, %warning, "node setup puts locks at risk")
             }
             None => tracing::info!(node = %self.name, was = ?changed, "node setup fixed"),
+        }
+    }
+}
+
+/// Whether the locker's last rounds found a quorum of nodes answering: a loss and a
+/// return are logged once each, with the attempts refused in between, rather than a
+/// line per refused request.
+#[derive(Debug, Default)]
+pub(crate) struct QuorumWatch {
+    lost: AtomicBool,
+    refused: AtomicU64,
+}
+
+impl QuorumWatch {
+    /// A round found fewer than `quorum` of `nodes` answering.
+    pub(crate) fn refused(
+        &self,
+        answered: usize,
+        nodes: usize,
+        quorum: usize,
+        why: &dyn fmt::Display,
+    ) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        if self.lost.swap(true, Ordering::AcqRel) {
+            tracing::debug!(%why, "no quorum");
+        } else {
+            tracing::warn!(answered, nodes, quorum, %why, "quorum lost: requests for locks are refused until it is back");
+        }
+    }
+
+    /// A round found a quorum answering (granted or held).
+    pub(crate) fn answered(&self) {
+        if self.lost.load(Ordering::Relaxed) && self.lost.swap(false, Ordering::AcqRel) {
+            let refused = self.refused.swap(0, Ordering::Relaxed);
+            tracing::info!(refused, "quorum regained");
         }
     }
 }

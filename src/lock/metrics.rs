@@ -18,7 +18,7 @@
 //! | `tower_redlock_renewals_total` | counter | `outcome`: `renewed`, `no_quorum`, `key_lost` | extend rounds (the watchdog's and [`Lease::extend`](crate::Lease::extend)'s) | `no_quorum` or `key_lost` rising: leases are about to be lost |
 //! | `tower_redlock_node_errors_total` | counter | `node` (the node's name), `error`: `timeout`, `connection`, `server`, `protocol`, `unsupported` | node calls that failed, per node | one node's rate rising: it is down or slow (the quorum still answers); several: outage ahead |
 //! | `tower_redlock_waiters` | gauge | — | callers of this process inside [`acquire`](crate::Redlock::acquire) (queued, or contending at the nodes), over every locker | a level that keeps growing: requests pile up behind held resources |
-//! | `tower_redlock_http_refusals_total` | counter | `problem`: the [problem code](crate::http::problem) (`lock-held`, `lock-wait-timeout`, `lock-unavailable`, `lock-queue-full`, `lock-lost`, `key-missing`, `key-invalid`, …) | requests the [`LockLayer`](crate::http::LockLayer) answered with a problem instead of the handler's response | `lock-unavailable` or `lock-lost` above zero; `key-missing`/`key-invalid` rising: a client sends bad requests |
+//! | `tower_redlock_http_refusals_total` | counter | `problem`: the [problem code](crate::http::problem) (`lock-held`, `lock-wait-timeout`, `lock-unavailable`, `lock-queue-full`, `lock-lost`, `key-missing`, `key-invalid`, …); `layer`: the layer's [`name`](crate::http::LockLayer::name) (empty when unnamed, and for the `Locked` extractor) | requests the [`LockLayer`](crate::http::LockLayer) answered with a problem instead of the handler's response | `lock-unavailable` or `lock-lost` above zero; `key-missing`/`key-invalid` rising: a client sends bad requests |
 //! | `tower_redlock_http_handlers_finishing` | gauge | — | handlers that run on under their lease after their client left ([`OnDisconnect::Finish`](crate::http::OnDisconnect::Finish)) | a level that keeps growing: clients give up before handlers finish (their timeouts are shorter than the handlers) |
 //! | `tower_redlock_http_replays_total` | counter | `outcome`: `replayed`, `key-reused`, `recorded`, `not-recorded` | [idempotent replay](crate::http::replay): responses replayed, keys reused for another request, responses recorded or not | `not-recorded` rising: the store failed after the handler ran, retries will run the handler again |
 //!
@@ -159,13 +159,18 @@ pub(crate) fn engine_series<'a>(nodes: impl IntoIterator<Item = &'a str>) {
 
 /// As [`engine_series`], for the layer's series: refusals by every problem code in
 /// `codes`, the handlers finishing, and replay's outcomes when `replay` is on.
-pub(crate) fn http_series(codes: impl IntoIterator<Item = &'static str>, replay: bool) {
-    let _ = (&codes, replay);
+pub(crate) fn http_series(
+    codes: impl IntoIterator<Item = &'static str>,
+    replay: bool,
+    layer: &str,
+) {
+    let _ = (&codes, replay, layer);
     #[cfg(feature = "metrics")]
     {
         describe();
         for code in codes {
-            ::metrics::counter!(HTTP_REFUSALS, "problem" => code).increment(0);
+            ::metrics::counter!(HTTP_REFUSALS, "problem" => code, "layer" => layer.to_owned())
+                .increment(0);
         }
         ::metrics::gauge!(HTTP_HANDLERS_FINISHING).increment(0.0);
         if replay {
@@ -309,12 +314,16 @@ pub(crate) fn handlers_finishing(delta: f64) {
     ::metrics::gauge!(HTTP_HANDLERS_FINISHING).increment(delta);
 }
 
-/// Records a request refused with the problem `code`.
+/// Records a request refused with the problem `code` by the layer named `layer`
+/// (empty: unnamed, or the `Locked` extractor).
 #[inline]
-pub(crate) fn refusal(code: &'static str) {
-    let _ = code;
+pub(crate) fn refusal(code: &'static str, layer: Option<&std::sync::Arc<str>>) {
+    let _ = (code, layer);
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(HTTP_REFUSALS, "problem" => code).increment(1);
+    {
+        let layer: ::metrics::SharedString = layer.map_or("".into(), |name| name.clone().into());
+        ::metrics::counter!(HTTP_REFUSALS, "problem" => code, "layer" => layer).increment(1);
+    }
 }
 
 /// Records an idempotent replay outcome.

@@ -105,6 +105,7 @@ pub(crate) struct Shared {
     pub(crate) options: LockOptions,
     pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) metrics: Metrics,
+    pub(crate) quorum: health::QuorumWatch,
     pub(crate) renewals: renewal::Renewals,
     queues: Arc<Queues>,
     /// This locker's id in the nodes' wait queues (see `wait`).
@@ -167,6 +168,7 @@ impl Redlock {
                 options,
                 runtime,
                 metrics: Metrics::default(),
+                quorum: health::QuorumWatch::default(),
                 renewals: renewal::Renewals::default(),
                 queues: Arc::default(),
                 waiter_id: format!("{:016x}", rand::random::<u64>()),

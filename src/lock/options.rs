@@ -54,7 +54,7 @@ impl Default for LockOptions {
     fn default() -> Self {
         LockOptions {
             ttl: Duration::from_secs(10),
-            node_timeout: Duration::from_millis(50),
+            node_timeout: Duration::from_millis(200),
             drift_factor: 0.01,
             min_validity: Duration::from_millis(5),
             retry: Arc::new(Backoff::default()),
@@ -80,8 +80,13 @@ impl LockOptions {
         self
     }
 
-    /// How long one node may take to answer (default 50 ms). A slow or paused node
-    /// costs at most this per attempt; it should be small against the ttl.
+    /// How long one node may take to answer (default 200 ms). A slow or paused node
+    /// costs at most this per attempt; it should be small against the ttl. A call cut at
+    /// this budget marks the node down (logged), so it should also be well above a
+    /// healthy node's slowest answers: on a loopback Redis over a 2-core machine under a
+    /// load average of 8–9, 16 callers saw p99.9 of 17–30 ms and at most 74 ms in
+    /// 128,000 round trips. On a quiet machine or a low-latency network a shorter
+    /// timeout fails over faster.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self

@@ -306,7 +306,11 @@ impl Nodes {
                 }
                 let won = tally.won.len();
                 let answered = won + tally.held.len();
+                // Refused without a grant: wait for every answer, as a late grant tells
+                // a split vote (retried, see `Redlock::attempt`) from a holder's refusal.
+                let refused_so_far = won == 0 && answered >= quorum;
                 super::quorum::acquisition_decided(quorum, won, answered, pending)
+                    && !(refused_so_far && pending > 0)
             },
         )
         .await;

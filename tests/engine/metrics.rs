@@ -295,11 +295,17 @@ async fn http_refusals_by_problem_code() {
     let app = Router::new()
         .route("/pay", post(pay))
         .route("/slow", post(slow))
-        .route_layer(LockLayer::new(store.locker(), header("Idempotency-Key")));
+        .route_layer(LockLayer::new(store.locker(), header("Idempotency-Key")).name("payments"));
 
     let missing = app.clone().oneshot(post_with_key("")).await.unwrap();
     assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(seen.count(HTTP_REFUSALS, &[("problem", "key-missing")]), 1);
+    assert_eq!(
+        seen.count(
+            HTTP_REFUSALS,
+            &[("problem", "key-missing"), ("layer", "payments")]
+        ),
+        1
+    );
 
     let order = Resource::new("POST").join("/pay").join("k1");
     store
@@ -308,14 +314,23 @@ async fn http_refusals_by_problem_code() {
         .unwrap();
     let held = app.clone().oneshot(post_with_key("k1")).await.unwrap();
     assert_eq!(held.status(), StatusCode::CONFLICT);
-    assert_eq!(seen.count(HTTP_REFUSALS, &[("problem", "lock-held")]), 1);
+    assert_eq!(
+        seen.count(
+            HTTP_REFUSALS,
+            &[("problem", "lock-held"), ("layer", "payments")]
+        ),
+        1
+    );
     store.release(order).await.unwrap();
 
     store.set_available(false);
     let down = app.clone().oneshot(post_with_key("k1")).await.unwrap();
     assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
-        seen.count(HTTP_REFUSALS, &[("problem", "lock-unavailable")]),
+        seen.count(
+            HTTP_REFUSALS,
+            &[("problem", "lock-unavailable"), ("layer", "payments")]
+        ),
         1
     );
     store.set_available(true);
@@ -331,14 +346,21 @@ async fn http_refusals_by_problem_code() {
         .unwrap();
     let lost = running.await.unwrap().unwrap();
     assert_eq!(lost.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(seen.count(HTTP_REFUSALS, &[("problem", "lock-lost")]), 1);
+    assert_eq!(
+        seen.count(
+            HTTP_REFUSALS,
+            &[("problem", "lock-lost"), ("layer", "payments")]
+        ),
+        1
+    );
 
     assert_eq!(
         app.oneshot(post_with_key("k3")).await.unwrap().status(),
         StatusCode::OK
     );
     for labels in seen.label_sets(HTTP_REFUSALS) {
-        assert_eq!(labels[0].0, "problem");
+        let names: Vec<&str> = labels.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["layer", "problem"]);
     }
 }
 
@@ -373,7 +395,10 @@ async fn replay_outcomes() {
     assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(seen.count(HTTP_REPLAYS, &[("outcome", "key-reused")]), 1);
     assert_eq!(
-        seen.count(HTTP_REFUSALS, &[("problem", "idempotency-key-reused")]),
+        seen.count(
+            HTTP_REFUSALS,
+            &[("problem", "idempotency-key-reused"), ("layer", "")]
+        ),
         1
     );
 }
@@ -412,8 +437,8 @@ async fn a_scrape_before_the_first_request_shows_every_series_at_zero() {
         "tower_redlock_leases_lost_total{cause=\"renewal_failed\"} 0",
         "tower_redlock_renewals_total{outcome=\"no_quorum\"} 0",
         "tower_redlock_waiters 0",
-        "tower_redlock_http_refusals_total{problem=\"lock-held\"} 0",
-        "tower_redlock_http_refusals_total{problem=\"lock-unavailable\"} 0",
+        "tower_redlock_http_refusals_total{problem=\"lock-held\",layer=\"\"} 0",
+        "tower_redlock_http_refusals_total{problem=\"lock-unavailable\",layer=\"\"} 0",
         "tower_redlock_http_handlers_finishing 0",
         "tower_redlock_http_replays_total{outcome=\"not-recorded\"} 0",
     ] {

@@ -247,6 +247,16 @@ impl Logs {
         self.0.lock().unwrap().len()
     }
 
+    /// Log lines since `mark` that contain `part`.
+    #[cfg(feature = "axum")]
+    fn lines(&self, mark: usize, part: &str) -> Vec<String> {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap()[mark..]).into_owned();
+        text.lines()
+            .filter(|line| line.contains(part))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Log lines since `mark` that contain every one of `parts`.
     fn count(&self, mark: usize, parts: &[&str]) -> usize {
         let text = String::from_utf8_lossy(&self.0.lock().unwrap()[mark..]).into_owned();
@@ -318,6 +328,118 @@ async fn node_going_down_and_back() {
         assert_eq!(logs.count(mark, &["node down", name]), 0);
         assert_eq!(logs.count(mark, &["node back up", name]), 0);
     }
+}
+
+#[cfg(feature = "axum")]
+#[test]
+fn a_lost_quorum_is_logged_once_with_the_refusals_not_once_per_request() {
+    capturing().block_on(quorum_lost_and_back());
+}
+
+#[cfg(feature = "axum")]
+async fn quorum_lost_and_back() {
+    use axum::{body::Body, routing::post, Router};
+    use tower::ServiceExt;
+    use tower_redlock::http::{key::path_param, LockLayer};
+
+    let logs = Logs::get();
+    let mut servers = RedisServer::start_many(3);
+    let mark = logs.mark();
+    let locker = locker(&servers);
+    let names: Vec<String> = locker
+        .node_states()
+        .iter()
+        .map(|s| s.name.to_string())
+        .collect();
+    let app = Router::new()
+        .route("/jobs/{id}", post(|| async { "done" }))
+        .route_layer(LockLayer::new(locker.clone(), path_param("id")));
+    let job = |id: usize| {
+        let request = http::Request::post(format!("/jobs/{id}"));
+        request.body(Body::empty()).unwrap()
+    };
+    use_every_node(&locker, &servers, "before").await;
+
+    servers[0].kill();
+    servers[1].kill();
+    let error = locker.try_acquire("direct").await.unwrap_err();
+    // True, whether or not the third node's answer came before the round was decided.
+    assert!(error.to_string().contains("2 of 3 nodes failed"), "{error}");
+    for id in 0..50 {
+        let response = app.clone().oneshot(job(id)).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    }
+    servers[0].restart();
+    servers[1].restart();
+    // The nodes reconnect after their backoff: poll until requests are served and
+    // every node has answered.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while app.clone().oneshot(job(99)).await.unwrap().status() != http::StatusCode::OK
+        || statuses(&locker) != [NodeStatus::Up; 3]
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the quorum never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Three warnings in all (two nodes down, the quorum lost), then one line each for
+    // what came back.
+    assert_eq!(logs.count(mark, &["WARN"]), 3);
+    assert_eq!(logs.count(mark, &["WARN", "quorum lost"]), 1);
+    for name in &names[..2] {
+        assert_eq!(logs.count(mark, &["WARN", "node down", name]), 1);
+        assert_eq!(logs.count(mark, &["INFO", "node back up", name]), 1);
+    }
+    assert_eq!(logs.count(mark, &["INFO", "quorum regained"]), 1);
+    let regained = logs.lines(mark, "quorum regained");
+    let refused: usize = regained[0]
+        .split("refused=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{regained:?}"));
+    assert!(refused >= 51, "{regained:?}");
+}
+
+/// The round trip of one node as the engine sees it (an acquisition over one node:
+/// the call, the scheduling of its answer), on this machine as it is loaded now, for
+/// the default node timeout (the measurements are in its docs):
+/// `cargo test --all-features --test engine reconnect::node_round_trips -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a test"]
+async fn node_round_trips() {
+    let server = RedisServer::start();
+    let locker = locker(std::slice::from_ref(&server));
+    let tasks = (0..16).map(|task| {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let mut took = Vec::with_capacity(2000);
+            for i in 0..2000 {
+                let started = std::time::Instant::now();
+                let lease = locker.try_acquire(format!("rt-{task}-{i}")).await.unwrap();
+                took.push(started.elapsed());
+                lease.release().await;
+            }
+            took
+        })
+    });
+    let mut took = Vec::new();
+    for task in tasks.collect::<Vec<_>>() {
+        took.extend(task.await.unwrap());
+    }
+    took.sort();
+    let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
+    println!(
+        "{} round trips, 16 callers: p50 {:?}, p99 {:?}, p99.9 {:?}, p99.99 {:?}, max {:?}",
+        took.len(),
+        at(0.5),
+        at(0.99),
+        at(0.999),
+        at(0.9999),
+        took[took.len() - 1]
+    );
 }
 
 /// A frozen node (SIGSTOP) in a round of three: the round is decided by the other two,

@@ -223,7 +223,7 @@ async fn a_row_carrying_its_own_fence_column() {
         .await
         .unwrap();
     let write = |token: u64, status: &'static str| {
-        let token = fence::to_i64::<sqlx::Error>(FencingToken::new(token)).unwrap();
+        let token = fence::to_i64(FencingToken::new(token)).unwrap();
         sqlx::query(
             "UPDATE orders SET status = $3, fence_token = $2 WHERE id = $1 AND fence_token <= $2",
         )

@@ -24,6 +24,8 @@ mod orders;
 mod panics;
 mod replay;
 mod sockets;
+mod splits;
+mod told;
 mod transfers;
 mod webhooks;
 mod writes;

@@ -59,7 +59,7 @@ use std::time::{Duration, Instant};
 
 use resp::Connection;
 
-/// Per-node timeout for tests that do not test timeouts: the 50 ms default is sized for
+/// Per-node timeout for tests that do not test timeouts: the 200 ms default is sized for
 /// production, and on a machine busy with other builds a healthy local server can answer
 /// later than that, turning the test's request into a 503. An upper bound only, reached
 /// when something is wrong.

@@ -58,17 +58,19 @@
 //!
 //! ### lock-held
 //! 409: another request holds the lock ([`Contention::Reject`](super::Contention::Reject)).
-//! `Retry-After` is the holder's remaining time to live.
+//! `Retry-After` is when a retry can succeed: the typical length of the layer's
+//! critical sections (a moving mean of its handlers' run time in this process), at
+//! least 1 s, never past the holder's remaining time to live (which it is until a
+//! section has ended).
 //!
 //! ### lock-wait-timeout
 //! 409: the lock was still held when the wait ran out
-//! ([`Contention::Wait`](super::Contention::Wait)). `Retry-After` is the holder's
-//! remaining time to live.
+//! ([`Contention::Wait`](super::Contention::Wait)). `Retry-After` as for `lock-held`.
 //!
 //! ### limit-reached
 //! 429: every permit of a counted lock ([`LockMode::Counted`](crate::LockMode::Counted))
 //! is taken, and stayed taken for the wait ([`Contention::Wait`](super::Contention::Wait)).
-//! `Retry-After` is when the earliest permit runs out at the latest. Not 409: the
+//! `Retry-After` as for `lock-held`, at most when the earliest permit runs out. Not 409: the
 //! resource is in no conflicting state, this client (or tenant) has as many requests in
 //! flight as it may; not 503: the service is up, and other tenants are served.
 //!
@@ -114,10 +116,25 @@
 //! 500: idempotent replay: the handler's response body failed while it was being
 //! recorded, before anything was sent. Nothing was recorded: a retry runs the handler
 //! again.
+//!
+//! ### bad-request
+//! 400: a handler's extractor refused the request (axum's `Json`, `Form`, `Query`,
+//! `Path`…: malformed JSON, a missing field), with
+//! [`LockLayer::problem_for_rejections`](super::LockLayer::problem_for_rejections). The
+//! `detail` is the extractor's text. The lock was taken and released: the response
+//! carries `Fencing-Token`.
+//!
+//! ### unsupported-media-type
+//! 415: as `bad-request`, for a body of the wrong content type (`Json` without
+//! `Content-Type: application/json`).
+//!
+//! ### unprocessable-content
+//! 422: as `bad-request`, for a body of the right syntax with a field of the wrong type.
 
 mod sent;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -129,8 +146,14 @@ use crate::Resource;
 pub use sent::problem_response;
 pub(crate) use sent::{
     counted_error_problem, in_progress, key_reused, lock_error_problem, lock_lost, outcome_unknown,
-    record_unreadable, response_failed, set_error_problem,
+    record_unreadable, rejection, response_failed, set_error_problem,
 };
+
+/// A layer's own renderer, in the requests it passes on, for the `Locked` extractor's
+/// refusals.
+#[derive(Clone)]
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
+pub(crate) struct LayerRenderer(pub(crate) Arc<dyn ProblemRenderer>);
 
 /// `Retry-After` of refusals that know no better delay.
 pub(crate) const RETRY_SOON: Duration = Duration::from_secs(1);
@@ -179,11 +202,18 @@ pub enum ProblemKind {
     IdempotencyKeyReused,
     /// 500 `response-failed` (idempotent replay).
     ResponseFailed,
+    /// 400 `bad-request` (a handler's extractor, with
+    /// [`problem_for_rejections`](super::LockLayer::problem_for_rejections)).
+    BadRequest,
+    /// 415 `unsupported-media-type` (as `bad-request`).
+    UnsupportedMediaType,
+    /// 422 `unprocessable-content` (as `bad-request`).
+    UnprocessableContent,
 }
 
 impl ProblemKind {
     /// Every kind, in documentation order.
-    pub const ALL: [ProblemKind; 17] = [
+    pub const ALL: [ProblemKind; 20] = [
         ProblemKind::KeyMissing,
         ProblemKind::KeyInvalid,
         ProblemKind::KeyMisconfigured,
@@ -201,6 +231,9 @@ impl ProblemKind {
         ProblemKind::OutcomeUnknown,
         ProblemKind::IdempotencyKeyReused,
         ProblemKind::ResponseFailed,
+        ProblemKind::BadRequest,
+        ProblemKind::UnsupportedMediaType,
+        ProblemKind::UnprocessableContent,
     ];
 
     /// The short, stable code, e.g. `lock-held`: the fragment of the `type` URI.
@@ -223,6 +256,9 @@ impl ProblemKind {
             ProblemKind::OutcomeUnknown => "outcome-unknown",
             ProblemKind::IdempotencyKeyReused => "idempotency-key-reused",
             ProblemKind::ResponseFailed => "response-failed",
+            ProblemKind::BadRequest => "bad-request",
+            ProblemKind::UnsupportedMediaType => "unsupported-media-type",
+            ProblemKind::UnprocessableContent => "unprocessable-content",
         }
     }
 
@@ -232,7 +268,10 @@ impl ProblemKind {
             ProblemKind::KeyMissing
             | ProblemKind::KeyInvalid
             | ProblemKind::BodyNotJson
-            | ProblemKind::BodyUnreadable => StatusCode::BAD_REQUEST,
+            | ProblemKind::BodyUnreadable
+            | ProblemKind::BadRequest => StatusCode::BAD_REQUEST,
+            ProblemKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ProblemKind::UnprocessableContent => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::LockHeld
             | ProblemKind::LockWaitTimeout
@@ -269,6 +308,9 @@ impl ProblemKind {
             ProblemKind::OutcomeUnknown => "Outcome unknown",
             ProblemKind::IdempotencyKeyReused => "Idempotency key reused",
             ProblemKind::ResponseFailed => "Response failed",
+            ProblemKind::BadRequest => "Bad request",
+            ProblemKind::UnsupportedMediaType => "Unsupported media type",
+            ProblemKind::UnprocessableContent => "Unprocessable content",
         }
     }
 

@@ -67,8 +67,9 @@ pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Probl
         )
         .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
         LockError::Unavailable { .. } | LockError::ValidityExpired { .. } => {
-            // The details (node addresses) go to the log, not to the client.
-            tracing::warn!(%error, "lock store unavailable: request refused");
+            // The details (node addresses) go to the log, not to the client; the loss
+            // of the quorum is logged once by the locker.
+            tracing::debug!(%error, "lock store unavailable: request refused");
             Problem::new(
                 ProblemKind::LockUnavailable,
                 "the lock store could not reach a quorum; the request was not processed",
@@ -225,6 +226,43 @@ pub(crate) fn response_failed(resource: Resource) -> Problem {
         "the response body failed before it was sent; nothing was recorded",
     )
     .with_resource(resource)
+}
+
+/// The longest `text/plain` refusal of a handler that
+/// [`problem_for_rejections`](crate::http::LockLayer::problem_for_rejections) rewrites:
+/// axum's extractor rejections are a line or two.
+const REJECTION_TEXT_LIMIT: u64 = 4096;
+
+/// A handler's own refusal as a problem: a `text/plain` 400, 415 or 422 of at most
+/// [`REJECTION_TEXT_LIMIT`] bytes (axum's extractor rejections: `Json`, `Form`, `Query`,
+/// `Path`…), its text the detail; any other response is given back.
+pub(crate) async fn rejection<RB: http_body::Body>(
+    response: Response<RB>,
+) -> Result<Problem, Response<RB>> {
+    let kind = match response.status().as_u16() {
+        400 => ProblemKind::BadRequest,
+        415 => ProblemKind::UnsupportedMediaType,
+        422 => ProblemKind::UnprocessableContent,
+        _ => return Err(response),
+    };
+    let plain = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("text/plain"));
+    let small = response
+        .body()
+        .size_hint()
+        .upper()
+        .is_some_and(|len| len <= REJECTION_TEXT_LIMIT);
+    if !(plain && small) {
+        return Err(response);
+    }
+    let text = match http_body_util::BodyExt::collect(response.into_body()).await {
+        Ok(collected) => String::from_utf8_lossy(&collected.to_bytes()).into_owned(),
+        Err(_) => String::new(),
+    };
+    Ok(Problem::new(kind, text))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! | a request without the client [`Replay::per_client`] looks for | 400 `key-missing`; nothing runs |
 //! | same key, same request, after the first completed | the recorded response: same status, same allowed headers, same body bytes, plus `Idempotent-Replayed: true`; the handler does not run and no lock is taken |
 //! | same key, different request ([`Fingerprint`]) | 422 `idempotency-key-reused` |
-//! | same key while the first is in flight, [`Contention::Reject`](super::Contention::Reject) | 409 `request-in-progress`, `Retry-After` = the holder's remaining ttl |
+//! | same key while the first is in flight, [`Contention::Reject`](super::Contention::Reject) | 409 `request-in-progress`, `Retry-After` as for `lock-held` (the typical section, at most the holder's remaining ttl) |
 //! | same key while the first is in flight, [`Contention::Wait`](super::Contention::Wait) | waits for the lock, then gets the first response replayed (or runs, if the first recorded nothing); 409 `request-in-progress` when the wait times out |
 //! | the first's outcome was not recorded because it is not worth keeping (status rejected by [`Replay::store_if`], by default 5xx, 408, 409 and 429, and the refusals of a malformed request — 400, 411, 413, 415, 422, what axum's extractors answer before the handler runs; body larger than [`Replay::max_body`]) | the next request runs the handler again |
 //! | same key while the first is in flight after its client left (it runs to its end, [`OnDisconnect::Finish`](super::OnDisconnect::Finish)) | as while it is in flight: 409 `request-in-progress` or a wait, then the first's response replayed |

@@ -82,8 +82,8 @@ const RECORD_ATTEMPTS: usize = 16;
 /// # Node timeout
 ///
 /// Every write is a raft commit: an fsync on a majority of members. The locker's
-/// default [`node_timeout`](crate::LockOptions::node_timeout) of 50 ms, chosen for
-/// Redis, is short for that on ordinary disks; give etcd a few hundred milliseconds.
+/// default [`node_timeout`](crate::LockOptions::node_timeout) of 200 ms, chosen for
+/// Redis, may be short for that on ordinary disks; give etcd a few hundred milliseconds.
 ///
 /// # Mixing with Redis nodes
 ///
