@@ -63,41 +63,49 @@ static ALLOC_CALLS: AtomicIsize = AtomicIsize::new(0);
 // are only observed.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-            LIVE_ALLOCS.fetch_add(1, Ordering::Relaxed);
-            ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
+        unsafe {
+            let p = System.alloc(layout);
+            if !p.is_null() {
+                LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+                LIVE_ALLOCS.fetch_add(1, Ordering::Relaxed);
+                ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
+            }
+            p
         }
-        p
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
-        if !p.is_null() {
-            LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-            LIVE_ALLOCS.fetch_add(1, Ordering::Relaxed);
-            ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
+        unsafe {
+            let p = System.alloc_zeroed(layout);
+            if !p.is_null() {
+                LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+                LIVE_ALLOCS.fetch_add(1, Ordering::Relaxed);
+                ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
+            }
+            p
         }
-        p
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        LIVE_ALLOCS.fetch_sub(1, Ordering::Relaxed);
+        unsafe {
+            System.dealloc(ptr, layout);
+            LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+            LIVE_ALLOCS.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
-        if !p.is_null() {
-            ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
-            LIVE_BYTES.fetch_add(
-                new_size as isize - layout.size() as isize,
-                Ordering::Relaxed,
-            );
+        unsafe {
+            let p = System.realloc(ptr, layout, new_size);
+            if !p.is_null() {
+                ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
+                LIVE_BYTES.fetch_add(
+                    new_size as isize - layout.size() as isize,
+                    Ordering::Relaxed,
+                );
+            }
+            p
         }
-        p
     }
 }
 
@@ -224,15 +232,15 @@ fn main() {
     let load_before = common::loadavg();
     let futures = runtime.block_on(async {
         let locker = Redlock::in_memory();
-        let sizes = {
+
+        {
             let acquire = locker.acquire("r", WAIT);
             let try_acquire = locker.try_acquire("r");
             (
                 std::mem::size_of_val(&acquire),
                 std::mem::size_of_val(&try_acquire),
             )
-        };
-        sizes
+        }
     });
     let cycles_only = common::switch("--cycles-only");
     let mut samples = Vec::new();

@@ -181,15 +181,15 @@ pub(crate) async fn take(
     target: &Target,
 ) -> Result<Taken, LockError> {
     let (reused, mut wanted) = held_already(locker, extensions, target);
-    if wanted.is_empty() {
-        if let Some(first) = reused.first() {
-            return Ok(Taken {
-                lease: None,
-                handle: first.clone(),
-                #[cfg(feature = "axum")]
-                reused,
-            });
-        }
+    if wanted.is_empty()
+        && let Some(first) = reused.first()
+    {
+        return Ok(Taken {
+            lease: None,
+            handle: first.clone(),
+            #[cfg(feature = "axum")]
+            reused,
+        });
     }
     // A set's and a shared lease's futures are boxed: inline, they would set the size
     // of every request's.

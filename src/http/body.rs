@@ -127,21 +127,21 @@ where
             .and_then(|(_, last)| last);
         return Poll::Ready(last.map(Ok));
     }
-    if hold.abort {
-        if let Some(cause) = hold.lost_now() {
-            // Dropping the lease releases it in the background.
-            *slot = None;
-            return Poll::Ready(Some(Err(Box::new(LeaseLost(cause)))));
-        }
+    if hold.abort
+        && let Some(cause) = hold.lost_now()
+    {
+        // Dropping the lease releases it in the background.
+        *slot = None;
+        return Poll::Ready(Some(Err(Box::new(LeaseLost(cause)))));
     }
     let frame = match body.as_mut().poll_frame(cx) {
         Poll::Ready(frame) => frame,
         Poll::Pending => {
-            if hold.abort {
-                if let Poll::Ready(cause) = hold.poll_lost(cx) {
-                    *slot = None;
-                    return Poll::Ready(Some(Err(Box::new(LeaseLost(cause)))));
-                }
+            if hold.abort
+                && let Poll::Ready(cause) = hold.poll_lost(cx)
+            {
+                *slot = None;
+                return Poll::Ready(Some(Err(Box::new(LeaseLost(cause)))));
             }
             return Poll::Pending;
         }

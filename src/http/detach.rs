@@ -208,10 +208,10 @@ impl<O> Future for FinishingFuture<O> {
 
 impl<O> Drop for FinishingFuture<O> {
     fn drop(&mut self) {
-        if let Some(future) = self.future.take() {
-            if self.critical.0.load(Ordering::Acquire) {
-                (self.detach)(future);
-            }
+        if let Some(future) = self.future.take()
+            && self.critical.0.load(Ordering::Acquire)
+        {
+            (self.detach)(future);
         }
     }
 }

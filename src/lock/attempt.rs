@@ -257,12 +257,12 @@ impl<'a, T: Target> ReleaseIfDropped<'a, T> {
 impl<T: Target> Drop for ReleaseIfDropped<'_, T> {
     fn drop(&mut self) {
         // Without a runtime (it is shutting down) nothing can be sent; the keys expire.
-        if let Some(stragglers) = self.stragglers.take() {
-            if tokio::runtime::Handle::try_current().is_ok() {
-                let all = 0..self.nodes.len();
-                self.nodes
-                    .release_after(stragglers, all, self.target, self.owner, None);
-            }
+        if let Some(stragglers) = self.stragglers.take()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            let all = 0..self.nodes.len();
+            self.nodes
+                .release_after(stragglers, all, self.target, self.owner, None);
         }
     }
 }

@@ -263,10 +263,10 @@ impl LockOptions {
                 self.fence_ttl
             )));
         }
-        if let Some(max) = self.max_hold {
-            if max.is_zero() {
-                return Err(ConfigError::new("max_hold must be greater than zero"));
-            }
+        if let Some(max) = self.max_hold
+            && max.is_zero()
+        {
+            return Err(ConfigError::new("max_hold must be greater than zero"));
         }
         if self.max_waiters == 0 {
             return Err(ConfigError::new("max_waiters must be at least 1"));

@@ -327,10 +327,11 @@ impl LocalQueue {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .upgrade();
-        if let Some(status) = holder.map(|h| h.status()) {
-            if !status.released && status.lost.is_none() {
-                return Some(status.valid_until.saturating_duration_since(Instant::now()));
-            }
+        if let Some(status) = holder.map(|h| h.status())
+            && !status.released
+            && status.lost.is_none()
+        {
+            return Some(status.valid_until.saturating_duration_since(Instant::now()));
         }
         let until = (*self.remote_until.lock().unwrap_or_else(|p| p.into_inner()))?;
         let left = until.saturating_duration_since(Instant::now());

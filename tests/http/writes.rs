@@ -154,7 +154,7 @@ async fn a_locked_response_leaves_in_one_write() {
             .route("/orders/{id}/pay", pay.clone())
             .route_layer(LockLayer::new(store.locker(), path_param("id")))
             .merge(Router::new().route("/payments/{id}", pay).route_layer(
-                LockLayer::new(store.locker(), path_param("id")).replay(Replay::new()),
+                LockLayer::new(store.locker(), path_param("id")).replay(Replay::global()),
             ));
         let mut requests = vec![Req::post("/orders/a/pay"); 10];
         // Replay's first answers, recorded before they are sent.

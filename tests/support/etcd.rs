@@ -209,10 +209,10 @@ impl EtcdCluster {
                     leader = Some(l.to_owned());
                 }
             }
-            if let Some(leader) = leader {
-                if let Some((i, _)) = ids.iter().find(|(_, id)| id.as_deref() == Some(&leader)) {
-                    return *i;
-                }
+            if let Some(leader) = leader
+                && let Some((i, _)) = ids.iter().find(|(_, id)| id.as_deref() == Some(&leader))
+            {
+                return *i;
             }
             assert!(Instant::now() < deadline, "no etcd leader found");
             std::thread::sleep(Duration::from_millis(50));

@@ -334,12 +334,12 @@ impl History {
                         max_before = Some(e);
                     }
                 }
-                if let Some(m) = max_before {
-                    if s.token <= m.token {
-                        violations.push(format!(
+                if let Some(m) = max_before
+                    && s.token <= m.token
+                {
+                    violations.push(format!(
                             "fencing order broken: a later holder got a token not greater than an earlier one:\n    {m}\n    {s}"
                         ));
-                    }
                 }
             }
         }
@@ -347,12 +347,12 @@ impl History {
         // 2. Accepted tokens strictly increase per resource, in acceptance order.
         let mut last: HashMap<&str, (u64, usize)> = HashMap::new();
         for (resource, token, id) in &storage.accepted {
-            if let Some(&(prev, prev_id)) = last.get(resource.as_str()) {
-                if *token <= prev {
-                    violations.push(format!(
+            if let Some(&(prev, prev_id)) = last.get(resource.as_str())
+                && *token <= prev
+            {
+                violations.push(format!(
                         "non-increasing accepted token on `{resource}`: {prev} (#{prev_id}) then {token} (#{id})"
                     ));
-                }
             }
             last.insert(resource, (*token, *id));
         }

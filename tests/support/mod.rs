@@ -307,10 +307,10 @@ impl RedisServer {
     pub fn log(&self) -> String {
         let mut out = String::new();
         for name in ["redis.log", "stderr.log"] {
-            if let Ok(text) = std::fs::read_to_string(self.dir.join(name)) {
-                if !text.trim().is_empty() {
-                    out.push_str(&format!("--- {name} ---\n{text}"));
-                }
+            if let Ok(text) = std::fs::read_to_string(self.dir.join(name))
+                && !text.trim().is_empty()
+            {
+                out.push_str(&format!("--- {name} ---\n{text}"));
             }
         }
         out

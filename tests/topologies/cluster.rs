@@ -600,15 +600,15 @@ async fn sentinel_failover_during_a_held_lease_never_two_holders() {
         if lease.is_held() && storage.write("a", t1) && failover.is_finished() {
             a_writes_after_failover += 1;
         }
-        if b_lease.is_none() {
-            if let Ok(won) = b.try_acquire(resource).await {
-                assert!(
-                    !lease.is_held() || won.fencing_token() > t1,
-                    "a second holder with token {} <= {t1} while the first still holds",
-                    won.fencing_token()
-                );
-                b_lease = Some(won);
-            }
+        if b_lease.is_none()
+            && let Ok(won) = b.try_acquire(resource).await
+        {
+            assert!(
+                !lease.is_held() || won.fencing_token() > t1,
+                "a second holder with token {} <= {t1} while the first still holds",
+                won.fencing_token()
+            );
+            b_lease = Some(won);
         }
         if let Some(won) = &b_lease {
             storage.write("b", won.fencing_token());

@@ -497,10 +497,10 @@ impl ProblemRenderer for DefaultRenderer {
 pub(crate) fn render(renderer: &dyn ProblemRenderer, problem: &Problem) -> Response<Bytes> {
     let mut response = renderer.render(problem);
     let headers = response.headers_mut();
-    if let Some(secs) = problem.retry_after_secs() {
-        if !headers.contains_key(RETRY_AFTER) {
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-        }
+    if let Some(secs) = problem.retry_after_secs()
+        && !headers.contains_key(RETRY_AFTER)
+    {
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
     }
     if !headers.contains_key(CACHE_CONTROL) {
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));

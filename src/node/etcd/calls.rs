@@ -74,15 +74,15 @@ impl Inner {
         }
         revoke_in_background(&client, lease);
         let holder = first_kv(&reply);
-        if let Some((value, _, created)) = &holder {
-            if value.as_slice() == owner.as_str().as_bytes() {
-                // Our own key: an earlier run of this very acquire landed (its answer
-                // was lost with the connection). Acquired, with that run's revision.
-                let fence = u64::try_from(*created).unwrap_or(0);
-                return Ok(AcquireReply::Acquired {
-                    fence: if fencing { fence } else { 0 },
-                });
-            }
+        if let Some((value, _, created)) = &holder
+            && value.as_slice() == owner.as_str().as_bytes()
+        {
+            // Our own key: an earlier run of this very acquire landed (its answer
+            // was lost with the connection). Acquired, with that run's revision.
+            let fence = u64::try_from(*created).unwrap_or(0);
+            return Ok(AcquireReply::Acquired {
+                fence: if fencing { fence } else { 0 },
+            });
         }
         let pttl = match holder.map(|(_, lease, _)| lease) {
             Some(lease) if lease != 0 => Some(lease_ttl(&mut client, lease).await?),
@@ -264,10 +264,10 @@ impl Inner {
             let old_lease = current.as_ref().map(|(_, lease, _)| *lease);
             match outcome {
                 Guarded::Written => {
-                    if new_lease != old_lease {
-                        if let Some(old) = old_lease {
-                            revoke_in_background(&client, old);
-                        }
+                    if new_lease != old_lease
+                        && let Some(old) = old_lease
+                    {
+                        revoke_in_background(&client, old);
                     }
                 }
                 Guarded::NotOwner | Guarded::Changed => {

@@ -98,20 +98,20 @@ impl SharedModes for MemoryNode {
                     pttl: store.pttl(&writer, now),
                 });
             }
-            if let Some(holders) = store.live_holders(&keys.lock, now) {
-                if !holders.expiry.contains_key(&owner) {
-                    if holders.mode != mode {
-                        return Ok(AcquireReply::OtherMode { held: holders.mode });
-                    }
-                    let limit = mode.limit().map_or(usize::MAX, |n| {
-                        usize::try_from(n.get()).unwrap_or(usize::MAX)
+            if let Some(holders) = store.live_holders(&keys.lock, now)
+                && !holders.expiry.contains_key(&owner)
+            {
+                if holders.mode != mode {
+                    return Ok(AcquireReply::OtherMode { held: holders.mode });
+                }
+                let limit = mode.limit().map_or(usize::MAX, |n| {
+                    usize::try_from(n.get()).unwrap_or(usize::MAX)
+                });
+                if holders.expiry.len() >= limit {
+                    let first = holders.expiry.values().min().copied();
+                    return Ok(AcquireReply::Held {
+                        pttl: first.map(|at| at.saturating_duration_since(now)),
                     });
-                    if holders.expiry.len() >= limit {
-                        let first = holders.expiry.values().min().copied();
-                        return Ok(AcquireReply::Held {
-                            pttl: first.map(|at| at.saturating_duration_since(now)),
-                        });
-                    }
                 }
             }
             // The counter is checked before anything is written.

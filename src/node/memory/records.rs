@@ -127,15 +127,15 @@ impl RecordStore for MemoryNode {
             if store.live(&lock_key, now).is_none_or(|e| e.value != owner) {
                 return Ok(StoreReply::NotOwner);
             }
-            if let Some(entry) = store.live(&key, now) {
-                if let Ok(MemRecord::Done(existing)) = MemRecord::parse(&entry.value) {
-                    // The same record again is a re-sent store (as over Redis).
-                    if existing == record {
-                        return Ok(StoreReply::Stored);
-                    }
-                    if existing.token() >= record.token() {
-                        return Ok(StoreReply::Superseded);
-                    }
+            if let Some(entry) = store.live(&key, now)
+                && let Ok(MemRecord::Done(existing)) = MemRecord::parse(&entry.value)
+            {
+                // The same record again is a re-sent store (as over Redis).
+                if existing == record {
+                    return Ok(StoreReply::Stored);
+                }
+                if existing.token() >= record.token() {
+                    return Ok(StoreReply::Superseded);
                 }
             }
             store.entries.insert(

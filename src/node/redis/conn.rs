@@ -190,10 +190,10 @@ impl Resending {
         let got = connection.get().await;
         let conn = got.value?;
         let outcome = in_turn(got.place, given.send(conn)).await;
-        if let Err(e) = &outcome {
-            if e.is_unrecoverable_error() {
-                connection.renew(got.generation);
-            }
+        if let Err(e) = &outcome
+            && e.is_unrecoverable_error()
+        {
+            connection.renew(got.generation);
         }
         outcome
     }

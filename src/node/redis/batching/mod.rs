@@ -319,10 +319,8 @@ impl Drop for Place {
                 // Nobody waits for the replies: stop awaiting them.
                 state.stage = Stage::Done;
                 state.uncount(&self.batch.node);
-            } else if woken {
-                if let Some(next) = state.first_waiting() {
-                    state.to_wake.push(next);
-                }
+            } else if woken && let Some(next) = state.first_waiting() {
+                state.to_wake.push(next);
             }
         }
     }

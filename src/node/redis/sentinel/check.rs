@@ -39,10 +39,10 @@ pub(super) async fn check_task(inner: Weak<Sentinels>) {
                         .await
                 })
                 .await;
-                if let Ok(Ok(client)) = found {
-                    if client.get_connection_info().addr().to_string() != master.addr {
-                        inner.master.renew(generation);
-                    }
+                if let Ok(Ok(client)) = found
+                    && client.get_connection_info().addr().to_string() != master.addr
+                {
+                    inner.master.renew(generation);
                 }
             }
         }
