@@ -109,8 +109,8 @@ where
 /// would get: nothing runs.
 fn no_client(describe: &str) -> KeyRejection {
     KeyRejection::missing(format!(
-        "idempotency keys on this route belong to a client, told by {describe}, \
-         which the request lacks"
+        "idempotency keys on this route are kept per client, and the request names \
+         none (expected {describe})"
     ))
 }
 
