@@ -189,6 +189,7 @@ impl<T: Fenced + ?Sized> Fenced for &T {
 }
 
 /// The tokens of `held` for a write fence: refused unless it holds exclusively.
+#[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) fn writer_tokens<E>(
     held: &(impl Fenced + ?Sized),
 ) -> Result<Vec<(Resource, FencingToken)>, FenceError<E>> {

@@ -119,6 +119,8 @@ impl Redlock {
             "idempotent replay stores outcome records on the lock nodes, and these nodes \
              store none (Node::records is None)",
         )?;
+        // Only servers report their persistence (`MemoryNode` persists nothing by design).
+        #[cfg(feature = "redis")]
         crate::lock::setup::warn_if_records_volatile(&self.shared);
         Ok(())
     }
