@@ -64,7 +64,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::error::{ConfigError, NodeFailure};
+use crate::error::{ConfigError, NodeError, NodeFailure};
 use crate::lock::lease::{Lease, LeaseHandle, LeaseInner, LostCause};
 use crate::lock::metrics;
 use crate::lock::quorum;
@@ -454,42 +454,24 @@ pub(crate) async fn store(
     }
     let quorum = nodes.quorum();
     let record = Record::new(inner.token(), fingerprint, data);
-    let request = StoreRequest {
-        keys: &inner.lock_keys()[0],
-        owner: &inner.owner,
-        record: &record,
-        retention: record_ttl(retention),
-    };
     let deadline = inner.status().valid_until;
     let mut stored = 0;
     let mut refused = 0;
     let mut failures = Vec::new();
-    nodes
-        .fan_out(
-            0..nodes.len(),
-            bounded_by_validity(inner),
-            |index, node| {
-                let owner = inner.owner.for_node(index);
-                records_of(node).store_record(&StoreRequest {
-                    owner: &owner,
-                    ..request
-                })
-            },
-            |index, answer, pending| {
-                match answer {
-                    // Only what a node accepted while the lease was valid counts.
-                    Ok(StoreReply::Stored) if Instant::now() < deadline => stored += 1,
-                    Ok(StoreReply::Stored) => refused += 1,
-                    Ok(StoreReply::Superseded | StoreReply::NotOwner) => refused += 1,
-                    Err(error) => failures.push(NodeFailure {
-                        node: nodes.name(index),
-                        error,
-                    }),
-                }
-                quorum::count_decided(quorum, stored, pending)
-            },
-        )
-        .await;
+    store_on_nodes(inner, &record, retention, |index, answer, pending| {
+        match answer {
+            // Only what a node accepted while the lease was valid counts.
+            Ok(StoreReply::Stored) if Instant::now() < deadline => stored += 1,
+            Ok(StoreReply::Stored) => refused += 1,
+            Ok(StoreReply::Superseded | StoreReply::NotOwner) => refused += 1,
+            Err(error) => failures.push(NodeFailure {
+                node: nodes.name(index),
+                error,
+            }),
+        }
+        quorum::count_decided(quorum, stored, pending)
+    })
+    .await;
     if stored >= quorum {
         tracing::debug!(resource = %inner.resource(), token = %inner.token(), votes = stored, "outcome recorded");
         return Ok(());
@@ -510,32 +492,40 @@ pub(crate) async fn store(
 /// a node holding it already, or a newer one, keeps what it has). Best effort: a node
 /// that misses it is written back by a later claim.
 async fn write_back(inner: &LeaseInner, record: &Record, ttl: Duration) {
+    let mut written = 0;
+    store_on_nodes(inner, record, ttl, |_, answer, pending| {
+        written += usize::from(matches!(answer, Ok(StoreReply::Stored)));
+        pending == 0
+    })
+    .await;
+    tracing::debug!(resource = %inner.resource(), token = %record.token(), holding = written, "outcome record written back to the nodes");
+}
+
+/// `record` sent to every node under this lease's owner value, within its validity;
+/// each answer goes to `decided` (the node, the answer, the calls still pending), which
+/// says when the outcome is known.
+async fn store_on_nodes(
+    inner: &LeaseInner,
+    record: &Record,
+    retention: Duration,
+    decided: impl FnMut(usize, Result<StoreReply, NodeError>, usize) -> bool,
+) {
     let nodes = &inner.locker.nodes;
     let request = StoreRequest {
         keys: &inner.lock_keys()[0],
         owner: &inner.owner,
         record,
-        retention: record_ttl(ttl),
+        retention: record_ttl(retention),
     };
-    let mut written = 0;
-    nodes
-        .fan_out(
-            0..nodes.len(),
-            bounded_by_validity(inner),
-            |index, node| {
-                let owner = inner.owner.for_node(index);
-                records_of(node).store_record(&StoreRequest {
-                    owner: &owner,
-                    ..request
-                })
-            },
-            |_, answer, pending| {
-                written += usize::from(matches!(answer, Ok(StoreReply::Stored)));
-                pending == 0
-            },
-        )
-        .await;
-    tracing::debug!(resource = %inner.resource(), token = %record.token(), holding = written, "outcome record written back to the nodes");
+    let call = |index, node: &dyn Node| {
+        let owner = inner.owner.for_node(index);
+        records_of(node).store_record(&StoreRequest {
+            owner: &owner,
+            ..request
+        })
+    };
+    let timeout = bounded_by_validity(inner);
+    nodes.fan_out(0..nodes.len(), timeout, call, decided).await;
 }
 
 pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
