@@ -73,7 +73,7 @@
 //! | [`fencing`] | how tokens are made across a quorum, why they increase, and the assumptions |
 //! | [`fence`] | guarded writes: the storage refuses a stale token ([`fence::postgres`] with `postgres`, [`fence::redis`] with `redis`) |
 //! | [`http`] | [`LockLayer`](http::LockLayer) and [`LockService`](http::LockService): the tower middleware, its policies and what it puts in the request |
-//! | [`http::key`] | where a request's key comes from: [`KeyFromParts`](http::key::KeyFromParts), [`KeyExtractor`](http::key::KeyExtractor), the built-ins and the webhook presets |
+//! | [`http::key`] | where a request's keys come from: [`KeyExtractor`](http::key::KeyExtractor), the built-ins and the webhook presets |
 //! | [`http::problem`] | the RFC 9457 problem responses, [`ProblemRenderer`](http::problem::ProblemRenderer), and [`problem_response`](http::problem::problem_response) for errors of code that locks by hand |
 //! | [`http::replay`] | idempotent replay ([`Replay`](http::replay::Replay)): the first response for a key recorded and replayed |
 //! | [`axum`](mod@crate::axum) | [`Locked`](crate::axum::Locked), which takes a lease inside a handler, and [`LayerLease`](crate::axum::LayerLease), which reads the layer's |

@@ -9,10 +9,10 @@ use ::axum::extract::{FromRef, FromRequestParts};
 use http::request::Parts;
 
 use super::LockRejection;
-use crate::http::acquire::{check_key, missing_key, name_keys, take, Taken, Target};
+use crate::http::acquire::{missing_key, name, take, Taken};
 use crate::http::detach::Critical;
 use crate::http::extensions::add_request_lease;
-use crate::http::key::{KeySetFromParts, Keys};
+use crate::http::key::{HeadOnly, KeyExtractor};
 use crate::http::problem::{LayerRenderer, Problem};
 use crate::http::{Contention, Scope, DEFAULT_MAX_KEY_LEN};
 use crate::FencingToken;
@@ -59,13 +59,14 @@ use crate::{Lease, LeaseHandle, LockMode, Redlock, Resource};
 pub trait LockKey: Send + Sync + 'static {
     /// The type of [`extractor`](LockKey::extractor): a built-in such as
     /// [`Header`](crate::http::key::Header) or [`PathParam`](crate::http::key::PathParam), a
-    /// tuple of them, an [`Or`](crate::http::key::Or), or your own [`KeyFromParts`](crate::http::key::KeyFromParts).
-    /// Body keys ([`json_field`](crate::http::key::json_field)) need the whole request:
-    /// use [`LockLayer`](crate::http::LockLayer) for them.
+    /// tuple of them, an [`Or`](crate::http::key::Or), or your own
+    /// [`KeyExtractor`](crate::http::key::KeyExtractor) of the request head
+    /// (`type Body = ()`). Body keys ([`json_field`](crate::http::key::json_field)) need
+    /// the whole request: use [`LockLayer`](crate::http::LockLayer) for them.
     ///
     /// A multi-key extractor ([`each`](crate::http::key::each) of head extractors,
     /// [`keys_fn`](crate::http::key::keys_fn)) locks one resource per key, as one lease.
-    type Extractor: KeySetFromParts;
+    type Extractor: KeyExtractor<Body: HeadOnly>;
 
     /// Finds the key in the request head. Called once per request.
     fn extractor() -> Self::Extractor;
@@ -158,7 +159,7 @@ pub trait LockKey: Send + Sync + 'static {
 )]
 pub trait LockSpec<S>: Send + Sync + 'static {
     /// The type of [`extractor`](LockSpec::extractor) (see [`LockKey::Extractor`]).
-    type Extractor: KeySetFromParts;
+    type Extractor: KeyExtractor<Body: HeadOnly>;
 
     /// Finds the key in the request head. Called once per request.
     fn extractor(state: &S) -> Self::Extractor;
@@ -440,32 +441,23 @@ where
         // the same problems.
         let extractor = K::extractor(state);
         let found = extractor
-            .keys(parts)
+            .keys(parts, &[])
             .map_err(|rejection| refuse(rejection.into(), parts))?;
-        let Some(keys) = found else {
-            return Err(refuse(missing_key(&extractor.describe_keys()), parts));
+        let Some(found) = found else {
+            return Err(refuse(missing_key(&extractor.describe()), parts));
         };
         let scope = K::scope(state);
         let resource_of =
             |key: &str| scope.resource_of(&parts.method, &parts.uri, &parts.extensions, key);
-        let target = match keys {
-            Keys::One(key) => {
-                let key = check_key(key, K::max_key_len(state))
-                    .map_err(|problem| refuse(problem, parts))?;
-                Target::one(resource_of(&key), K::mode(state))
-            }
-            Keys::Many(keys) => {
-                let named = name_keys(
-                    keys,
-                    K::max_key_len(state),
-                    |index| extractor.describe_key(index),
-                    resource_of,
-                )
-                .map_err(|problem| refuse(problem, parts))?;
-                let resources = named.into_iter().map(|(_, resource)| resource).collect();
-                Target::set(resources, K::mode(state)).map_err(|problem| refuse(problem, parts))?
-            }
-        };
+        let describe = |index| extractor.describe_key(index);
+        let (target, _) = name(
+            found,
+            K::max_key_len(state),
+            describe,
+            resource_of,
+            K::mode(state),
+        )
+        .map_err(|problem| refuse(problem, parts))?;
         let locker = Redlock::from_ref(state);
         let Taken {
             lease,

@@ -8,7 +8,7 @@
 //! The extractors cover the rest:
 //!
 //! - [`Locked<K>`] takes the lease itself, as the handler's argument. The key comes
-//!   from the request through the same [`KeyFromParts`](crate::http::key::KeyFromParts) extractors the layer uses,
+//!   from the request head through the same [`KeyExtractor`](crate::http::key::KeyExtractor)s the layer uses,
 //!   named by a marker type that implements [`LockKey`] (settings in the code) or
 //!   [`LockSpec`] (settings from the state); the locker comes from the
 //!   router's state (`Redlock: FromRef<S>`). The lease is the handler's to use: it is

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use super::extensions::RequestLeases;
-use super::key::validate;
+use super::extensions::{RequestKey, RequestKeys, RequestLeases};
+use super::key::{validate, Found, KeySet};
 use super::policy::Contention;
 use super::problem::{
     counted_error_problem, lock_error_problem, set_error_problem, Problem, ProblemKind,
@@ -15,32 +15,49 @@ use super::problem::{
 use crate::LockError;
 use crate::{Lease, LeaseHandle, LockMode, Redlock, Resource, MAX_RESOURCES_PER_LEASE};
 
-/// A key an extractor found, checked: 400 `key-invalid` when it may not be used.
-pub(crate) fn check_key(key: String, max_len: usize) -> Result<String, Problem> {
-    match validate(&key, max_len) {
-        Ok(()) => Ok(key),
-        Err(detail) => Err(Problem::new(ProblemKind::KeyInvalid, detail)),
+/// The keys a request carries, as its handler finds them in the request extensions.
+pub(crate) enum NamedKeys {
+    One(RequestKey),
+    Many(RequestKeys),
+}
+
+impl NamedKeys {
+    pub(crate) fn insert(self, extensions: &mut http::Extensions) {
+        match self {
+            NamedKeys::One(key) => extensions.insert(key).map(drop),
+            NamedKeys::Many(keys) => extensions.insert(keys).map(drop),
+        };
     }
 }
 
-/// The keys of a multi-key request, each checked (400 `key-invalid` naming it by
-/// `describe_key`) and named as a resource by `resource_of`, in the extractor's order;
-/// a key naming a resource named before is dropped. 400 `key-invalid` for more
-/// resources than a lease takes.
-pub(crate) fn name_keys(
-    keys: Vec<String>,
+/// What the keys an extractor found lock, in `mode`, each named a resource by
+/// `resource_of`: each checked (400 `key-invalid`, naming one of several by
+/// `describe_key`), in the extractor's order; a key naming a resource named before is
+/// dropped; 400 `key-invalid` for more resources than a lease takes.
+pub(crate) fn name(
+    found: impl KeySet,
     max_len: usize,
     describe_key: impl Fn(usize) -> String,
     resource_of: impl Fn(&str) -> Resource,
-) -> Result<Vec<(Arc<str>, Resource)>, Problem> {
+    mode: LockMode,
+) -> Result<(Target, NamedKeys), Problem> {
+    let invalid = |detail| Problem::new(ProblemKind::KeyInvalid, detail);
+    let keys = match found.found() {
+        Found::One(key) => {
+            validate(&key, max_len).map_err(invalid)?;
+            let target = Target {
+                resources: vec![resource_of(&key)],
+                set: false,
+                mode,
+            };
+            return Ok((target, NamedKeys::One(RequestKey(Arc::from(key)))));
+        }
+        Found::Many(keys) => keys,
+    };
     let mut named: Vec<(Arc<str>, Resource)> = Vec::with_capacity(keys.len());
     for (index, key) in keys.into_iter().enumerate() {
         if let Err(detail) = validate(&key, max_len) {
-            let member = describe_key(index);
-            return Err(Problem::new(
-                ProblemKind::KeyInvalid,
-                format!("{member}: {detail}"),
-            ));
+            return Err(invalid(format!("{}: {detail}", describe_key(index))));
         }
         let resource = resource_of(&key);
         if named.iter().any(|(_, seen)| *seen == resource) {
@@ -48,17 +65,30 @@ pub(crate) fn name_keys(
         }
         // Checked as the set grows: an oversized list costs no more than the limit.
         if named.len() == MAX_RESOURCES_PER_LEASE {
-            return Err(Problem::new(
-                ProblemKind::KeyInvalid,
-                format!(
-                    "the request names more than {MAX_RESOURCES_PER_LEASE} distinct lock keys; \
-                     at most {MAX_RESOURCES_PER_LEASE} are locked together"
-                ),
-            ));
+            return Err(invalid(format!(
+                "the request names more than {MAX_RESOURCES_PER_LEASE} distinct lock keys; \
+                 at most {MAX_RESOURCES_PER_LEASE} are locked together"
+            )));
         }
         named.push((Arc::from(key), resource));
     }
-    Ok(named)
+    // A lease over several resources is exclusive.
+    if !mode.is_exclusive() {
+        return Err(Problem::new(
+            ProblemKind::KeyMisconfigured,
+            format!(
+                "this route takes {mode:?} locks, which cover one key each, but its key \
+                 extractor names several; use a single-key extractor or exclusive locks"
+            ),
+        ));
+    }
+    let resources = named.iter().map(|(_, resource)| resource.clone()).collect();
+    let target = Target {
+        resources,
+        set: true,
+        mode,
+    };
+    Ok((target, NamedKeys::Many(RequestKeys::new(named))))
 }
 
 /// 400 `key-missing`, naming what the extractor looks for (its `describe`).
@@ -79,35 +109,6 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    /// The one resource of a single-key extractor.
-    pub(crate) fn one(resource: Resource, mode: LockMode) -> Self {
-        Target {
-            resources: vec![resource],
-            set: false,
-            mode,
-        }
-    }
-
-    /// The resources of a multi-key extractor, locked together: exclusively, the one
-    /// mode a lease over several resources has. 500 `key-misconfigured` for a request
-    /// whose route shares its locks ([`LockMode::Shared`], [`LockMode::Counted`]).
-    pub(crate) fn set(resources: Vec<Resource>, mode: LockMode) -> Result<Self, Problem> {
-        if !mode.is_exclusive() {
-            return Err(Problem::new(
-                ProblemKind::KeyMisconfigured,
-                format!(
-                    "this route takes {mode:?} locks, which cover one key each, but its key \
-                     extractor names several; use a single-key extractor or exclusive locks"
-                ),
-            ));
-        }
-        Ok(Target {
-            resources,
-            set: true,
-            mode,
-        })
-    }
-
     /// The problem every front end sends for `error`.
     pub(crate) fn problem(&self, error: &LockError) -> Problem {
         match (&*self.resources, self.set, self.mode) {

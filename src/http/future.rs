@@ -8,30 +8,30 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 use tracing::{Instrument, Span};
 
-use super::acquire::{check_key, covered, missing_key, name_keys, Taken, Target};
+use super::acquire::{covered, missing_key, name, take, Target};
 use super::body::LeaseBody;
 use super::detach::{finish_detached, BoxFuture};
-use super::extensions::{RequestKey, RequestKeys, Unlocked};
-use super::key::{KeySetExtractor, Keys};
-use super::policy::{matched_path_in, MissingKey, OnDisconnect, ScopePrefix};
-use super::replay::{self, ReplayRequest, ReplayStep};
-use super::run::{call_unlocked, critical, lock, refuse, NotLocked};
-use super::settings::Settings;
+use super::extensions::Unlocked;
+use super::key::{KeyExtractor, Read};
+use super::layer::Settings;
+use super::policy::{MissingKey, OnDisconnect, ScopePrefix, Unavailable};
+use super::problem::{self, Problem};
+use super::replay::ReplayStep;
+use super::section::{call_unlocked, critical, refuse};
+use crate::LockError;
 
 type Output<RB, E> = Result<Response<LeaseBody<RB>>, E>;
 
 /// The response future of [`LockService`](super::LockService).
 ///
-/// Extracts the key and acquires the lease (with [`replay`](super::LockLayer::replay),
-/// a recorded response is answered first); then runs the critical section: the inner
-/// service's future under the lease (racing the lease's lost signal under
-/// [`OnLost::Abort`](super::OnLost::Abort)), and with replay the claim before it and
-/// the record after it.
+/// Extracts the keys and acquires the lease (with [`replay`](super::LockLayer::replay),
+/// a recorded response is answered first); then runs the critical section.
 ///
 /// Dropped before the lease is held (the client left while the request waited), it
 /// leaves nothing behind. Dropped during the critical section, the section goes on in
@@ -76,7 +76,8 @@ where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
     S::Future: Send,
     S::Error: Send + 'static,
-    K: KeySetExtractor<B>,
+    K: KeyExtractor,
+    K::Body: Read<B>,
     B: Send + 'static,
     RB: Body + Send + 'static,
     RB::Data: Send,
@@ -95,9 +96,7 @@ where
             wait_ms = tracing::field::Empty,
             token = tracing::field::Empty,
         );
-        // The extractor starts at once, as the service is called.
-        let extracted = span.in_scope(|| key.extract_keys(request));
-        let future = begin(inner, key, settings, prefix, extracted, span.clone()).instrument(span);
+        let future = begin(inner, key, settings, prefix, request, span.clone()).instrument(span);
         ResponseFuture {
             state: State::Before(Box::pin(future)),
             key: PhantomData,
@@ -180,147 +179,163 @@ where
     }
 }
 
-/// The steps before the critical section: the key, the resources it names, the replay
-/// lookup, the lock.
+/// The steps before the critical section: the keys, the resources they name, the
+/// replay lookup, the lock.
 async fn begin<S, K, B, RB>(
     inner: S,
     extractor: K,
     settings: Arc<Settings>,
     prefix: Arc<ScopePrefix>,
-    extracted: K::Future,
+    request: Request<B>,
     span: Span,
 ) -> Step<Output<RB, S::Error>>
 where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
     S::Future: Send,
     S::Error: Send + 'static,
-    K: KeySetExtractor<B>,
+    K: KeyExtractor,
+    K::Body: Read<B>,
     B: Send + 'static,
     RB: Body + Send + 'static,
     RB::Data: Send,
 {
     let answer = |response| Step::Answer(Ok(response));
-    let (mut request, found) = match extracted.await {
+    let refused = |problem| Step::Answer(Ok(refuse(&settings, &span, problem)));
+    let (request, mut bytes) = match extractor.body_limit() {
+        Some(limit) => match <K::Body as Read<B>>::read(request, limit).await {
+            Ok(read) => read,
+            Err(rejection) => return refused(rejection.into()),
+        },
+        None => (request, Bytes::new()),
+    };
+    let (mut parts, body) = request.into_parts();
+    let found = match extractor.keys(&mut parts, &bytes) {
         Ok(found) => found,
         Err(rejection) => {
             tracing::debug!(%rejection, "request refused: no usable key");
-            return answer(refuse(&settings, &span, rejection.into()));
+            return refused(rejection.into());
         }
     };
-    let mut target = match found {
-        Some(Keys::One(key)) => match check_key(key, settings.max_key_len) {
-            Ok(key) => {
-                let resource = settings.scope.resource_cached(
-                    &prefix,
-                    request.method(),
-                    request.uri(),
-                    request.extensions(),
-                    &key,
-                );
-                request
-                    .extensions_mut()
-                    .insert(RequestKey(Arc::from(key.as_str())));
-                Target::one(resource, settings.modes.of(request.method()))
-            }
-            Err(problem) => return answer(refuse(&settings, &span, problem)),
-        },
-        Some(Keys::Many(keys)) => {
-            let named = name_keys(
-                keys,
-                settings.max_key_len,
-                |index| extractor.describe_key(index),
-                |key| settings.scope.resource(&request, key),
-            );
-            let named = match named {
-                Ok(named) => named,
-                Err(problem) => return answer(refuse(&settings, &span, problem)),
-            };
-            let resources = named.iter().map(|(_, resource)| resource.clone()).collect();
-            match Target::set(resources, settings.modes.of(request.method())) {
-                Ok(target) => {
-                    request.extensions_mut().insert(RequestKeys::new(named));
-                    target
-                }
-                Err(problem) => return answer(refuse(&settings, &span, problem)),
-            }
+    let Some(found) = found else {
+        if settings.missing_key == MissingKey::Reject {
+            return refused(missing_key(&extractor.describe()));
         }
-        None if settings.missing_key == MissingKey::Reject => {
-            let problem = missing_key(&extractor.describe_keys());
-            return answer(refuse(&settings, &span, problem));
-        }
-        None => {
-            span.record("outcome", "bypassed");
-            tracing::debug!("no lock key: running without a lock");
-            let call = call_unlocked(&settings, &span, inner, request, Unlocked::MissingKey);
-            return Step::Answer(Box::pin(call).await);
-        }
+        span.record("outcome", "bypassed");
+        tracing::debug!("no lock key: running without a lock");
+        let request = Request::from_parts(parts, body);
+        let call = call_unlocked(&settings, &span, inner, request, Unlocked::MissingKey);
+        return Step::Answer(Box::pin(call).await);
     };
+    let mode = settings.modes.of(&parts.method);
+    let resource_of = |key: &str| {
+        let (method, uri, extensions) = (&parts.method, &parts.uri, &parts.extensions);
+        settings
+            .scope
+            .resource_cached(&prefix, method, uri, extensions, key)
+    };
+    let describe = |index| extractor.describe_key(index);
+    let (mut target, keys) = match name(found, settings.max_key_len, describe, resource_of, mode) {
+        Ok(named) => named,
+        Err(problem) => return refused(problem),
+    };
+    keys.insert(&mut parts.extensions);
 
-    // Replay: a request this layer locks itself (not one an outer layer or extractor
-    // holds the lock for already, whose owner replays) looks its record up first.
-    let replaying = match request.extensions_mut().remove::<ReplayRequest>() {
-        Some(replaying) if !target.set => {
-            let held = covered(&settings.locker, request.extensions(), &target);
-            settings
-                .replay
-                .as_ref()
-                .filter(|_| !held)
-                .map(|policy| (policy, replaying))
-        }
-        _ => None,
-    };
+    // Replay: the client and the fingerprint (reading the body when the fingerprint
+    // covers it and the key did not read it), then the record looked up before locking.
     let mut replay = None;
-    if let Some((policy, replaying)) = replaying {
-        let resource = replaying.scope(target.resources.swap_remove(0));
-        target.resources.push(resource.clone());
-        span.record("resource", resource.as_str());
-        let fingerprint = replaying.fingerprint;
-        let found = replay::lookup(&settings, policy, &span, &resource, &fingerprint);
-        if let Some(response) = Box::pin(found).await {
-            return answer(response);
+    let mut body = body;
+    if let Some(policy) = settings
+        .replay
+        .as_ref()
+        .filter(|p| p.methods.contains(&parts.method))
+    {
+        let read = extractor.body_limit().is_some();
+        let started = ReplayStep::start::<K::Body, B>(policy, &mut parts, body, &mut bytes, read);
+        let step;
+        (step, body) = match started.await {
+            Ok(started) => started,
+            Err(rejection) => return refused(rejection.into()),
+        };
+        // A request that holds its lock already (an outer layer's, whose owner replays)
+        // neither looks up nor records.
+        if !covered(&settings.locker, &parts.extensions, &target) {
+            let resource = step.scope(target.resources.swap_remove(0));
+            target.resources.push(resource.clone());
+            span.record("resource", resource.as_str());
+            if let Some(response) = Box::pin(step.lookup(&settings, &span, &resource)).await {
+                return answer(response);
+            }
+            replay = Some(step);
         }
-        replay = Some(ReplayStep {
-            policy: policy.clone(),
-            fingerprint,
-            routed: matched_path_in(request.extensions()).is_some(),
-        });
-    } else {
+    }
+    if replay.is_none() {
         match &*target.resources {
             [resource] => span.record("resource", resource.as_str()),
             resources => span.record("resource", tracing::field::debug(resources)),
         };
     }
+    let request = Request::from_parts(parts, body);
+    lock(inner, settings, request, target, replay, span).await
+}
 
-    let taken: Taken = match lock(
-        &settings,
-        &span,
+/// Takes the locks of `target` as the layer's policies say, reusing what the request
+/// holds already; then hands on the critical section.
+async fn lock<S, B, RB>(
+    inner: S,
+    settings: Arc<Settings>,
+    request: Request<B>,
+    target: Target,
+    replay: Option<ReplayStep>,
+    span: Span,
+) -> Step<Output<RB, S::Error>>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    RB: Body + Send + 'static,
+    RB::Data: Send,
+{
+    // The clock is read only for a span that records the wait.
+    let started = (!span.is_disabled()).then(tokio::time::Instant::now);
+    let taken = take(
+        &settings.locker,
+        settings.contention,
         request.extensions(),
         &target,
-        replay.is_some(),
     )
-    .await
-    {
-        Ok(taken) => taken,
-        Err(NotLocked::Refused(problem)) => return answer(refuse(&settings, &span, problem)),
-        Err(NotLocked::FailOpen) => {
+    .await;
+    if let Some(started) = started {
+        span.record("wait_ms", started.elapsed().as_millis() as u64);
+    }
+    let problem: Problem = match taken {
+        Ok(taken) => {
+            let detach = match settings.on_disconnect {
+                OnDisconnect::Finish => Some(finish_detached::<Output<RB, S::Error>> as fn(_)),
+                OnDisconnect::Cancel => None,
+            };
+            let section = critical(settings, span.clone(), inner, request, taken, replay);
+            return Step::Critical(Box::pin(section.instrument(span)), detach);
+        }
+        // Contention on a replayed key: the first request with it is still at work.
+        Err(error @ (LockError::Held { .. } | LockError::WaitTimeout { .. })) => {
+            let problem = match replay {
+                Some(_) => problem::in_progress(&error, target.resources[0].clone()),
+                None => target.problem(&error),
+            };
+            settings.sections.retry_after(problem)
+        }
+        Err(error @ (LockError::Unavailable { .. } | LockError::ValidityExpired { .. }))
+            if settings.on_unavailable == Unavailable::FailOpen =>
+        {
+            span.record("outcome", "fail-open");
+            // The loss of the quorum is logged once by the locker.
+            tracing::debug!(%error, "lock store unavailable: running without a lock (fail open)");
             let why = Unlocked::StoreUnavailable;
             let call = call_unlocked(&settings, &span, inner, request, why);
             return Step::Answer(Box::pin(call).await);
         }
+        Err(error) => target.problem(&error),
     };
-    let detach = match settings.on_disconnect {
-        OnDisconnect::Finish => Some(finish_detached::<Output<RB, S::Error>> as fn(_)),
-        OnDisconnect::Cancel => None,
-    };
-    let section: BoxFuture<_> = match (replay, taken.lease) {
-        (Some(step), Some(lease)) => {
-            let section = replay::critical(settings, span.clone(), inner, request, lease, step);
-            Box::pin(section.instrument(span))
-        }
-        (_, lease) => {
-            let taken = Taken { lease, ..taken };
-            Box::pin(critical(settings, span.clone(), inner, request, taken).instrument(span))
-        }
-    };
-    Step::Critical(section, detach)
+    Step::Answer(Ok(refuse(&settings, &span, problem)))
 }

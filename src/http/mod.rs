@@ -94,7 +94,7 @@
 //!
 //! A transfer debits one account and credits another: with a multi-key extractor —
 //! [`json_fields`](key::json_fields), [`each`](key::each) of single-key extractors,
-//! [`keys_fn`](key::keys_fn), or your own [`KeySetExtractor`](key::KeySetExtractor) — every key names a resource of its own (under the layer's
+//! [`keys_fn`](key::keys_fn), or your own [`KeyExtractor`](key::KeyExtractor) — every key names a resource of its own (under the layer's
 //! [`Scope`]), and the layer locks them all as **one lease**: all or nothing, in a
 //! canonical order, so two requests naming the same accounts in opposite orders never
 //! deadlock. The same key twice is one resource.
@@ -197,7 +197,7 @@
 //! [`MethodRouter::route_layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.route_layer
 
 pub(crate) mod acquire;
-mod body;
+pub(crate) mod body;
 pub(crate) mod detach;
 pub(crate) mod extensions;
 mod future;
@@ -206,9 +206,8 @@ mod layer;
 mod policy;
 pub mod problem;
 pub mod replay;
-mod run;
+mod section;
 mod service;
-mod settings;
 mod tokens;
 
 pub use body::{BoxError, LeaseBody};
@@ -219,7 +218,6 @@ pub use extensions::{
     InterruptedAttempt, LeaseLost, RequestKey, RequestKeys, RequestLeases, Unlocked,
 };
 pub use future::ResponseFuture;
-pub use layer::LockLayer;
+pub use layer::{LockLayer, DEFAULT_MAX_KEY_LEN, FENCING_TOKEN};
 pub use policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
 pub use service::LockService;
-pub use settings::{DEFAULT_MAX_KEY_LEN, FENCING_TOKEN};

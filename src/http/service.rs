@@ -11,9 +11,9 @@ use tower_service::Service;
 
 use super::body::LeaseBody;
 use super::future::ResponseFuture;
-use super::key::KeySetExtractor;
+use super::key::{KeyExtractor, Read};
+use super::layer::Settings;
 use super::policy::ScopePrefix;
-use super::settings::Settings;
 use crate::Redlock;
 
 /// Runs each request under a Redlock lease; made by [`LockLayer`](super::LockLayer).
@@ -91,7 +91,8 @@ impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, K>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
-    K: KeySetExtractor<ReqBody>,
+    K: KeyExtractor,
+    K::Body: Read<ReqBody>,
     ReqBody: Send + 'static,
     ResBody: Body + Send + 'static,
     ResBody::Data: Send,

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, watch, Notify};
 use tower_redlock::axum::{LockKey, Locked};
 use tower_redlock::http::{
-    key::{header, path_param, Header, KeyFromParts, PathParam},
+    key::{header, path_param, Header, KeyExtractor, PathParam},
     replay::Replay,
     Contention, FinishOnDisconnectLayer, LockLayer, Scope,
 };

@@ -5,13 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::request::Parts;
-use http::Request;
 
-use super::set::{from_parts, gather};
-use super::{
-    BoxKeySetFuture, KeyExtractor, KeyFromParts, KeyRejection, KeySetExtractor, KeySetFromParts,
-    Keys,
-};
+use super::{reads, KeyExtractor, KeyRejection};
 
 /// Several single-key extractors, each key a resource of its own; see [`each`].
 #[derive(Debug, Clone)]
@@ -20,17 +15,9 @@ pub struct Each<T> {
 }
 
 /// A multi-key extractor of two to four single-key extractors: each finds one key, and
-/// each key names a resource of its own (unlike a tuple of [`KeyFromParts`], which joins
-/// its parts into one key). The request is locked on all of them, as one lease.
-///
-/// A request without any of the keys has no key (the layer's
-/// [`MissingKey`](crate::http::MissingKey) decides); one with some and not others gets
-/// 400 `key-missing` naming the missing ones; nothing is locked.
-///
-/// Members are asked in order, each handed the request the previous one gave back: a
-/// [`json_field`](super::json_field) member buffers the body once and the next one reads
-/// those bytes again. For several fields of one JSON body,
-/// [`json_fields`](super::json_fields) parses it once.
+/// each key names a resource of its own (unlike a tuple, which joins its parts into one
+/// key). The request is locked on all of them, as one lease. For several fields of one
+/// JSON body, [`json_fields`](super::json_fields) parses it once.
 ///
 /// ```
 /// use tower_redlock::http::{key::{each, header, json_field}, LockLayer, Scope};
@@ -60,52 +47,27 @@ impl<T> Each<T> {
 }
 
 macro_rules! each_of {
-    ($count:literal; $($name:ident $index:tt),+) => {
-        impl<$($name: KeyFromParts),+> KeySetFromParts for Each<($($name,)+)> {
-            fn keys(&self, parts: &mut Parts) -> Result<Option<Keys>, KeyRejection> {
-                let found = vec![$(self.members.$index.key(parts)?),+];
-                gather(found, |index| KeySetFromParts::describe_key(self, index))
+    ($($name:ident $index:tt),+) => {
+        impl<$($name: KeyExtractor<Keys = String>),+> KeyExtractor for Each<($($name,)+)> {
+            type Keys = Vec<String>;
+            type Body = reads!($($name),+);
+
+            fn keys(&self, parts: &mut Parts, body: &[u8]) -> Result<Option<Vec<String>>, KeyRejection> {
+                let found = vec![$(self.members.$index.keys(parts, body)?),+];
+                gather(found, |index| self.describe_key(index))
             }
 
-            fn describe_keys(&self) -> String {
-                [$(KeyFromParts::describe(&self.members.$index)),+].join(" and ")
+            fn body_limit(&self) -> Option<usize> {
+                [$(self.members.$index.body_limit()),+].into_iter().max().flatten()
             }
 
-            fn describe_key(&self, index: usize) -> String {
-                match index {
-                    $($index => KeyFromParts::describe(&self.members.$index),)+
-                    _ => format!("lock key {}", index + 1),
-                }
-            }
-        }
-
-        impl<Body, $($name: KeyExtractor<Body>),+> KeySetExtractor<Body> for Each<($($name,)+)>
-        where
-            Body: Send + 'static,
-        {
-            type Future = BoxKeySetFuture<Body>;
-
-            fn extract_keys(&self, request: Request<Body>) -> Self::Future {
-                let this = self.clone();
-                Box::pin(async move {
-                    let mut found = Vec::with_capacity($count);
-                    $(
-                        let (request, key) = this.members.$index.extract(request).await?;
-                        found.push(key);
-                    )+
-                    let keys =
-                        gather(found, |index| KeySetExtractor::<Body>::describe_key(&this, index))?;
-                    Ok((request, keys))
-                })
-            }
-
-            fn describe_keys(&self) -> String {
-                [$(KeyExtractor::describe(&self.members.$index)),+].join(" and ")
+            fn describe(&self) -> String {
+                [$(self.members.$index.describe()),+].join(" and ")
             }
 
             fn describe_key(&self, index: usize) -> String {
                 match index {
-                    $($index => KeyExtractor::describe(&self.members.$index),)+
+                    $($index => self.members.$index.describe(),)+
                     _ => format!("lock key {}", index + 1),
                 }
             }
@@ -113,9 +75,9 @@ macro_rules! each_of {
     };
 }
 
-each_of!(2; K1 0, K2 1);
-each_of!(3; K1 0, K2 1, K3 2);
-each_of!(4; K1 0, K2 1, K3 2, K4 3);
+each_of!(K1 0, K2 1);
+each_of!(K1 0, K2 1, K3 2);
+each_of!(K1 0, K2 1, K3 2, K4 3);
 
 /// What [`keys_fn`] reads the keys with.
 type ReadKeys = dyn Fn(&Parts) -> Option<Vec<String>> + Send + Sync;
@@ -123,15 +85,14 @@ type ReadKeys = dyn Fn(&Parts) -> Option<Vec<String>> + Send + Sync;
 /// The keys are what a closure reads from the request head; see [`keys_fn`].
 #[derive(Clone)]
 pub struct KeysFn {
-    // Type-erased: a multi-key extractor generic over its closure could not be told
-    // apart from the single-key closures (`Fn(&Parts) -> Option<String>`) by coherence.
+    // Type-erased: a multi-key extractor generic over its closure would overlap the
+    // single-key closures (`Fn(&Parts) -> Option<String>`) for coherence.
     keys: Arc<ReadKeys>,
 }
 
 /// A multi-key extractor from a closure over the request head: each key it returns
-/// names a resource of its own. `None` or an empty list is no key (the layer's
-/// [`MissingKey`](crate::http::MissingKey) decides). The layer checks each key as it
-/// checks one, and a key-invalid problem names it by its position ("lock key 2").
+/// names a resource of its own. `None` or an empty list is no key. A key-invalid
+/// problem names a key by its position ("lock key 2").
 ///
 /// ```
 /// use http::request::Parts;
@@ -164,18 +125,36 @@ impl fmt::Debug for KeysFn {
     }
 }
 
-impl KeySetFromParts for KeysFn {
-    fn keys(&self, parts: &mut Parts) -> Result<Option<Keys>, KeyRejection> {
-        Ok((self.keys)(parts)
-            .filter(|keys| !keys.is_empty())
-            .map(Keys::Many))
+impl KeyExtractor for KeysFn {
+    type Keys = Vec<String>;
+    type Body = ();
+
+    fn keys(&self, parts: &mut Parts, _body: &[u8]) -> Result<Option<Vec<String>>, KeyRejection> {
+        Ok((self.keys)(parts).filter(|keys| !keys.is_empty()))
     }
 }
 
-impl<B: Send + 'static> KeySetExtractor<B> for KeysFn {
-    type Future = std::future::Ready<super::KeySetResult<B>>;
-
-    fn extract_keys(&self, request: Request<B>) -> Self::Future {
-        from_parts(self, request)
+/// The keys of several members, each `None` when the request lacks it: all absent is no
+/// key (`Ok(None)`), some absent is a request the layer cannot lock (400 `key-missing`,
+/// naming them), all present are the keys.
+pub(crate) fn gather(
+    found: Vec<Option<String>>,
+    describe: impl Fn(usize) -> String,
+) -> Result<Option<Vec<String>>, KeyRejection> {
+    let missing: Vec<String> = found
+        .iter()
+        .enumerate()
+        .filter(|(_, key)| key.is_none())
+        .map(|(index, _)| describe(index))
+        .collect();
+    if missing.len() == found.len() {
+        return Ok(None);
     }
+    if !missing.is_empty() {
+        return Err(KeyRejection::missing(format!(
+            "no lock key: expected {}",
+            missing.join(" and ")
+        )));
+    }
+    Ok(Some(found.into_iter().flatten().collect()))
 }

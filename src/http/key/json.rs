@@ -4,19 +4,13 @@
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use http::header::CONTENT_LENGTH;
 use http::request::Parts;
-use http::Request;
 use http_body::Body;
 use http_body_util::BodyExt;
 
-use super::set::gather;
-use super::{
-    BoxKeyFuture, BoxKeySetFuture, KeyExtractor, KeyRejection, KeySetExtractor, Keys, OneKey,
-};
-
-/// Errors that body readers may return.
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use super::each::gather;
+use super::{KeyExtractor, KeyRejection};
+use crate::http::BoxError;
 
 /// The key is a field of the JSON body; see [`json_field`].
 #[derive(Debug, Clone)]
@@ -26,7 +20,7 @@ pub struct JsonField {
 }
 
 /// The default body limit of [`JsonField`]: 64 KiB.
-pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
+pub(crate) const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
 /// The key is the field at the JSON Pointer `pointer` (RFC 6901, e.g. `/id` or
 /// `/data/object/id`) of the JSON body: a string as it is, a number as its decimal text.
@@ -37,9 +31,6 @@ pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 /// receives the identical bytes, so signatures over the raw body still verify.
 /// Trailers of the request body are not passed on. A body that is not JSON gets 400
 /// `body-not-json`.
-///
-/// [`JsonField`] is a [`KeyExtractor`] for bodies that can be rebuilt from [`Bytes`]
-/// (`B: From<Bytes>`), such as axum's `Body`.
 ///
 /// # Panics
 ///
@@ -57,7 +48,7 @@ pub fn json_field(pointer: impl Into<Arc<str>>) -> JsonField {
 }
 
 impl JsonField {
-    /// Buffers at most `bytes` of body (default [`DEFAULT_BODY_LIMIT`]).
+    /// Buffers at most `bytes` of body (default 64 KiB).
     #[must_use]
     pub fn limit(mut self, bytes: usize) -> Self {
         self.limit = bytes;
@@ -67,10 +58,6 @@ impl JsonField {
     /// The JSON Pointer of the field.
     pub fn pointer(&self) -> &str {
         &self.pointer
-    }
-
-    fn key_of(&self, body: &[u8]) -> Result<Option<String>, KeyRejection> {
-        field_of(&parse(body)?, &self.pointer)
     }
 }
 
@@ -98,20 +85,17 @@ fn field_of(json: &serde_json::Value, pointer: &str) -> Result<Option<String>, K
     }
 }
 
-impl<B> KeyExtractor<B> for JsonField
-where
-    B: Body<Data = Bytes> + From<Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    type Future = BoxKeyFuture<B>;
+impl KeyExtractor for JsonField {
+    type Keys = String;
+    type Body = Bytes;
 
-    fn extract(&self, request: Request<B>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move {
-            let (parts, bytes) = buffer(request, this.limit).await?;
-            let key = this.key_of(&bytes)?;
-            Ok((Request::from_parts(parts, B::from(bytes)), key))
-        })
+    fn keys(&self, _parts: &mut Parts, body: &[u8]) -> Result<Option<String>, KeyRejection> {
+        check_limit(body, self.limit)?;
+        field_of(&parse(body)?, &self.pointer)
+    }
+
+    fn body_limit(&self) -> Option<usize> {
+        Some(self.limit)
     }
 
     fn describe(&self) -> String {
@@ -119,24 +103,12 @@ where
     }
 }
 
-/// The head and the buffered body of `request`: 413 when it declares or has more than
-/// `limit` bytes.
-async fn buffer<B>(request: Request<B>, limit: usize) -> Result<(Parts, Bytes), KeyRejection>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let (parts, body) = request.into_parts();
-    let declared = parts
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let too_large = |n: u64| n > u64::try_from(limit).unwrap_or(u64::MAX);
-    if declared.is_some_and(too_large) || too_large(body.size_hint().lower()) {
-        return Err(KeyRejection::body_too_large(limit));
+/// 413 for a body read for a wider limit (another key's, replay's) than this one's.
+fn check_limit(body: &[u8], limit: usize) -> Result<(), KeyRejection> {
+    match body.len() > limit {
+        true => Err(KeyRejection::body_too_large(limit)),
+        false => Ok(()),
     }
-    let bytes = read_limited(body, limit).await?;
-    Ok((parts, bytes))
 }
 
 /// Several fields of the JSON body, each key a resource of its own; see [`json_fields`].
@@ -190,7 +162,7 @@ pub fn json_fields<P: Into<Arc<str>>>(pointers: impl IntoIterator<Item = P>) -> 
 }
 
 impl JsonFields {
-    /// Buffers at most `bytes` of body (default [`DEFAULT_BODY_LIMIT`]).
+    /// Buffers at most `bytes` of body (default 64 KiB).
     #[must_use]
     pub fn limit(mut self, bytes: usize) -> Self {
         self.limit = bytes;
@@ -201,70 +173,39 @@ impl JsonFields {
     pub fn pointers(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         self.pointers.iter().map(|p| &**p)
     }
+}
 
-    fn keys_of(&self, body: &[u8]) -> Result<Option<Keys>, KeyRejection> {
+impl KeyExtractor for JsonFields {
+    type Keys = Vec<String>;
+    type Body = Bytes;
+
+    fn keys(&self, _parts: &mut Parts, body: &[u8]) -> Result<Option<Vec<String>>, KeyRejection> {
+        check_limit(body, self.limit)?;
         let json = parse(body)?;
         let found = self
             .pointers
             .iter()
             .map(|pointer| field_of(&json, pointer))
             .collect::<Result<Vec<_>, _>>()?;
-        gather(found, |index| self.describe_field(index))
+        gather(found, |index| self.describe_key(index))
     }
 
-    fn describe_field(&self, index: usize) -> String {
-        match self.pointers.get(index) {
-            Some(pointer) => format!("the body field `{pointer}`"),
-            None => format!("lock key {}", index + 1),
-        }
-    }
-}
-
-impl<B> KeySetExtractor<B> for JsonFields
-where
-    B: Body<Data = Bytes> + From<Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    type Future = BoxKeySetFuture<B>;
-
-    fn extract_keys(&self, request: Request<B>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move {
-            let (parts, bytes) = buffer(request, this.limit).await?;
-            let keys = this.keys_of(&bytes)?;
-            Ok((Request::from_parts(parts, B::from(bytes)), keys))
-        })
+    fn body_limit(&self) -> Option<usize> {
+        Some(self.limit)
     }
 
-    fn describe_keys(&self) -> String {
+    fn describe(&self) -> String {
         (0..self.pointers.len())
-            .map(|index| self.describe_field(index))
+            .map(|index| self.describe_key(index))
             .collect::<Vec<_>>()
             .join(" and ")
     }
 
     fn describe_key(&self, index: usize) -> String {
-        self.describe_field(index)
-    }
-}
-
-impl<B> KeySetExtractor<B> for JsonField
-where
-    B: Body<Data = Bytes> + From<Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    type Future = OneKey<BoxKeyFuture<B>>;
-
-    fn extract_keys(&self, request: Request<B>) -> Self::Future {
-        OneKey::new(KeyExtractor::extract(self, request))
-    }
-
-    fn describe_keys(&self) -> String {
-        KeyExtractor::<B>::describe(self)
-    }
-
-    fn describe_key(&self, _index: usize) -> String {
-        KeyExtractor::<B>::describe(self)
+        match self.pointers.get(index) {
+            Some(pointer) => format!("the body field `{pointer}`"),
+            None => format!("lock key {}", index + 1),
+        }
     }
 }
 

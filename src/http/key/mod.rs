@@ -1,116 +1,384 @@
-//! Where the lock key of a request comes from.
+//! Where the lock keys of a request come from: one trait, [`KeyExtractor`].
 //!
-//! Two traits:
+//! An extractor reads the request head, and the body when it says so, and answers
+//! `Ok(Some(keys))`, `Ok(None)` when the request carries no key (the layer then applies
+//! [`MissingKey`](super::MissingKey)), or a [`KeyRejection`] when the request is
+//! malformed. Ambiguous keys are rejected rather than guessed: a header or query
+//! parameter that appears twice could make the lock protect one value while the handler
+//! reads the other.
 //!
-//! - [`KeyFromParts`] reads the key from the request head (method, URI, headers,
-//!   extensions). It is synchronous, composes (tuples, [`or`](KeyFromParts::or)), and
-//!   every closure `Fn(&Parts) -> Option<String>` is one.
-//! - [`KeyExtractor`] is what [`LockLayer`](super::LockLayer) takes: it gets the whole
-//!   request and hands it back, so it may look into the body. Every
-//!   [`KeyFromParts`] is a [`KeyExtractor`]; [`JsonField`] is the body-aware one.
+//! - **One key** (`type Keys = String`): [`header`], [`query_param`], `path_param`
+//!   (feature `axum`), [`json_field`], the [`webhook`] presets, tuples of up to four
+//!   (all parts required, joined into one key so that `("ab", "c")` and `("a", "bc")`
+//!   stay distinct), [`or`](KeyExtractor::or), [`parse`](KeyExtractor::parse),
+//!   [`normalize`](KeyExtractor::normalize), and every closure
+//!   `Fn(&Parts) -> Option<String>`.
+//! - **Several keys** (`type Keys = Vec<String>`), each a resource of its own, locked
+//!   together as one lease: [`json_fields`], [`each`], [`keys_fn`]. A request with none of
+//!   them has no key; one with some and not others is refused with 400 `key-missing`
+//!   naming the missing ones; keys naming the same resource are one; more distinct keys
+//!   than [`MAX_RESOURCES_PER_LEASE`](crate::MAX_RESOURCES_PER_LEASE) get 400
+//!   `key-invalid`. Nothing is locked for any of these. [Replay](super::replay) takes
+//!   one key per request, and the `Locked` extractor (feature `axum`) a head extractor
+//!   (`type Body = ()`): the compiler refuses the others there.
 //!
-//! Built-ins: [`header`], [`query_param`], `path_param` (feature `axum`),
-//! [`json_field`], and the [`webhook`] presets.
-//!
-//! Several keys per request, each a resource of its own, locked together as one lease:
-//! [`KeySetExtractor`] (what the layer takes: every single-key extractor is one, and so
-//! are [`json_fields`], [`each`] and [`keys_fn`]) and [`KeySetFromParts`] (the head-only
-//! form the `Locked` extractor takes). See [below](self#several-keys).
-//!
-//! An extractor answers `Ok(Some(key))`, `Ok(None)` when the request carries no key
-//! (the layer then applies [`MissingKey`](super::MissingKey)), or a [`KeyRejection`]
-//! when the request is malformed. Ambiguous keys are rejected rather than guessed: a
-//! header or query parameter that appears twice could make the lock protect one value
-//! while the handler reads the other.
-//!
-//! The layer then checks the key: not empty, at most
+//! The layer checks every key: not empty, at most
 //! [`max_key_len`](super::LockLayer::max_key_len) bytes of UTF-8, no control
-//! characters. Anything else is a valid key, including spaces and non-ASCII letters
-//! (a percent-decoded path id such as `/accounts/%C3%A9` gives `é`).
+//! characters. Anything else is a valid key, including spaces and non-ASCII letters (a
+//! percent-decoded path id such as `/accounts/%C3%A9` gives `é`). A key the server
+//! cannot find because it is configured wrongly — a `path_param` name that the matched
+//! route does not have — is answered with 500 `key-misconfigured` and logged as an
+//! error.
 //!
-//! # Several keys
+//! ```
+//! use bytes::Bytes;
+//! use http::request::Parts;
+//! use tower_redlock::http::key::{KeyExtractor, KeyRejection};
+//! use tower_redlock::http::{LockLayer, Scope};
+//! use tower_redlock::Redlock;
 //!
-//! A multi-key extractor answers [`Keys::Many`]. A request with none of its keys has no
-//! key (the layer's [`MissingKey`](super::MissingKey) decides); one with some and not
-//! others is refused with 400 `key-missing` naming the missing ones. Every key is
-//! checked as one is, and a refusal names the key (``the body field `/to` ``); keys
-//! naming the same resource are one; more distinct keys than
-//! [`MAX_RESOURCES_PER_LEASE`](crate::MAX_RESOURCES_PER_LEASE) get 400
-//! `key-invalid`. Nothing is locked for any of these.
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! /// Every `sku` of an order's lines, `{"lines": [{"sku": "a"}, {"sku": "b"}]}`: the
+//! /// stock of each is locked, as one lease.
+//! #[derive(Clone)]
+//! struct Skus;
 //!
-//! A key the server cannot find because it is configured wrongly — a
-//! `path_param` name that the matched route does not have — is not the client's
-//! fault: it is answered with 500 `key-misconfigured` and logged as an error.
+//! impl KeyExtractor for Skus {
+//!     type Keys = Vec<String>;
+//!     type Body = Bytes; // the layer reads the body (64 KiB at most) and passes it on
+//!
+//!     fn keys(&self, _parts: &mut Parts, body: &[u8]) -> Result<Option<Vec<String>>, KeyRejection> {
+//!         let order: serde_json::Value = serde_json::from_slice(body)
+//!             .map_err(|e| KeyRejection::body_not_json(e.to_string()))?;
+//!         let skus: Vec<String> = order["lines"]
+//!             .as_array()
+//!             .into_iter()
+//!             .flatten()
+//!             .filter_map(|line| line["sku"].as_str().map(str::to_owned))
+//!             .collect();
+//!         Ok((!skus.is_empty()).then_some(skus))
+//!     }
+//!
+//!     fn describe(&self) -> String {
+//!         "the `sku` of every line of the body".to_owned()
+//!     }
+//! }
+//!
+//! let body = br#"{"lines": [{"sku": "a"}, {"sku": "b"}]}"#;
+//! let (mut parts, ()) = http::Request::new(()).into_parts();
+//! assert_eq!(Skus.keys(&mut parts, body).unwrap(), Some(vec!["a".into(), "b".into()]));
+//! let layer = LockLayer::new(Redlock::in_memory(), Skus).scope(Scope::shared("stock"));
+//! # let _ = layer;
+//! # }
+//! ```
 
 mod each;
-mod header;
+mod head;
 mod json;
-#[cfg(feature = "axum")]
-mod path;
-mod query;
 mod rejection;
-mod set;
 pub mod webhook;
 
 use std::fmt;
-use std::future::{ready, Future, Ready};
-use std::pin::Pin;
 
 use http::request::Parts;
-use http::Request;
 
 use crate::Resource;
 
 pub use each::{each, keys_fn, Each, KeysFn};
-pub use header::{header, Header};
-pub(crate) use json::read_limited;
-pub use json::{json_field, json_fields, JsonField, JsonFields, DEFAULT_BODY_LIMIT};
+pub use head::{header, query_param, Header, QueryParam};
 #[cfg(feature = "axum")]
-pub use path::{path_param, PathParam};
-pub use query::{query_param, QueryParam};
+pub use head::{path_param, PathParam};
+pub use json::{json_field, json_fields, JsonField, JsonFields};
+pub(crate) use json::{read_limited, DEFAULT_BODY_LIMIT};
 pub use rejection::KeyRejection;
-pub use set::{single_key, SingleKey};
-pub use set::{BoxKeySetFuture, KeySetExtractor, KeySetFromParts, KeySetResult, Keys, OneKey};
+pub(crate) use sealed::{Found, HeadOnly, KeySet, OneKey, Read};
 
-/// What a [`KeyExtractor`] resolves to: the request, handed back, and its key if it has one.
-pub type KeyResult<B> = Result<(Request<B>, Option<String>), KeyRejection>;
-
-/// A boxed [`KeyExtractor::Future`], for extractors written with `async` blocks.
-pub type BoxKeyFuture<B> = Pin<Box<dyn Future<Output = KeyResult<B>> + Send + 'static>>;
-
-/// Finds the lock key of a request, possibly reading its body.
+/// Finds the lock keys of a request.
 ///
-/// Implement [`KeyFromParts`] instead when the request head is enough: every
-/// [`KeyFromParts`] is a [`KeyExtractor`] for any body type.
-///
-/// An extractor that reads the body must hand the request on with a body that yields
-/// the same bytes, as [`JsonField`] does.
+/// `Keys` says how many: `String`, one key (one resource, one `Fencing-Token`), or
+/// `Vec<String>`, several (one resource each, one lease over all). `Body` says what is
+/// read: `()`, the request head alone (any request body type; what the `Locked`
+/// extractor takes), or [`Bytes`](bytes::Bytes), the body too, which the layer buffers (up to
+/// [`body_limit`](KeyExtractor::body_limit); larger bodies get 413 `body-too-large`
+/// before any lock is taken) and hands on to the handler unchanged, for request bodies
+/// that are `From<Bytes>` with `Bytes` data, as axum's `Body`. See the
+/// [module documentation](self) for an example.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a single-key extractor for `{B}` requests",
-    label = "one key per request expected here",
-    note = "replay (`LockLayer::replay`) takes a single-key extractor (`header`, `path_param`, `query_param`, `json_field`, a tuple, a closure `Fn(&Parts) -> Option<String>`); a multi-key extractor (`json_fields`, `each`, `keys_fn`) cannot be replayed: lock its keys without `.replay()`",
-    note = "body extractors (`json_field`) need a body that is `From<Bytes>` with `Bytes` data, as axum's `Body`",
+    message = "`{Self}` is not a key extractor",
+    label = "a key extractor expected here",
+    note = "use `header`, `path_param`, `query_param`, `json_field`, `json_fields`, `each`, `keys_fn`, a tuple, or a closure `Fn(&Parts) -> Option<String>`",
     note = "see https://docs.rs/tower-redlock/latest/tower_redlock/http/key/index.html"
 )]
-pub trait KeyExtractor<B>: Clone + Send + Sync + 'static {
-    /// The future [`extract`](KeyExtractor::extract) returns.
-    type Future: Future<Output = KeyResult<B>> + Send;
+pub trait KeyExtractor: Clone + Send + Sync + 'static {
+    /// `String` for one key, `Vec<String>` for several.
+    type Keys: sealed::KeySet;
 
-    /// Reads the key of `request`, and gives the request back.
-    fn extract(&self, request: Request<B>) -> Self::Future;
+    /// `()` when the request head is enough, [`Bytes`](bytes::Bytes) when the body is
+    /// read too.
+    type Body: sealed::Reads;
+
+    /// The keys of the request with head `parts` (and body `body` when `Body = Bytes`;
+    /// empty otherwise): `Ok(None)` when it has none.
+    fn keys(&self, parts: &mut Parts, body: &[u8]) -> Result<Option<Self::Keys>, KeyRejection>;
+
+    /// The most body bytes to read (`Body = Bytes` only; default 64 KiB).
+    fn body_limit(&self) -> Option<usize> {
+        <Self::Body as sealed::Reads>::LIMIT
+    }
 
     /// What this extractor looks for, for the `detail` of a `key-missing` problem,
     /// e.g. ``the `idempotency-key` header``.
     fn describe(&self) -> String {
         "a lock key".to_owned()
     }
+
+    /// What key `index` of several is, for the `detail` of a `key-invalid` problem
+    /// about it (e.g. ``the body field `/to` ``).
+    fn describe_key(&self, index: usize) -> String {
+        format!("lock key {}", index + 1)
+    }
+
+    /// This extractor, falling back to `fallback` when it finds no key. A rejection of
+    /// the first extractor is not overruled by the fallback.
+    fn or<F>(self, fallback: F) -> Or<Self, F>
+    where
+        Self: KeyExtractor<Keys = String>,
+        F: KeyExtractor<Keys = String>,
+    {
+        Or {
+            first: self,
+            fallback,
+        }
+    }
+
+    /// This extractor's key as the handler reads it: parsed as `T` and locked in `T`'s
+    /// canonical form (its `Display`), so that the spellings a handler treats as one
+    /// value lock one resource. `path_param("id").parse::<u64>()` locks `/orders/007` and
+    /// `/orders/7` as the same order, as a `Path<u64>` handler sees them; a key that does
+    /// not parse gets 400 `key-invalid`, as the handler's extractor would refuse it.
+    ///
+    /// ```
+    /// use tower_redlock::http::{key::{path_param, KeyExtractor}, LockLayer};
+    /// use tower_redlock::Redlock;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = LockLayer::new(Redlock::in_memory(), path_param("id").parse::<u64>());
+    /// # let _ = layer;
+    /// # }
+    /// ```
+    #[allow(clippy::type_complexity)]
+    fn parse<T>(self) -> Normalized<Self, fn(String) -> Result<String, String>>
+    where
+        Self: KeyExtractor<Keys = String>,
+        T: std::str::FromStr + fmt::Display + 'static,
+    {
+        self.normalize(canonical::<T>)
+    }
+
+    /// This extractor's key passed through `normalize`, which returns the key to lock
+    /// (e.g. a UUID in lower case) or why the key is not acceptable (400 `key-invalid`,
+    /// with the reason in the problem's detail).
+    ///
+    /// ```
+    /// use tower_redlock::http::{key::{path_param, KeyExtractor}, LockLayer};
+    /// use tower_redlock::Redlock;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // One order whatever the case of its UUID.
+    /// let key = path_param("id").normalize(|id: String| Ok(id.to_ascii_lowercase()));
+    /// let layer = LockLayer::new(Redlock::in_memory(), key);
+    /// # let _ = layer;
+    /// # }
+    /// ```
+    fn normalize<F>(self, normalize: F) -> Normalized<Self, F>
+    where
+        Self: KeyExtractor<Keys = String>,
+        F: Fn(String) -> Result<String, String> + Clone + Send + Sync + 'static,
+    {
+        Normalized {
+            inner: self,
+            normalize,
+        }
+    }
 }
 
-/// Finds the lock key in the request head.
-///
-/// Implemented by the built-in head extractors, by tuples of up to four of them (all
-/// parts required, joined so that `("ab", "c")` and `("a", "bc")` stay distinct), and by
-/// closures:
+/// What the layer knows of [`KeyExtractor::Keys`] and [`KeyExtractor::Body`]: sealed,
+/// so that the layer can rely on them.
+mod sealed {
+    use std::future::{ready, Future};
+
+    use bytes::Bytes;
+    use http::Request;
+    use http_body::Body;
+
+    use super::{read_limited, KeyRejection, DEFAULT_BODY_LIMIT};
+
+    /// The keys an extractor found, as the layer takes them.
+    #[derive(Debug)]
+    pub enum Found {
+        One(String),
+        Many(Vec<String>),
+    }
+
+    pub trait KeySet: Send + 'static {
+        fn found(self) -> Found;
+    }
+
+    impl KeySet for String {
+        fn found(self) -> Found {
+            Found::One(self)
+        }
+    }
+
+    impl KeySet for Vec<String> {
+        fn found(self) -> Found {
+            Found::Many(self)
+        }
+    }
+
+    /// One key: what replay takes.
+    #[diagnostic::on_unimplemented(
+        message = "replay takes one key per request, and this extractor finds several",
+        label = "a single-key extractor expected here",
+        note = "a multi-key extractor (`json_fields`, `each`, `keys_fn`) cannot be replayed: lock its keys without `.replay()`",
+        note = "see https://docs.rs/tower-redlock/latest/tower_redlock/http/replay/index.html"
+    )]
+    pub trait OneKey {}
+
+    impl OneKey for String {}
+
+    /// What an extractor reads: `()` the head, `Bytes` the body too.
+    pub trait Reads: Send + Sync + 'static {
+        /// The default body limit.
+        const LIMIT: Option<usize>;
+        /// What an extractor reading `Self` and another reading `R` read together.
+        type Or<R: Reads>: Reads;
+    }
+
+    impl Reads for () {
+        const LIMIT: Option<usize> = None;
+        type Or<R: Reads> = R;
+    }
+
+    impl Reads for Bytes {
+        const LIMIT: Option<usize> = Some(DEFAULT_BODY_LIMIT);
+        type Or<R: Reads> = Bytes;
+    }
+
+    /// The head alone: what the `Locked` extractor takes.
+    #[diagnostic::on_unimplemented(
+        message = "this key extractor reads the request body, and `Locked` sees only the request head",
+        label = "a head extractor expected here",
+        note = "`Locked` takes `header`, `path_param`, `query_param`, a tuple, `each`, `keys_fn` or a closure `Fn(&Parts) -> Option<String>`; a body key (`json_field`, `json_fields`) needs a `LockLayer` on the route (and the `LayerLease` extractor)",
+        note = "see https://docs.rs/tower-redlock/latest/tower_redlock/axum/index.html"
+    )]
+    pub trait HeadOnly {}
+
+    impl HeadOnly for () {}
+
+    /// Reading a request body of type `B` for an extractor that reads `Self`.
+    pub trait Read<B>: Reads {
+        /// The request with its body read up to `limit` bytes and put back, and the
+        /// bytes; `()` reads nothing.
+        fn read(
+            request: Request<B>,
+            limit: usize,
+        ) -> impl Future<Output = Result<(Request<B>, Bytes), KeyRejection>> + Send;
+    }
+
+    impl<B: Send + 'static> Read<B> for () {
+        fn read(
+            request: Request<B>,
+            _limit: usize,
+        ) -> impl Future<Output = Result<(Request<B>, Bytes), KeyRejection>> + Send {
+            ready(Ok((request, Bytes::new())))
+        }
+    }
+
+    impl<B> Read<B> for Bytes
+    where
+        B: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+        B::Error: Into<crate::http::BoxError>,
+    {
+        async fn read(
+            request: Request<B>,
+            limit: usize,
+        ) -> Result<(Request<B>, Bytes), KeyRejection> {
+            let (parts, body) = request.into_parts();
+            let declared = parts
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            let too_large = |n: u64| n > u64::try_from(limit).unwrap_or(u64::MAX);
+            if declared.is_some_and(too_large) || too_large(body.size_hint().lower()) {
+                return Err(KeyRejection::body_too_large(limit));
+            }
+            let bytes = read_limited(body, limit).await?;
+            Ok((Request::from_parts(parts, B::from(bytes.clone())), bytes))
+        }
+    }
+}
+
+/// `key` parsed as `T`, written back in `T`'s own form.
+fn canonical<T: std::str::FromStr + fmt::Display>(key: String) -> Result<String, String> {
+    match key.parse::<T>() {
+        Ok(value) => Ok(value.to_string()),
+        Err(_) => Err(format!(
+            "`{key}` is not a valid {}",
+            std::any::type_name::<T>()
+                .rsplit("::")
+                .next()
+                .unwrap_or("value")
+        )),
+    }
+}
+
+/// A key passed through a normalising function; see [`KeyExtractor::normalize`] and
+/// [`KeyExtractor::parse`].
+#[derive(Clone)]
+pub struct Normalized<E, F> {
+    inner: E,
+    normalize: F,
+}
+
+impl<E: fmt::Debug, F> fmt::Debug for Normalized<E, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Normalized")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E, F> KeyExtractor for Normalized<E, F>
+where
+    E: KeyExtractor<Keys = String>,
+    F: Fn(String) -> Result<String, String> + Clone + Send + Sync + 'static,
+{
+    type Keys = String;
+    type Body = E::Body;
+
+    fn keys(&self, parts: &mut Parts, body: &[u8]) -> Result<Option<String>, KeyRejection> {
+        match self.inner.keys(parts, body)? {
+            None => Ok(None),
+            Some(key) => (self.normalize)(key).map(Some).map_err(|detail| {
+                KeyRejection::invalid(format!("{}: {detail}", self.inner.describe()))
+            }),
+        }
+    }
+
+    fn body_limit(&self) -> Option<usize> {
+        self.inner.body_limit()
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+/// One key, read by a closure from the request head.
 ///
 /// ```
 /// use http::request::Parts;
@@ -128,162 +396,14 @@ pub trait KeyExtractor<B>: Clone + Send + Sync + 'static {
 /// # let _ = layer;
 /// # }
 /// ```
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` does not find a key in the request head",
-    label = "a head extractor expected here",
-    note = "use `header`, `path_param`, `query_param`, a tuple or `Or` of them, or a closure `Fn(&Parts) -> Option<String>`; a body key (`json_field`) needs a `LockLayer`, which reads the body",
-    note = "see https://docs.rs/tower-redlock/latest/tower_redlock/http/key/index.html"
-)]
-pub trait KeyFromParts: Clone + Send + Sync + 'static {
-    /// The key of the request with head `parts`: `Ok(None)` when it has none.
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, KeyRejection>;
-
-    /// What this extractor looks for (see [`KeyExtractor::describe`]).
-    fn describe(&self) -> String {
-        "a lock key".to_owned()
-    }
-
-    /// This extractor, falling back to `fallback` when it finds no key. A rejection of
-    /// the first extractor is not overruled by the fallback.
-    fn or<F: KeyFromParts>(self, fallback: F) -> Or<Self, F>
-    where
-        Self: Sized,
-    {
-        Or {
-            first: self,
-            fallback,
-        }
-    }
-    /// This extractor's key as the handler reads it: parsed as `T` and locked in `T`'s
-    /// canonical form (its `Display`), so that the spellings a handler treats as one
-    /// value lock one resource. `path_param("id").parse::<u64>()` locks `/orders/007` and
-    /// `/orders/7` as the same order, as a `Path<u64>` handler sees them; a key that does
-    /// not parse gets 400 `key-invalid`, as the handler's extractor would refuse it.
-    ///
-    /// ```
-    /// use tower_redlock::http::{key::{path_param, KeyFromParts}, LockLayer};
-    /// use tower_redlock::Redlock;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = LockLayer::new(Redlock::in_memory(), path_param("id").parse::<u64>());
-    /// # let _ = layer;
-    /// # }
-    /// ```
-    fn parse<T>(self) -> Normalized<Self, NormalizeFn>
-    where
-        Self: Sized,
-        T: std::str::FromStr + fmt::Display + 'static,
-    {
-        self.normalize(canonical::<T>)
-    }
-
-    /// This extractor's key passed through `normalize`, which returns the key to lock
-    /// (e.g. a UUID in lower case) or why the key is not acceptable (400 `key-invalid`,
-    /// with the reason in the problem's detail).
-    ///
-    /// ```
-    /// use tower_redlock::http::{key::{path_param, KeyFromParts}, LockLayer};
-    /// use tower_redlock::Redlock;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// // One order whatever the case of its UUID.
-    /// let key = path_param("id").normalize(|id: String| Ok(id.to_ascii_lowercase()));
-    /// let layer = LockLayer::new(Redlock::in_memory(), key);
-    /// # let _ = layer;
-    /// # }
-    /// ```
-    fn normalize<F>(self, normalize: F) -> Normalized<Self, F>
-    where
-        Self: Sized,
-        F: Fn(String) -> Result<String, String> + Clone + Send + Sync + 'static,
-    {
-        Normalized {
-            inner: self,
-            normalize,
-        }
-    }
-}
-
-/// The normalising function of [`KeyFromParts::parse`]: the key to lock, or why the
-/// key is refused.
-pub type NormalizeFn = fn(String) -> Result<String, String>;
-
-/// `key` parsed as `T`, written back in `T`'s own form.
-fn canonical<T: std::str::FromStr + fmt::Display>(key: String) -> Result<String, String> {
-    match key.parse::<T>() {
-        Ok(value) => Ok(value.to_string()),
-        Err(_) => Err(format!(
-            "`{key}` is not a valid {}",
-            std::any::type_name::<T>()
-                .rsplit("::")
-                .next()
-                .unwrap_or("value")
-        )),
-    }
-}
-
-/// A key passed through a normalising function; see [`KeyFromParts::normalize`] and
-/// [`KeyFromParts::parse`].
-#[derive(Clone)]
-pub struct Normalized<E, F> {
-    inner: E,
-    normalize: F,
-}
-
-impl<E: fmt::Debug, F> fmt::Debug for Normalized<E, F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Normalized")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<E, F> KeyFromParts for Normalized<E, F>
-where
-    E: KeyFromParts,
-    F: Fn(String) -> Result<String, String> + Clone + Send + Sync + 'static,
-{
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, KeyRejection> {
-        match self.inner.key(parts)? {
-            None => Ok(None),
-            Some(key) => (self.normalize)(key).map(Some).map_err(|detail| {
-                KeyRejection::invalid(format!("{}: {detail}", self.inner.describe()))
-            }),
-        }
-    }
-
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-}
-
-impl<K, B> KeyExtractor<B> for K
-where
-    K: KeyFromParts,
-    B: Send + 'static,
-{
-    type Future = Ready<KeyResult<B>>;
-
-    fn extract(&self, request: Request<B>) -> Self::Future {
-        let (mut parts, body) = request.into_parts();
-        ready(
-            self.key(&mut parts)
-                .map(|key| (Request::from_parts(parts, body), key)),
-        )
-    }
-
-    fn describe(&self) -> String {
-        KeyFromParts::describe(self)
-    }
-}
-
-impl<F> KeyFromParts for F
+impl<F> KeyExtractor for F
 where
     F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
 {
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, KeyRejection> {
+    type Keys = String;
+    type Body = ();
+
+    fn keys(&self, parts: &mut Parts, _body: &[u8]) -> Result<Option<String>, KeyRejection> {
         Ok(self(parts))
     }
 }
@@ -313,22 +433,30 @@ pub(crate) fn validate(key: &str, max_len: usize) -> Result<(), String> {
     Ok(())
 }
 
-// ---------------------------------------------------------------------------------
-// Combinators
-
-/// One extractor with a fallback; see [`KeyFromParts::or`].
+/// One extractor with a fallback; see [`KeyExtractor::or`].
 #[derive(Debug, Clone)]
 pub struct Or<A, F> {
     first: A,
     fallback: F,
 }
 
-impl<A: KeyFromParts, F: KeyFromParts> KeyFromParts for Or<A, F> {
-    fn key(&self, parts: &mut Parts) -> Result<Option<String>, KeyRejection> {
-        match self.first.key(parts)? {
+impl<A, F> KeyExtractor for Or<A, F>
+where
+    A: KeyExtractor<Keys = String>,
+    F: KeyExtractor<Keys = String>,
+{
+    type Keys = String;
+    type Body = <A::Body as sealed::Reads>::Or<F::Body>;
+
+    fn keys(&self, parts: &mut Parts, body: &[u8]) -> Result<Option<String>, KeyRejection> {
+        match self.first.keys(parts, body)? {
             Some(key) => Ok(Some(key)),
-            None => self.fallback.key(parts),
+            None => self.fallback.keys(parts, body),
         }
+    }
+
+    fn body_limit(&self) -> Option<usize> {
+        self.first.body_limit().max(self.fallback.body_limit())
     }
 
     fn describe(&self) -> String {
@@ -336,18 +464,30 @@ impl<A: KeyFromParts, F: KeyFromParts> KeyFromParts for Or<A, F> {
     }
 }
 
+/// The `Reads` of several extractors together: the body when any reads it.
+macro_rules! reads {
+    ($first:ident) => { $first::Body };
+    ($first:ident, $($rest:ident),+) => {
+        <$first::Body as $crate::http::key::sealed::Reads>::Or<reads!($($rest),+)>
+    };
+}
+pub(crate) use reads;
+
 macro_rules! tuple_key {
     ($($name:ident),+) => {
         /// All parts are required; they are joined with [`Resource`] escaping, so
         /// different part lists never give the same key. An empty part is rejected.
-        impl<$($name: KeyFromParts),+> KeyFromParts for ($($name,)+) {
+        impl<$($name: KeyExtractor<Keys = String>),+> KeyExtractor for ($($name,)+) {
+            type Keys = String;
+            type Body = reads!($($name),+);
+
             #[allow(non_snake_case)]
-            fn key(&self, parts: &mut Parts) -> Result<Option<String>, KeyRejection> {
+            fn keys(&self, parts: &mut Parts, body: &[u8]) -> Result<Option<String>, KeyRejection> {
                 let ($($name,)+) = self;
                 let mut joined: Option<Resource> = None;
                 let mut missing = false;
                 $(
-                    match $name.key(parts)? {
+                    match $name.keys(parts, body)? {
                         None => missing = true,
                         Some(part) if part.is_empty() => {
                             return Err(KeyRejection::invalid(format!(
@@ -370,6 +510,12 @@ macro_rules! tuple_key {
             }
 
             #[allow(non_snake_case)]
+            fn body_limit(&self) -> Option<usize> {
+                let ($($name,)+) = self;
+                [$($name.body_limit()),+].into_iter().max().flatten()
+            }
+
+            #[allow(non_snake_case)]
             fn describe(&self) -> String {
                 let ($($name,)+) = self;
                 [$($name.describe()),+].join(" and ")
@@ -383,264 +529,4 @@ tuple_key!(K1, K2, K3);
 tuple_key!(K1, K2, K3, K4);
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::http::problem::ProblemKind;
-    use bytes::Bytes;
-    use http::Method;
-    use http_body_util::BodyExt;
-
-    fn parts(uri: &str, headers: &[(&str, &[u8])]) -> Parts {
-        let mut builder = Request::builder().method(Method::POST).uri(uri);
-        for (name, value) in headers {
-            builder = builder.header(*name, *value);
-        }
-        builder.body(()).unwrap().into_parts().0
-    }
-
-    #[test]
-    fn validation() {
-        assert!(validate("abc-123_~!", 255).is_ok());
-        assert!(validate("", 255).is_err());
-        assert!(validate(&"a".repeat(255), 255).is_ok());
-        assert!(validate(&"a".repeat(256), 255).is_err());
-        for good in ["a b", "é", "\u{fffd}", "日本", "\"quoted\""] {
-            assert!(validate(good, 255).is_ok(), "{good:?}");
-        }
-        for bad in ["a\tb", "a\nb", "\0", "a\u{7f}", "a\u{85}"] {
-            assert!(validate(bad, 255).is_err(), "{bad:?}");
-        }
-        // The limit counts bytes, not characters.
-        assert!(validate(&"é".repeat(128), 255).is_err());
-    }
-
-    #[test]
-    fn header_values() {
-        let key = header("Idempotency-Key");
-        assert_eq!(key.name(), "idempotency-key");
-        assert_eq!(key.key(&mut parts("/", &[])).unwrap(), None);
-        assert_eq!(
-            key.key(&mut parts("/", &[("idempotency-key", b"k1")]))
-                .unwrap()
-                .as_deref(),
-            Some("k1")
-        );
-        let twice = key
-            .key(&mut parts(
-                "/",
-                &[("idempotency-key", b"a"), ("idempotency-key", b"b")],
-            ))
-            .unwrap_err();
-        assert_eq!(twice.kind(), ProblemKind::KeyInvalid);
-        // Bytes that are not UTF-8 are refused, never folded into U+FFFD (two values
-        // would then name one lock); UTF-8 is a key like any other.
-        let odd = key
-            .key(&mut parts("/", &[("idempotency-key", b"a\xffb")]))
-            .unwrap_err();
-        assert_eq!(odd.kind(), ProblemKind::KeyInvalid);
-        assert_eq!(
-            key.key(&mut parts("/", &[("idempotency-key", "é".as_bytes())]))
-                .unwrap()
-                .as_deref(),
-            Some("é")
-        );
-    }
-
-    #[test]
-    fn idempotency_keys_are_structured_field_strings() {
-        let key = header("Idempotency-Key");
-        let get = |value: &str| key.key(&mut parts("/", &[("idempotency-key", value.as_bytes())]));
-        assert_eq!(
-            get(r#""8e03978e-40d5""#).unwrap().as_deref(),
-            Some("8e03978e-40d5")
-        );
-        assert_eq!(
-            get("8e03978e-40d5").unwrap().as_deref(),
-            Some("8e03978e-40d5")
-        );
-        assert_eq!(
-            get(r#""a \"b\" \\c""#).unwrap().as_deref(),
-            Some(r#"a "b" \c"#)
-        );
-        assert_eq!(get(r#""""#).unwrap().as_deref(), Some(""));
-        for bad in [r#"""#, r#""abc"#, r#""a"b"#, r#""a\b""#, r#""a\""#, "\"é\""] {
-            assert_eq!(
-                get(bad).unwrap_err().kind(),
-                ProblemKind::KeyInvalid,
-                "{bad}"
-            );
-        }
-        // Other headers are taken as they are, unless asked.
-        let other = |h: Header| {
-            h.key(&mut parts("/", &[("x-key", br#""k""#)]))
-                .unwrap()
-                .unwrap()
-        };
-        assert_eq!(other(header("x-key")), r#""k""#);
-        assert_eq!(other(header("x-key").sf_string(true)), "k");
-        assert_eq!(
-            header("Idempotency-Key")
-                .sf_string(false)
-                .key(&mut parts("/", &[("idempotency-key", br#""k""#)]))
-                .unwrap()
-                .as_deref(),
-            Some(r#""k""#)
-        );
-    }
-
-    #[test]
-    #[should_panic(expected = "invalid header name")]
-    fn bad_header_names_panic() {
-        let _ = header("not a header");
-    }
-
-    #[test]
-    fn query_params() {
-        let key = query_param("key");
-        let get = |uri: &str| key.key(&mut parts(uri, &[]));
-        assert_eq!(get("/").unwrap(), None);
-        assert_eq!(get("/?other=1").unwrap(), None);
-        assert_eq!(get("/?a=1&key=x%2Fy&b").unwrap().as_deref(), Some("x/y"));
-        assert_eq!(get("/?k%65y=v").unwrap().as_deref(), Some("v"));
-        assert_eq!(get("/?key").unwrap().as_deref(), Some(""));
-        assert_eq!(get("/?key=a+b").unwrap().as_deref(), Some("a b"));
-        assert_eq!(get("/?key=100%").unwrap().as_deref(), Some("100%"));
-        assert_eq!(
-            get("/?key=1&key=2").unwrap_err().kind(),
-            ProblemKind::KeyInvalid
-        );
-        assert_eq!(
-            get("/?key=%FF").unwrap_err().kind(),
-            ProblemKind::KeyInvalid
-        );
-    }
-
-    #[test]
-    fn tuples_join_without_collisions() {
-        let pair = (header("a"), header("b"));
-        let key = |a: &str, b: &str| {
-            pair.key(&mut parts("/", &[("a", a.as_bytes()), ("b", b.as_bytes())]))
-                .unwrap()
-                .unwrap()
-        };
-        assert_ne!(key("ab", "c"), key("a", "bc"));
-        assert_ne!(key("a:b", "c"), key("a", "b:c"));
-        assert_eq!(key("ab", "c"), "ab:c");
-        assert_eq!(pair.key(&mut parts("/", &[("a", b"x")])).unwrap(), None);
-        let empty = pair
-            .key(&mut parts("/", &[("a", b""), ("b", b"x")]))
-            .unwrap_err();
-        assert_eq!(empty.kind(), ProblemKind::KeyInvalid);
-
-        let triple = (header("a"), header("b"), query_param("c"));
-        assert_eq!(
-            triple
-                .key(&mut parts("/?c=3", &[("a", b"1"), ("b", b"2")]))
-                .unwrap()
-                .as_deref(),
-            Some("1:2:3")
-        );
-        assert_eq!(
-            KeyFromParts::describe(&triple),
-            "the `a` header and the `b` header and the `c` query parameter"
-        );
-    }
-
-    #[test]
-    fn closures_and_fallbacks() {
-        let method = |parts: &Parts| Some(parts.method.to_string());
-        assert_eq!(
-            method.key(&mut parts("/", &[])).unwrap().as_deref(),
-            Some("POST")
-        );
-        let shopify = webhook::shopify();
-        let get = |headers: &[(&str, &[u8])]| shopify.key(&mut parts("/", headers)).unwrap();
-        assert_eq!(get(&[]), None);
-        assert_eq!(get(&[("x-shopify-webhook-id", b"w")]).as_deref(), Some("w"));
-        assert_eq!(
-            get(&[("x-shopify-webhook-id", b"w"), ("x-shopify-event-id", b"e")]).as_deref(),
-            Some("e")
-        );
-        assert_eq!(
-            webhook::github()
-                .key(&mut parts("/", &[("X-GitHub-Delivery", b"d")]))
-                .unwrap()
-                .as_deref(),
-            Some("d")
-        );
-    }
-
-    #[tokio::test]
-    async fn json_fields() {
-        let field = json_field("/data/id");
-        let extract = |body: &'static str| {
-            let request = Request::new(http_body_util::Full::new(Bytes::from(body)));
-            KeyExtractor::extract(&field, request)
-        };
-        let (request, key) = extract(r#"{"data":{"id":"evt_1"}}"#).await.unwrap();
-        assert_eq!(key.as_deref(), Some("evt_1"));
-        let body = request.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(body, r#"{"data":{"id":"evt_1"}}"#);
-        assert_eq!(
-            extract(r#"{"data":{"id":42}}"#).await.unwrap().1.as_deref(),
-            Some("42")
-        );
-        assert_eq!(
-            extract(r#"{"data":{"id":-1.5}}"#)
-                .await
-                .unwrap()
-                .1
-                .as_deref(),
-            Some("-1.5")
-        );
-        assert_eq!(extract(r#"{"data":{"id":null}}"#).await.unwrap().1, None);
-        assert_eq!(extract(r#"{"data":{}}"#).await.unwrap().1, None);
-        assert_eq!(extract(r#"[1]"#).await.unwrap().1, None);
-        assert_eq!(
-            extract(r#"{"data":{"id":true}}"#).await.unwrap_err().kind(),
-            ProblemKind::KeyInvalid
-        );
-        assert_eq!(
-            extract("id=1").await.unwrap_err().kind(),
-            ProblemKind::BodyNotJson
-        );
-        assert_eq!(
-            extract("").await.unwrap_err().kind(),
-            ProblemKind::BodyNotJson
-        );
-    }
-
-    #[tokio::test]
-    async fn json_bodies_over_the_limit() {
-        let field = json_field("/id").limit(8);
-        // Known size: refused before reading.
-        let request = Request::new(http_body_util::Full::new(Bytes::from(r#"{"id":"123456"}"#)));
-        let err = KeyExtractor::extract(&field, request).await.unwrap_err();
-        assert_eq!(err.kind(), ProblemKind::BodyTooLarge);
-        // Unknown size: refused while reading.
-        let chunks =
-            futures_util::stream::iter(["{\"id\"", ":\"1234", "56\"}"].map(|c| {
-                Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from(c)))
-            }));
-        let request = Request::new(http_body_util::StreamBody::new(chunks));
-        let (parts, body) = request.into_parts();
-        let err = read_limited(body, 8).await.unwrap_err();
-        assert_eq!(err.kind(), ProblemKind::BodyTooLarge);
-        drop(parts);
-        // Several chunks within the limit are joined.
-        let chunks =
-            futures_util::stream::iter(["{\"id\"", ":1}"].map(|c| {
-                Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from(c)))
-            }));
-        let bytes = read_limited(http_body_util::StreamBody::new(chunks), 64)
-            .await
-            .unwrap();
-        assert_eq!(bytes, "{\"id\":1}");
-    }
-
-    #[test]
-    #[should_panic(expected = "JSON Pointer")]
-    fn bad_pointers_panic() {
-        let _ = json_field("id");
-    }
-}
+mod tests;

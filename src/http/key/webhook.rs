@@ -1,7 +1,7 @@
 //! Keys of well-known webhook senders: each delivery is processed once at a time, so
 //! a retried delivery waits for (or is refused during) the first one.
 
-use super::{header, json_field, Header, JsonField, KeyFromParts, Or};
+use super::{header, json_field, Header, JsonField, KeyExtractor, Or};
 
 /// GitHub: the `X-GitHub-Delivery` header (a GUID per delivery, kept on redelivery).
 pub fn github() -> Header {

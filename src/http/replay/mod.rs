@@ -113,7 +113,6 @@
 //! - Under [`Unavailable::FailOpen`](super::Unavailable::FailOpen), a request that runs
 //!   without a lock is neither replayed nor recorded.
 
-mod extract;
 mod fingerprint;
 mod steps;
 mod stored;
@@ -126,25 +125,45 @@ use bytes::Bytes;
 use http::header::{HeaderName, CONTENT_TYPE, LOCATION};
 use http::request::Parts;
 use http::{Method, StatusCode};
-use sha2::{Digest, Sha256};
 
-use super::key::{KeyFromParts, KeyRejection};
-use crate::Resource;
+use super::key::{HeadOnly, KeyExtractor, KeyRejection};
 
-pub use extract::Replaying;
 pub use fingerprint::Fingerprint;
-pub(crate) use steps::{critical, lookup, ReplayStep};
+pub(crate) use steps::ReplayStep;
 
 /// The header added to replayed responses: `Idempotent-Replayed: true`.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// The default [`Replay::retention`]: 24 hours.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// The default [`Replay::max_body`] and [`Replay::max_request_body`]: 1 MiB.
-pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+const DEFAULT_MAX_BODY: usize = 1024 * 1024;
 
 type ClientFn = Arc<dyn Fn(&mut Parts) -> Result<Option<String>, KeyRejection> + Send + Sync>;
+
+/// The key extractor of a replaying layer, made by
+/// [`LockLayer::replay`](super::LockLayer::replay): the layer's own, which finds one key;
+/// the layer reads the request body for the fingerprint when it covers the body.
+#[derive(Debug, Clone)]
+pub struct Replaying<K>(pub K);
+
+impl<K: KeyExtractor<Keys = String>> KeyExtractor for Replaying<K> {
+    type Keys = String;
+    type Body = Bytes;
+
+    fn keys(&self, parts: &mut Parts, body: &[u8]) -> Result<Option<String>, KeyRejection> {
+        self.0.keys(parts, body)
+    }
+
+    fn body_limit(&self) -> Option<usize> {
+        self.0.body_limit()
+    }
+
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+}
 
 /// Idempotent replay for [`LockLayer::replay`](super::LockLayer::replay); see the
 /// [module documentation](self) for the behaviour.
@@ -205,9 +224,13 @@ impl Replay {
     /// The other settings are the defaults: records kept 24 h, bodies up to 1 MiB,
     /// headers `Content-Type` and `Location`, statuses of [`stored_by_default`], the
     /// default [`Fingerprint`], [`UnknownOutcome::ReexecuteAfter`] the lock's ttl.
-    pub fn per_client<T: KeyFromParts>(client: T) -> Self {
+    pub fn per_client<T>(client: T) -> Self
+    where
+        T: KeyExtractor<Keys = String>,
+        T::Body: HeadOnly,
+    {
         let describe = client.describe();
-        let find: ClientFn = Arc::new(move |parts: &mut Parts| client.key(parts));
+        let find: ClientFn = Arc::new(move |parts: &mut Parts| client.keys(parts, &[]));
         Replay::with_client(Some((find, describe)))
     }
 
@@ -391,7 +414,7 @@ pub(crate) struct ReplaySettings {
     pub(super) max_request_body: usize,
     pub(super) fingerprint: Fingerprint,
     pub(super) client: Option<(ClientFn, String)>,
-    pub(super) methods: Vec<Method>,
+    pub(crate) methods: Vec<Method>,
 }
 
 impl ReplaySettings {
@@ -445,30 +468,6 @@ impl fmt::Debug for ReplaySettings {
     }
 }
 
-/// What the key extractor learned for replay, carried in the request extensions to the
-/// response future (which removes it before the handler runs).
-#[derive(Clone)]
-pub(crate) struct ReplayRequest {
-    pub(crate) fingerprint: Bytes,
-    /// The client, for [`Replay::per_client`].
-    pub(super) client: Option<String>,
-}
-
-impl ReplayRequest {
-    /// The resource of this request's lock and record: with a client, one more part,
-    /// the client's SHA-256.
-    pub(crate) fn scope(&self, resource: Resource) -> Resource {
-        match &self.client {
-            None => resource,
-            Some(client) => {
-                let digest = Sha256::digest(client.as_bytes());
-                let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-                resource.join("client").join(hex)
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,21 +483,5 @@ mod tests {
                 "{no}"
             );
         }
-    }
-
-    #[test]
-    fn clients_scope_resources_without_revealing_them() {
-        let resource = Resource::new("POST").join("/pay").join("k");
-        let of = |client: Option<&str>| {
-            ReplayRequest {
-                fingerprint: Bytes::new(),
-                client: client.map(str::to_owned),
-            }
-            .scope(resource.clone())
-        };
-        assert_eq!(of(None), resource);
-        let alice = of(Some("Bearer alice"));
-        assert_ne!(alice, of(Some("Bearer bob")));
-        assert!(!alice.as_str().contains("alice"));
     }
 }

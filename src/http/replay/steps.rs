@@ -1,6 +1,6 @@
-//! The replaying path of a request, in order: the record looked up before locking
-//! (a completed one is answered at once), the lock taken, the record claimed under the
-//! lease, the handler run, and its response recorded under the lease before it is
+//! Replay's steps on the layer's one path, in order: the record looked up before
+//! locking (a completed one is answered at once), claimed under the lease before the
+//! handler runs, and the handler's response recorded under the lease before it is
 //! sent. See the [module documentation](super) for why each step is where it is.
 
 use std::sync::Arc;
@@ -10,280 +10,338 @@ use http::header::HeaderValue;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt;
-use tower_service::Service;
 use tracing::Span;
 
-use super::super::body::LeaseBody;
-use super::super::extensions::{InterruptedAttempt, LeaseLost};
-use super::super::policy::OnLost;
-use super::super::problem::{self, lock_error_problem};
-use super::super::run::{call_locked, finish, finish_with, refuse, Called};
-use super::super::settings::Settings;
+use http::request::Parts;
+use sha2::{Digest, Sha256};
+
 use super::stored::StoredResponse;
 use super::{ReplaySettings, IDEMPOTENT_REPLAYED};
+use crate::http::body::LeaseBody;
+use crate::http::extensions::{InterruptedAttempt, LeaseLost};
+use crate::http::key::{KeyRejection, Read};
+use crate::http::layer::Settings;
+use crate::http::policy::{matched_path_in, OnLost};
+use crate::http::problem::{self, lock_error_problem, ProblemKind};
+use crate::http::section::{finish, finish_with, refuse};
 use crate::lock::record;
 use crate::node::Record;
 use crate::record::Claim;
 use crate::LockError;
 use crate::{metrics, Lease, LeaseHandle, Resource};
 
-/// What the critical section of a replaying request needs besides the lease.
+/// A replaying request's steps on the layer's one path: [`start`](Self::start) with the
+/// keys, [`lookup`](Self::lookup) before the lock, [`claim`](Self::claim) under the
+/// lease before the handler, [`record`](Self::record) under the lease after it.
 pub(crate) struct ReplayStep {
-    pub(crate) policy: Arc<ReplaySettings>,
+    policy: Arc<ReplaySettings>,
     /// What the record must match.
-    pub(crate) fingerprint: Bytes,
-    /// The request matched a route (axum's `MatchedPath`): a 404 is the handler's.
-    pub(crate) routed: bool,
-}
-
-/// Before locking: a completed record every node holds is answered at once, without
-/// locking. A failed lookup is not final: the claim after locking reads the record again.
-pub(crate) async fn lookup<RB: Body>(
-    settings: &Settings,
-    policy: &ReplaySettings,
-    span: &Span,
-    resource: &Resource,
-    fingerprint: &Bytes,
-) -> Option<Response<LeaseBody<RB>>> {
-    match settings.locker.find_record(resource.clone()).await {
-        Ok(Some(found)) if found.everywhere => Some(answer_record(
-            settings,
-            policy,
-            span,
-            &found.record,
-            fingerprint,
-            resource,
-        )),
-        // A node lacks it (restarted empty): the claim under the lock finds it on the
-        // others, writes it back, and answers it.
-        Ok(_) => None,
-        Err(error) => {
-            tracing::debug!(%error, "record lookup failed; locking");
-            None
-        }
-    }
-}
-
-/// Under the lease: the record claimed, the handler run, its response recorded before
-/// it is sent.
-pub(crate) async fn critical<S, B, RB>(
-    settings: Arc<Settings>,
-    span: Span,
-    inner: S,
-    request: Request<B>,
-    lease: Lease,
-    step: ReplayStep,
-) -> Result<Response<LeaseBody<RB>>, S::Error>
-where
-    S: Service<Request<B>, Response = Response<RB>>,
-    RB: Body,
-{
-    let (settings, span) = (&*settings, &span);
-    let handle = lease.handle();
-    let ReplayStep {
-        policy,
-        fingerprint,
-        routed,
-    } = step;
-    let policy = &*policy;
-    let resource = handle.resource().clone();
-    span.record("token", handle.fencing_token().get());
-    tracing::debug!(token = %handle.fencing_token(), "lease acquired; claiming the record");
-    let claimed = record::claim_owned(
-        handle.clone(),
-        fingerprint.clone(),
-        policy.pending_ttl(),
-        policy.unknown_for,
-        Some(policy.retention),
-    )
-    .await;
-    let mut request = request;
-    match claimed {
-        Ok(Claim::Claimed) => {}
-        Ok(Claim::Reclaimed { interrupted }) => {
-            tracing::warn!(%interrupted, "an earlier attempt with this key was interrupted: running again, the handler is told");
-            request
-                .extensions_mut()
-                .insert(InterruptedAttempt::new(interrupted));
-        }
-        Ok(Claim::Completed(record)) => {
-            lease.release().await;
-            return Ok(answer_record(
-                settings,
-                policy,
-                span,
-                &record,
-                &fingerprint,
-                &resource,
-            ));
-        }
-        Ok(Claim::Unknown { retry_after }) => {
-            lease.release().await;
-            tracing::warn!(
-                ?retry_after,
-                "an earlier request with this key was interrupted: outcome unknown"
-            );
-            let problem = problem::outcome_unknown(retry_after, resource);
-            return Ok(refuse(settings, span, problem));
-        }
-        Err(error) => {
-            lease.release().await;
-            return Ok(refuse(settings, span, lock_error_problem(&error, resource)));
-        }
-    }
-    let response = match call_locked(settings, span, inner, request, &handle).await? {
-        Called::Answered(response) => response,
-        // The pending marker stays: the outcome is unknown.
-        Called::Stopped(response) => return Ok(response),
-    };
-    if !handle.is_held() {
-        // Lost: an attempt whose outcome is unknown keeps its pending marker.
-        return Ok(finish(settings, span, response, Some(lease), Some(handle)).await);
-    }
-    Ok(record_or_settle(
-        settings,
-        policy,
-        span,
-        response,
-        lease,
-        handle,
-        fingerprint,
-        routed,
-    )
-    .await)
-}
-
-/// After the handler answered under a live lease: read the body and record it, or (a
-/// status not worth keeping, a response routing produced, a body known to be too
-/// large) remove the pending marker and answer as usual.
-#[allow(clippy::too_many_arguments)]
-async fn record_or_settle<RB: Body>(
-    settings: &Settings,
-    policy: &ReplaySettings,
-    span: &Span,
-    response: Response<RB>,
-    lease: Lease,
-    handle: LeaseHandle,
     fingerprint: Bytes,
+    /// The client, for [`Replay::per_client`](super::Replay::per_client).
+    client: Option<String>,
+    /// The request matched a route (axum's `MatchedPath`): a 404 is the handler's.
     routed: bool,
-) -> Response<LeaseBody<RB>> {
-    let status = response.status();
-    let too_large = response.body().size_hint().lower() > policy.max_body as u64;
-    // The router answers 405 for a method the route lacks (under `MethodRouter::layer`
-    // or `Router::layer`), and 404 from its fallback, where no route matched: neither
-    // is the outcome of the request, and replaying them for 24 h would only hide the
-    // route. A handler's own 404 on a matched route is kept.
-    let by_routing =
-        status == StatusCode::METHOD_NOT_ALLOWED || (status == StatusCode::NOT_FOUND && !routed);
-    if by_routing || !(policy.store_if)(status) || too_large {
-        if by_routing {
-            tracing::debug!(%status, "the router's answer, not the handler's: not recorded for replay");
-        } else if too_large {
+}
+
+impl ReplayStep {
+    /// The client (400 `key-missing` without one, when the records are per client) and
+    /// the fingerprint of the request, reading its body (413 over the replay's limit)
+    /// unless the key extractor read it already (`read`, into `bytes`).
+    pub(crate) async fn start<R: Read<B>, B: Send + 'static>(
+        policy: &Arc<ReplaySettings>,
+        parts: &mut Parts,
+        body: B,
+        bytes: &mut Bytes,
+        read: bool,
+    ) -> Result<(ReplayStep, B), KeyRejection> {
+        let client = match &policy.client {
+            None => None,
+            Some((find, describe)) => match find(parts)? {
+                Some(client) => Some(client),
+                None => {
+                    return Err(KeyRejection::missing(format!(
+                        "idempotency keys on this route are kept per client, and the request \
+                     names none (expected {describe})"
+                    )))
+                }
+            },
+        };
+        let limit = policy.max_request_body;
+        let too_large = || {
+            KeyRejection::with_kind(
+                ProblemKind::BodyTooLarge,
+                format!(
+                    "the body is larger than {limit} bytes, the limit for an idempotent request"
+                ),
+            )
+        };
+        let mut body = body;
+        if policy.fingerprint.reads_body() {
+            if read && bytes.len() > limit {
+                return Err(too_large());
+            }
+            if !read {
+                let head = std::mem::replace(parts, Request::new(()).into_parts().0);
+                let (request, read) = R::read(Request::from_parts(head, body), limit)
+                    .await
+                    .map_err(|rejection| match rejection.kind() {
+                        ProblemKind::BodyTooLarge => too_large(),
+                        _ => rejection,
+                    })?;
+                let (head, rebuilt) = request.into_parts();
+                (*parts, body, *bytes) = (head, rebuilt, read);
+            }
+        }
+        let step = ReplayStep {
+            fingerprint: policy.fingerprint.compute(parts, bytes)?,
+            policy: policy.clone(),
+            client,
+            routed: matched_path_in(&parts.extensions).is_some(),
+        };
+        Ok((step, body))
+    }
+
+    /// The resource of this request's lock and record: with a client, one more part,
+    /// the client's SHA-256.
+    pub(crate) fn scope(&self, resource: Resource) -> Resource {
+        match &self.client {
+            None => resource,
+            Some(client) => {
+                let digest = Sha256::digest(client.as_bytes());
+                let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+                resource.join("client").join(hex)
+            }
+        }
+    }
+
+    /// Before locking: a completed record every node holds is answered at once,
+    /// without locking. A failed lookup is not final: the claim reads the record again.
+    pub(crate) async fn lookup<RB: Body>(
+        &self,
+        settings: &Settings,
+        span: &Span,
+        resource: &Resource,
+    ) -> Option<Response<LeaseBody<RB>>> {
+        match settings.locker.find_record(resource.clone()).await {
+            Ok(Some(found)) if found.everywhere => {
+                Some(self.answer(settings, span, &found.record, resource))
+            }
+            // A node lacks it (restarted empty): the claim under the lock finds it on
+            // the others, writes it back, and answers it.
+            Ok(_) => None,
+            Err(error) => {
+                tracing::debug!(%error, "record lookup failed; locking");
+                None
+            }
+        }
+    }
+
+    /// Under the lease, before the handler: the record claimed. `None`: the handler
+    /// runs (told of an interrupted attempt in `extensions`); else the answer, a
+    /// recorded response or a refusal, and the lease is to be released.
+    pub(crate) async fn claim<RB: Body>(
+        &self,
+        settings: &Settings,
+        span: &Span,
+        handle: &LeaseHandle,
+        extensions: &mut http::Extensions,
+    ) -> Option<Response<LeaseBody<RB>>> {
+        let policy = &*self.policy;
+        let resource = handle.resource();
+        tracing::debug!(token = %handle.fencing_token(), "lease acquired; claiming the record");
+        let claimed = record::claim_owned(
+            handle.clone(),
+            self.fingerprint.clone(),
+            policy.pending_ttl(),
+            policy.unknown_for,
+            Some(policy.retention),
+        )
+        .await;
+        let problem = match claimed {
+            Ok(Claim::Claimed) => return None,
+            Ok(Claim::Reclaimed { interrupted }) => {
+                tracing::warn!(%interrupted, "an earlier attempt with this key was interrupted: running again, the handler is told");
+                extensions.insert(InterruptedAttempt::new(interrupted));
+                return None;
+            }
+            Ok(Claim::Completed(record)) => {
+                return Some(self.answer(settings, span, &record, resource))
+            }
+            Ok(Claim::Unknown { retry_after }) => {
+                tracing::warn!(
+                    ?retry_after,
+                    "an earlier request with this key was interrupted: outcome unknown"
+                );
+                problem::outcome_unknown(retry_after, resource.clone())
+            }
+            Err(error) => lock_error_problem(&error, resource.clone()),
+        };
+        Some(refuse(settings, span, problem))
+    }
+
+    /// Under a live lease, after the handler answered: the response read and recorded
+    /// before it is sent, or (a status not worth keeping, a response routing produced,
+    /// a body known to be too large) the pending marker removed and the answer made as
+    /// usual.
+    pub(crate) async fn record<RB: Body>(
+        self,
+        settings: &Settings,
+        span: &Span,
+        response: Response<RB>,
+        lease: Lease,
+        handle: LeaseHandle,
+    ) -> Response<LeaseBody<RB>> {
+        let (policy, fingerprint, routed) = (&*self.policy, self.fingerprint, self.routed);
+        let status = response.status();
+        let too_large = response.body().size_hint().lower() > policy.max_body as u64;
+        // The router answers 405 for a method the route lacks (under `MethodRouter::layer`
+        // or `Router::layer`), and 404 from its fallback, where no route matched: neither
+        // is the outcome of the request, and replaying them for 24 h would only hide the
+        // route. A handler's own 404 on a matched route is kept.
+        let by_routing = status == StatusCode::METHOD_NOT_ALLOWED
+            || (status == StatusCode::NOT_FOUND && !routed);
+        if by_routing || !(policy.store_if)(status) || too_large {
+            if by_routing {
+                tracing::debug!(%status, "the router's answer, not the handler's: not recorded for replay");
+            } else if too_large {
+                tracing::warn!(
+                    limit = policy.max_body,
+                    "response body larger than the replay limit: sent, not recorded"
+                );
+            } else {
+                tracing::debug!(%status, "status not recorded for replay: the next request runs again");
+            }
+            settle(&handle).await;
+            return finish(settings, span, response, Some(lease), Some(handle)).await;
+        }
+        let (parts, body) = response.into_parts();
+        let mut body = Box::pin(body);
+        let mut buffer = BytesMut::new();
+        let mut trailers = None;
+        let mut failed = false;
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else {
+                failed = true;
+                break;
+            };
+            match frame.into_data() {
+                Ok(data) => {
+                    buffer.put(data);
+                    if buffer.len() > policy.max_body || body.is_end_stream() {
+                        break;
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(found) = frame.into_trailers() {
+                        trailers = Some(found);
+                        break;
+                    }
+                }
+            }
+        }
+        if failed {
+            tracing::warn!("the response body failed while it was read for recording");
+            settle(&handle).await;
+            drop(lease);
+            let problem = problem::response_failed(handle.resource().clone());
+            return refuse(settings, span, problem);
+        }
+        if buffer.len() > policy.max_body {
             tracing::warn!(
                 limit = policy.max_body,
                 "response body larger than the replay limit: sent, not recorded"
             );
-        } else {
-            tracing::debug!(%status, "status not recorded for replay: the next request runs again");
+            settle(&handle).await;
+            let prefix = buffer.freeze();
+            let abort = settings.on_lost == OnLost::Abort;
+            return finish_with(
+                settings,
+                span,
+                parts,
+                Some(lease),
+                Some(handle),
+                settings.hold_through_body,
+                |lease| LeaseBody::rest(prefix, body, lease, abort),
+            )
+            .await;
         }
-        settle(&handle).await;
-        return finish(settings, span, response, Some(lease), Some(handle)).await;
-    }
-    let (parts, body) = response.into_parts();
-    let mut body = Box::pin(body);
-    let mut buffer = BytesMut::new();
-    let mut trailers = None;
-    let mut failed = false;
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            failed = true;
-            break;
-        };
-        match frame.into_data() {
-            Ok(data) => {
-                buffer.put(data);
-                if buffer.len() > policy.max_body || body.is_end_stream() {
-                    break;
-                }
-            }
-            Err(frame) => {
-                if let Ok(found) = frame.into_trailers() {
-                    trailers = Some(found);
-                    break;
-                }
+        let bytes = buffer.freeze();
+        let stored =
+            StoredResponse::new(parts.status, &parts.headers, &policy.headers, bytes.clone());
+        let stored = record::store_owned(
+            handle.clone(),
+            fingerprint,
+            stored.encode(),
+            policy.retention,
+        )
+        .await;
+        match &stored {
+            Ok(()) => tracing::debug!("response recorded for replay"),
+            Err(error) => {
+                tracing::warn!(%error, "response sent but not recorded: the key answers outcome-unknown for a while");
             }
         }
-    }
-    if failed {
-        tracing::warn!("the response body failed while it was read for recording");
-        settle(&handle).await;
-        drop(lease);
-        let problem = problem::response_failed(handle.resource().clone());
-        return refuse(settings, span, problem);
-    }
-    if buffer.len() > policy.max_body {
-        tracing::warn!(
-            limit = policy.max_body,
-            "response body larger than the replay limit: sent, not recorded"
-        );
-        settle(&handle).await;
-        let prefix = buffer.freeze();
-        let abort = settings.on_lost == OnLost::Abort;
-        return finish_with(
+        let body = LeaseBody::recorded(bytes, trailers);
+        // Nothing is left to do under the lease: release it now, so a waiter gets the
+        // record without waiting for the body to be sent.
+        let mut response = finish_with(
             settings,
             span,
             parts,
             Some(lease),
             Some(handle),
-            settings.hold_through_body,
-            |lease| LeaseBody::rest(prefix, body, lease, abort),
+            false,
+            |_| body,
         )
         .await;
-    }
-    let bytes = buffer.freeze();
-    let stored = StoredResponse::new(parts.status, &parts.headers, &policy.headers, bytes.clone());
-    let stored = record::store_owned(
-        handle.clone(),
-        fingerprint,
-        stored.encode(),
-        policy.retention,
-    )
-    .await;
-    match &stored {
-        Ok(()) => tracing::debug!("response recorded for replay"),
-        Err(error) => {
-            tracing::warn!(%error, "response sent but not recorded: the key answers outcome-unknown for a while");
+        if let Err(LockError::Lost { cause, .. }) = &stored {
+            // The nodes said so before the watchdog did.
+            if response.extensions().get::<LeaseLost>().is_none() {
+                response.extensions_mut().insert(LeaseLost(*cause));
+            }
         }
-    }
-    let body = LeaseBody::recorded(bytes, trailers);
-    // Nothing is left to do under the lease: release it now, so a waiter gets the
-    // record without waiting for the body to be sent.
-    let mut response = finish_with(
-        settings,
-        span,
-        parts,
-        Some(lease),
-        Some(handle),
-        false,
-        |_| body,
-    )
-    .await;
-    if let Err(LockError::Lost { cause, .. }) = &stored {
-        // The nodes said so before the watchdog did.
+        let outcome = if stored.is_ok() {
+            "recorded"
+        } else {
+            "not-recorded"
+        };
+        metrics::replay(outcome);
         if response.extensions().get::<LeaseLost>().is_none() {
-            response.extensions_mut().insert(LeaseLost(*cause));
+            span.record("outcome", outcome);
         }
+        response
     }
-    let outcome = if stored.is_ok() {
-        "recorded"
-    } else {
-        "not-recorded"
-    };
-    metrics::replay(outcome);
-    if response.extensions().get::<LeaseLost>().is_none() {
-        span.record("outcome", outcome);
+
+    /// The answer to a request whose key has a completed record: the recorded response
+    /// replayed, or 422 when the record answers a different request.
+    fn answer<RB: Body>(
+        &self,
+        settings: &Settings,
+        span: &Span,
+        record: &Record,
+        resource: &Resource,
+    ) -> Response<LeaseBody<RB>> {
+        if !self.policy.matches(&self.fingerprint, record.fingerprint()) {
+            metrics::replay("key-reused");
+            return refuse(settings, span, problem::key_reused(resource.clone()));
+        }
+        let Some(stored) = StoredResponse::decode(record.data().clone()) else {
+            tracing::error!(token = %record.token(), "the recorded response cannot be read");
+            return refuse(settings, span, problem::record_unreadable(resource.clone()));
+        };
+        span.record("outcome", "replayed");
+        metrics::replay("replayed");
+        tracing::debug!(token = %record.token(), status = %stored.status, "recorded response replayed");
+        let mut response = Response::new(LeaseBody::full(stored.body));
+        *response.status_mut() = stored.status;
+        *response.headers_mut() = stored.headers;
+        let headers = response.headers_mut();
+        if let (Some(name), token @ 1..) = (&settings.fencing_header, record.token().get()) {
+            headers.insert(name.clone(), HeaderValue::from(token));
+        }
+        headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        response
     }
-    response
 }
 
 /// Removes our pending marker: nothing is recorded, the next request runs again.
@@ -293,34 +351,26 @@ async fn settle(handle: &LeaseHandle) {
     }
 }
 
-/// The answer to a request whose key has a completed record: the recorded response
-/// replayed, or 422 when the record answers a different request.
-fn answer_record<ResBody: Body>(
-    settings: &Settings,
-    policy: &ReplaySettings,
-    span: &Span,
-    record: &Record,
-    fingerprint: &[u8],
-    resource: &Resource,
-) -> Response<LeaseBody<ResBody>> {
-    if !policy.matches(fingerprint, record.fingerprint()) {
-        metrics::replay("key-reused");
-        return refuse(settings, span, problem::key_reused(resource.clone()));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_scope_resources_without_revealing_them() {
+        let resource = Resource::new("POST").join("/pay").join("k");
+        let of = |client: Option<&str>| {
+            let policy = ReplaySettings::new(super::super::Replay::global(), Default::default());
+            ReplayStep {
+                policy: Arc::new(policy),
+                fingerprint: Bytes::new(),
+                client: client.map(str::to_owned),
+                routed: true,
+            }
+            .scope(resource.clone())
+        };
+        assert_eq!(of(None), resource);
+        let alice = of(Some("Bearer alice"));
+        assert_ne!(alice, of(Some("Bearer bob")));
+        assert!(!alice.as_str().contains("alice"));
     }
-    let Some(stored) = StoredResponse::decode(record.data().clone()) else {
-        tracing::error!(token = %record.token(), "the recorded response cannot be read");
-        return refuse(settings, span, problem::record_unreadable(resource.clone()));
-    };
-    span.record("outcome", "replayed");
-    metrics::replay("replayed");
-    tracing::debug!(token = %record.token(), status = %stored.status, "recorded response replayed");
-    let mut response = Response::new(LeaseBody::full(stored.body));
-    *response.status_mut() = stored.status;
-    *response.headers_mut() = stored.headers;
-    let headers = response.headers_mut();
-    if let (Some(name), token @ 1..) = (&settings.fencing_header, record.token().get()) {
-        headers.insert(name.clone(), HeaderValue::from(token));
-    }
-    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    response
 }

@@ -1,7 +1,7 @@
-//! The steps of a request through the layer, shared by every kind of request (one key,
-//! several, replaying): taking the lock under the layer's policies, the critical
-//! section (the handler under the lease), and the layer's response made from the
-//! handler's, with the lease released before the client can have read it all.
+//! The critical section of a request through the layer, one path for every kind of
+//! request (one key, several, replaying): the handler under the lease, and the layer's
+//! response made from the handler's, with the lease released before the client can have
+//! read it all.
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
@@ -15,60 +15,15 @@ use tokio::time::Instant;
 use tower_service::Service;
 use tracing::Span;
 
-use super::acquire::{take, Taken, Target};
+use super::acquire::Taken;
 use super::body::LeaseBody;
 use super::extensions::{add_request_lease, LeaseLost, Unlocked};
-use super::policy::{OnLost, Unavailable};
+use super::layer::Settings;
+use super::policy::OnLost;
 use super::problem::{self, Problem, ProblemKind};
-use super::settings::Settings;
+use super::replay::ReplayStep;
 use super::tokens::set_fencing_header;
-use crate::LockError;
 use crate::{metrics, Lease, LeaseHandle, LostCause};
-
-/// Why [`lock`] took no lease.
-pub(crate) enum NotLocked {
-    /// Answer with this problem.
-    Refused(Problem),
-    /// The store cannot decide and the layer fails open: run without a lock.
-    FailOpen,
-}
-
-/// Takes the locks of `target` as the layer's policies say, reusing what the request
-/// holds already. `replaying`: contention on the key means the first request with it
-/// is still at work, 409 `request-in-progress`.
-pub(crate) async fn lock(
-    settings: &Settings,
-    span: &Span,
-    extensions: &http::Extensions,
-    target: &Target,
-    replaying: bool,
-) -> Result<Taken, NotLocked> {
-    // The clock is read only for a span that records the wait.
-    let started = (!span.is_disabled()).then(Instant::now);
-    let taken = take(&settings.locker, settings.contention, extensions, target).await;
-    if let Some(started) = started {
-        span.record("wait_ms", started.elapsed().as_millis() as u64);
-    }
-    match taken {
-        Ok(taken) => Ok(taken),
-        Err(error @ (LockError::Held { .. } | LockError::WaitTimeout { .. })) => {
-            let problem = match replaying {
-                true => problem::in_progress(&error, target.resources[0].clone()),
-                false => target.problem(&error),
-            };
-            Err(NotLocked::Refused(settings.sections.retry_after(problem)))
-        }
-        Err(error @ (LockError::Unavailable { .. } | LockError::ValidityExpired { .. }))
-            if settings.on_unavailable == Unavailable::FailOpen =>
-        {
-            span.record("outcome", "fail-open");
-            // The loss of the quorum is logged once by the locker.
-            tracing::debug!(%error, "lock store unavailable: running without a lock (fail open)");
-            Err(NotLocked::FailOpen)
-        }
-        Err(error) => Err(NotLocked::Refused(target.problem(&error))),
-    }
-}
 
 /// Runs the handler without a lock, marked with why.
 pub(crate) async fn call_unlocked<S, B, RB>(
@@ -87,16 +42,19 @@ where
     Ok(finish(settings, span, response, None, None).await)
 }
 
-/// The critical section of a request that holds its locks: the handler under the
-/// lease, then the layer's response. It owns all it needs, so that it can run to its
-/// end after the client left ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
-/// (A replaying request's section is [`replay::critical`](super::replay::critical).)
+/// The critical section of a request that holds its locks, the one path whether or
+/// not the layer replays: with replay the record is claimed under the lease first (a
+/// response recorded meanwhile, or an unknown outcome, answers instead), then the
+/// handler runs under the lease, then its response is recorded before it is sent. It
+/// owns all it needs, so that it can run to its end after the client left
+/// ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
 pub(crate) async fn critical<S, B, RB>(
     settings: Arc<Settings>,
     span: Span,
     inner: S,
-    request: Request<B>,
+    mut request: Request<B>,
     taken: Taken,
+    replay: Option<ReplayStep>,
 ) -> Result<Response<LeaseBody<RB>>, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>>,
@@ -107,8 +65,27 @@ where
     if lease.is_none() {
         tracing::debug!(token = %handle.fencing_token(), "the request holds this lock already: reusing its lease");
     }
-    match call_locked(settings, span, inner, request, &handle).await? {
-        Called::Answered(response) if settings.problem_for_rejections => {
+    if let Some(step) = &replay {
+        span.record("token", handle.fencing_token().get());
+        let claimed = step.claim(settings, span, &handle, request.extensions_mut());
+        if let Some(answer) = claimed.await {
+            if let Some(lease) = lease {
+                lease.release().await;
+            }
+            return Ok(answer);
+        }
+    }
+    let response = match call_locked(settings, span, inner, request, &handle).await? {
+        Called::Answered(response) => response,
+        // The lease drops: lost, released in the background (with replay, the pending
+        // marker stays: the outcome is unknown).
+        Called::Stopped(response) => return Ok(response),
+    };
+    match (replay, lease) {
+        (Some(step), Some(lease)) if handle.is_held() => {
+            Ok(step.record(settings, span, response, lease, handle).await)
+        }
+        (None, lease) if settings.problem_for_rejections => {
             match problem::rejection(response).await {
                 Ok(problem) => {
                     metrics::refusal(problem.kind().code(), Some(&settings.name));
@@ -119,11 +96,8 @@ where
                 Err(response) => Ok(finish(settings, span, response, lease, Some(handle)).await),
             }
         }
-        Called::Answered(response) => {
-            Ok(finish(settings, span, response, lease, Some(handle)).await)
-        }
-        // The lease drops: lost, released in the background.
-        Called::Stopped(response) => Ok(response),
+        // A lost lease under replay keeps its pending marker: the outcome is unknown.
+        (_, lease) => Ok(finish(settings, span, response, lease, Some(handle)).await),
     }
 }
 
