@@ -83,8 +83,7 @@ pub trait LockKey: Send + Sync + 'static {
         Contention::Reject
     }
 
-    /// The longest key accepted, in bytes (default
-    /// [`DEFAULT_MAX_KEY_LEN`]).
+    /// The longest key accepted, in bytes (default 255).
     fn max_key_len() -> usize {
         DEFAULT_MAX_KEY_LEN
     }
@@ -175,7 +174,7 @@ pub trait LockSpec<S>: Send + Sync + 'static {
         Contention::Reject
     }
 
-    /// The longest key accepted, in bytes (default [`DEFAULT_MAX_KEY_LEN`]).
+    /// The longest key accepted, in bytes (default 255).
     fn max_key_len(_state: &S) -> usize {
         DEFAULT_MAX_KEY_LEN
     }
@@ -214,68 +213,31 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// An extractor that holds a lease on the lock named by `K` while the handler runs.
 ///
 /// The locker comes from the router's state (`Redlock: FromRef<S>`: the state is a
-/// [`Redlock`], or a struct with a `#[derive(FromRef)]` or a hand-written
-/// [`FromRef`] impl). The derive is behind axum's `macros` feature, which axum does not
-/// enable by default: add `axum = { version = "0.8", features = ["macros"] }` to use it,
-/// or write the impl by hand (see [`LockSpec`]'s example); without it the compiler
-/// reports that `FromRef` is not a derive macro and that `Redlock: FromRef<AppState>`
-/// does not hold. A state that gives no `Redlock` shows in a plain handler as axum's
-/// "`Handler<_, _>` is not satisfied"; `#[axum::debug_handler]` on the handler names
-/// the missing `FromRef` instead (that error is axum's trait's, so the crate cannot word
-/// it; the `guide::keys` docs show it). The key is read from the request head by
-/// [`K::extractor`](LockKey::extractor) and checked like the layer checks it; the
-/// resource is [`K::scope`](LockKey::scope)'s, and the lease is acquired as
-/// [`K::contention`](LockKey::contention) says.
+/// [`Redlock`], or a struct with `#[derive(FromRef)]`, which needs axum's `macros`
+/// feature, or a hand-written [`FromRef`] impl as in [`LockSpec`]'s example; a state
+/// without one shows as axum's "`Handler<_, _>` is not satisfied", and
+/// `#[axum::debug_handler]` names the missing `FromRef`). The keys are read from the
+/// request head by `K`'s extractor and checked, named and refused as the layer does
+/// (same resources under the same [`Scope`], same [`LockRejection`] problems, rendered by
+/// the [`problem_renderer`](crate::http::LockLayer::problem_renderer) of a layer the
+/// request passed through).
 ///
-/// `Locked` derefs to the [`LeaseHandle`]: the fencing token, the validity left, the
-/// lost signal. The lease is the extractor's own: dropping `Locked` — which happens
-/// when the handler's future ends — releases it in the background; take it with
-/// [`into_lease`](Locked::into_lease) to release it earlier and await the outcome.
-/// Unlike the layer, the extractor cannot stop the handler when the lease is lost:
-/// race the critical section against [`lost`](crate::LeaseHandle::lost), as below, and pass
-/// the fencing token to the storage.
+/// `Locked` derefs to the [`LeaseHandle`]. The lease is the extractor's own, released in
+/// the background when `Locked` drops with the handler's future, or earlier through
+/// [`into_lease`](Locked::into_lease). Unlike the layer, it cannot stop the handler when
+/// the lease is lost: race the critical section against
+/// [`lost`](crate::LeaseHandle::lost), as below, and pass the fencing token to the
+/// storage. Nor does it add a `Fencing-Token` header: return `(lock.fencing_token(),
+/// body)` ([`FencingToken`] implements `IntoResponseParts`). Put
+/// [`FinishOnDisconnectLayer`](crate::http::FinishOnDisconnectLayer) on the route so
+/// that a client hanging up does not cut the handler halfway through what it protects.
 ///
-/// **A client that hangs up.** hyper drops the handler's future when its connection
-/// closes, which would cut the handler at its next `.await` and release the lease
-/// halfway through what it protects. Put
-/// [`FinishOnDisconnectLayer`](crate::http::FinishOnDisconnectLayer) on the route: once
-/// `Locked` holds its lease, the handler then runs to its end in a task of its own.
-/// (The layer does this for its own locks by default.)
-///
-/// **Several keys.** With a multi-key extractor every key names a resource of its own,
-/// and all are acquired together as one lease (in a canonical order, so two requests
-/// naming the same resources in opposite orders never deadlock); read each one's token
-/// with [`fencing_token_of`](Locked::fencing_token_of). A held member is refused with
-/// 409 naming it.
-///
-/// **Reentrancy.** Resources this request already holds — a
-/// [`LockLayer`](crate::http::LockLayer) on the route, or another `Locked` in the same
-/// handler, with the same locker and so the same resource names — are not acquired
-/// again: `Locked` reuses the request's lease ([`RequestLeases`](crate::http::RequestLeases)) instead of waiting
-/// for itself, and acquires only what the request does not hold yet. A reused lease
-/// stays its owner's: [`lease`](Locked::lease) is `None` when nothing was left to
-/// acquire.
-///
-/// Nor does it add a `Fencing-Token` header by itself: the handler's response is built
-/// after the extractor ran. Return the token with the response — [`FencingToken`](crate::FencingToken)(crate::FencingToken)
-/// implements [`IntoResponseParts`](::axum::response::IntoResponseParts) — as `(lock.fencing_token(), body)`, and the
-/// response carries `Fencing-Token: <n>` like the layer's.
-///
-/// The key's settings are `K`'s: a [`LockKey`] fixes them in the code, a [`LockSpec`]
-/// reads them from the state on every request.
-///
-/// Refusals, all as [`LockRejection`] with the layer's problem bodies: 400
-/// `key-missing` / `key-invalid`, 409 `lock-held` / `lock-wait-timeout`, 503
-/// `lock-unavailable` / `lock-queue-full`; rendered by the
-/// [`problem_renderer`](crate::http::LockLayer::problem_renderer) of a `LockLayer` the
-/// request passed through, else by [`DefaultRenderer`](crate::http::problem::DefaultRenderer).
-///
-/// The lock is taken when the extractor runs, before the body is read: a body
-/// extractor (`Json<T>`) is the handler's last argument and runs after every
-/// `FromRequestParts` one. A request refused for its body has held the lock for
-/// nothing; where that matters, check the body in a middleware in front of the route
-/// (`axum::middleware::from_fn`), or take the lock by hand
-/// ([`Redlock::try_acquire`](crate::Redlock::try_acquire)) once `Json<T>` has parsed it.
+/// Several keys are acquired together as one lease ([`fencing_token_of`](Locked::fencing_token_of)
+/// reads each one's token). Resources the request already holds (a layer's lease, or
+/// another `Locked`'s, from the same locker) are reused rather than waited for:
+/// [`lease`](Locked::lease) is `None` when nothing was left to acquire. The lock is
+/// taken before a body extractor (`Json<T>`, the last argument) reads the body: a
+/// request refused for its body held the lock for nothing.
 ///
 /// ```
 /// use axum::{extract::{FromRef, State}, http::StatusCode, routing::post, Json, Router};

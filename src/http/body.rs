@@ -13,15 +13,14 @@ use pin_project::pin_project;
 use super::extensions::LeaseLost;
 use crate::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
 
-/// The error type of [`LeaseBody`]: the handler body's own error, or [`LeaseLost`]
-/// when the lease was lost while the body was produced under
-/// [`OnLost::Abort`](super::OnLost::Abort). Downcast it to tell them apart.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The error type of [`LeaseBody`].
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 type Pending<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The response body of [`LockService`](super::LockService): the handler's body,
-/// holding the lease until it ends, or a problem body of the layer.
+/// holding the lease until it ends, or a problem body of the layer. Its error is the
+/// handler body's own, or [`LeaseLost`] (downcast it to tell them apart).
 ///
 /// The lease is released **before** the body's end is handed on, so a client that has
 /// read the whole response finds the lock free. A handler's body of known length up to
@@ -48,11 +47,9 @@ enum Kind<B: Body> {
         body: B,
         hold: Option<Hold<B::Data>>,
     },
-    Problem {
-        bytes: Option<Bytes>,
-    },
-    /// A complete body read by the layer (idempotent replay), and its trailers.
-    Recorded {
+    /// A complete body: a problem's, or the handler's read by the layer, and its
+    /// trailers.
+    Full {
         bytes: Option<Bytes>,
         trailers: Option<HeaderMap>,
     },
@@ -188,17 +185,13 @@ impl<B: Body> LeaseBody<B> {
 
     /// A complete body of `bytes`, as the layer's problem responses have.
     pub fn full(bytes: Bytes) -> Self {
-        LeaseBody {
-            kind: Kind::Problem {
-                bytes: (!bytes.is_empty()).then_some(bytes),
-            },
-        }
+        LeaseBody::recorded(bytes, None)
     }
 
     /// A complete body of `bytes` read from the handler's body, then `trailers`.
     pub(crate) fn recorded(bytes: Bytes, trailers: Option<HeaderMap>) -> Self {
         LeaseBody {
-            kind: Kind::Recorded {
+            kind: Kind::Full {
                 bytes: (!bytes.is_empty()).then_some(bytes),
                 trailers,
             },
@@ -251,10 +244,7 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
             KindProj::Inner { body, hold } => poll_held(body, hold, cx),
-            KindProj::Problem { bytes } => {
-                Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b.into()))))
-            }
-            KindProj::Recorded { bytes, trailers } => Poll::Ready(match bytes.take() {
+            KindProj::Full { bytes, trailers } => Poll::Ready(match bytes.take() {
                 Some(b) => Some(Ok(Frame::data(b.into()))),
                 None => trailers.take().map(|t| Ok(Frame::trailers(t))),
             }),
@@ -271,8 +261,7 @@ where
         match &self.kind {
             // A body holding its lease is polled to its end, where the release runs.
             Kind::Inner { body, hold } => hold.is_none() && body.is_end_stream(),
-            Kind::Problem { bytes } => bytes.is_none(),
-            Kind::Recorded { bytes, trailers } => bytes.is_none() && trailers.is_none(),
+            Kind::Full { bytes, trailers } => bytes.is_none() && trailers.is_none(),
             Kind::Rest { prefix, body, hold } => {
                 prefix.is_none() && hold.is_none() && body.is_end_stream()
             }
@@ -282,7 +271,7 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body, .. } => body.size_hint(),
-            Kind::Problem { bytes } | Kind::Recorded { bytes, .. } => {
+            Kind::Full { bytes, .. } => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
             Kind::Rest { prefix, body, .. } => {
@@ -304,8 +293,7 @@ impl<B: Body + fmt::Debug> fmt::Debug for LeaseBody<B> {
         let mut out = f.debug_struct("LeaseBody");
         match &self.kind {
             Kind::Inner { body, .. } => out.field("body", body),
-            Kind::Problem { bytes } => out.field("problem", bytes),
-            Kind::Recorded { bytes, .. } => out.field("recorded", bytes),
+            Kind::Full { bytes, .. } => out.field("full", bytes),
             Kind::Rest { prefix, body, .. } => out.field("prefix", prefix).field("body", body),
         };
         out.field("lease", &self.lease()).finish()

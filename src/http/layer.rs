@@ -330,7 +330,7 @@ impl<K: fmt::Debug> fmt::Debug for LockLayer<K> {
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
 
 /// The default [`LockLayer::max_key_len`](super::LockLayer::max_key_len): 255 bytes.
-pub const DEFAULT_MAX_KEY_LEN: usize = 255;
+pub(crate) const DEFAULT_MAX_KEY_LEN: usize = 255;
 
 /// Everything the layer's services and futures share.
 #[derive(Clone)]

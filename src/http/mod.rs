@@ -210,7 +210,8 @@ mod section;
 mod service;
 mod tokens;
 
-pub use body::{BoxError, LeaseBody};
+pub(crate) use body::BoxError;
+pub use body::LeaseBody;
 pub use detach::{
     handlers_finishing, FinishOnDisconnect, FinishOnDisconnectLayer, FinishingFuture,
 };
@@ -218,6 +219,7 @@ pub use extensions::{
     InterruptedAttempt, LeaseLost, RequestKey, RequestKeys, RequestLeases, Unlocked,
 };
 pub use future::ResponseFuture;
-pub use layer::{LockLayer, DEFAULT_MAX_KEY_LEN, FENCING_TOKEN};
+pub(crate) use layer::DEFAULT_MAX_KEY_LEN;
+pub use layer::{LockLayer, FENCING_TOKEN};
 pub use policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
 pub use service::LockService;

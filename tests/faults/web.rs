@@ -19,7 +19,10 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 use tower_redlock::axum::LayerLease;
-use tower_redlock::http::problem::{CONTENT_TYPE_PROBLEM, TYPE_BASE};
+use tower_redlock::http::problem::CONTENT_TYPE_PROBLEM;
+
+/// Where the problems' `type` URIs point.
+const TYPE_BASE: &str = "https://docs.rs/tower-redlock/latest/tower_redlock/http/problem/";
 use tower_redlock::http::{
     key::{header, path_param},
     Contention, LockLayer, OnDisconnect, OnLost, Scope,

@@ -159,162 +159,75 @@ pub(crate) struct LayerRenderer(pub(crate) Arc<dyn ProblemRenderer>);
 pub(crate) const RETRY_SOON: Duration = Duration::from_secs(1);
 
 /// Where the `type` URIs point: this module's documentation, one heading per code.
-pub const TYPE_BASE: &str = "https://docs.rs/tower-redlock/latest/tower_redlock/http/problem/";
+const TYPE_BASE: &str = "https://docs.rs/tower-redlock/latest/tower_redlock/http/problem/";
 
 /// The media type of problem bodies.
 pub const CONTENT_TYPE_PROBLEM: &str = "application/problem+json";
 
-/// What went wrong: one variant per problem type of the layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ProblemKind {
-    /// 400 `key-missing`.
-    KeyMissing,
-    /// 400 `key-invalid`.
-    KeyInvalid,
-    /// 413 `body-too-large`.
-    BodyTooLarge,
-    /// 500 `key-misconfigured`.
-    KeyMisconfigured,
-    /// 400 `body-not-json`.
-    BodyNotJson,
-    /// 400 `body-unreadable`.
-    BodyUnreadable,
-    /// 409 `lock-held`.
-    LockHeld,
-    /// 409 `lock-wait-timeout`.
-    LockWaitTimeout,
-    /// 429 `limit-reached` (a counted lock's permits are all taken).
-    LimitReached,
-    /// 503 `lock-unavailable`.
-    LockUnavailable,
-    /// 503 `lock-queue-full`.
-    LockQueueFull,
-    /// 503 `lock-lost`.
-    LockLost,
-    /// 500 `lock-layer-missing`.
-    LockLayerMissing,
-    /// 409 `request-in-progress` (idempotent replay).
-    RequestInProgress,
-    /// 409 `outcome-unknown` (idempotent replay).
-    OutcomeUnknown,
-    /// 422 `idempotency-key-reused` (idempotent replay).
-    IdempotencyKeyReused,
-    /// 500 `response-failed` (idempotent replay).
-    ResponseFailed,
-    /// 400 `bad-request` (a handler's extractor, with
-    /// [`problem_for_rejections`](super::LockLayer::problem_for_rejections)).
-    BadRequest,
-    /// 415 `unsupported-media-type` (as `bad-request`).
-    UnsupportedMediaType,
-    /// 422 `unprocessable-content` (as `bad-request`).
-    UnprocessableContent,
+/// One row per problem type: the variant, its code, its status, its title.
+macro_rules! problem_kinds {
+    ($($kind:ident = $code:literal, $status:ident, $title:literal;)+) => {
+        /// What went wrong: one variant per problem type of the layer (see the
+        /// [module documentation](self) for each).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum ProblemKind {
+            $(#[doc = concat!("`", $code, "`: ", $title, ".")] $kind,)+
+        }
+
+        impl ProblemKind {
+            /// Every kind, in documentation order.
+            pub const ALL: [ProblemKind; [$($code),+].len()] = [$(ProblemKind::$kind),+];
+
+            /// The short, stable code, e.g. `lock-held`: the fragment of the `type` URI.
+            pub const fn code(self) -> &'static str {
+                match self {
+                    $(ProblemKind::$kind => $code,)+
+                }
+            }
+
+            /// The HTTP status of this kind.
+            pub const fn status(self) -> StatusCode {
+                match self {
+                    $(ProblemKind::$kind => StatusCode::$status,)+
+                }
+            }
+
+            /// A short human-readable summary, the same for every occurrence.
+            pub const fn title(self) -> &'static str {
+                match self {
+                    $(ProblemKind::$kind => $title,)+
+                }
+            }
+        }
+    };
+}
+
+problem_kinds! {
+    KeyMissing = "key-missing", BAD_REQUEST, "Lock key missing";
+    KeyInvalid = "key-invalid", BAD_REQUEST, "Lock key invalid";
+    KeyMisconfigured = "key-misconfigured", INTERNAL_SERVER_ERROR, "Lock key misconfigured";
+    BodyTooLarge = "body-too-large", PAYLOAD_TOO_LARGE, "Body too large";
+    BodyNotJson = "body-not-json", BAD_REQUEST, "Body is not JSON";
+    BodyUnreadable = "body-unreadable", BAD_REQUEST, "Body unreadable";
+    LockHeld = "lock-held", CONFLICT, "Lock held";
+    LockWaitTimeout = "lock-wait-timeout", CONFLICT, "Lock wait timed out";
+    LimitReached = "limit-reached", TOO_MANY_REQUESTS, "Concurrency limit reached";
+    LockUnavailable = "lock-unavailable", SERVICE_UNAVAILABLE, "Lock store unavailable";
+    LockQueueFull = "lock-queue-full", SERVICE_UNAVAILABLE, "Lock queue full";
+    LockLost = "lock-lost", SERVICE_UNAVAILABLE, "Lock lost";
+    LockLayerMissing = "lock-layer-missing", INTERNAL_SERVER_ERROR, "Lock layer missing";
+    RequestInProgress = "request-in-progress", CONFLICT, "Request in progress";
+    OutcomeUnknown = "outcome-unknown", CONFLICT, "Outcome unknown";
+    IdempotencyKeyReused = "idempotency-key-reused", UNPROCESSABLE_ENTITY, "Idempotency key reused";
+    ResponseFailed = "response-failed", INTERNAL_SERVER_ERROR, "Response failed";
+    BadRequest = "bad-request", BAD_REQUEST, "Bad request";
+    UnsupportedMediaType = "unsupported-media-type", UNSUPPORTED_MEDIA_TYPE, "Unsupported media type";
+    UnprocessableContent = "unprocessable-content", UNPROCESSABLE_ENTITY, "Unprocessable content";
 }
 
 impl ProblemKind {
-    /// Every kind, in documentation order.
-    pub const ALL: [ProblemKind; 20] = [
-        ProblemKind::KeyMissing,
-        ProblemKind::KeyInvalid,
-        ProblemKind::KeyMisconfigured,
-        ProblemKind::BodyTooLarge,
-        ProblemKind::BodyNotJson,
-        ProblemKind::BodyUnreadable,
-        ProblemKind::LockHeld,
-        ProblemKind::LockWaitTimeout,
-        ProblemKind::LimitReached,
-        ProblemKind::LockUnavailable,
-        ProblemKind::LockQueueFull,
-        ProblemKind::LockLost,
-        ProblemKind::LockLayerMissing,
-        ProblemKind::RequestInProgress,
-        ProblemKind::OutcomeUnknown,
-        ProblemKind::IdempotencyKeyReused,
-        ProblemKind::ResponseFailed,
-        ProblemKind::BadRequest,
-        ProblemKind::UnsupportedMediaType,
-        ProblemKind::UnprocessableContent,
-    ];
-
-    /// The short, stable code, e.g. `lock-held`: the fragment of the `type` URI.
-    pub const fn code(self) -> &'static str {
-        match self {
-            ProblemKind::KeyMissing => "key-missing",
-            ProblemKind::KeyInvalid => "key-invalid",
-            ProblemKind::KeyMisconfigured => "key-misconfigured",
-            ProblemKind::BodyTooLarge => "body-too-large",
-            ProblemKind::BodyNotJson => "body-not-json",
-            ProblemKind::BodyUnreadable => "body-unreadable",
-            ProblemKind::LockHeld => "lock-held",
-            ProblemKind::LockWaitTimeout => "lock-wait-timeout",
-            ProblemKind::LimitReached => "limit-reached",
-            ProblemKind::LockUnavailable => "lock-unavailable",
-            ProblemKind::LockQueueFull => "lock-queue-full",
-            ProblemKind::LockLost => "lock-lost",
-            ProblemKind::LockLayerMissing => "lock-layer-missing",
-            ProblemKind::RequestInProgress => "request-in-progress",
-            ProblemKind::OutcomeUnknown => "outcome-unknown",
-            ProblemKind::IdempotencyKeyReused => "idempotency-key-reused",
-            ProblemKind::ResponseFailed => "response-failed",
-            ProblemKind::BadRequest => "bad-request",
-            ProblemKind::UnsupportedMediaType => "unsupported-media-type",
-            ProblemKind::UnprocessableContent => "unprocessable-content",
-        }
-    }
-
-    /// The HTTP status of this kind.
-    pub const fn status(self) -> StatusCode {
-        match self {
-            ProblemKind::KeyMissing
-            | ProblemKind::KeyInvalid
-            | ProblemKind::BodyNotJson
-            | ProblemKind::BodyUnreadable
-            | ProblemKind::BadRequest => StatusCode::BAD_REQUEST,
-            ProblemKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ProblemKind::UnprocessableContent => StatusCode::UNPROCESSABLE_ENTITY,
-            ProblemKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ProblemKind::LockHeld
-            | ProblemKind::LockWaitTimeout
-            | ProblemKind::RequestInProgress
-            | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
-            ProblemKind::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ProblemKind::LimitReached => StatusCode::TOO_MANY_REQUESTS,
-            ProblemKind::LockUnavailable | ProblemKind::LockQueueFull | ProblemKind::LockLost => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            ProblemKind::LockLayerMissing
-            | ProblemKind::KeyMisconfigured
-            | ProblemKind::ResponseFailed => StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
-
-    /// A short human-readable summary, the same for every occurrence.
-    pub const fn title(self) -> &'static str {
-        match self {
-            ProblemKind::KeyMissing => "Lock key missing",
-            ProblemKind::KeyInvalid => "Lock key invalid",
-            ProblemKind::KeyMisconfigured => "Lock key misconfigured",
-            ProblemKind::BodyTooLarge => "Body too large",
-            ProblemKind::BodyNotJson => "Body is not JSON",
-            ProblemKind::BodyUnreadable => "Body unreadable",
-            ProblemKind::LockHeld => "Lock held",
-            ProblemKind::LockWaitTimeout => "Lock wait timed out",
-            ProblemKind::LimitReached => "Concurrency limit reached",
-            ProblemKind::LockUnavailable => "Lock store unavailable",
-            ProblemKind::LockQueueFull => "Lock queue full",
-            ProblemKind::LockLost => "Lock lost",
-            ProblemKind::LockLayerMissing => "Lock layer missing",
-            ProblemKind::RequestInProgress => "Request in progress",
-            ProblemKind::OutcomeUnknown => "Outcome unknown",
-            ProblemKind::IdempotencyKeyReused => "Idempotency key reused",
-            ProblemKind::ResponseFailed => "Response failed",
-            ProblemKind::BadRequest => "Bad request",
-            ProblemKind::UnsupportedMediaType => "Unsupported media type",
-            ProblemKind::UnprocessableContent => "Unprocessable content",
-        }
-    }
-
-    /// The `type` URI: [`TYPE_BASE`] `#` [`code`](ProblemKind::code).
+    /// The `type` URI: this module's documentation, `#` [`code`](ProblemKind::code).
     pub fn type_uri(self) -> String {
         format!("{TYPE_BASE}#{}", self.code())
     }

@@ -1,117 +1,42 @@
-//! Idempotent replay: the first response for a key is stored and replayed.
+//! Idempotent replay: the first response for a key is recorded and replayed.
 //!
 //! Turned on with [`LockLayer::replay`](super::LockLayer::replay). It follows the IETF
-//! draft *The Idempotency-Key HTTP Header Field* (draft-ietf-httpapi-idempotency-key-header)
-//! and the behaviour Stripe documents for its API:
+//! draft *The Idempotency-Key HTTP Header Field* and the behaviour Stripe documents for
+//! its API; [the replay guide](crate::guide::replay) has the table of what each request
+//! gets, what is recorded and how records survive restarts and failovers. In short: the
+//! first response for a key (when [`Replay::store_if`] accepts its status and its body
+//! fits [`Replay::max_body`]) is recorded **before** it is sent; the same request with
+//! the same key later gets it back with `Idempotent-Replayed: true`, without a lock or
+//! the handler; the same key with another request ([`Fingerprint`]) gets 422
+//! `idempotency-key-reused`; a key in flight gets 409 `request-in-progress` (or, under
+//! [`Contention::Wait`](super::Contention::Wait), the first response once it is
+//! recorded); an attempt whose outcome is unknown (lease lost, process gone, handler
+//! panicked) makes the key answer 409 `outcome-unknown` for [`UnknownOutcome`]'s time,
+//! then the handler runs again, told of the attempt
+//! ([`InterruptedAttempt`](super::InterruptedAttempt)). Only [`Replay::methods`]
+//! (default `POST` and `PATCH`) are replayed; a 405 of the router, or a 404 of its
+//! fallback (no `MatchedPath`), is never recorded: apply the layer with `route_layer`.
 //!
-//! | situation | response |
-//! |---|---|
-//! | first request with a key | the handler runs under the lock; its response is recorded (when [`Replay::store_if`] accepts the status and the body fits [`Replay::max_body`]) **before** it is sent |
-//! | same key from another client ([`Replay::per_client`]) | its own record: the handler runs for it |
-//! | a request without the client [`Replay::per_client`] looks for | 400 `key-missing`; nothing runs |
-//! | same key, same request, after the first completed | the recorded response: same status, same allowed headers, same body bytes, plus `Idempotent-Replayed: true`; the handler does not run and no lock is taken |
-//! | same key, different request ([`Fingerprint`]) | 422 `idempotency-key-reused` |
-//! | same key while the first is in flight, [`Contention::Reject`](super::Contention::Reject) | 409 `request-in-progress`, `Retry-After` as for `lock-held` (the typical section, at most the holder's remaining ttl) |
-//! | same key while the first is in flight, [`Contention::Wait`](super::Contention::Wait) | waits for the lock, then gets the first response replayed (or runs, if the first recorded nothing); 409 `request-in-progress` when the wait times out |
-//! | the first's outcome was not recorded because it is not worth keeping (status rejected by [`Replay::store_if`], by default 5xx, 408, 409 and 429, and the refusals of a malformed request — 400, 411, 413, 415, 422, what axum's extractors answer before the handler runs; body larger than [`Replay::max_body`]) | the next request runs the handler again |
-//! | same key while the first is in flight after its client left (it runs to its end, [`OnDisconnect::Finish`](super::OnDisconnect::Finish)) | as while it is in flight: 409 `request-in-progress` or a wait, then the first's response replayed |
-//! | the first was interrupted: lease lost mid-handler, its process died, its handler panicked, record write refused (or its client left under [`OnDisconnect::Cancel`](super::OnDisconnect::Cancel)) | 409 `outcome-unknown` with `Retry-After`, for [`UnknownOutcome`]'s time (default: the lock's ttl), then the next request runs the handler again, with the interrupted attempt's token in an [`InterruptedAttempt`](super::InterruptedAttempt) extension, so it can ask its store whether that attempt took effect (for the record's retention; not on etcd nodes) |
-//! | the record's retention passed (default 24 h) | the key is new again: the handler runs |
-//! | the response body fails while being recorded | 500 `response-failed`; nothing recorded |
-//! | a method other than those of [`Replay::methods`] (default `POST` and `PATCH`) | locked as without replay; nothing looked up or recorded |
-//! | a response the router produced: 405 Method Not Allowed, or 404 without a matched route (the fallback) | sent, not recorded |
+//! Whose keys they are is said when the layer is built: [`Replay::per_client`] scopes
+//! records, locks and executions to the client it finds (hashed into the resource; a
+//! request without one gets 400 `key-missing`), as the draft and Stripe ask, for keys
+//! clients choose; [`Replay::global`] is for keys that name one operation whoever sends
+//! them (a webhook's event id).
 //!
-//! # Which responses are the router's
+//! # Why it is an option of [`LockLayer`](super::LockLayer)
 //!
-//! Apply the layer so that it wraps only the routed method: `post(handler).route_layer(…)`
-//! or `Router::route_layer`. Then the router answers a wrong method (405) or an unknown
-//! path (404) before the layer, and nothing is locked or recorded. With
-//! `MethodRouter::layer` or `Router::layer` the layer also wraps the router's answers;
-//! it then never records a 405 (a handler has no reason to record one either: the same
-//! method gets the same answer) nor a 404 of a request that matched no route (axum's
-//! `MatchedPath` is absent: the router's fallback). A handler's own 404 on a matched
-//! route ("no such order") is recorded like any other 4xx.
-//!
-//! # Why it is part of [`LockLayer`](super::LockLayer)
-//!
-//! Replay and the lock must interleave in one state machine, so it is an option of the
-//! layer rather than a second layer:
-//!
-//! 1. **Before** the lock: a completed record is replayed at once, without locking or
-//!    writing anything — retries of finished requests never contend.
-//! 2. **After** acquiring the lock: the record is checked again (the holder we waited
-//!    for may have just written it), and in the same atomic step on each node a pending
-//!    marker is written for this lease (see [`crate::record`]).
-//! 3. The handler's response body is buffered (up to [`Replay::max_body`]) **while the
-//!    lease is still held**, written with a compare-and-set on the lock's owner value,
-//!    and only then sent. So the record exists before the client sees a byte, a client
-//!    that goes away while the response is in transit can retry and get it, and a
-//!    holder that lost its lease can never write over a newer outcome.
-//!
-//! A companion layer could not do step 3 under the same lease without reaching into
-//! the lock layer's state, and would have to find the key a second time.
-//!
-//! # What is stored
-//!
-//! The status, the response headers named by the allow-list (by default `Content-Type`
-//! and `Location`, more with [`Replay::allow_header`]), and the body, up to
-//! [`Replay::max_body`] (default 1 MiB; larger responses are sent but not stored, with
-//! a warning, so a retry runs again). Trailers are sent but never stored. The replay
-//! carries the original `Fencing-Token` (when the layer sends one): it names the
-//! execution the response came from.
-//!
-//! Records live in the lock nodes, next to the lock key and in its hash slot
-//! (`{prefix}{<resource>}:record`): written to every node and counted at a majority;
-//! found on any node that answers (a record is written only after the handler ran, so
-//! any copy is its response), and written back to the nodes that lack it (see
-//! [`crate::record`] for the protocol and why a holder that lost its lease can never
-//! write one). A node restarted empty loses its copies: records survive restarts of
-//! nodes without persistence one at a time, as long as a node that has the record
-//! answers a request for it in between (a request writes it back); restarting every
-//! node before that loses them, and the handler runs again.
-//!
-//! # Keys, clients and the fingerprint
-//!
-//! An `Idempotency-Key` is chosen by the client (often a counter or a timestamp), so two
-//! clients may well pick the same one. A replaying layer therefore says whose keys they
-//! are when it is built, and there is no default:
-//!
-//! - [`Replay::per_client`]: the record belongs to the lock's [`Resource`] (method,
-//!   route and key) **and** the client the request comes from (its credentials, or the
-//!   account an authentication layer put in the extensions), hashed. The same key sent
-//!   by two clients names two records, two locks and two executions. This is what
-//!   Stripe does (keys are scoped to the account) and what the IETF draft asks (§2: a
-//!   key is unique per client, and the server's lookup should combine it with what it
-//!   knows of the client). A request whose client cannot be told gets 400 `key-missing`
-//!   and runs nothing: without its client, the layer cannot know whose record it would
-//!   replay.
-//! - [`Replay::global`]: keys name one operation whoever sends them, as when a single
-//!   sender numbers its deliveries (a webhook's event id). Any request with the key is
-//!   replayed the record, so use it only where every sender may see every response.
-//!
-//! The [`Fingerprint`] (method, route, path and query, and a SHA-256 of the body by
-//! default) is stored with the record; a later request with the same key and another
-//! fingerprint gets 422.
-//!
-//! # Limitations
-//!
-//! - A client that goes away while the handler runs makes hyper drop the response
-//!   future; the critical section goes on to its end and records its response
-//!   ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)), so the client's retry gets
-//!   it. Only a process that dies, or a lease lost, leaves the outcome unknown.
-//! - An unknown outcome is detected by the pending marker the interrupted attempt left
-//!   on a majority of nodes. The first request to find it shortens it to
-//!   [`UnknownOutcome`]'s time on every node where that request holds the lock; a node
-//!   still holding the interrupted attempt's lock key at that moment keeps its marker
-//!   until a later request finds it, which answers 409 `outcome-unknown` once more.
-//!   Errs on the side of refusing, never of running twice.
-//! - A server error's pending marker is removed before the answer is sent; a node that
-//!   misses the removal (down, or too slow) makes a later request answer 409
-//!   `outcome-unknown` for [`UnknownOutcome`]'s time: again, refusing rather than
-//!   guessing.
-//! - Responses are buffered before they are sent: not for streaming endpoints.
-//! - Under [`Unavailable::FailOpen`](super::Unavailable::FailOpen), a request that runs
-//!   without a lock is neither replayed nor recorded.
+//! Replay's steps sit on the layer's one path: the record is looked up **before** the
+//! lock (retries of finished requests never contend), claimed **under the lease**
+//! before the handler runs (a pending marker written in the same atomic step on each
+//! node, the record checked again: the holder we waited for may have just written it),
+//! and the handler's response is buffered and recorded **under the lease**, with a
+//! compare-and-set on the lock's owner value, before it is sent. So the record exists
+//! before the client sees a byte, and a holder that lost its lease never writes over a
+//! newer outcome. A layer of its own would have to find the key and read the body a
+//! second time, and reach into the lock layer's lease for the last two steps.
+//! Responses are buffered: not for streaming endpoints. Under
+//! [`Unavailable::FailOpen`](super::Unavailable::FailOpen) a request that runs without a
+//! lock is neither replayed nor recorded.
 
 mod fingerprint;
 mod steps;
@@ -215,8 +140,7 @@ pub struct Replay {
 impl Replay {
     /// Replay scoped to the client that `client` finds in the request head: e.g.
     /// `header("Authorization")`, or a closure reading the account an authentication
-    /// layer put in the extensions. The same key from two clients names two records (see
-    /// [Keys, clients and the fingerprint](self#keys-clients-and-the-fingerprint)). The
+    /// layer put in the extensions. The same key from two clients names two records. The
     /// value is hashed (SHA-256) before it becomes part of the lock's and record's keys,
     /// so credentials never appear there. A request in which `client` finds nothing gets
     /// 400 `key-missing`.
