@@ -64,7 +64,7 @@
 use tokio::time::Instant;
 
 use crate::lock::lease::LeaseHandle;
-use crate::lock::target::Set;
+use crate::lock::target::Target;
 use crate::lock::{metrics, Lease, LockError, Redlock};
 use crate::node::Resource;
 use crate::FencingToken;
@@ -93,8 +93,8 @@ fn canonical<R: Into<Resource>>(
 }
 
 impl Redlock {
-    fn set_of(&self, resources: Vec<Resource>) -> Set {
-        Set::new(&self.shared.options.key_prefix, resources)
+    fn set_of(&self, resources: Vec<Resource>) -> Target {
+        Target::set(&self.shared.options.key_prefix, resources)
     }
 
     /// One attempt at every resource of a set, no waiting: a lease over all of them, or

@@ -78,7 +78,6 @@ use tokio::time::Instant;
 use crate::lock::lease::LeaseInner;
 use crate::lock::metrics;
 use crate::lock::round::Nodes;
-use crate::node::NodeCalls;
 use crate::node::ReleaseSignal;
 use crate::node::{Resource, ResourceKeys, Waiter};
 
@@ -415,7 +414,7 @@ impl Nodes {
     ) {
         let timeout = self.timeout();
         let calls: FuturesUnordered<_> = nodes
-            .filter(|node| node.wait_queue().is_some())
+            .filter(|node| node.capabilities().wait_queue)
             .map(|node| tokio::time::timeout(timeout, node.leave_queue(keys, waiter)))
             .collect();
         if !calls.is_empty() {
@@ -474,7 +473,7 @@ impl Nodes {
         let calls: FuturesUnordered<_> = self
             .each()
             .map(|node| {
-                let keys = if node.wait_queue().is_some() {
+                let keys = if node.capabilities().wait_queue {
                     &own
                 } else {
                     keys
