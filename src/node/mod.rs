@@ -23,7 +23,7 @@
 //! | [`FencingToken`] | the number a fence counter hands out (see [`fencing`](crate::fencing)) |
 //! | [`NodeError`] | how one node's operation failed |
 //! | [`MemoryNode`] | the in-process implementation, a reference for the semantics |
-//! | `conformance` | (feature `test-util`) the contract as tests any node kind runs |
+//! | `conformance` | (feature `test-util`) the contract as tests a node kind runs: `conformance::check` |
 //!
 //! # Implementing a node kind
 //!
@@ -60,6 +60,8 @@ pub(crate) mod resource;
 pub(crate) mod token;
 
 mod calls;
+#[cfg(feature = "test-util")]
+pub mod conformance;
 mod mode;
 mod owner;
 mod records;
