@@ -116,7 +116,7 @@ pub(crate) struct Nodes {
     /// Per node, fed by every call made through [`Nodes::watched`].
     pub(crate) health: Box<[Arc<Health>]>,
     quorum: usize,
-    /// Whether a majority keep a wait queue ([`Node::wait_queue`]), read once when the
+    /// Whether a majority keep a wait queue ([`Capabilities::wait_queue`](crate::node::Capabilities::wait_queue)), read once when the
     /// locker is built: waiters are then served in order, else every release wakes
     /// every waiter and the retry policy's backoff applies.
     queued: bool,

@@ -5,7 +5,7 @@
 //! release of this process hands the resource to the next local waiter at once.
 //!
 //! Across processes, the head waiter joins the resource's **wait queue** on every node
-//! that keeps one ([`Node::wait_queue`](crate::node::Node::wait_queue): Redis and memory
+//! that keeps one ([`Capabilities::wait_queue`](crate::node::Capabilities::wait_queue): Redis and memory
 //! nodes), so that a release wakes only the next waiter, as ZooKeeper and etcd waiters
 //! watch only their predecessor:
 //!

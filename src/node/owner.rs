@@ -77,7 +77,7 @@ pub struct ReleaseSignal {
 
 impl ReleaseSignal {
     /// Wraps a receiver of release counts and a guard that ends the subscription when
-    /// the last clone drops (for [`Node`] implementations).
+    /// the last clone drops (for [`Node`](crate::node::Node) implementations).
     pub fn new(rx: watch::Receiver<u64>, subscription: Arc<dyn Send + Sync>) -> Self {
         ReleaseSignal {
             rx,

@@ -62,7 +62,7 @@ const RECORD_ATTEMPTS: usize = 16;
 /// | extend | `if value(key) == owner then get(key)`, then one keep-alive of the key's lease; never re-creates a key |
 /// | release | `if value(key) == owner then get(key), delete(key)`, then revoke the lease |
 /// | raise the fence | nothing to do: the revision is the token |
-/// | the clock floor ([`AcquireRequest::fence_floor`]) | ignored: a revision never comes back behind, and a floor would tie the token to a clock again |
+/// | the clock floor ([`Acquire::fence_floor`](crate::node::Acquire::fence_floor)) | ignored: a revision never comes back behind, and a floor would tie the token to a clock again |
 /// | wake-up | a watch on the key's deletions (a release, or the lease's expiry) |
 /// | outcome records | a key per resource holding an encoded record, attached to a lease of its own (the record's ttl), written in transactions that compare the lock key's value with the owner and the record key's mod revision with what was read |
 ///

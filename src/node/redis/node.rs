@@ -27,7 +27,7 @@ use crate::node::{
 /// How a Redis node's calls reach a server.
 pub(crate) trait Route: Send + Sync + 'static {
     /// A call's keys may live on different servers (Cluster): a release publishes with
-    /// `SPUBLISH`, and the set calls and `extend_many` go key by key, since one script
+    /// `SPUBLISH`, and the set calls and batched extends go key by key, since one script
     /// cannot reach keys of several slots.
     const SHARDED: bool;
 
