@@ -65,7 +65,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{ConfigError, NodeFailure};
-use crate::node::{AcquireReply, AcquireRequest, Node, Owner};
+use crate::node::{Acquire, Hold, LockMode, Node, Owner, Release, Vote};
 use crate::{node::ResourceKeys, Resource};
 use crate::{LockOptions, LostCause, MemoryNode, Redlock};
 
@@ -243,9 +243,11 @@ impl TestStore {
         let options = self.inner.locker.options();
         let keys = ResourceKeys::new(&options.key_prefix, &resource);
         let owner = Owner::random();
-        let request = AcquireRequest {
-            keys: &keys,
+        let keys = std::slice::from_ref(&keys);
+        let request = Acquire {
+            keys,
             owner: &owner,
+            mode: LockMode::Exclusive,
             ttl,
             fence_ttl: options.fence_ttl,
             fencing: options.fencing,
@@ -258,8 +260,8 @@ impl TestStore {
         let mut failures = Vec::new();
         for node in &self.inner.nodes {
             match node.acquire(&request).await {
-                Ok(AcquireReply::Acquired { .. }) => taken.push(node),
-                Ok(AcquireReply::Held { .. } | AcquireReply::OtherMode { .. }) => held = true,
+                Ok(Vote::Granted { .. }) => taken.push(node),
+                Ok(Vote::Held { .. } | Vote::OtherMode { .. }) => held = true,
                 Err(error) => failures.push(NodeFailure {
                     node: node.name().into(),
                     error,
@@ -268,8 +270,13 @@ impl TestStore {
         }
         if held || taken.is_empty() {
             // All or nothing: undo what this call took.
+            let hold = Hold {
+                keys,
+                owner: &owner,
+                mode: LockMode::Exclusive,
+            };
             for node in taken {
-                let _ = node.release(&quiet(&keys), &owner).await;
+                let _ = node.release(&hold, Release::Quiet).await;
             }
             return Err(if held {
                 TestStoreError::AlreadyHeld { resource }
@@ -292,8 +299,13 @@ impl TestStore {
             return Err(TestStoreError::NoHold { resource, holds });
         };
         let keys = ResourceKeys::new(&self.inner.locker.options().key_prefix, &resource);
+        let hold = Hold {
+            keys: std::slice::from_ref(&keys),
+            owner: &owner,
+            mode: LockMode::Exclusive,
+        };
         for node in &self.inner.nodes {
-            let _ = node.release(&keys, &owner).await;
+            let _ = node.release(&hold, Release::Wake).await;
         }
         Ok(())
     }
@@ -384,13 +396,5 @@ impl fmt::Debug for TestStore {
             .field("held", &self.held())
             .field("holds", &self.holds().keys().collect::<Vec<_>>())
             .finish()
-    }
-}
-
-/// The keys without the release channel: undoing a partial hold wakes no one.
-fn quiet(keys: &ResourceKeys) -> ResourceKeys {
-    ResourceKeys {
-        channel: String::new(),
-        ..keys.clone()
     }
 }

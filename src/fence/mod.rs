@@ -33,7 +33,7 @@
 //! # Writers only
 //!
 //! A fence orders writers, and only an exclusive lease is one. What a token orders
-//! depends on the mode it was granted in (see [`SharedModes`](crate::node::SharedModes)):
+//! depends on the mode it was granted in (see [`LockMode`]):
 //!
 //! | mode | its token is ordered against | at a write fence |
 //! |---|---|---|

@@ -14,19 +14,19 @@ use super::target::Target;
 use super::wait::{next_release, QueueRef, Queues, Turn, Waiting, QUEUE_TTL};
 use super::{renewal, Backoff, Lease, LockError, Redlock, RetryPolicy};
 use crate::node::HANDOFF_TTL;
-use crate::node::{ReleaseSignal, Resource, ResourceKeys, Waiter};
+use crate::node::{PerKey, ReleaseSignal, Resource, ResourceKeys, Waiter};
 
 impl Redlock {
     /// One attempt, no waiting: a lease, or [`LockError::Held`] naming the first member
     /// a caller of this process holds or queues for, or the nodes found held. An
     /// attempt lost to a split vote is not a refusal: it runs again (`SPLIT_RETRIES`).
-    pub(super) async fn try_once<T: Target>(&self, target: T) -> Result<Lease, LockError> {
+    pub(super) async fn try_once(&self, target: Target) -> Result<Lease, LockError> {
         let shared = &self.shared;
         self.refuse_if_draining(&target.resources()[0])?;
         let queues = local_queues(&target, &shared.queues);
         let mut turns = target.each(|_| None);
-        let members = target.resources().iter().zip(queues.as_ref());
-        for ((resource, queue), turn) in members.zip(turns.as_mut()) {
+        let members = target.resources().iter().zip(queues.iter());
+        for ((resource, queue), turn) in members.zip(turns.iter_mut()) {
             *turn = queue.try_turn();
             if turn.is_none() && queue.releasing() {
                 // This process's holder is being released (a lease dropped a moment
@@ -65,19 +65,19 @@ impl Redlock {
             }
         };
         let inner = won.into_lease(shared, target);
-        self.unless_drained(Ok(self.finish::<T>(inner, turns, queues)))
+        self.unless_drained(Ok(self.finish(inner, turns, queues)))
             .await
     }
 
     /// Turns a won round into a [`Lease`]: records the local holder of every member and
     /// puts the lease on the renewal schedule.
-    fn finish<T: Target>(
+    fn finish(
         &self,
         inner: Arc<LeaseInner>,
-        turns: T::Each<Option<Turn>>,
-        queues: T::Each<QueueRef>,
+        turns: PerKey<Option<Turn>>,
+        queues: PerKey<QueueRef>,
     ) -> Lease {
-        for queue in queues.as_ref() {
+        for queue in queues.iter() {
             queue.set_holder(&inner);
         }
         let renewal = self
@@ -93,9 +93,9 @@ impl Redlock {
     /// order, so none waits for another in a circle); across processes it retries when
     /// a release wakes it or after the retry policy's delay.
     #[tracing::instrument(name = "redlock.wait", level = "debug", skip_all, fields(resource = %target.resources()[0], members = target.resources().len()))]
-    pub(super) async fn queue_and_acquire<T: Target>(
+    pub(super) async fn queue_and_acquire(
         &self,
-        target: T,
+        target: Target,
         started: Instant,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
@@ -103,9 +103,9 @@ impl Redlock {
         let queues = local_queues(&target, &shared.queues);
         // Counts this caller against each member's `max_waiters` until it returns: the
         // head of a queue, contending at the nodes, waits as much as those behind it.
-        let mut waiting: T::Each<Option<Waiting>> = target.each(|_| None);
-        let members = target.resources().iter().zip(queues.as_ref());
-        for ((resource, queue), entered) in members.clone().zip(waiting.as_mut()) {
+        let mut waiting: PerKey<Option<Waiting>> = target.each(|_| None);
+        let members = target.resources().iter().zip(queues.iter());
+        for ((resource, queue), entered) in members.clone().zip(waiting.iter_mut()) {
             *entered = queue.enter(self.max_waiters);
             if entered.is_none() {
                 return Err(LockError::QueueFull {
@@ -121,7 +121,7 @@ impl Redlock {
         };
         let mut waited = false;
         let mut turns = target.each(|_| None);
-        for ((resource, queue), turn) in members.zip(turns.as_mut()) {
+        for ((resource, queue), turn) in members.zip(turns.iter_mut()) {
             *turn = queue.try_turn();
             if turn.is_none() {
                 if !waited {
@@ -142,7 +142,7 @@ impl Redlock {
             ticket: unix_micros(),
             queue_ttl: QUEUE_TTL,
         });
-        let first = &queues.as_ref()[0];
+        let first = &queues[0];
         // Subscriptions a recent wait left: live before the first attempt, so that
         // attempt may join the queue at once. Otherwise the waiter joins only once it
         // is subscribed, and no hand-off to it can go unheard.
@@ -182,7 +182,7 @@ impl Redlock {
                     drop(queued);
                     drop(waiting);
                     let inner = won.into_lease(shared, target);
-                    return Ok(self.finish::<T>(inner, turns, queues));
+                    return Ok(self.finish(inner, turns, queues));
                 }
                 Err(LockError::Held {
                     resource,
@@ -191,7 +191,7 @@ impl Redlock {
                     let member = target.resources().binary_search(&resource).unwrap_or(0);
                     // For the callers of this process queued behind us on that member:
                     // whom they wait for, and how long.
-                    queues.as_ref()[member].note_remote_holder(holder_ttl);
+                    queues[member].note_remote_holder(holder_ttl);
                     (member, holder_ttl)
                 }
                 Err(LockError::ValidityExpired { .. }) => (0, None),
@@ -299,7 +299,7 @@ pub(super) fn far_future() -> Instant {
 /// Each member's place in this process: the resource's local queue (one holder at a
 /// time, the others wait in order), or one of its own for a target that shares its
 /// resource (see [`Queues::own`]).
-fn local_queues<T: Target>(target: &T, queues: &Arc<Queues>) -> T::Each<QueueRef> {
+fn local_queues(target: &Target, queues: &Arc<Queues>) -> PerKey<QueueRef> {
     if target.shares() {
         target.each(|resource| queues.own(resource))
     } else {

@@ -13,9 +13,9 @@ use tokio::time::Instant;
 use super::health::Health;
 use super::lease::{LeaseInner, StatusCell};
 use super::round::{watched, Nodes, Pending, Stragglers};
-use super::target::{Ask, Target};
+use super::target::{Ask, Members, Target, Undo};
 use super::{fencing, LockError, Redlock, Shared};
-use crate::node::{Node, NodeFuture, Owner, Waiter};
+use crate::node::{Node, NodeFuture, Owner, PerKey, Vote, Waiter};
 
 /// How many times a caller that does not wait runs an attempt lost to a split vote
 /// again, after a short random delay, before it is refused (Redlock's rule).
@@ -28,12 +28,12 @@ impl Redlock {
     /// vote (concurrent attempts each won some nodes, none a quorum): it names no
     /// holder, and a caller that does not wait runs it again ([`SPLIT_RETRIES`]).
     #[tracing::instrument(name = "redlock.acquire", level = "debug", skip_all, fields(resource = %target.resources()[0], members = target.resources().len()))]
-    pub(super) async fn attempt<T: Target>(
+    pub(super) async fn attempt(
         &self,
-        target: &T,
+        target: &Target,
         waiter: Option<&Waiter>,
         split: &mut bool,
-    ) -> Result<Won<T>, LockError> {
+    ) -> Result<Won, LockError> {
         let shared = &self.shared;
         let options = &shared.options;
         let nodes = &shared.nodes;
@@ -61,7 +61,7 @@ impl Redlock {
         // Every node that may hold our keys: all but those that said someone else holds
         // a member, which keep nothing of the request (a straggler saying so is skipped
         // when it answers).
-        let cleanup = |stragglers: Stragglers<T::Reply>| {
+        let cleanup = |stragglers: Stragglers<Vote>| {
             let targets = (0..nodes.len()).filter(|i| !tally.held.contains(i));
             nodes.release_after(stragglers, targets, target, &owner, waiter);
         };
@@ -71,7 +71,7 @@ impl Redlock {
             if let Some(held) = tally.other_mode {
                 return Err(LockError::ModeMismatch {
                     resource: resource.clone(),
-                    held: held.into(),
+                    held,
                     asked: target.mode(),
                 });
             }
@@ -105,7 +105,7 @@ impl Redlock {
         let members = target.resources().len();
         let mut tokens = target.each(|_| 0u64);
         for (_, fences) in &tally.won {
-            for (token, &fence) in tokens.as_mut().iter_mut().zip(fences.as_ref()) {
+            for (token, &fence) in tokens.iter_mut().zip(fences.iter()) {
                 *token = (*token).max(fence);
             }
         }
@@ -113,8 +113,7 @@ impl Redlock {
             .won
             .iter()
             .filter(|(_, fences)| {
-                let fences = fences.as_ref();
-                fences.len() != members || fences.iter().zip(tokens.as_ref()).any(|(f, t)| f < t)
+                fences.len() != members || fences.iter().zip(tokens.iter()).any(|(f, t)| f < t)
             })
             .map(|&(index, _)| index)
             .collect();
@@ -129,7 +128,7 @@ impl Redlock {
                 .raise(
                     behind,
                     target,
-                    tokens.as_ref(),
+                    &tokens,
                     valid_until,
                     needed,
                     options.fence_ttl,
@@ -177,7 +176,7 @@ impl Redlock {
             });
         }
         shared.metrics.acquired.inc();
-        tracing::debug!(%resource, members, votes = tally.won.len(), token = tokens.as_ref()[0], elapsed = ?start.elapsed(), "lease acquired");
+        tracing::debug!(%resource, members, votes = tally.won.len(), token = tokens[0], elapsed = ?start.elapsed(), "lease acquired");
         Ok(Won {
             owner,
             tokens,
@@ -194,20 +193,23 @@ impl Redlock {
 
 /// A won round, not yet a lease: the caller adds the target, which it owns and hands
 /// over rather than have it copied.
-pub(super) struct Won<T: Target> {
+pub(super) struct Won {
     owner: Owner,
-    tokens: T::Each<u64>,
+    tokens: PerKey<u64>,
     acquired_at: Instant,
     valid_until: Instant,
     stragglers: Option<watch::Receiver<()>>,
     waiter: Option<Waiter>,
 }
 
-impl<T: Target> Won<T> {
-    pub(super) fn into_lease(self, shared: &Arc<Shared>, target: T) -> Arc<LeaseInner> {
+impl Won {
+    pub(super) fn into_lease(self, shared: &Arc<Shared>, target: Target) -> Arc<LeaseInner> {
         Arc::new(LeaseInner {
             locker: shared.clone(),
-            members: target.into_members(self.tokens),
+            members: Members {
+                target,
+                tokens: self.tokens,
+            },
             owner: self.owner,
             acquired_at: self.acquired_at,
             status: StatusCell::new(self.valid_until),
@@ -224,19 +226,19 @@ impl<T: Target> Won<T> {
 /// resent (no `NOSCRIPT` retry), so a release sent now follows on each connection
 /// whatever of them was written; the acquire calls that outlived their own round
 /// (`stragglers`) are still running, and are waited for.
-struct ReleaseIfDropped<'a, T: Target> {
+struct ReleaseIfDropped<'a> {
     nodes: &'a Nodes,
-    target: &'a T,
+    target: &'a Target,
     owner: &'a Owner,
-    stragglers: Option<Stragglers<T::Reply>>,
+    stragglers: Option<Stragglers<Vote>>,
 }
 
-impl<'a, T: Target> ReleaseIfDropped<'a, T> {
+impl<'a> ReleaseIfDropped<'a> {
     fn new(
         nodes: &'a Nodes,
-        target: &'a T,
+        target: &'a Target,
         owner: &'a Owner,
-        stragglers: Stragglers<T::Reply>,
+        stragglers: Stragglers<Vote>,
     ) -> Self {
         ReleaseIfDropped {
             nodes,
@@ -247,14 +249,14 @@ impl<'a, T: Target> ReleaseIfDropped<'a, T> {
     }
 
     /// The round finished: its outcome is handled by the caller.
-    fn disarm(mut self) -> Stragglers<T::Reply> {
+    fn disarm(mut self) -> Stragglers<Vote> {
         self.stragglers
             .take()
             .unwrap_or_else(|| Stragglers::settled(self.nodes.len()))
     }
 }
 
-impl<T: Target> Drop for ReleaseIfDropped<'_, T> {
+impl Drop for ReleaseIfDropped<'_> {
     fn drop(&mut self) {
         // Without a runtime (it is shutting down) nothing can be sent; the keys expire.
         if let Some(stragglers) = self.stragglers.take()
@@ -275,12 +277,13 @@ impl Nodes {
     /// the node timeout, so a frozen node keeps it for two timeouts at most.
     ///
     /// `waiter`: the attempt was a waiter's, which keeps its turn: its key goes back to
-    /// it ([`Node::hand_back`]) rather than on to the next waiter.
-    pub(crate) fn release_after<T: Target>(
+    /// it ([`Release::HandBack`](crate::node::Release::HandBack)) rather than on to the
+    /// next waiter.
+    pub(crate) fn release_after(
         &self,
-        mut stragglers: Stragglers<T::Reply>,
+        mut stragglers: Stragglers<Vote>,
         targets: impl IntoIterator<Item = usize>,
-        target: &T,
+        target: &Target,
         owner: &Owner,
         waiter: Option<&Waiter>,
     ) {
@@ -293,7 +296,7 @@ impl Nodes {
         let now: Vec<usize> = (0..self.len())
             .filter(|&index| wanted[index] && stragglers.answered.contains(index))
             .collect();
-        let cleanup = Cleanup::<T> {
+        let cleanup = Cleanup {
             nodes: self.list.clone(),
             health: self.health.clone(),
             timeout: self.timeout(),
@@ -303,7 +306,7 @@ impl Nodes {
         };
         // The calls are made here, not in the task: a node may act when called
         // (`MemoryNode` does), and the attempt's caller may look right after it returns.
-        let work: Vec<Step<T::Reply>> = now
+        let work: Vec<Step> = now
             .into_iter()
             .map(|index| Step::Now(index, cleanup.release(index)))
             .chain(late.into_iter().map(Step::After))
@@ -321,35 +324,36 @@ impl Nodes {
 }
 
 /// One step of a failed attempt's cleanup.
-enum Step<R> {
+enum Step {
     /// This release on this node: its acquire has answered.
     Now(usize, NodeFuture<bool>),
     /// Release on the node of this acquire once it has finished.
-    After(Pending<R>),
+    After(Pending<Vote>),
 }
 
 /// What a failed attempt's cleanup needs, owned by its task.
-struct Cleanup<T: Target> {
+struct Cleanup {
     nodes: Box<[Arc<dyn Node>]>,
     health: Box<[Arc<Health>]>,
     timeout: Duration,
-    undo: T::Undo,
+    undo: Undo,
     owner: Owner,
     /// The nodes that may hold the attempt's keys.
     wanted: Box<[bool]>,
 }
 
-impl<T: Target> Cleanup<T> {
+impl Cleanup {
     fn release(&self, index: usize) -> NodeFuture<bool> {
-        T::undo_call(&self.undo, &*self.nodes[index], &self.owner.for_node(index))
+        self.undo
+            .call(&*self.nodes[index], &self.owner.for_node(index))
     }
 
-    async fn run(&self, step: Step<T::Reply>) {
+    async fn run(&self, step: Step) {
         let (index, release) = match step {
             Step::Now(index, release) => (index, Some(release)),
             Step::After(acquire) => match acquire.await {
                 // Someone else's key: nothing of ours to release.
-                (_, Ok(reply)) if T::refused(&reply) => return,
+                (_, Ok(Vote::Held { .. } | Vote::OtherMode { .. })) => return,
                 (index, _) => (index, None),
             },
         };

@@ -27,7 +27,7 @@
 //!    Cluster use one script that steps the counter only for a grant.
 //! 3. The token is the maximum of the values answered by the acquiring majority.
 //! 4. Write-back: the counter of every acquiring node that answered less is raised to
-//!    the token (`raise_fence`), and the lease counts only if a majority holds the token
+//!    the token (`raise_fences`), and the lease counts only if a majority holds the token
 //!    within the validity. When all acquiring nodes answered the same value there is
 //!    nothing to raise and acquisition stays one round trip.
 //!

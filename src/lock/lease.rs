@@ -195,10 +195,7 @@ impl LeaseInner {
     }
 
     pub(crate) fn mode(&self) -> LockMode {
-        match &self.members {
-            Members::Single(single, _) => single.mode(),
-            Members::Set(_) => LockMode::Exclusive,
-        }
+        self.members.target.mode()
     }
 
     /// Extends the lease on a majority; see [`Lease::extend`].
@@ -212,10 +209,9 @@ impl LeaseInner {
             .timeout()
             .min(deadline.saturating_duration_since(start));
         let (nodes, owner) = (&locker.nodes, &self.owner);
-        let tally = match &self.members {
-            Members::Single(single, _) => nodes.extend(single, owner, ttl, timeout).await,
-            Members::Set(set) => nodes.extend(&set.0, owner, ttl, timeout).await,
-        };
+        let tally = nodes
+            .extend(&self.members.target, owner, ttl, timeout)
+            .await;
         self.settle_extend(start, tally)
     }
 
@@ -435,10 +431,7 @@ pub(crate) async fn release(inner: &LeaseInner) -> ReleaseOutcome {
         let _ = settled.changed().await;
     }
     let (nodes, owner, waiter) = (&locker.nodes, &inner.owner, inner.waiter.as_ref());
-    let tally = match &inner.members {
-        Members::Single(single, _) => nodes.release(single, owner, waiter).await,
-        Members::Set(set) => nodes.release(&set.0, owner, waiter).await,
-    };
+    let tally = nodes.release(&inner.members.target, owner, waiter).await;
     let quorum = inner.quorum();
     let outcome = if tally.yes >= quorum {
         ReleaseOutcome::Released

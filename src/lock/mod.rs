@@ -27,7 +27,6 @@ pub mod fencing;
 mod health;
 mod lease;
 pub mod metrics;
-mod mode;
 mod options;
 mod quorum;
 pub mod record;
@@ -49,14 +48,14 @@ use tokio::time::Instant;
 use crate::error::ConfigError;
 use crate::node::identity;
 use round::Nodes;
-use target::Single;
+use target::Target;
 use wait::Queues;
 
+pub use crate::node::LockMode;
 pub use drain::Drained;
 pub use error::LockError;
 pub use health::{NodeState, NodeStatus};
 pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
-pub use mode::LockMode;
 pub use options::{Backoff, LockOptions, RetryPolicy};
 pub use set::MAX_RESOURCES_PER_LEASE;
 
@@ -313,8 +312,8 @@ impl Redlock {
         self.shared.nodes.states()
     }
 
-    fn single(&self, resource: Resource) -> Single {
-        Single::new(
+    fn single(&self, resource: Resource) -> Target {
+        Target::one(
             &self.shared.options.key_prefix,
             resource,
             LockMode::Exclusive,
@@ -332,7 +331,7 @@ impl Redlock {
 
     /// Whether this locker can take leases in `mode`: for [`LockMode::Shared`] and
     /// [`LockMode::Counted`] every node must keep shared holders
-    /// ([`Node::shared_modes`](crate::node::Node::shared_modes)); the Redis nodes and the
+    /// ([`Capabilities::shared_modes`](crate::node::Capabilities::shared_modes)); the Redis nodes and the
     /// [`MemoryNode`] do, an etcd node does not. A [`LockLayer`](crate::http::LockLayer)
     /// in such a mode checks it when built.
     pub fn check_mode(&self, mode: LockMode) -> Result<(), ConfigError> {
@@ -340,10 +339,10 @@ impl Redlock {
             return Ok(());
         }
         self.shared.nodes.require(
-            |node| node.shared_modes().is_some(),
+            |node| node.capabilities().shared_modes,
             &format!(
                 "{mode:?} leases need nodes that keep shared holders, and these do not \
-                 (Node::shared_modes is None)"
+                 (Capabilities::shared_modes is false)"
             ),
         )
     }
@@ -370,7 +369,7 @@ impl Redlock {
         mode: LockMode,
     ) -> Result<Lease, LockError> {
         let started = metrics::Started::now();
-        let single = Single::new(&self.shared.options.key_prefix, resource.into(), mode);
+        let single = Target::one(&self.shared.options.key_prefix, resource.into(), mode);
         let result = self.try_once(single).await;
         metrics::acquisition(&result, started);
         result
@@ -391,7 +390,7 @@ impl Redlock {
             .checked_add(timeout)
             .unwrap_or_else(acquire::far_future);
         let resource = resource.into();
-        let single = Single::new(&self.shared.options.key_prefix, resource.clone(), mode);
+        let single = Target::one(&self.shared.options.key_prefix, resource.clone(), mode);
         let waiting = self.queue_and_acquire(single, started, deadline);
         let result = self.unless_draining(&resource, waiting).await;
         metrics::acquisition(&result, metrics::Started::at(started));

@@ -133,7 +133,7 @@ impl LockOptions {
     /// Renew held leases in the background every `ttl / 4` to `ttl / 3` (default on).
     /// One task per locker renews every lease it holds, with one batched call per
     /// node for all the leases due together (see
-    /// [`Node::extend_many`](crate::node::Node::extend_many)).
+    /// [`Node::extend`](crate::node::Node::extend)).
     pub fn watchdog(mut self, enabled: bool) -> Self {
         self.watchdog = enabled;
         self

@@ -20,8 +20,8 @@ use crate::error::{ConfigError, NodeError, NodeFailure};
 use crate::lock::background::{Background, Leftover};
 use crate::lock::health::{Health, NodeState};
 use crate::lock::metrics;
-use crate::lock::target::{Ask, Target, Vote};
-use crate::node::{Node, NodeFuture, Owner, SharedMode, Waiter};
+use crate::lock::target::{Ask, Target};
+use crate::node::{LockMode, Node, NodeFuture, Owner, PerKey, Vote, Waiter};
 
 /// A call still in flight when its round was decided, with its node's index.
 pub(crate) type Pending<T> = Pin<Box<dyn Future<Output = (usize, Result<T, NodeError>)> + Send>>;
@@ -116,7 +116,7 @@ pub(crate) struct Nodes {
     /// Per node, fed by every call made through [`Nodes::watched`].
     pub(crate) health: Box<[Arc<Health>]>,
     quorum: usize,
-    /// Whether a majority keep a wait queue ([`Node::wait_queue`]), read once when the
+    /// Whether a majority keep a wait queue ([`Capabilities::wait_queue`](crate::node::Capabilities::wait_queue)), read once when the
     /// locker is built: waiters are then served in order, else every release wakes
     /// every waiter and the retry policy's backoff applies.
     queued: bool,
@@ -125,11 +125,10 @@ pub(crate) struct Nodes {
     pub(crate) background: Background,
 }
 
-/// The per-node answers of one acquire round; `F`: a grant's fence counters, one per
-/// member.
-pub(crate) struct AcquireTally<F> {
+/// The per-node answers of one acquire round.
+pub(crate) struct AcquireTally {
     /// Nodes that granted every member, with their fence counters.
-    pub(crate) won: Vec<(usize, F)>,
+    pub(crate) won: Vec<(usize, PerKey<u64>)>,
     /// Nodes on which someone else holds a member.
     pub(crate) held: Vec<usize>,
     /// The first member (in canonical order) a node found held.
@@ -137,7 +136,7 @@ pub(crate) struct AcquireTally<F> {
     /// The largest remaining ttl reported by a holder.
     pub(crate) holder_ttl: Option<Duration>,
     /// The mode of shared holders found holding it in another mode than asked.
-    pub(crate) other_mode: Option<SharedMode>,
+    pub(crate) other_mode: Option<LockMode>,
     pub(crate) failures: Vec<NodeFailure>,
 }
 
@@ -173,7 +172,7 @@ impl Nodes {
             .collect();
         let queued = list
             .iter()
-            .filter(|node| node.wait_queue().is_some())
+            .filter(|node| node.capabilities().wait_queue)
             .count()
             >= quorum;
         Nodes {
@@ -249,12 +248,12 @@ impl Nodes {
     /// the lease's validity counts from; the calls time out a node timeout after it).
     /// Returns once a majority granted it, or once it is certain that none can and
     /// whether that is contention or failure, with the calls still in flight then.
-    pub(crate) async fn acquire<T: Target>(
+    pub(crate) async fn acquire(
         &self,
         started: Instant,
-        target: &T,
+        target: &Target,
         ask: &Ask<'_>,
-    ) -> (AcquireTally<T::Each<u64>>, Stragglers<T::Reply>) {
+    ) -> (AcquireTally, Stragglers<Vote>) {
         let mut tally = AcquireTally {
             won: Vec::with_capacity(self.list.len()),
             held: Vec::new(),
@@ -275,11 +274,11 @@ impl Nodes {
             0..self.list.len(),
             self.timeout,
             Some(calls),
-            |index, _| {
+            |index, node| {
                 // Each node gets its own owner value (see `Owner::for_node`).
                 let owner = ask.owner.for_node(index);
                 target.acquire(
-                    &self.list[index],
+                    node,
                     &Ask {
                         owner: &owner,
                         ..*ask
@@ -288,14 +287,14 @@ impl Nodes {
             },
             |index, answer, pending| {
                 seen.insert(index);
-                match answer.map(T::vote) {
-                    Ok(Vote::Granted(fences)) => tally.won.push((index, fences)),
+                match answer {
+                    Ok(Vote::Granted { fences }) => tally.won.push((index, fences)),
                     Ok(Vote::Held { member, pttl }) => {
                         tally.held.push(index);
                         tally.holder_ttl = tally.holder_ttl.max(pttl);
                         tally.first_held = Some(tally.first_held.map_or(member, |m| m.min(member)));
                     }
-                    Ok(Vote::OtherMode(held)) => {
+                    Ok(Vote::OtherMode { held }) => {
                         tally.held.push(index);
                         tally.other_mode = Some(held);
                     }
@@ -319,10 +318,10 @@ impl Nodes {
 
     /// Raises each member's fence counter to its token on the given nodes; returns how
     /// many confirmed.
-    pub(crate) async fn raise<T: Target>(
+    pub(crate) async fn raise(
         &self,
         targets: Vec<usize>,
-        target: &T,
+        target: &Target,
         tokens: &[u64],
         deadline: Instant,
         needed: usize,
@@ -336,7 +335,7 @@ impl Nodes {
         self.fan_out(
             targets,
             timeout,
-            |_, node| target.raise(node, tokens, fence_ttl),
+            |_, node| node.raise_fences(target.keys(), tokens, fence_ttl),
             |index, answer, pending| {
                 match answer {
                     Ok(()) => confirmed += 1,
@@ -355,16 +354,23 @@ impl Nodes {
     /// One extend round: decided once a majority extended, or a majority said the key
     /// is no longer ours, or neither can happen any more. A node says yes to a set only
     /// when every member is ours.
-    pub(crate) async fn extend<T: Target>(
+    pub(crate) async fn extend(
         &self,
-        target: &T,
+        target: &Target,
         owner: &Owner,
         ttl: Duration,
         timeout: Duration,
     ) -> OwnerTally {
         let quorum = target.quorum(self.list.len());
         self.owner_round(quorum, timeout, |index, node| {
-            target.extend(node, &owner.for_node(index), ttl)
+            let owner = owner.for_node(index);
+            let extended = node.extend(&[target.hold(&owner)], ttl);
+            Box::pin(async move {
+                extended
+                    .await?
+                    .pop()
+                    .unwrap_or_else(|| Err(NodeError::Protocol("no answer to an extend".into())))
+            })
         })
         .await
     }
@@ -378,10 +384,10 @@ impl Nodes {
     /// [`Held`](crate::LockError::Held).
     ///
     /// `waiter`: the lease was won by this waiter's attempt (see
-    /// [`Node::release_as_waiter`]).
-    pub(crate) async fn release<T: Target>(
+    /// [`Release::AsWaiter`](crate::node::Release::AsWaiter)).
+    pub(crate) async fn release(
         &self,
-        target: &T,
+        target: &Target,
         owner: &Owner,
         waiter: Option<&Waiter>,
     ) -> OwnerTally {

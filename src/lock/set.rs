@@ -23,7 +23,7 @@
 //! member and waiting for the other. Two rules make that impossible:
 //!
 //! - **All or nothing on each node.** A node grants the whole set or nothing of it
-//!   ([`Node::acquire_set`](crate::node::Node::acquire_set)): a node that finds one member
+//!   ([`Node::acquire`](crate::node::Node::acquire) with a set): a node that finds one member
 //!   held keeps nothing of the request. A round that misses a majority releases
 //!   whatever it got, as a single-resource round does, and the caller waits or retries
 //!   holding nothing on any node. Nobody ever holds part of a set while waiting for the
@@ -38,20 +38,20 @@
 //!
 //! # One call per node, where the store allows it
 //!
-//! Each node kind does the set operations of [`Node`](crate::node::Node) as well as it can:
+//! Every node kind takes a set in its calls of [`Node`](crate::node::Node), as well as it can:
 //!
 //! | node | acquire / extend / release of a set |
 //! |---|---|
 //! | [`MemoryNode`](crate::MemoryNode) | one step under its lock |
 //! | [`RedisNode`](crate::RedisNode), [`SentinelNode`](crate::SentinelNode) | one Lua script each (`acquire_set.lua` checks every member before it writes any, then sets them all with one fence counter per member, floored as `acquire.lua` floors one) |
 //! | `EtcdNode` (feature `etcd`) | one transaction each (`create_revision == 0` compared on every member), the members on one etcd lease |
-//! | [`ClusterNode`](crate::ClusterNode), node kinds of your own | the per-key calls, member after member in canonical order |
+//! | [`ClusterNode`](crate::ClusterNode) | the per-key scripts, member after member in canonical order |
 //!
 //! A Redis Cluster cannot run one script over the members: each resource is its own
 //! hash tag, so the members live in different slots (on different masters), and a
 //! script may only touch keys of one slot. Grouping the members per slot would make
 //! each group atomic but not the set, which still needs the undo path below, so the
-//! cluster keeps the default: it acquires the members in canonical order and, at the
+//! cluster node acquires the members in canonical order and, at the
 //! first one held, releases those it took (without waking anyone) and answers held.
 //! The node's answer is all or nothing all the same; what it loses is atomicity during
 //! the call (another client may see a member taken for a round trip) and one round trip
@@ -64,7 +64,7 @@
 use tokio::time::Instant;
 
 use crate::lock::lease::LeaseHandle;
-use crate::lock::target::Set;
+use crate::lock::target::Target;
 use crate::lock::{metrics, Lease, LockError, Redlock};
 use crate::node::Resource;
 use crate::FencingToken;
@@ -93,8 +93,8 @@ fn canonical<R: Into<Resource>>(
 }
 
 impl Redlock {
-    fn set_of(&self, resources: Vec<Resource>) -> Set {
-        Set::new(&self.shared.options.key_prefix, resources)
+    fn set_of(&self, resources: Vec<Resource>) -> Target {
+        Target::set(&self.shared.options.key_prefix, resources)
     }
 
     /// One attempt at every resource of a set, no waiting: a lease over all of them, or

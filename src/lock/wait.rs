@@ -5,7 +5,7 @@
 //! release of this process hands the resource to the next local waiter at once.
 //!
 //! Across processes, the head waiter joins the resource's **wait queue** on every node
-//! that keeps one ([`Node::wait_queue`](crate::node::Node::wait_queue): Redis and memory
+//! that keeps one ([`Capabilities::wait_queue`](crate::node::Capabilities::wait_queue): Redis and memory
 //! nodes), so that a release wakes only the next waiter, as ZooKeeper and etcd waiters
 //! watch only their predecessor:
 //!
@@ -78,7 +78,6 @@ use tokio::time::Instant;
 use crate::lock::lease::LeaseInner;
 use crate::lock::metrics;
 use crate::lock::round::Nodes;
-use crate::node::NodeCalls;
 use crate::node::ReleaseSignal;
 use crate::node::{Resource, ResourceKeys, Waiter};
 
@@ -415,7 +414,7 @@ impl Nodes {
     ) {
         let timeout = self.timeout();
         let calls: FuturesUnordered<_> = nodes
-            .filter(|node| node.wait_queue().is_some())
+            .filter(|node| node.capabilities().wait_queue)
             .map(|node| tokio::time::timeout(timeout, node.leave_queue(keys, waiter)))
             .collect();
         if !calls.is_empty() {
@@ -474,7 +473,7 @@ impl Nodes {
         let calls: FuturesUnordered<_> = self
             .each()
             .map(|node| {
-                let keys = if node.wait_queue().is_some() {
+                let keys = if node.capabilities().wait_queue {
                     &own
                 } else {
                     keys

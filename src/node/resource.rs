@@ -266,12 +266,12 @@ pub struct ResourceKeys {
 
 impl ResourceKeys {
     /// The wait queue's key (a sorted set of waiter ids, see
-    /// [`Node::wait_queue`](crate::node::Node::wait_queue)): the lock key and `:queue`.
+    /// [`Capabilities::wait_queue`](crate::node::Capabilities::wait_queue)): the lock key and `:queue`.
     pub fn queue(&self) -> String {
         [self.lock.as_str(), QUEUE_SUFFIX].concat()
     }
 
-    /// A waiting writer's intent (see [`SharedModes`](crate::node::SharedModes)): the
+    /// A waiting writer's intent (see [`LockMode`](crate::LockMode)): the
     /// lock key and `:writer`, in the same slot.
     pub fn writer(&self) -> String {
         [self.lock.as_str(), WRITER_SUFFIX].concat()

@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tower_redlock::node::{
-    AcquireReply, AcquireRequest, ExtendEntry, NodeFuture, Owner, ReleaseSignal, ResourceKeys,
+    Acquire, Hold, NodeFuture, Owner, Release, ReleaseSignal, ResourceKeys, Vote,
 };
-use tower_redlock::{node::Node, Lease, LockOptions, MemoryNode, RedisNode, Redlock};
+use tower_redlock::NodeError;
+use tower_redlock::{node::Node, Lease, LockMode, LockOptions, MemoryNode, RedisNode, Redlock};
 
 /// Over two script chunks' worth, so the pipeline carries three scripts.
 const ENTRIES: usize = 600;
@@ -75,15 +76,17 @@ fn keys_of(lease: &Lease) -> ResourceKeys {
 
 async fn extend_all(node: &dyn Node, leases: &[Lease]) -> Vec<bool> {
     let keys: Vec<_> = leases.iter().map(keys_of).collect();
-    let entries: Vec<ExtendEntry<'_>> = keys
+    let owners: Vec<Owner> = leases.iter().map(|lease| lease.owner_on(0)).collect();
+    let holds: Vec<Hold<'_>> = keys
         .iter()
-        .zip(leases)
-        .map(|(keys, lease)| ExtendEntry {
-            keys,
-            owner: lease.owner_on(0),
+        .zip(&owners)
+        .map(|(keys, owner)| Hold {
+            keys: std::slice::from_ref(keys),
+            owner,
+            mode: LockMode::Exclusive,
         })
         .collect();
-    node.extend_many(&entries, EXTENDED_TTL)
+    node.extend(&holds, EXTENDED_TTL)
         .await
         .unwrap()
         .into_iter()
@@ -162,24 +165,43 @@ async fn a_memory_node_extends_many_keys_and_answers_each() {
     }
 }
 
-/// A node kind without its own batch: the default makes one `extend` per entry.
+/// A node kind without a batch of its own: one call per hold.
 struct PerKey(MemoryNode);
 
 impl Node for PerKey {
     fn name(&self) -> &str {
         "per-key"
     }
-    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
         self.0.acquire(request)
     }
-    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.0.extend(keys, owner, ttl)
+    fn extend(
+        &self,
+        holds: &[Hold<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        let calls: Vec<_> = holds
+            .iter()
+            .map(|hold| self.0.extend(std::slice::from_ref(hold), ttl))
+            .collect();
+        Box::pin(async move {
+            let answers = futures_util::future::join_all(calls).await;
+            Ok(answers
+                .into_iter()
+                .map(|answer| answer.and_then(|mut one| one.pop().unwrap_or(Ok(false))))
+                .collect())
+        })
     }
-    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
-        self.0.release(keys, owner)
+    fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
+        self.0.release(hold, how)
     }
-    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
-        self.0.raise_fence(keys, token, fence_ttl)
+    fn raise_fences(
+        &self,
+        keys: &[ResourceKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        self.0.raise_fences(keys, tokens, fence_ttl)
     }
     fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         self.0.subscribe(keys)
@@ -200,11 +222,13 @@ async fn the_default_batch_extends_key_by_key() {
     // A node that is down fails every entry of the batch, not the batch.
     memory.set_available(false);
     let keys = keys_of(&leases[0]);
-    let entries = [ExtendEntry {
-        keys: &keys,
-        owner: leases[0].owner_on(0),
+    let owner = leases[0].owner_on(0);
+    let holds = [Hold {
+        keys: std::slice::from_ref(&keys),
+        owner: &owner,
+        mode: LockMode::Exclusive,
     }];
-    let answers = node.extend_many(&entries, EXTENDED_TTL).await.unwrap();
+    let answers = node.extend(&holds, EXTENDED_TTL).await.unwrap();
     assert!(matches!(answers[..], [Err(_)]), "{answers:?}");
 }
 

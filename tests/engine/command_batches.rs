@@ -17,8 +17,8 @@ use std::time::Duration;
 use support::node_calls::{self, owners};
 use support::RedisServer;
 use tokio::sync::oneshot;
-use tower_redlock::node::{AcquireReply, AcquireRequest, NodeFuture, Owner, ResourceKeys};
-use tower_redlock::{node::Node, RedisNode};
+use tower_redlock::node::{Acquire, Hold, NodeFuture, Owner, Release, ResourceKeys, Vote};
+use tower_redlock::{node::Node, LockMode, RedisNode};
 
 /// The least fence value of a fenced call.
 const FLOOR: u64 = 1 << 20;
@@ -44,10 +44,11 @@ impl Call {
         }
     }
 
-    fn acquire(&self, node: &RedisNode, fencing: bool) -> NodeFuture<AcquireReply> {
-        node.acquire(&AcquireRequest {
-            keys: &self.keys,
+    fn acquire(&self, node: &RedisNode, fencing: bool) -> NodeFuture<Vote> {
+        node.acquire(&Acquire {
+            keys: std::slice::from_ref(&self.keys),
             owner: &self.owner,
+            mode: LockMode::Exclusive,
             ttl: Duration::from_secs(60),
             fence_ttl: Duration::from_secs(600),
             fencing,
@@ -55,6 +56,15 @@ impl Call {
             seed_only_when_missing: false,
             waiter: None,
         })
+    }
+
+    fn release(&self, node: &RedisNode) -> NodeFuture<bool> {
+        let hold = Hold {
+            keys: std::slice::from_ref(&self.keys),
+            owner: &self.owner,
+            mode: LockMode::Exclusive,
+        };
+        node.release(&hold, Release::Wake)
     }
 
     fn owner(&self) -> String {
@@ -77,14 +87,12 @@ async fn finish<T>(call: NodeFuture<T>) -> T {
     }
 }
 
-fn acquired(reply: AcquireReply) -> bool {
-    matches!(reply, AcquireReply::Acquired { .. })
+fn acquired(reply: Vote) -> bool {
+    matches!(reply, Vote::Granted { .. })
 }
 
 /// A node connected to a paused server, with one call in flight; and that call.
-async fn one_batch_in_flight(
-    server: &mut RedisServer,
-) -> (RedisNode, Call, NodeFuture<AcquireReply>) {
+async fn one_batch_in_flight(server: &mut RedisServer) -> (RedisNode, Call, NodeFuture<Vote>) {
     let node = RedisNode::open(server.url()).unwrap();
     // Connect first, so that a call's first poll hands it to the connection.
     let warm_up = Call::new("warm-up").await;
@@ -320,11 +328,11 @@ async fn every_caller_gets_its_own_replies_under_load() {
                 tokio::spawn(async move {
                     for i in 0..50 {
                         let call = Call::new(&format!("load:{fencing}:{t}:{i}")).await;
-                        let AcquireReply::Acquired { fence } =
-                            finish(call.acquire(&node, fencing)).await
+                        let Vote::Granted { fences } = finish(call.acquire(&node, fencing)).await
                         else {
                             panic!("task {t}: a fresh key was held");
                         };
+                        let fence = fences[0];
                         assert_eq!(fence >= FLOOR, fencing, "task {t}: fence {fence}");
                         let rival = Call {
                             keys: call.keys.clone(),
@@ -332,8 +340,8 @@ async fn every_caller_gets_its_own_replies_under_load() {
                         };
                         let reply = finish(rival.acquire(&node, fencing)).await;
                         assert!(!acquired(reply), "task {t}: a held key was granted");
-                        assert!(finish(node.release(&call.keys, &call.owner)).await);
-                        assert!(!finish(node.release(&call.keys, &call.owner)).await);
+                        assert!(finish(call.release(&node)).await);
+                        assert!(!finish(call.release(&node)).await);
                     }
                 })
             })

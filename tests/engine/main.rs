@@ -17,6 +17,8 @@ mod acquire_script;
 mod batch;
 #[cfg(feature = "redis")]
 mod command_batches;
+#[cfg(all(feature = "redis", feature = "test-util"))]
+mod conformance;
 #[cfg(feature = "redis")]
 mod engine;
 #[cfg(feature = "redis")]

@@ -1,4 +1,4 @@
-//! Shared and counted holders at the node level (`tower_redlock::node::SharedModes`),
+//! Shared and counted holders at the node level (`tower_redlock::LockMode`'s contract),
 //! each check run on a `MemoryNode` and on a real `redis-server` (`RedisNode`): readers
 //! share, a writer excludes them and they exclude it, a waiting writer holds new readers
 //! back until it is served or its intent expires, never more than `n` permits, a dead
@@ -15,11 +15,10 @@ use bytes::Bytes;
 use support::node_calls::{keys, owners};
 use support::RedisServer;
 use tower_redlock::node::{
-    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ClaimReply, ClaimRequest,
-    ExtendEntry, Owner, Record, ResourceKeys, SharedMode, SharedModes, SharedRequest, StoreReply,
-    StoreRequest, Waiter,
+    Acquire, ClaimReply, ClaimRequest, Hold, Owner, Record, Release, ResourceKeys, StoreReply,
+    StoreRequest, Vote, Waiter,
 };
-use tower_redlock::{node::Node, FencingToken, MemoryNode, RedisNode};
+use tower_redlock::{node::Node, FencingToken, LockMode, MemoryNode, RedisNode};
 
 const TTL: Duration = Duration::from_secs(10);
 const FENCE_TTL: Duration = Duration::from_secs(3600);
@@ -60,8 +59,33 @@ on_both!(
     exclusive_calls_meeting_shared_holders_answer,
 );
 
-fn modes(node: &Arc<dyn Node>) -> &dyn SharedModes {
-    node.shared_modes().expect("the node keeps shared holders")
+/// What `owner` holds of the one resource `keys` in `mode`.
+fn hold<'a>(keys: &'a ResourceKeys, owner: &'a Owner, mode: LockMode) -> Hold<'a> {
+    Hold {
+        keys: std::slice::from_ref(keys),
+        owner,
+        mode,
+    }
+}
+
+/// A shared holder's release (which shared mode does not matter to a node).
+async fn release_shared(node: &Arc<dyn Node>, keys: &ResourceKeys, owner: &Owner) -> bool {
+    let hold = hold(keys, owner, LockMode::Shared);
+    node.release(&hold, Release::Wake).await.unwrap()
+}
+
+async fn release(node: &Arc<dyn Node>, keys: &ResourceKeys, owner: &Owner) -> bool {
+    let hold = hold(keys, owner, LockMode::Exclusive);
+    node.release(&hold, Release::Wake).await.unwrap()
+}
+
+/// One hold's extend, a batch of one.
+async fn extend(node: &Arc<dyn Node>, hold: Hold<'_>, ttl: Duration) -> bool {
+    let answers = node.extend(&[hold], ttl).await.unwrap();
+    let [answer] = &answers[..] else {
+        panic!("one answer per hold: {answers:?}");
+    };
+    *answer.as_ref().unwrap()
 }
 
 fn resource(name: &str) -> ResourceKeys {
@@ -72,19 +96,21 @@ async fn shared(
     node: &Arc<dyn Node>,
     keys: &ResourceKeys,
     owner: &Owner,
-    mode: SharedMode,
+    mode: LockMode,
     ttl: Duration,
-) -> AcquireReply {
-    let request = SharedRequest {
-        keys,
+) -> Vote {
+    let request = Acquire {
+        keys: std::slice::from_ref(keys),
         owner,
         mode,
         ttl,
         fence_ttl: FENCE_TTL,
         fencing: true,
         fence_floor: 1,
+        seed_only_when_missing: false,
+        waiter: None,
     };
-    modes(node).acquire_shared(&request).await.unwrap()
+    node.acquire(&request).await.unwrap()
 }
 
 async fn exclusive(
@@ -92,10 +118,11 @@ async fn exclusive(
     keys: &ResourceKeys,
     owner: &Owner,
     waiter: Option<&Waiter>,
-) -> AcquireReply {
-    let request = AcquireRequest {
-        keys,
+) -> Vote {
+    let request = Acquire {
+        keys: std::slice::from_ref(keys),
         owner,
+        mode: LockMode::Exclusive,
         ttl: TTL,
         fence_ttl: FENCE_TTL,
         fencing: true,
@@ -106,15 +133,15 @@ async fn exclusive(
     node.acquire(&request).await.unwrap()
 }
 
-fn token(reply: AcquireReply) -> u64 {
+fn token(reply: Vote) -> u64 {
     match reply {
-        AcquireReply::Acquired { fence } => fence,
+        Vote::Granted { fences } => fences[0],
         held => panic!("expected a grant, got {held:?}"),
     }
 }
 
-fn is_held(reply: &AcquireReply) -> bool {
-    matches!(reply, AcquireReply::Held { .. })
+fn is_held(reply: &Vote) -> bool {
+    matches!(reply, Vote::Held { .. })
 }
 
 fn waiter(id: &str, queue_ttl: Duration) -> Waiter {
@@ -125,7 +152,7 @@ fn waiter(id: &str, queue_ttl: Duration) -> Waiter {
     }
 }
 
-const READ: SharedMode = SharedMode::Shared;
+const READ: LockMode = LockMode::Shared;
 
 async fn readers_share_and_exclude_the_writer(node: Arc<dyn Node>, _: Option<&RedisServer>) {
     let keys = resource("share");
@@ -134,13 +161,16 @@ async fn readers_share_and_exclude_the_writer(node: Arc<dyn Node>, _: Option<&Re
     token(shared(&node, &keys, &r1, READ, TTL).await);
     token(shared(&node, &keys, &r2, READ, TTL).await);
     let refused = exclusive(&node, &keys, &w, None).await;
-    let AcquireReply::Held { pttl: Some(pttl) } = refused else {
+    let Vote::Held {
+        pttl: Some(pttl), ..
+    } = refused
+    else {
         panic!("a writer beside readers: {refused:?}");
     };
     assert!(pttl <= TTL);
-    assert!(modes(&node).release_shared(&keys, &r1).await.unwrap());
+    assert!(release_shared(&node, &keys, &r1).await);
     assert!(is_held(&exclusive(&node, &keys, &w, None).await));
-    assert!(modes(&node).release_shared(&keys, &r2).await.unwrap());
+    assert!(release_shared(&node, &keys, &r2).await);
     token(exclusive(&node, &keys, &w, None).await);
 }
 
@@ -150,14 +180,14 @@ async fn a_writer_excludes_readers_and_permits(node: Arc<dyn Node>, _: Option<&R
     let (w, r, p) = (owner.for_node(1), owner.for_node(2), owner.for_node(3));
     token(exclusive(&node, &keys, &w, None).await);
     assert!(is_held(&shared(&node, &keys, &r, READ, TTL).await));
-    let permit = SharedMode::counted(5).unwrap();
+    let permit = LockMode::counted(5).unwrap();
     assert!(is_held(&shared(&node, &keys, &p, permit, TTL).await));
-    assert!(node.release(&keys, &w).await.unwrap());
+    assert!(release(&node, &keys, &w).await);
     token(shared(&node, &keys, &r, READ, TTL).await);
     // A permit among readers: the holders' mode, not contention.
     let other = shared(&node, &keys, &p, permit, TTL).await;
-    assert_eq!(other, AcquireReply::OtherMode { held: READ });
-    assert!(modes(&node).release_shared(&keys, &r).await.unwrap());
+    assert_eq!(other, Vote::OtherMode { held: READ });
+    assert!(release_shared(&node, &keys, &r).await);
     token(shared(&node, &keys, &p, permit, TTL).await);
 }
 
@@ -184,17 +214,16 @@ async fn a_waiting_writer_holds_new_readers_back_until_served(
     // A stream of readers does not starve it: new readers wait behind it.
     assert!(is_held(&shared(&node, &keys, &r2, READ, TTL).await));
 
-    assert!(modes(&node).release_shared(&keys, &r1).await.unwrap());
+    assert!(release_shared(&node, &keys, &r1).await);
     tokio::time::timeout(PATIENCE, woken.changed())
         .await
         .expect("the last reader's release wakes the queued writer");
     // Reserved for the writer: readers still wait, the writer takes it.
     assert!(is_held(&shared(&node, &keys, &r2, READ, TTL).await));
     token(exclusive(&node, &keys, &w, Some(&writer)).await);
+    let won = hold(&keys, &w, LockMode::Exclusive);
     assert!(node
-        .wait_queue()
-        .unwrap()
-        .release_as_waiter(&keys, &w, &writer)
+        .release(&won, Release::AsWaiter(&writer))
         .await
         .unwrap());
     // Served: its intent no longer holds readers back, though its ttl has not run out.
@@ -217,11 +246,7 @@ async fn an_abandoned_writers_intent_expires(node: Arc<dyn Node>, _: Option<&Red
     support::eventually_async("the dead writer's intent expires", PATIENCE, || {
         let (node, keys, r2) = (reader.clone(), keys.clone(), r2.clone());
         async move {
-            node.wait_queue()
-                .unwrap()
-                .listen_for_release(&keys, TTL)
-                .await
-                .unwrap();
+            node.listen_for_release(&keys, TTL).await.unwrap();
             !is_held(&shared(&node, &keys, &r2, READ, TTL).await)
         }
     })
@@ -234,7 +259,7 @@ async fn permits_are_never_exceeded(node: Arc<dyn Node>, _: Option<&RedisServer>
     const CYCLES: usize = 60;
     let keys = Arc::new(resource("permits"));
     let owner = owners().await;
-    let mode = SharedMode::counted(PERMITS as u32).unwrap();
+    let mode = LockMode::counted(PERMITS as u32).unwrap();
     let holding = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let granted = Arc::new(AtomicUsize::new(0));
@@ -255,7 +280,7 @@ async fn permits_are_never_exceeded(node: Arc<dyn Node>, _: Option<&RedisServer>
                     granted.fetch_add(1, Ordering::SeqCst);
                     tokio::task::yield_now().await;
                     holding.fetch_sub(1, Ordering::SeqCst);
-                    assert!(modes(&node).release_shared(&keys, &owner).await.unwrap());
+                    assert!(release_shared(&node, &keys, &owner).await);
                 }
             })
         })
@@ -274,11 +299,14 @@ async fn a_dead_holders_permit_frees_itself(node: Arc<dyn Node>, _: Option<&Redi
     let (live, dead, next) = (owner.for_node(1), owner.for_node(2), owner.for_node(3));
     // A live holder keeps the resource's key alive (longer than the test waits): the
     // dead one's entry must be pruned by itself.
-    let two = SharedMode::counted(2).unwrap();
+    let two = LockMode::counted(2).unwrap();
     token(shared(&node, &keys, &live, two, 6 * PATIENCE).await);
     token(shared(&node, &keys, &dead, two, Duration::from_millis(200)).await);
     let refused = shared(&node, &keys, &next, two, TTL).await;
-    let AcquireReply::Held { pttl: Some(pttl) } = refused else {
+    let Vote::Held {
+        pttl: Some(pttl), ..
+    } = refused
+    else {
         panic!("a third holder of two permits: {refused:?}");
     };
     // The earliest permit's expiry: the dead holder's.
@@ -290,48 +318,30 @@ async fn a_dead_holders_permit_frees_itself(node: Arc<dyn Node>, _: Option<&Redi
     })
     .await;
     // The dead holder's entry stays lost.
-    assert!(!modes(&node).extend_shared(&keys, &dead, TTL).await.unwrap());
-    assert!(!modes(&node).release_shared(&keys, &dead).await.unwrap());
+    assert!(!extend(&node, hold(&keys, &dead, READ), TTL).await);
+    assert!(!release_shared(&node, &keys, &dead).await);
 }
 
 async fn only_the_owner_extends_or_releases(node: Arc<dyn Node>, _: Option<&RedisServer>) {
     let keys = resource("owner");
     let owner = owners().await;
     let (holder, stranger, w) = (owner.for_node(1), owner.for_node(2), owner.for_node(3));
-    let one = SharedMode::counted(1).unwrap();
+    let one = LockMode::counted(1).unwrap();
     token(shared(&node, &keys, &holder, one, TTL).await);
-    assert!(!modes(&node).release_shared(&keys, &stranger).await.unwrap());
-    assert!(!modes(&node)
-        .extend_shared(&keys, &stranger, TTL)
-        .await
-        .unwrap());
+    assert!(!release_shared(&node, &keys, &stranger).await);
+    assert!(!extend(&node, hold(&keys, &stranger, READ), TTL).await);
     assert!(is_held(&shared(&node, &keys, &stranger, one, TTL).await));
     assert!(is_held(&exclusive(&node, &keys, &w, None).await));
-    assert!(modes(&node)
-        .extend_shared(&keys, &holder, TTL)
-        .await
-        .unwrap());
+    assert!(extend(&node, hold(&keys, &holder, READ), TTL).await);
     // The batched renewal: per entry, ours or not.
-    let entries = [
-        ExtendEntry {
-            keys: &keys,
-            owner: holder.clone(),
-        },
-        ExtendEntry {
-            keys: &keys,
-            owner: stranger.clone(),
-        },
-    ];
-    let extended = modes(&node)
-        .extend_shared_many(&entries, TTL)
-        .await
-        .unwrap();
+    let holds = [hold(&keys, &holder, one), hold(&keys, &stranger, one)];
+    let extended = node.extend(&holds, TTL).await.unwrap();
     assert_eq!(
         extended.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
         [true, false]
     );
-    assert!(modes(&node).release_shared(&keys, &holder).await.unwrap());
-    assert!(!modes(&node).release_shared(&keys, &holder).await.unwrap());
+    assert!(release_shared(&node, &keys, &holder).await);
+    assert!(!release_shared(&node, &keys, &holder).await);
     token(shared(&node, &keys, &stranger, one, TTL).await);
 }
 
@@ -344,29 +354,21 @@ async fn a_release_wakes_the_listeners(node: Arc<dyn Node>, _: Option<&RedisServ
     // A writer's release wakes the readers waiting on the resource's channel.
     token(exclusive(&node, &keys, &w, None).await);
     assert!(is_held(&shared(&node, &keys, &a, READ, TTL).await));
-    node.wait_queue()
-        .unwrap()
-        .listen_for_release(&keys, TTL)
-        .await
-        .unwrap();
+    node.listen_for_release(&keys, TTL).await.unwrap();
     released.mark_seen();
-    assert!(node.release(&keys, &w).await.unwrap());
+    assert!(release(&node, &keys, &w).await);
     tokio::time::timeout(PATIENCE, released.changed())
         .await
         .expect("a writer's release wakes the readers");
 
     // A permit's release wakes a permit waiter, while other holders remain.
-    let two = SharedMode::counted(2).unwrap();
+    let two = LockMode::counted(2).unwrap();
     token(shared(&node, &keys, &a, two, TTL).await);
     token(shared(&node, &keys, &b, two, TTL).await);
     assert!(is_held(&shared(&node, &keys, &w, two, TTL).await));
-    node.wait_queue()
-        .unwrap()
-        .listen_for_release(&keys, TTL)
-        .await
-        .unwrap();
+    node.listen_for_release(&keys, TTL).await.unwrap();
     released.mark_seen();
-    assert!(modes(&node).release_shared(&keys, &a).await.unwrap());
+    assert!(release_shared(&node, &keys, &a).await);
     tokio::time::timeout(PATIENCE, released.changed())
         .await
         .expect("a permit's release wakes a waiter");
@@ -383,12 +385,12 @@ async fn tokens_come_from_the_one_counter(node: Arc<dyn Node>, _: Option<&RedisS
         owner.for_node(4),
     );
     let first = token(exclusive(&node, &keys, &w1, None).await);
-    assert!(node.release(&keys, &w1).await.unwrap());
+    assert!(release(&node, &keys, &w1).await);
     let read1 = token(shared(&node, &keys, &r1, READ, TTL).await);
     let read2 = token(shared(&node, &keys, &r2, READ, TTL).await);
     assert!(read1 > first && read2 > first, "{first} {read1} {read2}");
-    assert!(modes(&node).release_shared(&keys, &r1).await.unwrap());
-    assert!(modes(&node).release_shared(&keys, &r2).await.unwrap());
+    assert!(release_shared(&node, &keys, &r1).await);
+    assert!(release_shared(&node, &keys, &r2).await);
     let second = token(exclusive(&node, &keys, &w2, None).await);
     assert!(second > read1.max(read2), "{read1} {read2} {second}");
 }
@@ -409,14 +411,11 @@ async fn exclusive_calls_meeting_shared_holders_answer(
     // script), and the unfenced one (a plain SET NX).
     assert!(is_held(&exclusive(&node, &keys, &w, None).await));
     assert!(is_held(&exclusive(&node, &keys, &w, Some(&writer)).await));
-    node.wait_queue()
-        .unwrap()
-        .leave_queue(&keys, &writer)
-        .await
-        .unwrap();
-    let plain = AcquireRequest {
-        keys: &keys,
+    node.leave_queue(&keys, &writer).await.unwrap();
+    let plain = Acquire {
+        keys: std::slice::from_ref(&keys),
         owner: &w,
+        mode: LockMode::Exclusive,
         ttl: TTL,
         fence_ttl: FENCE_TTL,
         fencing: false,
@@ -425,46 +424,55 @@ async fn exclusive_calls_meeting_shared_holders_answer(
         waiter: None,
     };
     assert!(is_held(&node.acquire(&plain).await.unwrap()));
-    assert!(!node.extend(&keys, &reader, TTL).await.unwrap());
-    let entry = [ExtendEntry {
-        keys: &keys,
-        owner: reader.clone(),
-    }];
+    assert!(!extend(&node, hold(&keys, &reader, LockMode::Exclusive), TTL).await);
+    let other = resource("types-batch");
+    let entry = [
+        hold(&keys, &reader, LockMode::Exclusive),
+        hold(&other, &reader, LockMode::Exclusive),
+    ];
     assert_eq!(
-        node.extend_many(&entry, TTL)
+        node.extend(&entry, TTL)
             .await
             .unwrap()
             .into_iter()
             .map(Result::unwrap)
             .collect::<Vec<_>>(),
-        [false]
+        [false, false]
     );
-    assert!(!node.release(&keys, &reader).await.unwrap());
-    let queue = node.wait_queue().unwrap();
-    assert!(!queue
-        .release_as_waiter(&keys, &reader, &writer)
+    assert!(!release(&node, &keys, &reader).await);
+    let as_reader = hold(&keys, &reader, LockMode::Exclusive);
+    assert!(!node
+        .release(&as_reader, Release::AsWaiter(&writer))
         .await
         .unwrap());
-    assert!(!queue.hand_back(&keys, &reader, &writer).await.unwrap());
+    assert!(!node
+        .release(&as_reader, Release::HandBack(&writer))
+        .await
+        .unwrap());
     let members = [keys.clone(), resource("types-other")];
-    let set = AcquireSetRequest {
+    let set = Acquire {
         keys: &members,
         owner: &w,
+        mode: LockMode::Exclusive,
         ttl: TTL,
         fence_ttl: FENCE_TTL,
         fencing: true,
         fence_floor: 1,
         seed_only_when_missing: false,
+        waiter: None,
     };
-    let sets = node.sets().unwrap();
-    let reply = sets.acquire_set(&set).await.unwrap();
-    assert!(
-        matches!(reply, AcquireSetReply::Held { member: 0, .. }),
-        "{reply:?}"
-    );
-    assert!(!sets.extend_set(&members, &reader, TTL).await.unwrap());
-    assert!(!sets.release_set(&members, &reader).await.unwrap());
-    node.raise_fence(&keys, 1, FENCE_TTL).await.unwrap();
+    let reply = node.acquire(&set).await.unwrap();
+    assert!(matches!(reply, Vote::Held { member: 0, .. }), "{reply:?}");
+    let set_hold = Hold {
+        keys: &members,
+        owner: &reader,
+        mode: LockMode::Exclusive,
+    };
+    assert!(!extend(&node, set_hold, TTL).await);
+    assert!(!node.release(&set_hold, Release::Wake).await.unwrap());
+    node.raise_fences(std::slice::from_ref(&keys), &[1], FENCE_TTL)
+        .await
+        .unwrap();
 
     let records = node.records().expect("records");
     let claim = ClaimRequest {
@@ -503,11 +511,8 @@ async fn exclusive_calls_meeting_shared_holders_answer(
             support::RespValue::Integer(1)
         );
     }
-    assert!(modes(&node)
-        .extend_shared(&keys, &reader, TTL)
-        .await
-        .unwrap());
-    assert!(modes(&node).release_shared(&keys, &reader).await.unwrap());
+    assert!(extend(&node, hold(&keys, &reader, READ), TTL).await);
+    assert!(release_shared(&node, &keys, &reader).await);
     token(exclusive(&node, &keys, &w, None).await);
 }
 

@@ -11,9 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{eventually, RedisServer};
-use tower_redlock::node::{
-    AcquireReply, AcquireRequest, ExtendEntry, NodeFuture, Owner, ReleaseSignal, ResourceKeys,
-};
+use tower_redlock::node::{Acquire, Hold, NodeFuture, Release, ReleaseSignal, ResourceKeys, Vote};
+use tower_redlock::NodeError;
 use tower_redlock::{
     node::Node, LockError, LockOptions, LostCause, MemoryNode, RedisNode, Redlock, ReleaseOutcome,
 };
@@ -275,7 +274,7 @@ async fn max_hold_of_duration_max_is_no_limit() {
     assert_eq!(lease.release().await, ReleaseOutcome::Released);
 }
 
-/// A node that forwards to a Redis server, and panics in `extend_many` while `fail`
+/// A node that forwards to a Redis server, and panics in `extend` while `fail`
 /// is set: a custom node with a bug, inside the renewal task.
 struct PanickingRenewals {
     inner: RedisNode,
@@ -286,28 +285,30 @@ impl Node for PanickingRenewals {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
         self.inner.acquire(request)
     }
-    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.inner.extend(keys, owner, ttl)
-    }
-    fn extend_many(
+    fn extend(
         &self,
-        entries: &[ExtendEntry<'_>],
+        holds: &[Hold<'_>],
         ttl: Duration,
-    ) -> NodeFuture<Vec<Result<bool, tower_redlock::NodeError>>> {
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
         assert!(
             !self.fail.load(Ordering::SeqCst),
-            "a node bug in extend_many (expected by the test)"
+            "a node bug in extend (expected by the test)"
         );
-        self.inner.extend_many(entries, ttl)
+        self.inner.extend(holds, ttl)
     }
-    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
-        self.inner.release(keys, owner)
+    fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
+        self.inner.release(hold, how)
     }
-    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
-        self.inner.raise_fence(keys, token, fence_ttl)
+    fn raise_fences(
+        &self,
+        keys: &[ResourceKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        self.inner.raise_fences(keys, tokens, fence_ttl)
     }
     fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         self.inner.subscribe(keys)

@@ -9,9 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_redlock::node::{
-    AcquireReply, AcquireRequest, NodeFuture, Owner, ReleaseSignal, ResourceKeys,
-};
+use tower_redlock::node::{Acquire, Hold, NodeFuture, Release, ReleaseSignal, ResourceKeys, Vote};
 use tower_redlock::{
     node::Node, LockError, LockOptions, MemoryNode, NodeError, Redlock, ReleaseOutcome,
 };
@@ -384,21 +382,30 @@ impl Node for CountingNode {
         "counting"
     }
 
-    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
         self.inner.acquire(request)
     }
 
-    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.inner.extend(keys, owner, ttl)
+    fn extend(
+        &self,
+        holds: &[Hold<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        self.inner.extend(holds, ttl)
     }
 
-    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
-        self.inner.release(keys, owner)
+    fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
+        self.inner.release(hold, how)
     }
 
-    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
+    fn raise_fences(
+        &self,
+        keys: &[ResourceKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
         self.raises.fetch_add(1, Ordering::SeqCst);
-        self.inner.raise_fence(keys, token, fence_ttl)
+        self.inner.raise_fences(keys, tokens, fence_ttl)
     }
 
     fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {

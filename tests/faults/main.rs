@@ -76,9 +76,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower_redlock::node::HANDOFF_TTL;
-use tower_redlock::node::{
-    AcquireReply, AcquireRequest, NodeFuture, Owner, ReleaseSignal, ResourceKeys,
-};
+use tower_redlock::node::{Acquire, Hold, NodeFuture, Release, ReleaseSignal, ResourceKeys, Vote};
 use tower_redlock::{
     node::Node, Lease, LockError, LockOptions, LostCause, NodeError, RedisNode, Redlock,
     ReleaseOutcome, Resource,
@@ -175,17 +173,21 @@ impl Node for DelOnRelease {
         self.inner.name()
     }
 
-    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
         self.inner.acquire(request)
     }
 
-    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.inner.extend(keys, owner, ttl)
+    fn extend(
+        &self,
+        holds: &[Hold<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        self.inner.extend(holds, ttl)
     }
 
-    fn release(&self, keys: &ResourceKeys, _owner: &Owner) -> NodeFuture<bool> {
+    fn release(&self, hold: &Hold<'_>, _how: Release<'_>) -> NodeFuture<bool> {
         let mut conn = self.conn.clone();
-        let key = keys.lock.clone();
+        let key = hold.keys[0].lock.clone();
         Box::pin(async move {
             let deleted: i64 = redis::cmd("DEL")
                 .arg(&key)
@@ -196,8 +198,13 @@ impl Node for DelOnRelease {
         })
     }
 
-    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
-        self.inner.raise_fence(keys, token, fence_ttl)
+    fn raise_fences(
+        &self,
+        keys: &[ResourceKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        self.inner.raise_fences(keys, tokens, fence_ttl)
     }
 
     fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {

@@ -9,9 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use super::*;
-use tower_redlock::node::{
-    AcquireReply, AcquireRequest, Owner, ResourceKeys, SharedMode, SharedModes, SharedRequest,
-};
+use tower_redlock::node::{Owner, Release, ResourceKeys};
 use tower_redlock::{node::Node, LockMode, RedisNode};
 
 /// How a section held its resource.
@@ -214,12 +212,12 @@ async fn modes_hold_on_a_node() {
         .map(|task| {
             // Tasks 0–7 read and write `rw` (one writer in four), the rest take permits.
             let (resource, mode, node_mode) = match task {
-                0 | 4 => ("rw", Mode::Exclusive, None),
-                1..=7 => ("rw", Mode::Shared, Some(SharedMode::Shared)),
+                0 | 4 => ("rw", Mode::Exclusive, LockMode::Exclusive),
+                1..=7 => ("rw", Mode::Shared, LockMode::Shared),
                 _ => (
                     "permits",
                     Mode::Counted(PERMITS),
-                    SharedMode::counted(u32::try_from(asked).unwrap()),
+                    LockMode::counted(u32::try_from(asked).unwrap()).unwrap(),
                 ),
             };
             let keys = support::node_calls::keys(format!("modes:{{{resource}}}"));
@@ -243,10 +241,9 @@ async fn modes_hold_on_a_node() {
                         start,
                         end: Some(end),
                     });
-                    let released = match node_mode {
-                        None => node.release(&keys, &owner).await,
-                        Some(_) => shared(&node).release_shared(&keys, &owner).await,
-                    };
+                    let keys = std::slice::from_ref(&keys);
+                    let hold = support::node_calls::hold(keys, &owner, node_mode);
+                    let released = node.release(&hold, Release::Wake).await;
                     assert!(released.unwrap(), "task {task} released what it held");
                 }
             })
@@ -268,46 +265,11 @@ async fn modes_hold_on_a_node() {
     );
 }
 
-fn shared(node: &Arc<dyn Node>) -> &dyn SharedModes {
-    node.shared_modes().expect("the node keeps shared holders")
-}
-
-/// One attempt: exclusive (`mode` `None`) or shared; whether it was granted.
-async fn take(
-    node: &Arc<dyn Node>,
-    keys: &ResourceKeys,
-    owner: &Owner,
-    mode: Option<SharedMode>,
-) -> bool {
-    let (ttl, fence_ttl) = (Duration::from_secs(10), Duration::from_secs(3600));
-    let reply = match mode {
-        None => {
-            let request = AcquireRequest {
-                keys,
-                owner,
-                ttl,
-                fence_ttl,
-                fencing: true,
-                fence_floor: 1,
-                seed_only_when_missing: false,
-                waiter: None,
-            };
-            node.acquire(&request).await
-        }
-        Some(mode) => {
-            let request = SharedRequest {
-                keys,
-                owner,
-                mode,
-                ttl,
-                fence_ttl,
-                fencing: true,
-                fence_floor: 1,
-            };
-            shared(node).acquire_shared(&request).await
-        }
-    };
-    matches!(reply.unwrap(), AcquireReply::Acquired { .. })
+/// One attempt in `mode`; whether it was granted.
+async fn take(node: &Arc<dyn Node>, keys: &ResourceKeys, owner: &Owner, mode: LockMode) -> bool {
+    let keys = std::slice::from_ref(keys);
+    let vote = node.acquire(&support::node_calls::acquire(keys, owner, mode));
+    support::node_calls::granted(&vote.await.unwrap())
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1468,48 +1468,39 @@ async fn replay_over_a_standalone_a_cluster_and_a_sentinel_node() {
 /// default `Node::records`.
 struct LockOnly(MemoryNode);
 
+use tower_redlock::node;
+
 impl tower_redlock::node::Node for LockOnly {
     fn name(&self) -> &str {
         "lock-only"
     }
 
-    fn acquire(
-        &self,
-        request: &tower_redlock::node::AcquireRequest<'_>,
-    ) -> tower_redlock::node::NodeFuture<tower_redlock::node::AcquireReply> {
+    fn acquire(&self, request: &node::Acquire<'_>) -> node::NodeFuture<node::Vote> {
         self.0.acquire(request)
     }
 
     fn extend(
         &self,
-        keys: &tower_redlock::node::ResourceKeys,
-        owner: &tower_redlock::node::Owner,
+        holds: &[node::Hold<'_>],
         ttl: Duration,
-    ) -> tower_redlock::node::NodeFuture<bool> {
-        self.0.extend(keys, owner, ttl)
+    ) -> node::NodeFuture<Vec<Result<bool, tower_redlock::NodeError>>> {
+        self.0.extend(holds, ttl)
     }
 
-    fn release(
-        &self,
-        keys: &tower_redlock::node::ResourceKeys,
-        owner: &tower_redlock::node::Owner,
-    ) -> tower_redlock::node::NodeFuture<bool> {
-        self.0.release(keys, owner)
+    fn release(&self, hold: &node::Hold<'_>, how: node::Release<'_>) -> node::NodeFuture<bool> {
+        self.0.release(hold, how)
     }
 
-    fn raise_fence(
+    fn raise_fences(
         &self,
-        keys: &tower_redlock::node::ResourceKeys,
-        token: u64,
+        keys: &[node::ResourceKeys],
+        tokens: &[u64],
         fence_ttl: Duration,
-    ) -> tower_redlock::node::NodeFuture<()> {
-        self.0.raise_fence(keys, token, fence_ttl)
+    ) -> node::NodeFuture<()> {
+        self.0.raise_fences(keys, tokens, fence_ttl)
     }
 
-    fn subscribe(
-        &self,
-        keys: &tower_redlock::node::ResourceKeys,
-    ) -> tower_redlock::node::NodeFuture<tower_redlock::node::ReleaseSignal> {
+    fn subscribe(&self, keys: &node::ResourceKeys) -> node::NodeFuture<node::ReleaseSignal> {
         self.0.subscribe(keys)
     }
 }

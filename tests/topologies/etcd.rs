@@ -70,6 +70,20 @@ fn lock_key(resource: &str) -> String {
 }
 
 // ------------------------------------------------------------------------------------
+// the node contract
+
+/// `tower_redlock::node::conformance` on an etcd node: no fence counter of its own (the
+/// revision is the token), no wait queue, no shared modes; records.
+#[cfg(feature = "test-util")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_node_keeps_the_contract() {
+    use tower_redlock::node::conformance::{check, Contract};
+    let url = shared().url("conformance");
+    let make = || node_from_url(&url).unwrap();
+    check(&make, Contract::without_fence_counter()).await;
+}
+
+// ------------------------------------------------------------------------------------
 // configuration
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Shared and counted holders (`node::SharedModes`) on a Redis Cluster and on a
+//! Shared and counted holders (`LockMode`'s node contract) on a Redis Cluster and on a
 //! Sentinel-managed master, at the node level: the scripts run whole on the master of
 //! the resource's slot (every key carries the hash tag), a permit's release wakes its
 //! listeners (`SPUBLISH` on a cluster), and the exclusive acquire of a cluster, which
@@ -9,11 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::cluster::{RedisCluster, SentinelGroup};
+use support::node_calls::{acquire, granted, hold};
 use support::node_calls::{keys, owners};
-use tower_redlock::node::{
-    AcquireReply, AcquireRequest, Owner, ResourceKeys, SharedMode, SharedRequest,
-};
-use tower_redlock::{node::Node, node_from_url};
+use tower_redlock::node::{Owner, Release, ResourceKeys, Vote};
+use tower_redlock::{node::Node, node_from_url, LockMode};
 
 const TTL: Duration = Duration::from_secs(10);
 /// A hang guard for awaited events, not a timing assertion.
@@ -37,86 +36,56 @@ async fn shared_holders_on_a_sentinel_master() {
     readers_writers_and_permits(node).await;
 }
 
-async fn shared(
-    node: &Arc<dyn Node>,
-    keys: &ResourceKeys,
-    owner: &Owner,
-    mode: SharedMode,
-) -> bool {
-    let request = SharedRequest {
-        keys,
-        owner,
-        mode,
-        ttl: TTL,
-        fence_ttl: Duration::from_secs(3600),
-        fencing: true,
-        fence_floor: 1,
-    };
-    let modes = node.shared_modes().expect("shared holders");
-    matches!(
-        modes.acquire_shared(&request).await.unwrap(),
-        AcquireReply::Acquired { .. }
-    )
+async fn shared(node: &Arc<dyn Node>, keys: &ResourceKeys, owner: &Owner, mode: LockMode) -> bool {
+    let keys = std::slice::from_ref(keys);
+    granted(&node.acquire(&acquire(keys, owner, mode)).await.unwrap())
+}
+
+/// A holder's release in `mode`.
+async fn release(node: &Arc<dyn Node>, keys: &ResourceKeys, owner: &Owner, mode: LockMode) -> bool {
+    let keys = std::slice::from_ref(keys);
+    node.release(&hold(keys, owner, mode), Release::Wake)
+        .await
+        .unwrap()
+}
+
+/// A holder's extend in `mode`, a batch of one.
+async fn extend(node: &Arc<dyn Node>, keys: &ResourceKeys, owner: &Owner, mode: LockMode) -> bool {
+    let keys = std::slice::from_ref(keys);
+    let answers = node.extend(&[hold(keys, owner, mode)], TTL).await.unwrap();
+    matches!(answers[..], [Ok(true)])
 }
 
 async fn readers_writers_and_permits(node: Arc<dyn Node>) {
     let keys = keys("redlock:{modes}".to_owned());
     let owner = owners().await;
-    let modes = node.shared_modes().expect("shared holders");
-    let two = SharedMode::counted(2).unwrap();
+    let two = LockMode::counted(2).unwrap();
     assert!(shared(&node, &keys, &owner.for_node(1), two).await);
     assert!(shared(&node, &keys, &owner.for_node(2), two).await);
     assert!(!shared(&node, &keys, &owner.for_node(3), two).await);
 
     // The exclusive acquire (a cluster's takes the script's fast path) is refused.
     let writer = owner.for_node(4);
-    let request = AcquireRequest {
-        keys: &keys,
-        owner: &writer,
-        ttl: TTL,
-        fence_ttl: Duration::from_secs(3600),
-        fencing: true,
-        fence_floor: 1,
-        seed_only_when_missing: false,
-        waiter: None,
-    };
+    let request = acquire(std::slice::from_ref(&keys), &writer, LockMode::Exclusive);
     let refused = node.acquire(&request).await.unwrap();
-    assert!(matches!(refused, AcquireReply::Held { .. }), "{refused:?}");
-    assert!(!node.extend(&keys, &owner.for_node(1), TTL).await.unwrap());
-    assert!(!node.release(&keys, &owner.for_node(1)).await.unwrap());
+    assert!(matches!(refused, Vote::Held { .. }), "{refused:?}");
+    let exclusive = LockMode::Exclusive;
+    assert!(!extend(&node, &keys, &owner.for_node(1), exclusive).await);
+    assert!(!release(&node, &keys, &owner.for_node(1), exclusive).await);
 
     // A permit's release wakes the listeners of the resource's channel.
     let mut released = node.subscribe(&keys).await.unwrap();
-    node.wait_queue()
-        .unwrap()
-        .listen_for_release(&keys, TTL)
-        .await
-        .unwrap();
+    node.listen_for_release(&keys, TTL).await.unwrap();
     released.mark_seen();
-    assert!(modes
-        .release_shared(&keys, &owner.for_node(1))
-        .await
-        .unwrap());
+    assert!(release(&node, &keys, &owner.for_node(1), two).await);
     tokio::time::timeout(PATIENCE, released.changed())
         .await
         .expect("a permit's release wakes its listeners");
     assert!(shared(&node, &keys, &owner.for_node(3), two).await);
-    assert!(modes
-        .extend_shared(&keys, &owner.for_node(3), TTL)
-        .await
-        .unwrap());
+    assert!(extend(&node, &keys, &owner.for_node(3), two).await);
 
-    assert!(modes
-        .release_shared(&keys, &owner.for_node(2))
-        .await
-        .unwrap());
-    assert!(modes
-        .release_shared(&keys, &owner.for_node(3))
-        .await
-        .unwrap());
+    assert!(release(&node, &keys, &owner.for_node(2), two).await);
+    assert!(release(&node, &keys, &owner.for_node(3), two).await);
     let granted = node.acquire(&request).await.unwrap();
-    assert!(
-        matches!(granted, AcquireReply::Acquired { .. }),
-        "{granted:?}"
-    );
+    assert!(matches!(granted, Vote::Granted { .. }), "{granted:?}");
 }

@@ -17,8 +17,8 @@ use std::time::Duration;
 use support::cluster::{RedisCluster, SentinelGroup};
 use support::node_calls::{self, owners};
 use support::RedisServer;
-use tower_redlock::node::{AcquireReply, AcquireRequest, NodeFuture, Owner, ResourceKeys};
-use tower_redlock::{node::Node, ClusterNode, SentinelNode};
+use tower_redlock::node::{Acquire, NodeFuture, Owner, ResourceKeys, Vote};
+use tower_redlock::{node::Node, ClusterNode, LockMode, SentinelNode};
 
 /// Only a hang runs into it.
 const HANG: Duration = Duration::from_secs(20);
@@ -31,10 +31,11 @@ fn keys(name: &str) -> ResourceKeys {
     node_calls::keys(format!("waiting-order:{{{name}}}"))
 }
 
-fn acquire(node: &dyn Node, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<AcquireReply> {
-    node.acquire(&AcquireRequest {
-        keys,
+fn acquire(node: &dyn Node, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<Vote> {
+    node.acquire(&Acquire {
+        keys: std::slice::from_ref(keys),
         owner,
+        mode: LockMode::Exclusive,
         ttl: Duration::from_secs(60),
         fence_ttl: Duration::from_secs(600),
         fencing: false,
@@ -49,11 +50,11 @@ async fn poll_once<T>(call: &mut NodeFuture<T>) -> Poll<Result<T, tower_redlock:
 }
 
 /// The call's reply; the hang guard is checked before the call is polled again.
-async fn finish(call: NodeFuture<AcquireReply>) -> bool {
+async fn finish(call: NodeFuture<Vote>) -> bool {
     tokio::select! {
         biased;
         () = tokio::time::sleep(HANG) => panic!("a call never finished"),
-        reply = call => matches!(reply.expect("the master answered"), AcquireReply::Acquired { .. }),
+        reply = call => matches!(reply.expect("the master answered"), Vote::Granted { .. }),
     }
 }
 

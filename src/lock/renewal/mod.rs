@@ -2,7 +2,7 @@
 //! watchdog on registers its next renewal; one task per locker (spawned when the first
 //! lease registers, ended when none is left) sleeps until the earliest one is due,
 //! takes every lease due within a short window, and extends them all with one batched
-//! call per node ([`Node::extend_many`](crate::node::Node::extend_many)): ten thousand
+//! call per node ([`Node::extend`](crate::node::Node::extend)): ten thousand
 //! leases cost one task and a few scripts per node per tick, not ten thousand tasks
 //! and ten thousand round trips.
 //!
@@ -29,7 +29,7 @@ use crate::error::{NodeError, NodeFailure};
 use crate::lock::lease::{ExtendFailure, LeaseInner, LostCause};
 use crate::lock::round::OwnerTally;
 use crate::lock::{metrics, Shared};
-use crate::node::{ExtendEntry, Node, NodeCalls, NodeFuture};
+use crate::node::Hold;
 
 /// The renewal schedule of one locker.
 #[derive(Default)]
@@ -240,7 +240,7 @@ struct Settled {
 /// started is in flight.
 async fn run(locker: Arc<Shared>) {
     // Should this task end any other way than by the return below (a panic here or in a
-    // node's `extend_many`, the runtime shutting down), nothing renews its leases any
+    // node's `extend`, the runtime shutting down), nothing renews its leases any
     // more: the guard marks them lost at once rather than letting them count as held,
     // and clears the schedule so that the next registration starts a new scheduler.
     let mut guard = Failed {
@@ -462,21 +462,12 @@ fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -> Round {
                     .iter()
                     .map(|(_, inner)| inner.owner.for_node(index))
                     .collect();
-                let entries: Vec<(ExtendEntry<'_>, bool)> = leases
+                let holds: Vec<Hold<'_>> = leases
                     .iter()
                     .zip(&owners)
-                    .flat_map(|((_, inner), owner)| {
-                        let shared = !inner.mode().is_exclusive();
-                        inner.lock_keys().iter().map(move |keys| {
-                            let entry = ExtendEntry {
-                                keys,
-                                owner: owner.clone(),
-                            };
-                            (entry, shared)
-                        })
-                    })
+                    .map(|((_, inner), owner)| inner.members.target.hold(owner))
                     .collect();
-                let call = nodes.watched(index, timeout, extend_on(&**node, &entries, ttl));
+                let call = nodes.watched(index, timeout, node.extend(&holds, ttl));
                 Box::pin(async move { (index, call.await) })
             })
             .collect();
@@ -484,7 +475,7 @@ fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -> Round {
             .take(leases.len())
             .collect();
         while let Some((index, answer)) = calls.next().await {
-            add_answers(&locker, &leases, &mut tallies, index, answer);
+            add_answers(&locker, &mut tallies, index, answer);
             let pending = calls.len();
             let decided = |(t, quorum): (&OwnerTally, &usize)| {
                 super::quorum::tally_decided(*quorum, t.yes, t.no, pending)
@@ -512,11 +503,10 @@ fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -> Round {
     })
 }
 
-/// One node's answers to a batch: a lease counts as extended on that node only when
-/// every key of it is.
+/// One node's answers to a batch, one per lease (a set's counts as extended only when
+/// every member is).
 fn add_answers(
     locker: &Shared,
-    leases: &[(u64, Arc<LeaseInner>)],
     tallies: &mut [OwnerTally],
     index: usize,
     answer: Result<Vec<Result<bool, NodeError>>, NodeError>,
@@ -535,31 +525,13 @@ fn add_answers(
         }
     };
     let mut answers = answers.into_iter();
-    for ((_, inner), tally) in leases.iter().zip(tallies.iter_mut()) {
-        let mut lost = false;
-        let mut failure = None;
-        for _ in inner.lock_keys() {
-            match answers.next() {
-                Some(Ok(true)) => {}
-                Some(Ok(false)) => lost = true,
-                Some(Err(error)) => failure = Some(error),
-                None => {
-                    failure = Some(NodeError::Protocol(
-                        "fewer answers than keys to extend".into(),
-                    ))
-                }
-            }
-        }
-        if lost {
-            tally.no += 1;
-        } else if let Some(error) = failure {
-            tally.failures.push(NodeFailure {
-                node: node(),
-                error,
-            });
-        } else {
-            tally.yes += 1;
-        }
+    for tally in tallies.iter_mut() {
+        let answer = answers.next().unwrap_or_else(|| {
+            Err(NodeError::Protocol(
+                "fewer answers than leases to extend".into(),
+            ))
+        });
+        tally.add(answer, node);
     }
 }
 
@@ -602,39 +574,3 @@ fn apply(locker: &Arc<Shared>, settled: Settled) -> Vec<Leftover> {
 
 #[cfg(test)]
 mod tests;
-
-/// One node's renewal of `entries`, answered in their order: the exclusive leases'
-/// keys with [`Node::extend_many`], the shared holders' (`true` beside them) with
-/// [`SharedModes::extend_shared_many`](crate::node::SharedModes::extend_shared_many),
-/// both sent at once.
-fn extend_on<'a>(
-    node: &dyn Node,
-    entries: &[(ExtendEntry<'a>, bool)],
-    ttl: Duration,
-) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-    let (shared, exclusive): (Vec<_>, Vec<_>) = entries.iter().partition(|(_, shared)| *shared);
-    let strip = |list: Vec<&(ExtendEntry<'a>, bool)>| -> Vec<ExtendEntry<'a>> {
-        list.into_iter().map(|(entry, _)| entry.clone()).collect()
-    };
-    if shared.is_empty() {
-        return node.extend_many(&strip(exclusive), ttl);
-    }
-    let order: Vec<bool> = entries.iter().map(|(_, shared)| *shared).collect();
-    let exclusive = node.extend_many(&strip(exclusive), ttl);
-    let shared = node.extend_shared_many(&strip(shared), ttl);
-    Box::pin(async move {
-        let (exclusive, shared) = futures_util::future::join(exclusive, shared).await;
-        let (mut exclusive, mut shared) = (exclusive?.into_iter(), shared?.into_iter());
-        Ok(order
-            .into_iter()
-            .map(|is_shared| {
-                let next = if is_shared {
-                    shared.next()
-                } else {
-                    exclusive.next()
-                };
-                next.unwrap_or(Ok(false))
-            })
-            .collect())
-    })
-}

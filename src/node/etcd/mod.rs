@@ -21,8 +21,7 @@ use crate::error::{ConfigError, NodeError};
 use crate::node::percent::percent_decode;
 use crate::node::FencingToken;
 use crate::node::ResourceKeys;
-use crate::node::{AcquireReply, AcquireRequest, Node, NodeFuture, Owner, ReleaseSignal};
-use crate::node::{AcquireSetReply, AcquireSetRequest, LockSets};
+use crate::node::{Acquire, Hold, Node, NodeFuture, Owner, PerKey, Release, ReleaseSignal, Vote};
 use crate::node::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};
 
 /// How often a record operation re-reads after another writer changed the record key
@@ -63,7 +62,7 @@ const RECORD_ATTEMPTS: usize = 16;
 /// | extend | `if value(key) == owner then get(key)`, then one keep-alive of the key's lease; never re-creates a key |
 /// | release | `if value(key) == owner then get(key), delete(key)`, then revoke the lease |
 /// | raise the fence | nothing to do: the revision is the token |
-/// | the clock floor ([`AcquireRequest::fence_floor`]) | ignored: a revision never comes back behind, and a floor would tie the token to a clock again |
+/// | the clock floor ([`Acquire::fence_floor`](crate::node::Acquire::fence_floor)) | ignored: a revision never comes back behind, and a floor would tie the token to a clock again |
 /// | wake-up | a watch on the key's deletions (a release, or the lease's expiry) |
 /// | outcome records | a key per resource holding an encoded record, attached to a lease of its own (the record's ttl), written in transactions that compare the lock key's value with the owner and the record key's mod revision with what was read |
 ///
@@ -365,10 +364,17 @@ impl Node for EtcdNode {
         EtcdNode::check(ttl, nodes)
     }
 
-    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+    /// One transaction, one resource or a set (the members on one lease, `set.rs`);
+    /// exclusive only (the node has no shared holders).
+    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
         let inner = self.inner.clone();
-        let (keys, owner) = (request.keys.clone(), request.owner.clone());
+        let (keys, owner): (Arc<[ResourceKeys]>, _) = (request.keys.into(), request.owner.clone());
         let (ttl, fencing) = (request.ttl, request.fencing);
+        if !request.mode.is_exclusive() {
+            return Box::pin(std::future::ready(Err(NodeError::Unsupported(
+                "shared and counted leases".into(),
+            ))));
+        }
         Box::pin(async move {
             pinned!(inner, |client| inner.acquire(
                 client,
@@ -380,13 +386,38 @@ impl Node for EtcdNode {
         })
     }
 
-    fn extend(&self, keys: &ResourceKeys, owner: &Owner, _ttl: Duration) -> NodeFuture<bool> {
+    fn extend(
+        &self,
+        holds: &[Hold<'_>],
+        _ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
         // The ttl is the locker's, the one the lease was granted with: a keep-alive
         // restores exactly it.
+        let calls: Vec<_> = holds
+            .iter()
+            .map(|hold| {
+                let inner = self.inner.clone();
+                let (keys, owner): (Arc<[ResourceKeys]>, _) =
+                    (hold.keys.into(), hold.owner.clone());
+                async move {
+                    pinned!(inner, |client| inner.extend(
+                        client,
+                        keys.clone(),
+                        owner.clone()
+                    ))
+                }
+            })
+            .collect();
+        Box::pin(async move { Ok(futures_util::future::join_all(calls).await) })
+    }
+
+    fn release(&self, hold: &Hold<'_>, _how: Release<'_>) -> NodeFuture<bool> {
+        // Without a wait queue every release is the same: the watchers of each key see
+        // it deleted.
         let inner = self.inner.clone();
-        let (keys, owner) = (keys.clone(), owner.clone());
+        let (keys, owner): (Arc<[ResourceKeys]>, _) = (hold.keys.into(), hold.owner.clone());
         Box::pin(async move {
-            pinned!(inner, |client| inner.extend(
+            pinned!(inner, |client| inner.release_all(
                 client,
                 keys.clone(),
                 owner.clone()
@@ -394,23 +425,11 @@ impl Node for EtcdNode {
         })
     }
 
-    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
-        let inner = self.inner.clone();
-        let (keys, owner) = (keys.clone(), owner.clone());
-        Box::pin(async move {
-            pinned!(inner, |client| inner.release(
-                client,
-                keys.clone(),
-                owner.clone()
-            ))
-        })
-    }
-
-    fn raise_fence(
+    fn raise_fences(
         &self,
-        _keys: &ResourceKeys,
-        _token: u64,
-        _fence_ttl: Duration,
+        _keys: &[ResourceKeys],
+        _tokens: &[u64],
+        _ttl: Duration,
     ) -> NodeFuture<()> {
         // The revision is the token; nothing can or need be raised. A locker with an
         // etcd node has no other node, so the engine never asks.
@@ -421,11 +440,6 @@ impl Node for EtcdNode {
         let inner = self.inner.clone();
         let keys = keys.clone();
         Box::pin(async move { pinned!(inner, |client| inner.subscribe(client, keys.clone())) })
-    }
-
-    // The set calls: one transaction each, the members on one lease (`set.rs`).
-    fn sets(&self) -> Option<&dyn LockSets> {
-        Some(self)
     }
 
     fn records(&self) -> Option<&dyn RecordStore> {

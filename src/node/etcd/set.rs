@@ -1,4 +1,5 @@
-//! The set calls of [`EtcdNode`](super::EtcdNode): one transaction for the whole set.
+//! The lock calls of [`EtcdNode`](super::EtcdNode): one transaction for one resource or
+//! a whole set (a set of one is one resource).
 //!
 //! The members share one etcd lease, drawn for this acquisition alone: a keep-alive of
 //! it renews every member, and revoking it deletes whatever member is left.
@@ -9,14 +10,14 @@ impl Inner {
     /// Grants a lease, then one transaction: `if create_revision(key) == 0` for every
     /// member `then put(key, owner, lease)` for every member `else get(key)` for each.
     /// Every member's token is the transaction's revision (as one key's is).
-    pub(super) async fn acquire_set(
+    pub(super) async fn acquire(
         &self,
         mut client: Client,
         keys: Arc<[ResourceKeys]>,
         owner: Owner,
         ttl: Duration,
         fencing: bool,
-    ) -> Result<AcquireSetReply, NodeError> {
+    ) -> Result<Vote, NodeError> {
         let names: Vec<Vec<u8>> = keys.iter().map(|k| self.key(&k.lock)).collect();
         let lease = client
             .lease_grant(whole_seconds(ttl), None)
@@ -54,8 +55,9 @@ impl Inner {
         };
         if reply.succeeded() {
             let fence = token(reply.header().map_or(0, |h| h.revision()))?;
-            return Ok(AcquireSetReply::Acquired {
-                fences: vec![if fencing { fence } else { 0 }; names.len()],
+            let fence = if fencing { fence } else { 0 };
+            return Ok(Vote::Granted {
+                fences: PerKey::map(&names, |_| fence),
             });
         }
         revoke_in_background(&client, lease);
@@ -81,8 +83,8 @@ impl Inner {
             // lost with the connection). Acquired, with that run's revision.
             let created = holders[0].as_ref().map_or(0, |(_, _, created)| *created);
             let fence = if fencing { token(created)? } else { 0 };
-            return Ok(AcquireSetReply::Acquired {
-                fences: vec![fence; names.len()],
+            return Ok(Vote::Granted {
+                fences: PerKey::map(&names, |_| fence),
             });
         }
         // Held by someone else (a member's key exists and is not ours). A member of our
@@ -90,7 +92,7 @@ impl Inner {
         let Some(member) = holders.iter().position(|h| h.is_some() && !ours(h)) else {
             // Every key vanished between the compare and the get (they cannot, in one
             // transaction): nothing to tell but that it was held.
-            return Ok(AcquireSetReply::Held {
+            return Ok(Vote::Held {
                 member: 0,
                 pttl: None,
             });
@@ -99,12 +101,12 @@ impl Inner {
             Some(lease) if lease != 0 => Some(lease_ttl(&mut client, lease).await?),
             _ => None,
         };
-        Ok(AcquireSetReply::Held { member, pttl })
+        Ok(Vote::Held { member, pttl })
     }
 
     /// `if value(key) == owner` for every member `then get(first key)`, then one
     /// keep-alive of the set's lease.
-    pub(super) async fn extend_set(
+    pub(super) async fn extend(
         &self,
         mut client: Client,
         keys: Arc<[ResourceKeys]>,
@@ -133,7 +135,7 @@ impl Inner {
     /// `if value(key) == owner` for every member `then get(first key)` and delete every
     /// member, then revoke the set's lease. When some member is no longer ours, the
     /// members still ours are released one by one and the answer is no.
-    pub(super) async fn release_set(
+    pub(super) async fn release_all(
         &self,
         mut client: Client,
         keys: Arc<[ResourceKeys]>,
@@ -165,56 +167,5 @@ impl Inner {
                 .await?;
         }
         Ok(false)
-    }
-}
-
-impl LockSets for EtcdNode {
-    fn acquire_set(&self, request: &AcquireSetRequest<'_>) -> NodeFuture<AcquireSetReply> {
-        let (keys, owner): (Arc<[ResourceKeys]>, _) = (request.keys.into(), request.owner.clone());
-        let (ttl, fencing) = (request.ttl, request.fencing);
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            pinned!(inner, |client| inner.acquire_set(
-                client,
-                keys.clone(),
-                owner.clone(),
-                ttl,
-                fencing
-            ))
-        })
-    }
-
-    fn extend_set(&self, keys: &[ResourceKeys], owner: &Owner, _ttl: Duration) -> NodeFuture<bool> {
-        let (inner, keys, owner): (_, Arc<[ResourceKeys]>, _) =
-            (self.inner.clone(), keys.into(), owner.clone());
-        Box::pin(async move {
-            pinned!(inner, |client| inner.extend_set(
-                client,
-                keys.clone(),
-                owner.clone()
-            ))
-        })
-    }
-
-    fn release_set(&self, keys: &[ResourceKeys], owner: &Owner) -> NodeFuture<bool> {
-        let (inner, keys, owner): (_, Arc<[ResourceKeys]>, _) =
-            (self.inner.clone(), keys.into(), owner.clone());
-        Box::pin(async move {
-            pinned!(inner, |client| inner.release_set(
-                client,
-                keys.clone(),
-                owner.clone()
-            ))
-        })
-    }
-
-    fn raise_fences(
-        &self,
-        _keys: &[ResourceKeys],
-        _tokens: &[u64],
-        _fence: Duration,
-    ) -> NodeFuture<()> {
-        // As `raise_fence`: the revision is the token.
-        Box::pin(std::future::ready(Ok(())))
     }
 }

@@ -9,27 +9,26 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::error::NodeError;
-use crate::node::RecordStore;
-use crate::node::ResourceKeys;
 use crate::node::{
-    AcquireReply, AcquireRequest, ExtendEntry, Node, NodeFuture, Owner, ReleaseSignal, SharedModes,
+    Acquire, Capabilities, Hold, Node, NodeFuture, PerKey, RecordStore, Release, ReleaseSignal,
+    ResourceKeys, Vote, Waiter,
 };
-use crate::node::{LockSets, WaitQueue};
 
+mod calls;
 mod modes;
 mod queue;
 mod records;
-mod set;
 
-use queue::{reservation, HandOff, Queue};
+use calls::How;
+use queue::Queue;
 
 /// Sweep expired keys after this many writes, so unique resources (idempotency keys)
 /// never accumulate.
 const SWEEP_EVERY: u32 = 1024;
 
 /// A lock node that lives in this process, with the semantics of [`RedisNode`]:
-/// key expiry, owner checks, fence counters, the wait queue (see
-/// [`Node::wait_queue`]) and release notifications.
+/// key expiry, owner checks, fence counters, the wait queue (see [`Waiter`]), shared
+/// and counted holders, and release notifications.
 ///
 /// It is the embedded default: the examples run on it without Redis, and it serves
 /// single-process deployments and users' own tests. It is **not** distributed: two
@@ -262,14 +261,9 @@ impl MemoryNode {
 }
 
 impl Shared {
-    /// Wakes the subscribers of `channel` (the broadcast wake-up of a set's release).
-    fn notify(&self, channel: &str) {
-        self.wake(channel);
-    }
-
     /// Wakes the subscribers of `channel`; whether anyone listened (as `PUBLISH`
     /// answers).
-    fn wake(&self, channel: &str) -> bool {
+    pub(super) fn wake(&self, channel: &str) -> bool {
         let mut channels = lock(&self.channels);
         match channels.get(channel) {
             Some(tx) if tx.receiver_count() > 0 => {
@@ -321,178 +315,95 @@ impl Node for MemoryNode {
         "memory"
     }
 
-    // As `acquire.lua`, step by step.
-    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
-        let keys = request.keys.clone();
-        let owner = request.owner.as_str().to_owned();
-        let (ttl, fence_ttl, fencing) = (request.ttl, request.fence_ttl, request.fencing);
-        let (floor, seed_only_when_missing) = (request.fence_floor, request.seed_only_when_missing);
-        let waiter = request.waiter.cloned();
-        self.run(move |shared| {
-            let now = Instant::now();
-            let mut store = lock(&shared.store);
-            if let Some(held) = store.refuse_writer(&keys, waiter.as_ref(), now) {
-                return Ok(held);
-            }
-            let me = waiter.as_ref().map_or("", |w| w.id.as_str());
-            let queue_key = keys.queue();
-            let refuse = |store: &mut Store| {
-                if let Some(waiter) = &waiter {
-                    store.join(&queue_key, waiter, now);
-                }
-                let pttl = store.pttl(&keys.lock, now);
-                Ok(AcquireReply::Held { pttl })
-            };
-            let mine = waiter.as_ref().map(|w| (w.ticket, w.id.clone()));
-            match store.live(&keys.lock, now).map(|e| e.value.clone()) {
-                None => {
-                    // The key is free; the queue's head still comes first, unless we
-                    // come before it.
-                    match store.head(&queue_key, now) {
-                        Some(head) if head.1 == me => store.remove_waiter(&queue_key, me, now),
-                        Some(head) if mine.as_ref().is_none_or(|mine| *mine > head) => {
-                            store.entries.insert(
-                                keys.lock.clone(),
-                                Entry {
-                                    value: owner.clone(),
-                                    expires: Some(now + ttl),
-                                },
-                            );
-                            if shared.hand_off(&mut store, &keys, me, now) == HandOff::Reserved {
-                                return refuse(&mut store);
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                Some(holder) if holder == owner => {}
-                Some(holder) => {
-                    // Reserved for us, or for a later waiter (which keeps its place).
-                    let (Some(waiter), Some((id, ticket))) = (&waiter, reservation(&holder)) else {
-                        return refuse(&mut store);
-                    };
-                    if id != waiter.id {
-                        if (waiter.ticket, waiter.id.as_str()) > (ticket, id) {
-                            return refuse(&mut store);
-                        }
-                        let until = now + waiter.queue_ttl;
-                        store.enqueue(&queue_key, id, ticket, until, now);
-                        store.remove_waiter(&queue_key, me, now);
-                    }
-                }
-            }
-            // Granted: the counter is checked before anything of ours stays written.
-            let current = match store.live(&keys.fence, now) {
-                Some(entry) if fencing => match entry.value.parse::<u64>() {
-                    Ok(n) => Some(n),
-                    Err(_) => {
-                        if store
-                            .live(&keys.lock, now)
-                            .is_some_and(|e| e.value == owner)
-                        {
-                            store.entries.remove(&keys.lock);
-                        }
-                        return Err(NodeError::Server(
-                            format!("ERR fence counter {} is not an integer", keys.fence).into(),
-                        ));
-                    }
-                },
-                _ => None,
-            };
-            store.entries.insert(
-                keys.lock.clone(),
-                Entry {
-                    value: owner,
-                    expires: Some(now + ttl),
-                },
-            );
-            store.wrote(now);
-            if !fencing {
-                return Ok(AcquireReply::Acquired { fence: 0 });
-            }
-            let fence = match current {
-                Some(current) if seed_only_when_missing => current.saturating_add(1),
-                Some(current) => current.saturating_add(1).max(floor),
-                None => floor,
-            };
-            store.entries.insert(
-                keys.fence.clone(),
-                Entry {
-                    value: fence.to_string(),
-                    expires: Some(now + fence_ttl),
-                },
-            );
-            Ok(AcquireReply::Acquired { fence })
-        })
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
     }
 
-    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        let lock_key = keys.lock.clone();
-        let owner = owner.as_str().to_owned();
-        self.run(move |shared| {
-            let now = Instant::now();
-            let mut store = lock(&shared.store);
-            match store.live(&lock_key, now) {
-                Some(entry) if entry.value == owner => {
-                    entry.expires = Some(now + ttl);
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        })
+    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
+        let ask = calls::Ask {
+            keys: PerKey::map(request.keys, Clone::clone),
+            owner: request.owner.as_str().to_owned(),
+            mode: request.mode,
+            ttl: request.ttl,
+            fencing: request.fencing,
+            fence_ttl: request.fence_ttl,
+            floor: request.fence_floor,
+            seed_only_when_missing: request.seed_only_when_missing,
+            waiter: request.waiter.cloned(),
+        };
+        self.run(move |shared| shared.acquire(&ask))
     }
 
-    fn extend_many(
+    fn extend(
         &self,
-        entries: &[ExtendEntry<'_>],
+        holds: &[Hold<'_>],
         ttl: Duration,
     ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-        let entries: Vec<(String, String)> = entries
+        let holds: Vec<_> = holds
             .iter()
-            .map(|entry| (entry.keys.lock.clone(), entry.owner.as_str().to_owned()))
+            .map(|hold| {
+                let locks = PerKey::map(hold.keys, |keys| keys.lock.clone());
+                (
+                    locks,
+                    hold.owner.as_str().to_owned(),
+                    !hold.mode.is_exclusive(),
+                )
+            })
             .collect();
         // One lock for the whole batch, as one script on a Redis server.
+        self.run(move |shared| Ok(shared.extend(&holds, ttl)))
+    }
+
+    fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
+        let keys = PerKey::map(hold.keys, Clone::clone);
+        let owner = hold.owner.as_str().to_owned();
+        let shared_mode = !hold.mode.is_exclusive();
+        let how = match how {
+            Release::Wake => How::Wake,
+            Release::Quiet => How::Quiet,
+            Release::AsWaiter(waiter) => How::AsWaiter(waiter.clone()),
+            Release::HandBack(waiter) => How::HandBack(waiter.clone()),
+        };
         self.run(move |shared| {
-            let now = Instant::now();
-            let mut store = lock(&shared.store);
-            Ok(entries
-                .iter()
-                .map(|(lock_key, owner)| match store.live(lock_key, now) {
-                    Some(entry) if entry.value == *owner => {
-                        entry.expires = Some(now + ttl);
-                        Ok(true)
-                    }
-                    _ => Ok(false),
-                })
-                .collect())
+            Ok(match &*keys {
+                [keys] if shared_mode => {
+                    shared.release_shared(keys, &owner, matches!(how, How::Quiet))
+                }
+                keys => shared.release(keys, &owner, &how),
+            })
         })
     }
 
-    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
-        let keys = keys.clone();
-        let owner = owner.as_str().to_owned();
-        self.run(move |shared| Ok(shared.release(&keys, &owner, None)))
-    }
-
-    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
-        let fence_key = keys.fence.clone();
+    fn raise_fences(
+        &self,
+        keys: &[ResourceKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        let fences: Vec<(String, u64)> = keys
+            .iter()
+            .zip(tokens)
+            .map(|(k, &token)| (k.fence.clone(), token))
+            .collect();
         self.run(move |shared| {
             let now = Instant::now();
             let mut store = lock(&shared.store);
-            let current = store
-                .live(&fence_key, now)
-                .and_then(|e| e.value.parse::<u64>().ok())
-                .unwrap_or(0);
-            if current < token {
-                store.entries.insert(
-                    fence_key,
-                    Entry {
-                        value: token.to_string(),
-                        expires: Some(now + fence_ttl),
-                    },
-                );
-                store.wrote(now);
+            for (fence_key, token) in fences {
+                let current = store
+                    .live(&fence_key, now)
+                    .and_then(|e| e.value.parse::<u64>().ok())
+                    .unwrap_or(0);
+                if current < token {
+                    store.entries.insert(
+                        fence_key,
+                        Entry {
+                            value: token.to_string(),
+                            expires: Some(now + fence_ttl),
+                        },
+                    );
+                }
             }
+            store.wrote(now);
             Ok(())
         })
     }
@@ -513,21 +424,20 @@ impl Node for MemoryNode {
         })
     }
 
-    // The set calls (in `set.rs`): each atomic under the store's lock.
-    fn sets(&self) -> Option<&dyn LockSets> {
-        Some(self)
+    fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()> {
+        let keys = keys.clone();
+        let waiter = How::AsWaiter(waiter.clone());
+        // A release by nobody's owner: only a reservation for the waiter counts as ours.
+        self.run(move |shared| {
+            shared.release(std::slice::from_ref(&keys), "", &waiter);
+            Ok(())
+        })
     }
 
-    // The queue calls are in `queue.rs`.
-    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
-        Some(self)
-    }
+    // A release here wakes the resource's channel whenever no queued waiter takes the
+    // lock: there is no mark to leave (the default `listen_for_release`).
 
     fn records(&self) -> Option<&dyn RecordStore> {
-        Some(self)
-    }
-
-    fn shared_modes(&self) -> Option<&dyn SharedModes> {
         Some(self)
     }
 }

@@ -1,13 +1,13 @@
 //! The wait queue of a [`MemoryNode`](super::MemoryNode): `hand_off.lua` and the queue
-//! parts of the acquire and release scripts, in Rust (see [`WaitQueue`]).
+//! parts of the acquire and release scripts, in Rust (see [`Waiter`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{lock, Entry, MemoryNode, Shared, Store};
-use crate::node::{NodeFuture, Owner, ResourceKeys, WaitQueue, Waiter, HANDOFF_TTL};
+use super::{Entry, Shared, Store};
+use crate::node::{ResourceKeys, Waiter, HANDOFF_TTL};
 
 /// One resource's wait queue: waiter ids ordered by ticket, then id (as a Redis sorted
 /// set orders them).
@@ -54,36 +54,6 @@ impl Shared {
                 return HandOff::Reserved;
             }
         }
-    }
-
-    /// The release script: compare-and-delete, then the hand-off; `leaving`: a waiter
-    /// that leaves the queue first, and whose reservation counts as its key.
-    pub(super) fn release(
-        &self,
-        keys: &ResourceKeys,
-        owner: &str,
-        leaving: Option<&Waiter>,
-    ) -> bool {
-        let now = Instant::now();
-        let mut store = lock(&self.store);
-        if let Some(waiter) = leaving {
-            store.remove_waiter(&keys.queue(), &waiter.id, now);
-        }
-        let ours = store.live(&keys.lock, now).is_some_and(|e| {
-            e.value == owner || leaving.is_some_and(|w| w.is_reserved_in(&e.value))
-        });
-        if !ours {
-            return false;
-        }
-        if keys.channel.is_empty() {
-            store.entries.remove(&keys.lock);
-        } else if self.hand_off(&mut store, keys, "", now) != HandOff::Reserved {
-            // Nobody queued: the broadcast wake-up (sets of resources wait on it).
-            store.entries.remove(&keys.lock);
-            drop(store);
-            self.wake(&keys.channel);
-        }
-        true
     }
 }
 
@@ -160,51 +130,4 @@ impl Store {
 pub(super) fn reservation(value: &str) -> Option<(&str, u64)> {
     let (id, ticket) = value.strip_prefix('~')?.split_once(':')?;
     Some((id, ticket.parse().ok()?))
-}
-
-impl WaitQueue for MemoryNode {
-    fn hand_back(&self, keys: &ResourceKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        let keys = keys.clone();
-        let owner = owner.as_str().to_owned();
-        let waiter = waiter.clone();
-        self.run(move |shared| {
-            let now = Instant::now();
-            let mut store = lock(&shared.store);
-            match store.live(&keys.lock, now) {
-                Some(entry) if entry.value == owner => {
-                    entry.value = waiter.reservation();
-                    entry.expires = Some(now + HANDOFF_TTL);
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        })
-    }
-
-    fn release_as_waiter(
-        &self,
-        keys: &ResourceKeys,
-        owner: &Owner,
-        waiter: &Waiter,
-    ) -> NodeFuture<bool> {
-        let keys = keys.clone();
-        let owner = owner.as_str().to_owned();
-        let waiter = waiter.clone();
-        self.run(move |shared| Ok(shared.release(&keys, &owner, Some(&waiter))))
-    }
-
-    fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let keys = keys.clone();
-        let waiter = waiter.clone();
-        self.run(move |shared| {
-            shared.release(&keys, "", Some(&waiter));
-            Ok(())
-        })
-    }
-
-    // A release here wakes the resource's channel whenever no queued waiter takes
-    // the lock: there is no mark to leave.
-    fn listen_for_release(&self, _keys: &ResourceKeys, _ttl: Duration) -> NodeFuture<()> {
-        Box::pin(std::future::ready(Ok(())))
-    }
 }

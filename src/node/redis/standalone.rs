@@ -269,7 +269,7 @@ impl fmt::Debug for RedisNode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::{AcquireRequest, Node, Owner, Resource};
+    use crate::node::{Acquire, Hold, LockMode, Node, Owner, Release, Resource};
 
     #[tokio::test]
     async fn commands_go_out_at_once_unless_told_otherwise() {
@@ -308,10 +308,17 @@ mod tests {
         let node = RedisNode::open("redis://127.0.0.1:1/0").unwrap();
         let keys = ResourceKeys::new("p:", &Resource::new("r"));
         let owner = Owner::random();
-        let release = node.release(&keys, &owner);
-        let request = AcquireRequest {
-            keys: &keys,
+        let keys = std::slice::from_ref(&keys);
+        let hold = Hold {
+            keys,
             owner: &owner,
+            mode: LockMode::Exclusive,
+        };
+        let release = node.release(&hold, Release::Wake);
+        let request = Acquire {
+            keys,
+            owner: &owner,
+            mode: LockMode::Exclusive,
             ttl: Duration::from_secs(30),
             fence_ttl: Duration::from_secs(3600),
             fencing: true,

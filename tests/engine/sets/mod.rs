@@ -9,9 +9,8 @@ use crate::support;
 use std::time::Duration;
 
 use support::eventually;
-use tower_redlock::node::{
-    AcquireReply, AcquireRequest, NodeFuture, Owner, ReleaseSignal, ResourceKeys,
-};
+use tower_redlock::node::{Acquire, Hold, NodeFuture, Release, ReleaseSignal, ResourceKeys, Vote};
+use tower_redlock::NodeError;
 use tower_redlock::{
     node::Node, LockError, LockOptions, LostCause, MemoryNode, Redlock, ReleaseOutcome, Resource,
     MAX_RESOURCES_PER_LEASE,
@@ -234,7 +233,7 @@ async fn a_set_is_lost_as_a_whole_when_one_member_is_gone_on_a_majority() {
     }
 }
 
-/// A node kind of one's own with the per-key calls only: the default set calls.
+/// A node kind of one's own, over the memory node's calls.
 #[derive(Clone)]
 struct PerKey(MemoryNode);
 
@@ -243,20 +242,29 @@ impl Node for PerKey {
         "per-key"
     }
 
-    fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
+    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
         self.0.acquire(request)
     }
 
-    fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.0.extend(keys, owner, ttl)
+    fn extend(
+        &self,
+        holds: &[Hold<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        self.0.extend(holds, ttl)
     }
 
-    fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
-        self.0.release(keys, owner)
+    fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
+        self.0.release(hold, how)
     }
 
-    fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
-        self.0.raise_fence(keys, token, fence_ttl)
+    fn raise_fences(
+        &self,
+        keys: &[ResourceKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        self.0.raise_fences(keys, tokens, fence_ttl)
     }
 
     fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
