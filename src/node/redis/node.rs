@@ -8,10 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::NodeError;
-use crate::node::redis::call::modes::{self, SharedAcquireCall};
-use crate::node::redis::call::set;
 use crate::node::redis::call::{
-    Acquire, ExtendCall, ExtendManyCall, ListenCall, Op, RaiseFenceCall, ReleaseCall, ReplicaWait,
+    Acquire, Acquisition, Grant, ExtendCall, Hand, ListenCall, Op, RaiseFences, ReleaseCall, ReplicaWait,
 };
 use crate::node::redis::records::{ClaimCall, DiscardCall, ReadCall, StoreCall};
 use crate::node::{
@@ -79,6 +77,42 @@ impl<R: Route> Redis<R> {
         let (route, wait) = (self.route.clone(), self.wait);
         Box::pin(async move { route.run(&op, wait).await })
     }
+
+    /// One operation, its answer mapped by `f` (no second box).
+    fn call_map<O: Op, T: Send + 'static>(
+        &self,
+        op: O,
+        f: fn(O::Output) -> Result<T, NodeError>,
+    ) -> NodeFuture<T> {
+        let (route, wait) = (self.route.clone(), self.wait);
+        Box::pin(async move { route.run(&op, wait).await.and_then(f) })
+    }
+
+    /// Any acquisition (see [`Acquisition`]), its answer as `T`.
+    fn acquisition<T: From<Grant> + Send + 'static>(&self, acq: &Acquisition<'_>) -> NodeFuture<T> {
+        self.call_map(Acquire::new(acq, R::SHARDED), |grant| Ok(T::from(grant)))
+    }
+
+    /// One hold of `keys` released, with what it does for a waiter.
+    fn release_hold(&self, keys: &[ResourceKeys], owner: &Owner, hand: Hand<'_>) -> NodeFuture<bool> {
+        self.call(ReleaseCall::new(keys, owner.as_str(), hand, R::SHARDED))
+    }
+
+    /// Holds extended: whether each was still ours.
+    fn extend_holds<'a>(
+        &self,
+        holds: impl IntoIterator<Item = (&'a ResourceKeys, &'a Owner)>,
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        self.call(ExtendCall::new(holds, ttl))
+    }
+}
+
+/// Yes only if every hold was still ours (and so extended).
+fn all_extended(answers: Vec<Result<bool, NodeError>>) -> Result<bool, NodeError> {
+    answers
+        .into_iter()
+        .try_fold(true, |all, answer| answer.map(|ours| all && ours))
 }
 
 impl<R: Route> Node for Redis<R> {
@@ -87,11 +121,12 @@ impl<R: Route> Node for Redis<R> {
     }
 
     fn acquire(&self, request: &AcquireRequest<'_>) -> NodeFuture<AcquireReply> {
-        self.call(Acquire::new(request, R::SHARDED))
+        self.acquisition(&request.into())
     }
 
     fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.call(ExtendCall::new(keys, owner, ttl))
+        let op = ExtendCall::new([(keys, owner)], ttl);
+        self.call_map(op, all_extended)
     }
 
     fn extend_many(
@@ -106,15 +141,15 @@ impl<R: Route> Node for Redis<R> {
                 .collect();
             return Box::pin(async move { Ok(futures_util::future::join_all(calls).await) });
         }
-        self.call(ExtendManyCall::new(entries, ttl))
+        self.extend_holds(entries.iter().map(|e| (e.keys, &e.owner)), ttl)
     }
 
     fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
-        self.call(ReleaseCall::new(keys, owner, R::SHARDED))
+        self.release_hold(std::slice::from_ref(keys), owner, Hand::Next)
     }
 
     fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
-        self.call(RaiseFenceCall::new(keys, token, fence_ttl))
+        self.raise_fences(std::slice::from_ref(keys), &[token], fence_ttl)
     }
 
     fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
@@ -152,33 +187,55 @@ impl<R: Route> Node for Redis<R> {
     }
 }
 
-/// Shared and counted holders (`call/modes.rs`): a sorted set at the lock key.
+/// Shared and counted holders: a sorted set at the lock key, which the extend and
+/// release scripts recognise by its type.
 impl<R: Route> SharedModes for Redis<R> {
     fn acquire_shared(&self, request: &SharedRequest<'_>) -> NodeFuture<AcquireReply> {
-        self.call(SharedAcquireCall::new(request))
+        self.acquisition(&Acquisition {
+            keys: std::slice::from_ref(request.keys),
+            owner: request.owner,
+            ttl: request.ttl,
+            shared: Some(request.mode),
+            fencing: request.fencing,
+            fence_floor: request.fence_floor,
+            fence_ttl: request.fence_ttl,
+            seed_only_when_missing: false,
+            waiter: None,
+        })
     }
 
     fn extend_shared(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.call(modes::extend_shared(keys, owner, ttl))
+        self.extend(keys, owner, ttl)
     }
 
     fn release_shared(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
-        self.call(modes::release_shared(keys, owner, R::SHARDED))
+        self.release(keys, owner)
     }
 }
 
-/// One script per set operation (`call/set.rs`); not a Cluster's (see [`Node::sets`]).
+/// One script per call for the whole set; not a Cluster's (see [`Node::sets`]).
 impl<R: Route> LockSets for Redis<R> {
     fn acquire_set(&self, request: &AcquireSetRequest<'_>) -> NodeFuture<AcquireSetReply> {
-        self.call(set::acquire_set(request))
+        self.acquisition(&Acquisition {
+            keys: request.keys,
+            owner: request.owner,
+            ttl: request.ttl,
+            shared: None,
+            fencing: request.fencing,
+            fence_floor: request.fence_floor,
+            fence_ttl: request.fence_ttl,
+            seed_only_when_missing: request.seed_only_when_missing,
+            waiter: None,
+        })
     }
 
     fn extend_set(&self, keys: &[ResourceKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.call(set::extend_set(keys, owner, ttl))
+        let op = ExtendCall::new(keys.iter().map(|keys| (keys, owner)), ttl);
+        self.call_map(op, all_extended)
     }
 
     fn release_set(&self, keys: &[ResourceKeys], owner: &Owner) -> NodeFuture<bool> {
-        self.call(set::release_set(keys, owner, R::SHARDED))
+        self.release_hold(keys, owner, Hand::Next)
     }
 
     fn raise_fences(
@@ -187,12 +244,13 @@ impl<R: Route> LockSets for Redis<R> {
         tokens: &[u64],
         fence_ttl: Duration,
     ) -> NodeFuture<()> {
-        self.call(set::raise_fences(keys, tokens, fence_ttl))
+        self.call(RaiseFences::new(keys, tokens, fence_ttl))
     }
 }
 
-/// The wait queue lives in the lock scripts (`acquire.lua`, `hand_off.lua`); these are
-/// the release script's other entries (`call/release.rs`) and the listener's mark.
+/// The wait queue lives in the lock scripts (`acquire_queued.lua`, `hand_off.lua`);
+/// these are the release script's other entries (`call/release.rs`) and the
+/// listener's mark.
 impl<R: Route> WaitQueue for Redis<R> {
     fn release_as_waiter(
         &self,
@@ -200,11 +258,11 @@ impl<R: Route> WaitQueue for Redis<R> {
         owner: &Owner,
         waiter: &Waiter,
     ) -> NodeFuture<bool> {
-        self.call(ReleaseCall::as_waiter(keys, owner, waiter, R::SHARDED))
+        self.release_hold(std::slice::from_ref(keys), owner, Hand::Leaving(waiter))
     }
 
     fn hand_back(&self, keys: &ResourceKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        self.call(ReleaseCall::hand_back(keys, owner, waiter, R::SHARDED))
+        self.release_hold(std::slice::from_ref(keys), owner, Hand::Back(waiter))
     }
 
     fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()> {

@@ -1,96 +1,204 @@
-//! The acquire calls: the plain `SET NX PX`, the pipelined fenced acquire of a
-//! standalone server, and the acquire script, with their replies.
+//! The acquire call of every lock shape: one resource or a set of them, exclusive or
+//! shared, as the plain `SET NX PX`, the pipelined fenced acquire of a standalone server,
+//! or the acquire script; and the raise-fences call that follows a fenced acquisition.
 
 use super::*;
-use crate::node::SharedMode;
+use crate::node::resource::LIMIT_SUFFIX;
+use crate::node::{AcquireSetReply, SharedMode, Waiter};
+
+/// What one acquisition asks of a node: the keys of one resource or of a set (all or
+/// nothing), how it holds them, and the fence settings (see [`AcquireRequest`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Acquisition<'a> {
+    /// One resource, or a set's members in its canonical order; never empty.
+    pub(crate) keys: &'a [ResourceKeys],
+    pub(crate) owner: &'a Owner,
+    pub(crate) ttl: Duration,
+    /// `None`: exclusive. A shared holder's mode is for one resource only.
+    pub(crate) shared: Option<SharedMode>,
+    pub(crate) fencing: bool,
+    pub(crate) fence_floor: u64,
+    pub(crate) fence_ttl: Duration,
+    pub(crate) seed_only_when_missing: bool,
+    /// The waiting caller's place in one resource's wait queue (exclusive only).
+    pub(crate) waiter: Option<&'a Waiter>,
+}
+
+impl<'a> From<&AcquireRequest<'a>> for Acquisition<'a> {
+    fn from(request: &AcquireRequest<'a>) -> Self {
+        Acquisition {
+            keys: std::slice::from_ref(request.keys),
+            owner: request.owner,
+            ttl: request.ttl,
+            shared: None,
+            fencing: request.fencing,
+            fence_floor: request.fence_floor,
+            fence_ttl: request.fence_ttl,
+            seed_only_when_missing: request.seed_only_when_missing,
+            waiter: request.waiter,
+        }
+    }
+}
+
+/// A node's answer to an [`Acquisition`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Grant {
+    /// Every resource granted: the first one's fence token, then the others' (a
+    /// `Vec` only for a set, so that one resource allocates nothing).
+    Acquired { first: u64, rest: Vec<u64> },
+    /// Someone else holds resource `member` (the longest remaining ttl of those held).
+    Held {
+        member: usize,
+        pttl: Option<Duration>,
+    },
+    /// Shared holders hold it in another mode.
+    OtherMode { held: SharedMode },
+}
+
+impl From<Grant> for AcquireReply {
+    fn from(grant: Grant) -> Self {
+        match grant {
+            Grant::Acquired { first, .. } => AcquireReply::Acquired { fence: first },
+            Grant::Held { pttl, .. } => AcquireReply::Held { pttl },
+            Grant::OtherMode { held } => AcquireReply::OtherMode { held },
+        }
+    }
+}
+
+impl From<Grant> for AcquireSetReply {
+    fn from(grant: Grant) -> Self {
+        match grant {
+            Grant::Acquired { first, rest } => AcquireSetReply::Acquired {
+                fences: std::iter::once(first).chain(rest).collect(),
+            },
+            Grant::Held { member, pttl } => AcquireSetReply::Held { member, pttl },
+            // Sets are exclusive.
+            Grant::OtherMode { .. } => AcquireSetReply::Held { member: 0, pttl: None },
+        }
+    }
+}
 
 /// The owned arguments of one acquire call (the call outlives the request).
 pub(crate) enum Acquire {
-    /// [`LockOptions::fencing(false)`](crate::LockOptions::fencing) and no waiter: one
-    /// `SET NX PX`. It skips the wait queue's check: a lock handed to the next waiter
-    /// is reserved (the key exists), so it barges in only where a holder's key expired
-    /// and the queue's head has not retried yet.
+    /// [`LockOptions::fencing(false)`](crate::LockOptions::fencing), one exclusive
+    /// resource, no waiter: one `SET NX PX`. It skips the wait queue's check: a lock
+    /// handed to the next waiter is reserved (the key exists), so it barges in only
+    /// where a holder's key expired and the queue's head has not retried yet.
     Plain {
         lock: String,
         owner: String,
         ttl_ms: u64,
     },
-    /// Fenced, no waiter, a standalone server: see [`Pipelined`].
+    /// Fenced, one exclusive resource, no waiter, a standalone server: see [`Pipelined`].
     Pipelined(Pipelined),
-    /// The acquire script: the lock key behind the wait queue and, with fencing, the
-    /// floored fence counter, atomically.
+    /// The acquire script (`acquire.lua`): the lock keys behind the wait queue and,
+    /// with fencing, the floored fence counters, atomically.
     Script(Call),
 }
 
 impl Acquire {
     /// `sharded`: the node publishes on sharded channels (Redis Cluster).
-    pub(crate) fn new(request: &AcquireRequest<'_>, sharded: bool) -> Self {
-        let ttl_ms = millis_ceil(request.ttl);
-        let common = !request.seed_only_when_missing && request.waiter.is_none();
-        if common && !request.fencing {
+    pub(crate) fn new(acq: &Acquisition<'_>, sharded: bool) -> Self {
+        let ttl_ms = millis_ceil(acq.ttl);
+        let [keys] = acq.keys else {
+            return Acquire::Script(script(acq, ttl_ms, sharded));
+        };
+        let common = !acq.seed_only_when_missing && acq.waiter.is_none() && acq.shared.is_none();
+        if common && !acq.fencing {
             return Acquire::Plain {
-                lock: request.keys.lock.clone(),
-                owner: request.owner.as_str().to_owned(),
+                lock: keys.lock.clone(),
+                owner: acq.owner.as_str().to_owned(),
                 ttl_ms,
             };
         }
         // A cluster's pipeline would be split by redis-rs's routing: one script there.
         if common && !sharded {
-            return Acquire::Pipelined(Pipelined::new(request, ttl_ms));
+            return Acquire::Pipelined(Pipelined::new(acq, keys, ttl_ms));
         }
-        let fence_mode = match (request.fencing, request.seed_only_when_missing) {
-            (false, _) => "0",
-            (true, false) => "1",
-            (true, true) => "s",
-        };
-        let call = Call::new(&ACQUIRE, 3)
-            .arg(&request.keys.lock)
-            .arg(&request.keys.fence)
-            .arg(Suffixed(&request.keys.lock, QUEUE_SUFFIX))
-            .arg(request.owner.as_str())
-            .arg(ttl_ms)
-            .arg(millis_ceil(request.fence_ttl))
-            // Sent as a decimal string (as every argument is): Lua would format a
-            // number this large as a float.
-            .arg(request.fence_floor)
-            .arg(fence_mode)
-            .arg(&request.keys.channel)
-            .arg(if sharded { "1" } else { "0" })
-            .arg(millis_ceil(HANDOFF_TTL));
-        // The waiter's arguments are also what keeps the script off its fast path,
-        // which is for callers that do not wait.
-        Acquire::Script(match request.waiter {
-            Some(waiter) => call
-                .arg(&waiter.id)
-                .arg(waiter.ticket)
-                .arg(millis_ceil(waiter.queue_ttl)),
-            None => call,
-        })
+        Acquire::Script(script(acq, ttl_ms, sharded))
+    }
+}
+
+/// The acquire script's call (see `acquire.lua` for its arguments).
+fn script(acq: &Acquisition<'_>, ttl_ms: u64, sharded: bool) -> Call {
+    let fence_mode = match (acq.fencing, acq.seed_only_when_missing) {
+        (false, _) => "0",
+        (true, false) => "1",
+        (true, true) => "s",
+    };
+    let keys = acq.keys.len() * 3 + if acq.shared.is_some() { 2 } else { 0 };
+    let mut call = Call::new(&ACQUIRE, keys);
+    for member in acq.keys {
+        call = call
+            .arg(&member.lock)
+            .arg(&member.fence)
+            .arg(Suffixed(&member.lock, QUEUE_SUFFIX));
+    }
+    if let ([member], Some(_)) = (acq.keys, acq.shared) {
+        call = call
+            .arg(member.writer())
+            .arg(Suffixed(&member.lock, LIMIT_SUFFIX));
+    }
+    call = call
+        .arg(acq.owner.as_str())
+        .arg(ttl_ms)
+        .arg(millis_ceil(acq.fence_ttl))
+        // Sent as a decimal string (as every argument is): Lua would format a number
+        // this large as a float.
+        .arg(acq.fence_floor)
+        .arg(fence_mode);
+    if let Some(mode) = acq.shared {
+        return call.arg(mode.limit().map_or(0, |n| n.get()));
+    }
+    if acq.keys.len() > 1 {
+        return call;
+    }
+    let keys = &acq.keys[0];
+    let call = call
+        .arg(&keys.channel)
+        .arg(if sharded { "1" } else { "0" })
+        .arg(millis_ceil(HANDOFF_TTL));
+    // The waiter's arguments are also what keeps the script off its fast path, which
+    // is for callers that do not wait.
+    match acq.waiter {
+        Some(waiter) => call
+            .arg(&waiter.id)
+            .arg(waiter.ticket)
+            .arg(millis_ceil(waiter.queue_ttl)),
+        None => call,
     }
 }
 
 /// With `wait`, a grant counts only once enough replicas acknowledged the key and the
 /// counter.
 impl Op for Acquire {
-    type Output = AcquireReply;
+    type Output = Grant;
 
     async fn run<C: SendOne>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
-    ) -> Result<AcquireReply, CallError> {
-        match self {
+    ) -> Result<Grant, CallError> {
+        let one = match self {
             Acquire::Plain {
                 lock,
                 owner,
                 ttl_ms,
-            } => acquire_plain(conn, lock, owner, *ttl_ms, wait).await,
-            Acquire::Pipelined(pipelined) => pipelined.run(conn, wait).await,
+            } => acquire_plain(conn, lock, owner, *ttl_ms, wait).await?,
+            Acquire::Pipelined(pipelined) => pipelined.run(conn, wait).await?,
             Acquire::Script(call) => {
                 let value = call.run(conn, wait, acquire_granted).await?;
-                parse_acquire(&value).map_err(CallError::Reply)
+                return parse_acquire(&value).map_err(CallError::Reply);
             }
-        }
+        };
+        Ok(match one {
+            AcquireReply::Acquired { fence } => Grant::Acquired {
+                first: fence,
+                rest: Vec::new(),
+            },
+            AcquireReply::Held { pttl } => Grant::Held { member: 0, pttl },
+            AcquireReply::OtherMode { held } => Grant::OtherMode { held },
+        })
     }
 }
 
@@ -113,19 +221,19 @@ pub(crate) struct Pipelined {
 }
 
 impl Pipelined {
-    fn new(request: &AcquireRequest<'_>, ttl_ms: u64) -> Self {
-        let (lock, owner) = (&request.keys.lock, request.owner.as_str());
+    fn new(acq: &Acquisition<'_>, keys: &ResourceKeys, ttl_ms: u64) -> Self {
+        let (lock, owner) = (&keys.lock, acq.owner.as_str());
         // Each command sized up front (numbers: at most 20 digits), so that building
         // it never reallocates: growing three empty commands cost more than the rest
         // of the call's client work.
         let set = set_nx_px(lock, owner, ttl_ms);
         let mut exists = Cmd::with_capacity(2, lock.len() + QUEUE_SUFFIX.len() + 6);
         exists.arg("EXISTS").arg(Suffixed(lock, QUEUE_SUFFIX));
-        let mut fence = Call::with_capacity(&FENCE, 1, 6, request.keys.fence.len() + 96)
-            .arg(&request.keys.fence)
-            .arg(request.fence_floor);
-        if request.fence_ttl != DEFAULT_FENCE_TTL {
-            fence = fence.arg(millis_ceil(request.fence_ttl));
+        let mut fence = Call::with_capacity(&FENCE, 1, 6, keys.fence.len() + 96)
+            .arg(&keys.fence)
+            .arg(acq.fence_floor);
+        if acq.fence_ttl != DEFAULT_FENCE_TTL {
+            fence = fence.arg(millis_ceil(acq.fence_ttl));
         }
         let mut pipe = redis::Pipeline::with_capacity(3);
         pipe.add_command(set)
@@ -216,12 +324,11 @@ impl Pipelined {
 
     /// Releases the key the `SET` took (the release script, as a lease's release).
     async fn release_taken<C: SendOne>(&self, conn: &mut C) -> Result<(), CallError> {
-        let lock = self.arg(0, 1);
+        // The release's fast path: the lock key, its queue and the owner.
         let call = Call::new(&RELEASE, 2)
-            .arg(lock)
+            .arg(self.arg(0, 1))
             .arg(self.arg(1, 1))
-            .arg(self.arg(0, 2))
-            .arg([lock, CHANNEL_SUFFIX.as_bytes()].concat());
+            .arg(self.arg(0, 2));
         call.run(conn, None, |_| false).await.map(drop)
     }
 
@@ -262,7 +369,9 @@ impl Pipelined {
     ) -> Result<AcquireReply, CallError> {
         let call = self.queued_call();
         let value = call.run(conn, wait, acquire_granted).await?;
-        parse_acquire(&value).map_err(CallError::Reply)
+        parse_acquire(&value)
+            .map(AcquireReply::from)
+            .map_err(CallError::Reply)
     }
 }
 
@@ -271,28 +380,39 @@ pub(super) fn acquire_granted(value: &Value) -> bool {
     matches!(value, Value::Array(items) if items.first().and_then(int) == Some(1))
 }
 
-/// The acquire script's reply: `{1, token}` or `{0, pttl}` (and the shared acquire's
-/// `{2, limit}`).
-pub(super) fn parse_acquire(value: &Value) -> Result<AcquireReply, NodeError> {
+/// The acquire script's reply: `{1, token, …}` (one per resource), `{0, pttl[, i]}`
+/// (resource `i`, 1-based, is held) or `{2, limit}` (shared holders with another limit).
+pub(super) fn parse_acquire(value: &Value) -> Result<Grant, NodeError> {
     let bad = || NodeError::Protocol(format!("acquire script returned {value:?}").into());
+    let token = |n: &Value| int(n).and_then(|t| u64::try_from(t).ok()).ok_or_else(bad);
     let Value::Array(items) = value else {
         return Err(bad());
     };
-    let [flag, n] = items.as_slice() else {
+    let Some((flag, [n, rest @ ..])) = items.split_first() else {
         return Err(bad());
     };
-    match (int(flag), int(n)) {
-        (Some(1), Some(token)) => Ok(AcquireReply::Acquired {
-            fence: u64::try_from(token).map_err(|_| bad())?,
+    match (int(flag), rest) {
+        (Some(1), _) => Ok(Grant::Acquired {
+            first: token(n)?,
+            rest: rest.iter().map(token).collect::<Result<_, _>>()?,
         }),
         // -1: the key has no ttl; -2: it vanished in between (cannot happen in a script).
-        (Some(0), Some(pttl)) => Ok(AcquireReply::Held {
-            pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-        }),
-        // The shared acquire's: the holders' limit, 0 for readers.
-        (Some(2), Some(limit)) => {
-            let limit = u32::try_from(limit).map_err(|_| bad())?;
-            Ok(AcquireReply::OtherMode {
+        (Some(0), [] | [_]) => {
+            let member = match rest {
+                [member] => token(member)?.checked_sub(1).ok_or_else(bad)?,
+                _ => 0,
+            };
+            Ok(Grant::Held {
+                member: usize::try_from(member).map_err(|_| bad())?,
+                pttl: int(n)
+                    .and_then(|ms| u64::try_from(ms).ok())
+                    .map(Duration::from_millis),
+            })
+        }
+        // Shared holders: their limit, 0 for readers.
+        (Some(2), []) => {
+            let limit = int(n).and_then(|l| u32::try_from(l).ok()).ok_or_else(bad)?;
+            Ok(Grant::OtherMode {
                 held: SharedMode::counted(limit).unwrap_or(SharedMode::Shared),
             })
         }
@@ -412,4 +532,41 @@ async fn acquire_plain<C: SendOne>(
     }
     check_acks(acks, wait)?;
     Ok(AcquireReply::Acquired { fence: 0 })
+}
+
+/// The raise-fences script: each resource's counter to at least its token (the one the
+/// quorum agreed on). With `wait`, a raised counter counts only once enough replicas
+/// acknowledged it.
+pub(crate) struct RaiseFences(Call);
+
+impl RaiseFences {
+    pub(crate) fn new(keys: &[ResourceKeys], tokens: &[u64], fence_ttl: Duration) -> Self {
+        let mut call = Call::new(&RAISE_FENCES, keys.len());
+        for member in keys {
+            call = call.arg(&member.fence);
+        }
+        call = call.arg(millis_ceil(fence_ttl));
+        for token in tokens {
+            call = call.arg(*token);
+        }
+        RaiseFences(call)
+    }
+}
+
+impl Op for RaiseFences {
+    type Output = ();
+
+    async fn run<C: SendOne>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<(), CallError> {
+        let wrote = |value: &Value| int(value).is_some_and(|raised| raised > 0);
+        let value = self.0.run(conn, wait, wrote).await?;
+        int(&value).map(drop).ok_or_else(|| {
+            CallError::Reply(NodeError::Protocol(
+                format!("raise-fences script returned {value:?}").into(),
+            ))
+        })
+    }
 }

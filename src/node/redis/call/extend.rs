@@ -1,58 +1,63 @@
-//! The batched extend of the Redis nodes ([`Node::extend_many`](crate::node::Node::extend_many)):
-//! one extend-many script per chunk of entries, every chunk pipelined on one connection.
+//! The extend call of the Redis nodes: compare-and-pexpire of one hold or many (each
+//! with its owner, exclusive or shared alike), one extend script per chunk of holds,
+//! every chunk pipelined on one connection.
 
 use std::time::Duration;
 
 use crate::node::redis::conn::SendOne;
 use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
 
-use super::{check_acks, int, node_error, query, Call, CallError, Op, ReplicaWait, EXTEND_MANY};
+use super::{check_acks, int, node_error, query, Call, CallError, Op, ReplicaWait, EXTEND};
 use crate::error::NodeError;
 use crate::node::redis::millis_ceil;
-use crate::node::ExtendEntry;
+use crate::node::{Owner, ResourceKeys};
 
-/// Entries per extend-many script: a script blocks the server while it runs, so a
-/// large batch goes out as several scripts, pipelined in one round trip, between
-/// which the server serves other clients.
+/// Holds per extend script: a script blocks the server while it runs, so a large batch
+/// goes out as several scripts, pipelined in one round trip, between which the server
+/// serves other clients.
 const EXTEND_CHUNK: usize = 256;
 
-/// The owned arguments of one batched extend: one extend-many script per
-/// [`EXTEND_CHUNK`] entries.
-pub(crate) struct ExtendManyCall {
-    /// Each chunk's script call and its number of entries.
-    chunks: Vec<(Call, usize)>,
-    entries: usize,
+/// The owned arguments of one extend: one extend script per [`EXTEND_CHUNK`] holds.
+pub(crate) struct ExtendCall {
+    /// Each chunk's script call and its number of holds.
+    pub(super) chunks: Vec<(Call, usize)>,
+    holds: usize,
 }
 
-impl ExtendManyCall {
-    pub(crate) fn new(entries: &[ExtendEntry<'_>], ttl: Duration) -> Self {
+impl ExtendCall {
+    /// Extends each `(keys, owner)` hold by `ttl`.
+    pub(crate) fn new<'a>(
+        holds: impl IntoIterator<Item = (&'a ResourceKeys, &'a Owner)>,
+        ttl: Duration,
+    ) -> Self {
         let ttl_ms = millis_ceil(ttl);
-        let chunks = entries
+        let holds: Vec<_> = holds.into_iter().collect();
+        let chunks = holds
             .chunks(EXTEND_CHUNK)
             .map(|chunk| {
-                let mut call = Call::new(&EXTEND_MANY, chunk.len());
-                for entry in chunk {
-                    call = call.arg(&entry.keys.lock);
+                let mut call = Call::new(&EXTEND, chunk.len());
+                for (keys, _) in chunk {
+                    call = call.arg(&keys.lock);
                 }
                 call = call.arg(ttl_ms);
-                for entry in chunk {
-                    call = call.arg(entry.owner.as_str());
+                for (_, owner) in chunk {
+                    call = call.arg(owner.as_str());
                 }
                 (call, chunk.len())
             })
             .collect();
-        ExtendManyCall {
+        ExtendCall {
             chunks,
-            entries: entries.len(),
+            holds: holds.len(),
         }
     }
 }
 
-/// The extend-many scripts, pipelined on one connection (one round trip, plus one
-/// more for the chunks a server without the script answered `NOSCRIPT` to). With
-/// `wait`, the extensions count only once enough replicas acknowledged them; a
-/// failed acknowledgement fails the whole batch, as the node's vote is then void.
-impl Op for ExtendManyCall {
+/// The extend scripts, pipelined on one connection (one round trip, plus one more for
+/// the chunks a server without the script answered `NOSCRIPT` to). Answers per hold,
+/// in order. With `wait`, the extensions count only once enough replicas acknowledged
+/// them; a failed acknowledgement fails the whole call, as the node's vote is then void.
+impl Op for ExtendCall {
     type Output = Vec<Result<bool, NodeError>>;
 
     async fn run<C: SendOne>(
@@ -60,14 +65,21 @@ impl Op for ExtendManyCall {
         conn: &mut C,
         wait: Option<ReplicaWait>,
     ) -> Result<Vec<Result<bool, NodeError>>, CallError> {
-        let call = self;
-        extend_many(conn, call, wait).await
+        if let [(call, _)] = self.chunks.as_slice() {
+            // One script, no pipeline: what nearly every extend is.
+            let wrote = |value: &Value| {
+                matches!(value, Value::Array(flags) if flags.iter().any(|f| int(f) == Some(1)))
+            };
+            let value = call.run(conn, wait, wrote).await?;
+            return Ok(answers(self, vec![Some(Ok(value))]));
+        }
+        extend_many(conn, self, wait).await
     }
 }
 
 async fn extend_many<C: SendOne>(
     conn: &mut C,
-    call: &ExtendManyCall,
+    call: &ExtendCall,
     wait: Option<ReplicaWait>,
 ) -> Result<Vec<Result<bool, NodeError>>, CallError> {
     let mut values: Vec<Option<RedisResult<Value>>> = Vec::new();
@@ -100,7 +112,12 @@ async fn extend_many<C: SendOne>(
             check_acks(acks, wait)?;
         }
     }
-    let mut answers = Vec::with_capacity(call.entries);
+    Ok(answers(call, values))
+}
+
+/// Each hold's answer, from each chunk's reply.
+fn answers(call: &ExtendCall, values: Vec<Option<RedisResult<Value>>>) -> Vec<Result<bool, NodeError>> {
+    let mut answers = Vec::with_capacity(call.holds);
     for (&(_, size), value) in call.chunks.iter().zip(values) {
         match value {
             Some(Ok(Value::Array(flags))) if flags.len() == size => {
@@ -108,7 +125,7 @@ async fn extend_many<C: SendOne>(
                     Some(1) => Ok(true),
                     Some(0) => Ok(false),
                     _ => Err(NodeError::Protocol(
-                        format!("extend-many script returned {flag:?}").into(),
+                        format!("extend script returned {flag:?}").into(),
                     )),
                 }));
             }
@@ -118,10 +135,10 @@ async fn extend_many<C: SendOne>(
             }
             other => {
                 let error =
-                    NodeError::Protocol(format!("extend-many script returned {other:?}").into());
+                    NodeError::Protocol(format!("extend script returned {other:?}").into());
                 answers.extend(std::iter::repeat_n(Err(error), size));
             }
         }
     }
-    Ok(answers)
+    answers
 }
