@@ -93,18 +93,17 @@ impl<R: Route> Redis<R> {
         self.call_map(Acquire::new(acq, R::SHARDED), |grant| Ok(T::from(grant)))
     }
 
-    /// One hold of `keys` released, with what it does for a waiter.
-    fn release_hold(&self, keys: &[ResourceKeys], owner: &Owner, hand: Hand<'_>) -> NodeFuture<bool> {
-        self.call(ReleaseCall::new(keys, owner.as_str(), hand, R::SHARDED))
-    }
-
-    /// Holds extended: whether each was still ours.
-    fn extend_holds<'a>(
+    /// One hold of `keys` released (a shared holder's when `shared`), with what it does
+    /// for a waiter.
+    fn release_hold(
         &self,
-        holds: impl IntoIterator<Item = (&'a ResourceKeys, &'a Owner)>,
-        ttl: Duration,
-    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-        self.call(ExtendCall::new(holds, ttl))
+        keys: &[ResourceKeys],
+        owner: &Owner,
+        hand: Hand<'_>,
+        shared: bool,
+    ) -> NodeFuture<bool> {
+        let op = ReleaseCall::new(keys, owner.as_str(), hand, shared, R::SHARDED);
+        self.call(op)
     }
 }
 
@@ -125,8 +124,7 @@ impl<R: Route> Node for Redis<R> {
     }
 
     fn extend(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        let op = ExtendCall::new([(keys, owner)], ttl);
-        self.call_map(op, all_extended)
+        self.call_map(ExtendCall::new([(keys, owner)], ttl, false), all_extended)
     }
 
     fn extend_many(
@@ -141,11 +139,11 @@ impl<R: Route> Node for Redis<R> {
                 .collect();
             return Box::pin(async move { Ok(futures_util::future::join_all(calls).await) });
         }
-        self.extend_holds(entries.iter().map(|e| (e.keys, &e.owner)), ttl)
+        self.call(ExtendCall::new(entries.iter().map(|e| (e.keys, &e.owner)), ttl, false))
     }
 
     fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
-        self.release_hold(std::slice::from_ref(keys), owner, Hand::Next)
+        self.release_hold(std::slice::from_ref(keys), owner, Hand::Next, false)
     }
 
     fn raise_fence(&self, keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> NodeFuture<()> {
@@ -187,8 +185,8 @@ impl<R: Route> Node for Redis<R> {
     }
 }
 
-/// Shared and counted holders: a sorted set at the lock key, which the extend and
-/// release scripts recognise by its type.
+/// Shared and counted holders: a sorted set at the lock key (the acquire, extend and
+/// release scripts in their shared mode).
 impl<R: Route> SharedModes for Redis<R> {
     fn acquire_shared(&self, request: &SharedRequest<'_>) -> NodeFuture<AcquireReply> {
         self.acquisition(&Acquisition {
@@ -205,11 +203,11 @@ impl<R: Route> SharedModes for Redis<R> {
     }
 
     fn extend_shared(&self, keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        self.extend(keys, owner, ttl)
+        self.call_map(ExtendCall::new([(keys, owner)], ttl, true), all_extended)
     }
 
     fn release_shared(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
-        self.release(keys, owner)
+        self.release_hold(std::slice::from_ref(keys), owner, Hand::Next, true)
     }
 }
 
@@ -230,12 +228,12 @@ impl<R: Route> LockSets for Redis<R> {
     }
 
     fn extend_set(&self, keys: &[ResourceKeys], owner: &Owner, ttl: Duration) -> NodeFuture<bool> {
-        let op = ExtendCall::new(keys.iter().map(|keys| (keys, owner)), ttl);
+        let op = ExtendCall::new(keys.iter().map(|keys| (keys, owner)), ttl, false);
         self.call_map(op, all_extended)
     }
 
     fn release_set(&self, keys: &[ResourceKeys], owner: &Owner) -> NodeFuture<bool> {
-        self.release_hold(keys, owner, Hand::Next)
+        self.release_hold(keys, owner, Hand::Next, false)
     }
 
     fn raise_fences(
@@ -258,11 +256,11 @@ impl<R: Route> WaitQueue for Redis<R> {
         owner: &Owner,
         waiter: &Waiter,
     ) -> NodeFuture<bool> {
-        self.release_hold(std::slice::from_ref(keys), owner, Hand::Leaving(waiter))
+        self.release_hold(std::slice::from_ref(keys), owner, Hand::Leaving(waiter), false)
     }
 
     fn hand_back(&self, keys: &ResourceKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {
-        self.release_hold(std::slice::from_ref(keys), owner, Hand::Back(waiter))
+        self.release_hold(std::slice::from_ref(keys), owner, Hand::Back(waiter), false)
     }
 
     fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()> {

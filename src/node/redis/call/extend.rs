@@ -25,10 +25,12 @@ pub(crate) struct ExtendCall {
 }
 
 impl ExtendCall {
-    /// Extends each `(keys, owner)` hold by `ttl`.
+    /// Extends each `(keys, owner)` hold by `ttl`; `shared`: the holds are shared
+    /// holders (an exclusive extend never touches those, nor a shared one a lock key).
     pub(crate) fn new<'a>(
         holds: impl IntoIterator<Item = (&'a ResourceKeys, &'a Owner)>,
         ttl: Duration,
+        shared: bool,
     ) -> Self {
         let ttl_ms = millis_ceil(ttl);
         let holds: Vec<_> = holds.into_iter().collect();
@@ -42,6 +44,9 @@ impl ExtendCall {
                 call = call.arg(ttl_ms);
                 for (_, owner) in chunk {
                     call = call.arg(owner.as_str());
+                }
+                if shared {
+                    call = call.arg("1");
                 }
                 (call, chunk.len())
             })

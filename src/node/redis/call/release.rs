@@ -29,7 +29,15 @@ pub(crate) enum Hand<'a> {
 pub(crate) struct ReleaseCall(pub(super) Call);
 
 impl ReleaseCall {
-    pub(crate) fn new(keys: &[ResourceKeys], owner: &str, hand: Hand<'_>, sharded: bool) -> Self {
+    /// `shared`: the hold is a shared holder's (an exclusive release never touches
+    /// those, nor a shared one a lock key's string).
+    pub(crate) fn new(
+        keys: &[ResourceKeys],
+        owner: &str,
+        hand: Hand<'_>,
+        shared: bool,
+        sharded: bool,
+    ) -> Self {
         let mut call = Call::new(&RELEASE, 2 * keys.len());
         for member in keys {
             call = call
@@ -45,7 +53,7 @@ impl ReleaseCall {
                 && keys.channel.starts_with(&keys.lock)
                 && keys.channel.ends_with(CHANNEL_SUFFIX)
         };
-        if let ([member], Hand::Next, false) = (keys, hand, sharded)
+        if let ([member], Hand::Next, false, false) = (keys, hand, shared, sharded)
             && usual_channel(member)
         {
             return ReleaseCall(call);
@@ -59,7 +67,8 @@ impl ReleaseCall {
             .arg(if sharded { "1" } else { "0" })
             .arg(millis_ceil(HANDOFF_TTL))
             .arg(leaving.unwrap_or(""))
-            .arg(back_to.as_deref().unwrap_or(""));
+            .arg(back_to.as_deref().unwrap_or(""))
+            .arg(if shared { "1" } else { "0" });
         for member in keys {
             call = call.arg(&member.channel);
         }
@@ -73,6 +82,7 @@ impl ReleaseCall {
             std::slice::from_ref(keys),
             "",
             Hand::Leaving(waiter),
+            false,
             sharded,
         )
     }

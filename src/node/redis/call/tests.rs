@@ -171,23 +171,23 @@ fn release_publishes_sharded_only_when_asked() {
     let owner = Owner::random();
     let release = |keys: &ResourceKeys, sharded| {
         let keys = std::slice::from_ref(keys);
-        words(&ReleaseCall::new(keys, owner.as_str(), Hand::Next, sharded).0.evalsha)
+        words(&ReleaseCall::new(keys, owner.as_str(), Hand::Next, false, sharded).0.evalsha)
     };
     let (plain, sharded) = (release(&keys, false), release(&keys, true));
-    // EVALSHA sha 2 lock queue owner [sharded hold leaving back_to channel]
+    // EVALSHA sha 2 lock queue owner [sharded hold leaving back_to shared channel]
     assert_eq!(
         plain[2..],
         ["2", &keys.lock, &keys.queue(), owner.as_str()],
         "the script's defaults: the usual channel, not sharded, HANDOFF_TTL"
     );
-    assert_eq!(sharded[6..], ["1", "1000", "", "", keys.channel.as_str()]);
+    assert_eq!(sharded[6..], ["1", "1000", "", "", "0", keys.channel.as_str()]);
     // A channel of another name, or none (the test kit's undo), goes out with the rest.
     for channel in ["elsewhere", ""] {
         let other = ResourceKeys {
             channel: channel.into(),
             ..keys.clone()
         };
-        assert_eq!(release(&other, false)[6..], ["0", "1000", "", "", channel]);
+        assert_eq!(release(&other, false)[6..], ["0", "1000", "", "", "0", channel]);
     }
 }
 
@@ -233,7 +233,7 @@ fn listening_marks_the_queue_after_every_waiter() {
 fn the_eval_fallback_sends_the_same_keys_and_arguments() {
     let keys = ResourceKeys::new("p:", &crate::node::Resource::new("r"));
     let owner = Owner::random();
-    let extend = ExtendCall::new([(&keys, &owner)], Duration::from_millis(1500));
+    let extend = ExtendCall::new([(&keys, &owner)], Duration::from_millis(1500), false);
     let call = &extend.chunks[0].0;
     let (evalsha, eval) = (words(&call.evalsha), words(&call.eval()));
     assert_eq!(evalsha[0], "EVALSHA");

@@ -12,10 +12,12 @@
 -- '0'), ARGV[3] reservation ms (default 1000, `HANDOFF_TTL`); for a waiter's calls:
 -- ARGV[4] id of a waiter leaving the queue (its reservation counts as its key) or '',
 -- ARGV[5] 'id:ticket' of the waiter to reserve the key for again or '';
--- ARGV[5 + i] resource i's channel prefix (default: the lock key and ':released', as
+-- ARGV[6] '1' for a shared holder (see `node::modes`), else '0';
+-- ARGV[6 + i] resource i's channel prefix (default: the lock key and ':released', as
 -- `ResourceKeys`; empty hands nothing over: the key is only deleted, the cleanup of a
 -- failed attempt or a test kit's undo).
--- Returns 1 when every key was ours (and is gone or reserved), 0 otherwise.
+-- Returns 1 when every key was ours (and is gone or reserved), 0 otherwise: an
+-- exclusive release never touches shared holders, nor a shared one a lock key's string.
 -- `ours`: the fast path found the key ours (`release_queued.lua` need not read it again).
 local ours = false
 if not ARGV[2] then
@@ -28,7 +30,7 @@ if not ARGV[2] then
       return 1
     end
     ours = true
-  elseif holder ~= SHARED then
+  else
     if holder and holder.err then
       return holder
     end

@@ -4,6 +4,7 @@
 -- its turn (ARGV[5]).
 local sharded, hold = ARGV[2] or '0', ARGV[3] or '1000'
 local leaving, back_to = ARGV[4] or '', ARGV[5] or ''
+local shared = ARGV[6] == '1'
 
 -- A shared holder leaves (see `node::modes`): the last one's release deletes the key and
 -- hands the resource to the queue's next writer that listens (reserved for it, woken
@@ -40,7 +41,7 @@ end
 local all = 1
 for i = 1, #KEYS / 2 do
   local lock, queue = KEYS[2 * i - 1], KEYS[2 * i]
-  local channel = ARGV[5 + i] or (lock .. ':released')
+  local channel = ARGV[6 + i] or (lock .. ':released')
   if leaving ~= '' then
     redis.call('ZREM', queue, leaving)
   end
@@ -48,8 +49,8 @@ for i = 1, #KEYS / 2 do
   if holder and holder.err then
     return holder
   end
-  if holder == SHARED then
-    if not release_shared(lock, queue, channel) then
+  if shared or holder == SHARED then
+    if not (shared and holder == SHARED and release_shared(lock, queue, channel)) then
       all = 0
     end
   elseif holder == ARGV[1] or reserved_for(holder, leaving) then
