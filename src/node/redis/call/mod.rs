@@ -27,7 +27,7 @@ pub(crate) struct Lua {
 }
 
 impl Lua {
-    fn new(code: &'static str) -> Self {
+    pub(crate) fn new(code: &'static str) -> Self {
         Lua {
             code,
             script: Script::new(code),
@@ -188,6 +188,18 @@ impl CallError {
                     )
             }
             _ => false,
+        }
+    }
+
+    /// As a redis-rs error (for an application's own connection, `fence::redis`).
+    pub(crate) fn into_redis_error(self) -> RedisError {
+        match self {
+            CallError::Redis(e) => e,
+            other => RedisError::from((
+                ErrorKind::Client,
+                "script call",
+                other.into_node_error().to_string(),
+            )),
         }
     }
 
