@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use crate::error::NodeError;
 use crate::node::redis::call::{
-    Acquire, Acquisition, Grant, ExtendCall, Hand, ListenCall, Op, RaiseFences, ReleaseCall, ReplicaWait,
+    Acquire, Acquisition, ExtendCall, Grant, Hand, ListenCall, Op, RaiseFences, ReleaseCall,
+    ReplicaWait,
 };
 use crate::node::redis::records::{ClaimCall, DiscardCall, ReadCall, StoreCall};
 use crate::node::{
@@ -139,7 +140,11 @@ impl<R: Route> Node for Redis<R> {
                 .collect();
             return Box::pin(async move { Ok(futures_util::future::join_all(calls).await) });
         }
-        self.call(ExtendCall::new(entries.iter().map(|e| (e.keys, &e.owner)), ttl, false))
+        self.call(ExtendCall::new(
+            entries.iter().map(|e| (e.keys, &e.owner)),
+            ttl,
+            false,
+        ))
     }
 
     fn release(&self, keys: &ResourceKeys, owner: &Owner) -> NodeFuture<bool> {
@@ -256,7 +261,12 @@ impl<R: Route> WaitQueue for Redis<R> {
         owner: &Owner,
         waiter: &Waiter,
     ) -> NodeFuture<bool> {
-        self.release_hold(std::slice::from_ref(keys), owner, Hand::Leaving(waiter), false)
+        self.release_hold(
+            std::slice::from_ref(keys),
+            owner,
+            Hand::Leaving(waiter),
+            false,
+        )
     }
 
     fn hand_back(&self, keys: &ResourceKeys, owner: &Owner, waiter: &Waiter) -> NodeFuture<bool> {

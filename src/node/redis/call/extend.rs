@@ -72,9 +72,7 @@ impl Op for ExtendCall {
     ) -> Result<Vec<Result<bool, NodeError>>, CallError> {
         if let [(call, _)] = self.chunks.as_slice() {
             // One script, no pipeline: what nearly every extend is.
-            let wrote = |value: &Value| {
-                matches!(value, Value::Array(flags) if flags.iter().any(|f| int(f) == Some(1)))
-            };
+            let wrote = |value: &Value| matches!(value, Value::Array(flags) if flags.iter().any(|f| int(f) == Some(1)));
             let value = call.run(conn, wait, wrote).await?;
             return Ok(answers(self, vec![Some(Ok(value))]));
         }
@@ -121,7 +119,10 @@ async fn extend_many<C: SendOne>(
 }
 
 /// Each hold's answer, from each chunk's reply.
-fn answers(call: &ExtendCall, values: Vec<Option<RedisResult<Value>>>) -> Vec<Result<bool, NodeError>> {
+fn answers(
+    call: &ExtendCall,
+    values: Vec<Option<RedisResult<Value>>>,
+) -> Vec<Result<bool, NodeError>> {
     let mut answers = Vec::with_capacity(call.holds);
     for (&(_, size), value) in call.chunks.iter().zip(values) {
         match value {
@@ -139,8 +140,7 @@ fn answers(call: &ExtendCall, values: Vec<Option<RedisResult<Value>>>) -> Vec<Re
                 answers.extend(std::iter::repeat_n(Err(error), size));
             }
             other => {
-                let error =
-                    NodeError::Protocol(format!("extend script returned {other:?}").into());
+                let error = NodeError::Protocol(format!("extend script returned {other:?}").into());
                 answers.extend(std::iter::repeat_n(Err(error), size));
             }
         }

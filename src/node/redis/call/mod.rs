@@ -472,6 +472,7 @@ pub(crate) fn parse_flag(value: Value) -> Result<bool, NodeError> {
 
 mod acquire;
 mod extend;
+mod pipelined;
 mod release;
 #[cfg(test)]
 mod tests;

@@ -171,7 +171,11 @@ fn release_publishes_sharded_only_when_asked() {
     let owner = Owner::random();
     let release = |keys: &ResourceKeys, sharded| {
         let keys = std::slice::from_ref(keys);
-        words(&ReleaseCall::new(keys, owner.as_str(), Hand::Next, false, sharded).0.evalsha)
+        words(
+            &ReleaseCall::new(keys, owner.as_str(), Hand::Next, false, sharded)
+                .0
+                .evalsha,
+        )
     };
     let (plain, sharded) = (release(&keys, false), release(&keys, true));
     // EVALSHA sha 2 lock queue owner [sharded hold leaving back_to shared channel]
@@ -180,14 +184,20 @@ fn release_publishes_sharded_only_when_asked() {
         ["2", &keys.lock, &keys.queue(), owner.as_str()],
         "the script's defaults: the usual channel, not sharded, HANDOFF_TTL"
     );
-    assert_eq!(sharded[6..], ["1", "1000", "", "", "0", keys.channel.as_str()]);
+    assert_eq!(
+        sharded[6..],
+        ["1", "1000", "", "", "0", keys.channel.as_str()]
+    );
     // A channel of another name, or none (the test kit's undo), goes out with the rest.
     for channel in ["elsewhere", ""] {
         let other = ResourceKeys {
             channel: channel.into(),
             ..keys.clone()
         };
-        assert_eq!(release(&other, false)[6..], ["0", "1000", "", "", "0", channel]);
+        assert_eq!(
+            release(&other, false)[6..],
+            ["0", "1000", "", "", "0", channel]
+        );
     }
 }
 
