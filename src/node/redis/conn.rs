@@ -34,7 +34,7 @@
 //! * **acquire** (`SET key owner NX PX` pipelined with the fence script, or the
 //!   acquire script doing both; one `SET NX PX` without fencing): a second run finds
 //!   the key holding its own owner value, which is the same grant, not a second one
-//!   (see `acquire_fast.lua` and `Acquire::Pipelined`): nobody else can have been
+//!   (see `acquire.lua` and `Acquire::Pipelined`): nobody else can have been
 //!   granted the key in between, since it held our value all along. The extra counter
 //!   step only makes later tokens larger, which fencing allows.
 //! * **extend** (compare-and-`PEXPIRE`) and **raise fence** (`if cur < t then set t`)
