@@ -278,9 +278,10 @@ impl FencedRaw {
             conns,
             acquire,
             release: redis::Script::new(concat!(
-                include_str!("../src/node/redis/scripts/release_fast.lua"),
+                include_str!("../src/node/redis/scripts/held.lua"),
+                include_str!("../src/node/redis/scripts/release.lua"),
                 include_str!("../src/node/redis/scripts/hand_off.lua"),
-                include_str!("../src/node/redis/scripts/release.lua")
+                include_str!("../src/node/redis/scripts/release_queued.lua")
             )),
             next: std::sync::atomic::AtomicU64::new(0),
         }

@@ -241,9 +241,10 @@ async fn raw_router(servers: &[RedisServer]) -> Router {
         // SET NX PX and EXISTS of the queue; the release script.
         acquire: fence,
         release: Arc::new(redis::Script::new(concat!(
-            include_str!("../src/node/redis/scripts/release_fast.lua"),
+            include_str!("../src/node/redis/scripts/held.lua"),
+            include_str!("../src/node/redis/scripts/release.lua"),
             include_str!("../src/node/redis/scripts/hand_off.lua"),
-            include_str!("../src/node/redis/scripts/release.lua")
+            include_str!("../src/node/redis/scripts/release_queued.lua")
         ))),
     };
     Router::new()

@@ -37,8 +37,8 @@ def lua(*names):
 
 # name -> source, as `src/node/redis/call` joins them.
 CODE = {
-    'acquire': lua('fence_rule', 'acquire_fast', 'hand_off', 'acquire'),
-    'release': lua('release_fast', 'hand_off', 'release'),
+    'acquire': lua('held', 'fence_rule', 'acquire', 'hand_off', 'acquire_queued'),
+    'release': lua('held', 'release', 'hand_off', 'release_queued'),
     'fence': lua('fence_rule', 'fence'),
     # Ideas measured and not taken (BENCHMARKS.md, session 12): the counter raised to
     # the holder's token by the release, atomically with the delete, so the acquire

@@ -43,9 +43,10 @@
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
-use redis::Script;
 
 use super::{writer_tokens, FenceError, Fenced};
+use crate::node::redis::call::{Call, Lua};
+use crate::node::redis::conn::Any;
 use crate::FencingToken;
 
 /// KEYS: the value's key, its fence key. ARGV: the token (decimal), `string` or `hash`,
@@ -69,7 +70,9 @@ redis.call('SET', KEYS[2], token)
 return {'1'}
 "#;
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(GUARDED_SET));
+/// Sent by hash, as the lock scripts are (see `Call` on command order): a write
+/// overtaken by a later one sent while it met `NOSCRIPT` is still judged by its token.
+static SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(GUARDED_SET));
 
 /// The key holding `key`'s fence: in the same Redis Cluster hash slot as `key`.
 ///
@@ -112,13 +115,8 @@ pub async fn set<C: ConnectionLike + Send>(
     value: impl redis::ToRedisArgs + Send + Sync,
 ) -> Result<(), FenceError<redis::RedisError>> {
     let token = token_of(held)?;
-    let mut invocation = SCRIPT.key(key);
-    invocation
-        .key(fence_key(key))
-        .arg(token.get())
-        .arg("string")
-        .arg(value);
-    answer(invocation.invoke_async(conn).await, key, token)
+    let call = guarded(key, token).arg("string").arg(value);
+    answer(run(conn, call).await, key, token)
 }
 
 /// Sets `fields` of the hash `key` if `held`'s token is not below the token stored for
@@ -140,12 +138,29 @@ where
         ));
     }
     let token = token_of(held)?;
-    let mut invocation = SCRIPT.key(key);
-    invocation.key(fence_key(key)).arg(token.get()).arg("hash");
+    let mut call = guarded(key, token).arg("hash");
     for (field, value) in fields {
-        invocation.arg(field).arg(value);
+        call = call.arg(field).arg(value);
     }
-    answer(invocation.invoke_async(conn).await, key, token)
+    answer(run(conn, call).await, key, token)
+}
+
+/// The guarded write's call for `key`, up to its token; add the rest.
+fn guarded(key: &str, token: FencingToken) -> Call {
+    Call::new(&SCRIPT, 2)
+        .arg(key)
+        .arg(fence_key(key))
+        .arg(token.get())
+}
+
+/// Runs `call` on the application's connection; its reply as strings.
+async fn run<C: ConnectionLike + Send>(
+    conn: &mut C,
+    call: Call,
+) -> Result<Vec<String>, redis::RedisError> {
+    let value = call.run(&mut Any(conn), None, |_| false).await;
+    let value = value.map_err(|e| e.into_redis_error())?;
+    Ok(redis::from_redis_value(value)?)
 }
 
 /// The token a write of `held` carries: its first resource's, as

@@ -67,8 +67,6 @@ mod owner;
 mod records;
 mod setup;
 mod wait_queue;
-#[cfg(feature = "redis")]
-mod wire;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -89,11 +87,6 @@ pub(crate) use setup::parse_info;
 pub use setup::ServerSetup;
 pub(crate) use token::FencingToken;
 pub use wait_queue::{Waiter, HANDOFF_TTL};
-#[cfg(feature = "redis")]
-pub(crate) use wire::{
-    AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, ExtendEntry, SharedMode,
-    SharedRequest,
-};
 
 use crate::error::ConfigError;
 pub(crate) use crate::error::NodeError;

@@ -244,7 +244,7 @@ pub(crate) const QUEUE_SUFFIX: &str = ":queue";
 /// What a waiting writer's intent key adds to the lock key; the acquire script knows
 /// it too.
 pub(crate) const WRITER_SUFFIX: &str = ":writer";
-/// What the key of shared holders' limit adds to the lock key (see `shared_acquire.lua`).
+/// What the key of shared holders' limit adds to the lock key (see `acquire.lua`).
 #[cfg(feature = "redis")]
 pub(crate) const LIMIT_SUFFIX: &str = ":limit";
 /// The suffix of the release channel's name (`ResourceKeys::channel`); the acquire script

@@ -608,7 +608,12 @@ async fn a_late_acquire_is_cleaned_up_after_it_lands() {
     servers[1].kill();
     let late = &servers[2];
     assert!(late.cmd(&["SCRIPT", "FLUSH"]).is_ok());
-    let release = include_str!("../../src/node/redis/scripts/release.lua");
+    let release = concat!(
+        include_str!("../../src/node/redis/scripts/held.lua"),
+        include_str!("../../src/node/redis/scripts/release.lua"),
+        include_str!("../../src/node/redis/scripts/hand_off.lua"),
+        include_str!("../../src/node/redis/scripts/release_queued.lua")
+    );
     let loaded = late.cmd(&["SCRIPT", "LOAD", release]);
     assert!(matches!(loaded, RespValue::Bulk(_)), "{loaded:?}");
     late.reset_stats();
@@ -639,7 +644,12 @@ async fn a_lease_released_at_once_is_released_after_a_late_acquire() {
     warm_up(&locker, &servers).await;
     let late = &servers[2];
     assert!(late.cmd(&["SCRIPT", "FLUSH"]).is_ok());
-    let release = include_str!("../../src/node/redis/scripts/release.lua");
+    let release = concat!(
+        include_str!("../../src/node/redis/scripts/held.lua"),
+        include_str!("../../src/node/redis/scripts/release.lua"),
+        include_str!("../../src/node/redis/scripts/hand_off.lua"),
+        include_str!("../../src/node/redis/scripts/release_queued.lua")
+    );
     let loaded = late.cmd(&["SCRIPT", "LOAD", release]);
     assert!(matches!(loaded, RespValue::Bulk(_)), "{loaded:?}");
     proxy.set_latency(support::proxy::Latency::Fixed(Duration::from_millis(200)));

@@ -34,7 +34,7 @@
 //! * **acquire** (`SET key owner NX PX` pipelined with the fence script, or the
 //!   acquire script doing both; one `SET NX PX` without fencing): a second run finds
 //!   the key holding its own owner value, which is the same grant, not a second one
-//!   (see `acquire_fast.lua` and `Acquire::Pipelined`): nobody else can have been
+//!   (see `acquire.lua` and `Acquire::Pipelined`): nobody else can have been
 //!   granted the key in between, since it held our value all along. The extra counter
 //!   step only makes later tokens larger, which fencing allows.
 //! * **extend** (compare-and-`PEXPIRE`) and **raise fence** (`if cur < t then set t`)
@@ -246,6 +246,45 @@ pub(crate) fn one_result_each(replies: Vec<Value>) -> Vec<RedisResult<Value>> {
             reply => Ok(reply),
         })
         .collect()
+}
+
+/// Any redis-rs connection (an application's own, for `fence::redis`), sending as
+/// `query_async` does.
+pub(crate) struct Any<'a, C>(pub(crate) &'a mut C);
+
+impl<C: ConnectionLike + Send> ConnectionLike for Any<'_, C> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        self.0.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+}
+
+impl<C: ConnectionLike + Send> SendOne for Any<'_, C> {
+    fn send_one<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        cmd.query_async(self.0)
+    }
+
+    fn send_pipeline<'a>(
+        &'a mut self,
+        pipe: &'a Pipeline,
+    ) -> impl Future<Output = RedisResult<Vec<RedisResult<Value>>>> + Send + 'a {
+        pipe.query_async(self.0)
+    }
 }
 
 #[cfg(feature = "cluster")]

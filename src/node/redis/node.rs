@@ -10,18 +10,15 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::error::NodeError;
-use crate::node::redis::call::modes::{self, SharedAcquireCall};
-use crate::node::redis::call::set;
 use crate::node::redis::call::{
-    Acquire as AcquireCall, ExtendCall, ExtendManyCall, ListenCall, Op, RaiseFenceCall,
+    Acquire as AcquireCall, Acquisition, ExtendCall, Hand, ListenCall, Op, RaiseFences,
     ReleaseCall, ReplicaWait,
 };
 use crate::node::redis::records::{ClaimCall, DiscardCall, ReadCall, StoreCall};
 use crate::node::{
-    Acquire, AcquireReply, AcquireRequest, AcquireSetReply, AcquireSetRequest, Capabilities,
-    ClaimReply, ClaimRequest, ExtendEntry, Hold, LockMode, Node, NodeFuture, PerKey, Record,
-    RecordStore, Release, ReleaseSignal, ResourceKeys, ServerSetup, SharedRequest, StoreReply,
-    StoreRequest, Vote, Waiter,
+    Acquire, Capabilities, ClaimReply, ClaimRequest, Hold, Node, NodeFuture, Owner, Record,
+    RecordStore, Release, ReleaseSignal, ResourceKeys, ServerSetup, StoreReply, StoreRequest, Vote,
+    Waiter,
 };
 
 /// How a Redis node's calls reach a server.
@@ -82,19 +79,11 @@ impl<R: Route> Redis<R> {
         let (route, wait) = (self.route.clone(), self.wait);
         Box::pin(async move { route.run(&op, wait).await })
     }
-
-    /// A single resource's acquire operation, its answer read as a vote (in the same
-    /// box: a box per call is what the allocation benchmark counts).
-    fn vote<O: Op<Output = AcquireReply>>(&self, op: O) -> NodeFuture<Vote> {
-        let (route, wait) = (self.route.clone(), self.wait);
-        Box::pin(async move { route.run(&op, wait).await.map(vote) })
-    }
 }
 
-/// The node calls, mapped onto the operations of `call/`: one resource exclusively is
-/// the acquire script (with the wait queue), a set is the set scripts (key by key on a
-/// Cluster, whose members live in different slots), a shared holder is the shared
-/// scripts.
+/// The node calls, mapped onto the operations of `call/`: one acquire, extend, release
+/// and raise-fences script each, over the keys of one resource or a set and a mode (key by
+/// key on a Cluster, where a set's members live in different slots).
 impl<R: Route> Node for Redis<R> {
     fn name(&self) -> &str {
         self.route.name()
@@ -117,54 +106,24 @@ impl<R: Route> Node for Redis<R> {
     }
 
     fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
-        let one = |keys| AcquireRequest {
-            keys,
-            owner: request.owner,
-            ttl: request.ttl,
-            fence_ttl: request.fence_ttl,
-            fencing: request.fencing,
-            fence_floor: request.fence_floor,
-            seed_only_when_missing: request.seed_only_when_missing,
-            waiter: request.waiter,
-        };
-        match (request.mode, request.keys) {
-            (LockMode::Exclusive, [keys]) => self.vote(AcquireCall::new(&one(keys), R::SHARDED)),
-            (LockMode::Exclusive, keys) if R::SHARDED => {
+        match request.keys {
+            [_] => self.call(AcquireCall::new(&request.into(), R::SHARDED)),
+            _ if !request.mode.is_exclusive() => unsupported_set(),
+            // A Cluster cannot run one script over keys of several slots.
+            keys if R::SHARDED => {
                 let calls: Vec<_> = keys
                     .iter()
-                    .map(|keys| self.vote(AcquireCall::new(&one(keys), true)))
+                    .map(|keys| {
+                        let one = Acquisition {
+                            keys: std::slice::from_ref(keys),
+                            ..request.into()
+                        };
+                        self.call(AcquireCall::new(&one, true))
+                    })
                     .collect();
                 acquire_each(self.clone(), request, calls)
             }
-            (LockMode::Exclusive, keys) => {
-                let call = self.call(set::acquire_set(&AcquireSetRequest {
-                    keys,
-                    owner: request.owner,
-                    ttl: request.ttl,
-                    fence_ttl: request.fence_ttl,
-                    fencing: request.fencing,
-                    fence_floor: request.fence_floor,
-                    seed_only_when_missing: request.seed_only_when_missing,
-                }));
-                Box::pin(async move {
-                    Ok(match call.await? {
-                        AcquireSetReply::Acquired { fences } => Vote::Granted {
-                            fences: fences.into(),
-                        },
-                        AcquireSetReply::Held { member, pttl } => Vote::Held { member, pttl },
-                    })
-                })
-            }
-            (mode, [keys]) => self.vote(SharedAcquireCall::new(&SharedRequest {
-                keys,
-                owner: request.owner,
-                mode,
-                ttl: request.ttl,
-                fence_ttl: request.fence_ttl,
-                fencing: request.fencing,
-                fence_floor: request.fence_floor,
-            })),
-            _ => unsupported_set(),
+            _ => self.call(AcquireCall::new(&request.into(), false)),
         }
     }
 
@@ -180,26 +139,21 @@ impl<R: Route> Node for Redis<R> {
         }
         // A renewal batch: the exclusive keys in one script (key by key on a Cluster),
         // the shared holders beside it, then one answer per hold.
-        let exclusive: Vec<ExtendEntry<'_>> = holds
+        let exclusive = holds
             .iter()
             .filter(|hold| hold.mode.is_exclusive())
-            .flat_map(|hold| {
-                hold.keys.iter().map(|keys| ExtendEntry {
-                    keys,
-                    owner: hold.owner.clone(),
-                })
-            })
-            .collect();
+            .flat_map(|hold| hold.keys.iter().map(|keys| (keys, hold.owner)));
         let exclusive: NodeFuture<Vec<Result<bool, NodeError>>> = if R::SHARDED {
             let calls: Vec<_> = exclusive
-                .iter()
-                .map(|entry| self.call(ExtendCall::new(entry.keys, &entry.owner, ttl)))
+                .map(|hold| self.call_map(ExtendCall::new([hold], ttl, false), all_extended))
                 .collect();
             Box::pin(async move { Ok(join_all(calls).await) })
-        } else if exclusive.is_empty() {
-            Box::pin(std::future::ready(Ok(Vec::new())))
         } else {
-            self.call(ExtendManyCall::new(&exclusive, ttl))
+            let exclusive: Vec<_> = exclusive.collect();
+            match exclusive.is_empty() {
+                true => Box::pin(std::future::ready(Ok(Vec::new()))),
+                false => self.call(ExtendCall::new(exclusive, ttl, false)),
+            }
         };
         let shared: Vec<_> = holds
             .iter()
@@ -233,25 +187,25 @@ impl<R: Route> Node for Redis<R> {
             }
             _ => hold.keys,
         };
-        let owner = hold.owner;
-        match (hold.mode.is_exclusive(), keys, how) {
-            (false, [keys], _) => self.call(modes::release_shared(keys, owner, R::SHARDED)),
-            (true, [keys], Release::AsWaiter(waiter)) => {
-                self.call(ReleaseCall::as_waiter(keys, owner, waiter, R::SHARDED))
-            }
-            (true, [keys], Release::HandBack(waiter)) => {
-                self.call(ReleaseCall::hand_back(keys, owner, waiter, R::SHARDED))
-            }
-            (true, [keys], _) => self.call(ReleaseCall::new(keys, owner, R::SHARDED)),
-            (true, keys, _) if R::SHARDED => {
+        let hand = match how {
+            Release::Wake | Release::Quiet => Hand::Next,
+            Release::AsWaiter(waiter) => Hand::Leaving(waiter),
+            Release::HandBack(waiter) => Hand::Back(waiter),
+        };
+        let shared = !hold.mode.is_exclusive();
+        match keys {
+            [_] => self.release_keys(keys, hold.owner, hand, shared),
+            _ if shared => unsupported_set(),
+            keys if R::SHARDED => {
                 let calls: Vec<_> = keys
                     .iter()
-                    .map(|keys| self.call(ReleaseCall::new(keys, owner, true)))
+                    .map(|keys| {
+                        self.release_keys(std::slice::from_ref(keys), hold.owner, hand, false)
+                    })
                     .collect();
                 Box::pin(async move { every(join_all(calls).await) })
             }
-            (true, keys, _) => self.call(set::release_set(keys, owner, false)),
-            (false, _, _) => unsupported_set(),
+            keys => self.release_keys(keys, hold.owner, hand, false),
         }
     }
 
@@ -261,18 +215,22 @@ impl<R: Route> Node for Redis<R> {
         tokens: &[u64],
         fence_ttl: Duration,
     ) -> NodeFuture<()> {
-        match (keys, tokens) {
-            ([keys], [token]) => self.call(RaiseFenceCall::new(keys, *token, fence_ttl)),
-            _ if R::SHARDED => {
-                let calls: Vec<_> = keys
-                    .iter()
-                    .zip(tokens)
-                    .map(|(keys, &token)| self.call(RaiseFenceCall::new(keys, token, fence_ttl)))
-                    .collect();
-                Box::pin(async move { join_all(calls).await.into_iter().collect() })
-            }
-            _ => self.call(set::raise_fences(keys, tokens, fence_ttl)),
+        if R::SHARDED && keys.len() > 1 {
+            let calls: Vec<_> = keys
+                .iter()
+                .zip(tokens)
+                .map(|(keys, token)| {
+                    let keys = std::slice::from_ref(keys);
+                    self.call(RaiseFences::new(
+                        keys,
+                        std::slice::from_ref(token),
+                        fence_ttl,
+                    ))
+                })
+                .collect();
+            return Box::pin(async move { join_all(calls).await.into_iter().collect() });
         }
+        self.call(RaiseFences::new(keys, tokens, fence_ttl))
     }
 
     fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
@@ -294,24 +252,50 @@ impl<R: Route> Node for Redis<R> {
 }
 
 impl<R: Route> Redis<R> {
-    /// One hold's extend, by its shape: the single-key script, the set script (key by
-    /// key on a Cluster), or the shared holder's.
+    /// One hold's extend: one script for its keys (key by key on a Cluster).
     fn extend_one(&self, hold: &Hold<'_>, ttl: Duration) -> NodeFuture<bool> {
-        let owner = hold.owner;
-        match (hold.mode.is_exclusive(), hold.keys) {
-            (true, [keys]) => self.call(ExtendCall::new(keys, owner, ttl)),
-            (true, keys) if R::SHARDED => {
-                let calls: Vec<_> = keys
-                    .iter()
-                    .map(|keys| self.call(ExtendCall::new(keys, owner, ttl)))
-                    .collect();
-                Box::pin(async move { every(join_all(calls).await) })
-            }
-            (true, keys) => self.call(set::extend_set(keys, owner, ttl)),
-            (false, [keys]) => self.call(modes::extend_shared(keys, owner, ttl)),
-            (false, _) => unsupported_set(),
+        let shared = !hold.mode.is_exclusive();
+        let each = hold.keys.iter().map(|keys| (keys, hold.owner));
+        if R::SHARDED && hold.keys.len() > 1 {
+            let calls: Vec<_> = each
+                .map(|hold| self.call_map(ExtendCall::new([hold], ttl, shared), all_extended))
+                .collect();
+            return Box::pin(async move { every(join_all(calls).await) });
         }
+        self.call_map(ExtendCall::new(each, ttl, shared), all_extended)
     }
+
+    /// One release script over `keys`, with what it does for a waiter.
+    fn release_keys(
+        &self,
+        keys: &[ResourceKeys],
+        owner: &Owner,
+        hand: Hand<'_>,
+        shared: bool,
+    ) -> NodeFuture<bool> {
+        self.call(ReleaseCall::new(
+            keys,
+            owner.as_str(),
+            hand,
+            shared,
+            R::SHARDED,
+        ))
+    }
+
+    /// One operation, its answer mapped by `f` (no second box).
+    fn call_map<O: Op, T: Send + 'static>(
+        &self,
+        op: O,
+        f: fn(O::Output) -> Result<T, NodeError>,
+    ) -> NodeFuture<T> {
+        let (route, wait) = (self.route.clone(), self.wait);
+        Box::pin(async move { route.run(&op, wait).await.and_then(f) })
+    }
+}
+
+/// Yes only if every hold was still ours (and so extended).
+fn all_extended(answers: Vec<Result<bool, NodeError>>) -> Result<bool, NodeError> {
+    every(answers)
 }
 
 /// `true` only if every answer is; a `false` wins over a failure (that key is not
@@ -344,17 +328,6 @@ fn unsupported_set<T: Send + 'static>() -> NodeFuture<T> {
     ))))
 }
 
-/// An operation's single-resource answer as a vote.
-fn vote(reply: AcquireReply) -> Vote {
-    match reply {
-        AcquireReply::Acquired { fence } => Vote::Granted {
-            fences: PerKey::one(fence),
-        },
-        AcquireReply::Held { pttl } => Vote::Held { member: 0, pttl },
-        AcquireReply::OtherMode { held } => Vote::OtherMode { held },
-    }
-}
-
 /// A Cluster's set: the members one after the other in the request's order (each its
 /// own slot); at the first one held, the members taken are released without waking
 /// anyone (nothing was granted to a caller) and the answer is held. A failure releases
@@ -383,7 +356,9 @@ fn acquire_each<R: Route>(
             };
             let undo: Vec<_> = keys[..index]
                 .iter()
-                .map(|keys| node.call(ReleaseCall::new(keys, &owner, true)))
+                .map(|keys| {
+                    node.release_keys(std::slice::from_ref(keys), &owner, Hand::Next, false)
+                })
                 .collect();
             if let Some(error) = join_all(undo).await.into_iter().find_map(Result::err) {
                 return Err(error);

@@ -1,69 +1,32 @@
-//! The outcome-record commands of Redis-backed nodes (see `record.rs`): three Lua
-//! scripts (sent with `EVAL`, see below) and one `HMGET`, over any redis-rs connection,
-//! so the standalone, cluster and sentinel nodes run one implementation of the
-//! protocol. The record key is a hash (`state`, `token`, `fp`, `data`, `orphan`) in the
-//! lock key's hash slot; values are raw bytes. Errors are [`CallError`]s, so a sentinel
-//! node can tell the ones that call for looking its master up again.
+//! The outcome-record commands of Redis-backed nodes (see `record.rs`): the record
+//! script (`scripts/record.lua`: claim, store, discard; sent in order, see
+//! [`Call`]) and one `HMGET`, over any connection, so the standalone, cluster and
+//! sentinel nodes run one implementation of the protocol. The record key is a hash
+//! (`state`, `token`, `fp`, `data`, `orphan`) in the lock key's hash slot; values are
+//! raw bytes. Errors are [`CallError`]s, so a sentinel node can tell the ones that call
+//! for looking its master up again.
 
 use std::time::Duration;
 
 use crate::node::redis::conn::SendOne;
 use bytes::Bytes;
-use redis::{Cmd, Value};
+use redis::Value;
 
 use crate::error::NodeError;
-use crate::node::redis::call::{self, int, CallError, Op, ReplicaWait};
+use crate::node::redis::call::{int, Call, CallError, Op, ReplicaWait, RECORD};
 use crate::node::redis::millis_ceil;
 use crate::node::FencingToken;
 use crate::node::ResourceKeys;
 use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
 
-// The scripts are always sent with `EVAL`, never `EVALSHA`: after a `NOSCRIPT` answer
-// the fallback would be sent one round trip later, and could then overtake a command
-// issued after it on the same connection — a discard landing before the claim whose
-// marker it removes would leave that marker behind, and the key would answer
-// "outcome unknown" for nothing. `EVAL` keeps the order in which the calls were made;
-// the server still caches the compiled script, and a record costs only two calls per
-// request (claim, then store or discard).
-const CLAIM: &str = include_str!("scripts/record_claim.lua");
-const STORE: &str = include_str!("scripts/record_store.lua");
-const DISCARD: &str = include_str!("scripts/record_discard.lua");
-
-/// One prepared script call with owned, binary-safe arguments.
-struct Eval {
-    code: &'static str,
-    keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
-}
-
-impl Eval {
-    fn command(&self) -> Cmd {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(self.code)
-            .arg(self.keys.len())
-            .arg(&self.keys)
-            .arg(&self.args);
-        cmd
-    }
-
-    /// `EVAL`; with `wait`, `WAIT` is pipelined right behind the script on the same
-    /// connection (so it covers the script's writes), and a reply for which `wrote`
-    /// holds counts only once enough replicas acknowledged it.
-    async fn run<C: SendOne>(
-        &self,
-        conn: &mut C,
-        wait: Option<ReplicaWait>,
-        wrote: fn(&Value) -> bool,
-    ) -> Result<Value, CallError> {
-        let mut pipe = redis::pipe();
-        pipe.add_command(self.command());
-        let mut replies = call::query(conn, pipe, 1, wait).await?;
-        let value = replies.remove(0)?;
-        if wrote(&value) {
-            call::check_acks(replies.pop(), wait)?;
-        }
-        Ok(value)
-    }
+/// The record script's call of operation `op` on `keys`' record (its three keys); add
+/// the operation's arguments.
+fn record_call(keys: &ResourceKeys, op: &'static str) -> Call {
+    Call::new(&RECORD, 3)
+        .arg(&keys.lock)
+        .arg(keys.record())
+        .arg(keys.interrupted())
+        .arg(op)
 }
 
 fn protocol(what: &str, value: &Value) -> CallError {
@@ -135,38 +98,24 @@ async fn read<C: SendOne>(conn: &mut C, keys: &ResourceKeys) -> Result<Option<Re
 }
 
 /// The owned arguments of one claim call.
-pub(crate) struct ClaimCall(Eval);
+pub(crate) struct ClaimCall(Call);
 
 impl ClaimCall {
     pub(crate) fn new(request: &ClaimRequest<'_>) -> Self {
-        let orphan_ttl = request
-            .orphan_ttl
-            .map(|ttl| millis_ceil(ttl).to_string())
-            .unwrap_or_default();
-        let remember = request
-            .remember_interrupted
-            .map(|ttl| millis_ceil(ttl).to_string())
-            .unwrap_or_default();
-        ClaimCall(Eval {
-            code: CLAIM,
-            keys: vec![
-                request.keys.lock.clone().into(),
-                request.keys.record().into(),
-                request.keys.interrupted().into(),
-            ],
-            args: vec![
-                request.owner.as_str().as_bytes().to_vec(),
-                request.token.to_string().into_bytes(),
-                request.fingerprint.to_vec(),
-                millis_ceil(request.pending_ttl).to_string().into_bytes(),
-                orphan_ttl.into_bytes(),
-                remember.into_bytes(),
-            ],
-        })
+        let ms = |ttl: Option<Duration>| ttl.map(|ttl| millis_ceil(ttl).to_string());
+        ClaimCall(
+            record_call(request.keys, "claim")
+                .arg(request.owner.as_str())
+                .arg(request.token)
+                .arg(request.fingerprint)
+                .arg(millis_ceil(request.pending_ttl))
+                .arg(ms(request.orphan_ttl).unwrap_or_default())
+                .arg(ms(request.remember_interrupted).unwrap_or_default()),
+        )
     }
 }
 
-/// The claim script. With `wait`, a stored marker counts only once enough replicas
+/// The record script's claim. With `wait`, a stored marker counts only once enough replicas
 /// acknowledged it.
 impl Op for ClaimCall {
     type Output = ClaimReply;
@@ -211,29 +160,22 @@ impl Op for ClaimCall {
 }
 
 /// The owned arguments of one store call.
-pub(crate) struct StoreCall(Eval);
+pub(crate) struct StoreCall(Call);
 
 impl StoreCall {
     pub(crate) fn new(request: &StoreRequest<'_>) -> Self {
-        StoreCall(Eval {
-            code: STORE,
-            keys: vec![
-                request.keys.lock.clone().into(),
-                request.keys.record().into(),
-                request.keys.interrupted().into(),
-            ],
-            args: vec![
-                request.owner.as_str().as_bytes().to_vec(),
-                request.record.token().get().to_string().into_bytes(),
-                request.record.fingerprint().to_vec(),
-                request.record.data().to_vec(),
-                millis_ceil(request.retention).to_string().into_bytes(),
-            ],
-        })
+        StoreCall(
+            record_call(request.keys, "store")
+                .arg(request.owner.as_str())
+                .arg(request.record.token().get())
+                .arg(request.record.fingerprint().as_ref())
+                .arg(request.record.data().as_ref())
+                .arg(millis_ceil(request.retention)),
+        )
     }
 }
 
-/// The store script. With `wait`, a stored record counts only once enough replicas
+/// The record script's store. With `wait`, a stored record counts only once enough replicas
 /// acknowledged it.
 impl Op for StoreCall {
     type Output = StoreReply;
@@ -255,19 +197,15 @@ impl Op for StoreCall {
 }
 
 /// The owned arguments of one discard call.
-pub(crate) struct DiscardCall(Eval);
+pub(crate) struct DiscardCall(Call);
 
 impl DiscardCall {
     pub(crate) fn new(keys: &ResourceKeys, token: u64) -> Self {
-        DiscardCall(Eval {
-            code: DISCARD,
-            keys: vec![keys.record().into()],
-            args: vec![token.to_string().into_bytes()],
-        })
+        DiscardCall(record_call(keys, "discard").arg(token))
     }
 }
 
-/// The discard script. Never waits for replicas: a lost discard only makes a later
+/// The record script's discard. Never waits for replicas: a lost discard only makes a later
 /// claim report an unknown outcome.
 impl Op for DiscardCall {
     type Output = bool;

@@ -13,49 +13,51 @@ use crate::error::NodeError;
 use crate::node::redis::conn::SendOne;
 use crate::node::redis::millis_ceil;
 use crate::node::ResourceKeys;
-use crate::node::{
-    AcquireReply, AcquireRequest, Owner, CHANNEL_SUFFIX, DEFAULT_FENCE_TTL, HANDOFF_TTL,
-    QUEUE_SUFFIX,
-};
+use crate::node::{Owner, CHANNEL_SUFFIX, DEFAULT_FENCE_TTL, HANDOFF_TTL, QUEUE_SUFFIX};
 
-/// One Lua script: its source (for `EVAL` after `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
+/// One Lua script: its source (for `EVAL`), its SHA1 (for `EVALSHA`), and whether its
+/// calls go by hash (see [`Call`] for when they may).
 pub(crate) struct Lua {
     code: &'static str,
     script: Script,
+    by_hash: bool,
 }
 
 impl Lua {
-    fn new(code: &'static str) -> Self {
+    pub(crate) fn new(code: &'static str) -> Self {
         Lua {
             code,
             script: Script::new(code),
+            by_hash: true,
+        }
+    }
+
+    /// A script whose calls always go out as `EVAL`, in the order they were made.
+    fn in_order(code: &'static str) -> Self {
+        Lua {
+            by_hash: false,
+            ..Self::new(code)
         }
     }
 }
 
-/// The acquire script goes out as `EVALSHA` like the others. A server that has not seen
-/// it yet (fresh, restarted, a promoted replica) answers `NOSCRIPT`, and the `EVAL`
-/// follows one round trip later — after anything else the locker sent on the same
-/// connection meanwhile. That is safe because no release of the same attempt is sent
-/// to a node while its acquire is in flight: a failed attempt releases on each node
-/// only once that node's acquire call has finished, retry included
-/// (`Nodes::release_after`), a won lease's release waits for the acquire calls that
-/// outlived the round, and a cancelled attempt drops its calls, which are then never
-/// resent. The alternative, `EVAL` every time, costs the server a SHA1 of the
-/// script per acquisition.
-///
-/// The acquire and release scripts both hand a free lock to the wait queue's next
-/// waiter: they share `hand_off.lua`. Each is one script in three parts: its fast path
-/// (the common case: a caller that does not wait, nobody queued), which returns before
-/// any of the wait queue's functions is built, then `hand_off.lua`, then the wait
-/// queue's case. Redis charges a script per argument and per `redis.call`, and a Lua
-/// closure per call of the script (see BENCHMARKS.md): the fast path has the fewest.
-static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+// The scripts, each put together from `scripts/*.lua`: `held.lua` opens every one that
+// compares a lock key with an owner value, `fence_rule.lua` every one that touches a
+// fence counter (the counter's rule lives there alone), `hand_off.lua` those that hand
+// a free lock to the wait queue's next waiter. The acquire and release scripts are in
+// parts: their fast path (the common case: one resource, a caller that does not wait,
+// nobody queued) returns before any of the wait queue's functions is built. Redis
+// charges a script per argument and per `redis.call`, and a Lua closure per call of the
+// script (see BENCHMARKS.md): the fast path has the fewest.
+
+/// Every acquisition: one resource or a set, exclusive or shared (`acquire.lua`).
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
+        include_str!("../scripts/held.lua"),
         include_str!("../scripts/fence_rule.lua"),
-        include_str!("../scripts/acquire_fast.lua"),
+        include_str!("../scripts/acquire.lua"),
         include_str!("../scripts/hand_off.lua"),
-        include_str!("../scripts/acquire.lua")
+        include_str!("../scripts/acquire_queued.lua")
     ))
 });
 /// The fence counter's rule alone, pipelined behind a plain `SET NX PX` (see
@@ -66,19 +68,34 @@ static FENCE: LazyLock<Lua> = LazyLock::new(|| {
         include_str!("../scripts/fence.lua")
     ))
 });
-static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/extend.lua")));
-static EXTEND_MANY: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../scripts/extend_many.lua")));
-static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
-        include_str!("../scripts/release_fast.lua"),
-        include_str!("../scripts/hand_off.lua"),
-        include_str!("../scripts/release.lua")
+        include_str!("../scripts/held.lua"),
+        include_str!("../scripts/extend.lua")
     ))
 });
-static RAISE_FENCE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../scripts/raise_fence.lua")));
+static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../scripts/held.lua"),
+        include_str!("../scripts/release.lua"),
+        include_str!("../scripts/hand_off.lua"),
+        include_str!("../scripts/release_queued.lua")
+    ))
+});
+static RAISE_FENCES: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../scripts/fence_rule.lua"),
+        include_str!("../scripts/raise_fences.lua")
+    ))
+});
 static LISTEN: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/listen.lua")));
+/// The outcome records' claim, store and discard (`records.rs`): in order, see [`Call`].
+pub(crate) static RECORD: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::in_order(concat!(
+        include_str!("../scripts/held.lua"),
+        include_str!("../scripts/record.lua")
+    ))
+});
 
 /// Replica acknowledgement: after a script wrote, `WAIT replicas timeout` on the same
 /// connection, and the answer counts only if at least `replicas` replicas acknowledged.
@@ -171,6 +188,18 @@ impl CallError {
         }
     }
 
+    /// As a redis-rs error (for an application's own connection, `fence::redis`).
+    pub(crate) fn into_redis_error(self) -> RedisError {
+        match self {
+            CallError::Redis(e) => e,
+            other => RedisError::from((
+                ErrorKind::Client,
+                "script call",
+                other.into_node_error().to_string(),
+            )),
+        }
+    }
+
     pub(crate) fn into_node_error(self) -> NodeError {
         match self {
             CallError::Redis(e) => node_error(e),
@@ -236,9 +265,31 @@ impl redis::ToRedisArgs for Suffixed<'_> {
     }
 }
 
-/// One prepared script call: the `EVALSHA` command, built once with its keys and
-/// arguments (numbers are written straight into the command, with no string of their
-/// own). The `EVAL` form is built from it only after `NOSCRIPT`.
+/// One prepared script call, the one way every script of the crate is sent (the Redis
+/// nodes' operations and the guarded writes of `fence::redis`): the `EVALSHA` command,
+/// built once with its keys and arguments (numbers are written straight into the
+/// command, with no string of their own), and the `EVAL` form built from it.
+///
+/// # Command order
+///
+/// Commands sent on one connection run in the order they were sent. A call by hash
+/// that meets `NOSCRIPT` (a server that has not seen the script yet: fresh, restarted,
+/// a promoted replica) is sent again as `EVAL` one round trip later, behind whatever
+/// was sent on that connection meanwhile: a later call may then run before it. That
+/// is harmless unless a call whose effect depends on this one having run can be sent
+/// while it is in flight, and where one can, the script goes out as `EVAL` every time
+/// ([`Lua::in_order`]), which costs the server a SHA1 of the script per call:
+///
+/// * the lock scripts go by hash: the engine sends no release of an attempt to a node
+///   while that node's acquire call is in flight (a failed attempt releases on each
+///   node only once that node's acquire call finished, retry included,
+///   `Nodes::release_after`; a won lease's release waits for the acquire calls that
+///   outlived the round; a cancelled attempt drops its calls, which are then never
+///   resent), and an extend or a raise of the fence only follows its acquisition;
+/// * the record scripts go in order: a claim decided before every node answered
+///   leaves the other claims running while it discards its marker at once, and a
+///   discard that overtook its claim would leave the marker behind (the key would
+///   answer "outcome unknown" for nothing).
 pub(crate) struct Call {
     lua: &'static Lua,
     evalsha: Cmd,
@@ -246,7 +297,7 @@ pub(crate) struct Call {
 
 impl Call {
     /// `EVALSHA sha keys…`; add the keys first, then the arguments.
-    fn new(lua: &'static Lua, keys: usize) -> Self {
+    pub(crate) fn new(lua: &'static Lua, keys: usize) -> Self {
         // Sized for the largest call (acquire: 3 keys of a few dozen bytes, 12
         // arguments), so that building it never reallocates.
         Self::with_capacity(lua, keys, 18, 384)
@@ -259,7 +310,7 @@ impl Call {
         Call { lua, evalsha }
     }
 
-    fn arg<T: redis::ToRedisArgs>(mut self, arg: T) -> Self {
+    pub(crate) fn arg<T: redis::ToRedisArgs>(mut self, arg: T) -> Self {
         self.evalsha.arg(arg);
         self
     }
@@ -292,15 +343,18 @@ impl Call {
 
     /// Runs the script with `EVALSHA`, or with `EVAL` after `NOSCRIPT` (which also caches
     /// it on the server that answered, and needs no `SCRIPT LOAD` on every node of a
-    /// cluster). With `wait`, `WAIT` is pipelined right behind the script on the same
+    /// cluster); a script sent in order, with `EVAL` at once. With `wait`, `WAIT` is pipelined right behind the script on the same
     /// connection, so it covers the script's writes; its answer is checked only when
     /// `wrote` says the script wrote.
-    async fn run<C: SendOne>(
+    pub(crate) async fn run<C: SendOne>(
         &self,
         conn: &mut C,
         wait: Option<ReplicaWait>,
         wrote: fn(&Value) -> bool,
     ) -> Result<Value, CallError> {
+        if !self.lua.by_hash {
+            return self.once(conn, &self.eval(), wait, wrote).await;
+        }
         match self.once(conn, &self.evalsha, wait, wrote).await {
             Err(CallError::Redis(e))
                 if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
@@ -393,66 +447,6 @@ pub(crate) trait Op: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Output, CallError>> + Send + 'a;
 }
 
-/// The extend script (compare-and-pexpire). With `wait`, an extension counts only once
-/// enough replicas acknowledged it.
-pub(crate) struct ExtendCall(Call);
-
-impl ExtendCall {
-    pub(crate) fn new(keys: &ResourceKeys, owner: &Owner, ttl: Duration) -> Self {
-        ExtendCall(
-            Call::new(&EXTEND, 1)
-                .arg(&keys.lock)
-                .arg(owner.as_str())
-                .arg(millis_ceil(ttl)),
-        )
-    }
-}
-
-impl Op for ExtendCall {
-    type Output = bool;
-
-    async fn run<C: SendOne>(
-        &self,
-        conn: &mut C,
-        wait: Option<ReplicaWait>,
-    ) -> Result<bool, CallError> {
-        let value = self.0.run(conn, wait, |v| int(v) == Some(1)).await?;
-        parse_flag(value).map_err(CallError::Reply)
-    }
-}
-
-/// The raise-fence script. With `wait`, a raised counter counts only once enough
-/// replicas acknowledged it.
-pub(crate) struct RaiseFenceCall(Call);
-
-impl RaiseFenceCall {
-    pub(crate) fn new(keys: &ResourceKeys, token: u64, fence_ttl: Duration) -> Self {
-        RaiseFenceCall(
-            Call::new(&RAISE_FENCE, 1)
-                .arg(&keys.fence)
-                .arg(token)
-                .arg(millis_ceil(fence_ttl)),
-        )
-    }
-}
-
-impl Op for RaiseFenceCall {
-    type Output = ();
-
-    async fn run<C: SendOne>(
-        &self,
-        conn: &mut C,
-        wait: Option<ReplicaWait>,
-    ) -> Result<(), CallError> {
-        let value = self.0.run(conn, wait, |v| int(v) == Some(1)).await?;
-        int(&value).map(|_| ()).ok_or_else(|| {
-            CallError::Reply(NodeError::Protocol(
-                format!("raise_fence returned {value:?}").into(),
-            ))
-        })
-    }
-}
-
 pub(crate) fn int(value: &Value) -> Option<i64> {
     match value {
         Value::Int(n) => Some(*n),
@@ -474,14 +468,12 @@ pub(crate) fn parse_flag(value: Value) -> Result<bool, NodeError> {
 }
 
 mod acquire;
-mod extend_many;
-pub(crate) mod modes;
+mod extend;
+mod pipelined;
 mod release;
-pub(crate) mod set;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use acquire::Acquire;
-
-pub(crate) use extend_many::ExtendManyCall;
-pub(crate) use release::{ListenCall, ReleaseCall};
+pub(crate) use acquire::{Acquire, Acquisition, RaiseFences};
+pub(crate) use extend::ExtendCall;
+pub(crate) use release::{Hand, ListenCall, ReleaseCall};

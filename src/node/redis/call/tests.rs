@@ -1,5 +1,6 @@
 use super::acquire::{acquire_granted, parse_acquire};
 use super::*;
+use crate::node::{Acquire as Request, LockMode, PerKey, Vote};
 
 #[test]
 fn acquire_goes_by_hash_with_exact_arguments() {
@@ -12,7 +13,7 @@ fn acquire_goes_by_hash_with_exact_arguments() {
         Duration::from_secs(60),
         1_838_556_217_040_896,
     );
-    let Acquire::Pipelined(pipelined) = Acquire::new(&request, false) else {
+    let Acquire::Pipelined(pipelined) = Acquire::new(&(&request).into(), false) else {
         panic!("fencing on, no waiter, standalone: the pipeline");
     };
     let sent: Vec<Vec<String>> = pipelined.pipe.cmd_iter().map(words).collect();
@@ -53,7 +54,7 @@ fn acquire_goes_by_hash_with_exact_arguments() {
         ],
         "the common call leaves out every argument whose default the script knows"
     );
-    let Acquire::Script(call) = Acquire::new(&request, true) else {
+    let Acquire::Script(call) = Acquire::new(&(&request).into(), true) else {
         panic!("a cluster: the script");
     };
     assert_eq!(
@@ -65,12 +66,12 @@ fn acquire_goes_by_hash_with_exact_arguments() {
         ticket: 7,
         queue_ttl: Duration::from_secs(2),
     };
-    let waiting = AcquireRequest {
+    let waiting = Request {
         waiter: Some(&waiter),
         seed_only_when_missing: true,
         ..request
     };
-    let Acquire::Script(call) = Acquire::new(&waiting, true) else {
+    let Acquire::Script(call) = Acquire::new(&(&waiting).into(), true) else {
         panic!("a waiter: the script");
     };
     let sent = words(&call.evalsha);
@@ -86,10 +87,11 @@ fn try_acquire<'a>(
     owner: &'a Owner,
     fence_ttl: Duration,
     fence_floor: u64,
-) -> AcquireRequest<'a> {
-    AcquireRequest {
-        keys,
+) -> Request<'a> {
+    Request {
+        keys: std::slice::from_ref(keys),
         owner,
+        mode: LockMode::Exclusive,
         ttl: Duration::from_millis(1500),
         fence_ttl,
         fencing: true,
@@ -118,16 +120,40 @@ fn parses_acquire_replies() {
     assert!(acquire_granted(&granted));
     assert_eq!(
         parse_acquire(&granted).unwrap(),
-        AcquireReply::Acquired {
-            fence: 1_838_556_217_040_896
+        Vote::Granted {
+            fences: PerKey::one(1_838_556_217_040_896)
         }
     );
     let held = Value::Array(vec![Value::Int(0), Value::Int(250)]);
     assert!(!acquire_granted(&held));
     assert_eq!(
         parse_acquire(&held).unwrap(),
-        AcquireReply::Held {
+        Vote::Held {
+            member: 0,
             pttl: Some(Duration::from_millis(250))
+        }
+    );
+    // A set: every member's token, or the first member held (1-based) after the pttl.
+    let set = Value::Array(vec![Value::Int(1), Value::Int(7), Value::Int(9)]);
+    assert_eq!(
+        parse_acquire(&set).unwrap(),
+        Vote::Granted {
+            fences: vec![7, 9].into()
+        }
+    );
+    let held = Value::Array(vec![Value::Int(0), Value::Int(-1), Value::Int(2)]);
+    assert_eq!(
+        parse_acquire(&held).unwrap(),
+        Vote::Held {
+            member: 1,
+            pttl: None
+        }
+    );
+    let other = Value::Array(vec![Value::Int(2), Value::Int(0)]);
+    assert_eq!(
+        parse_acquire(&other).unwrap(),
+        Vote::OtherMode {
+            held: LockMode::Shared
         }
     );
     assert!(parse_acquire(&Value::Int(1)).is_err());
@@ -145,23 +171,35 @@ fn parses_flags() {
 fn release_publishes_sharded_only_when_asked() {
     let keys = ResourceKeys::new("p:", &crate::node::Resource::new("r"));
     let owner = Owner::random();
-    let plain = words(&ReleaseCall::new(&keys, &owner, false).0.evalsha);
-    let sharded = words(&ReleaseCall::new(&keys, &owner, true).0.evalsha);
-    // EVALSHA sha 2 lock queue owner [channel sharded hold [leaving back_to]]
+    let release = |keys: &ResourceKeys, sharded| {
+        let keys = std::slice::from_ref(keys);
+        words(
+            &ReleaseCall::new(keys, owner.as_str(), Hand::Next, false, sharded)
+                .0
+                .evalsha,
+        )
+    };
+    let (plain, sharded) = (release(&keys, false), release(&keys, true));
+    // EVALSHA sha 2 lock queue owner [sharded hold leaving back_to shared channel]
     assert_eq!(
         plain[2..],
         ["2", &keys.lock, &keys.queue(), owner.as_str()],
         "the script's defaults: the usual channel, not sharded, HANDOFF_TTL"
     );
-    assert_eq!(sharded[6..], [keys.channel.as_str(), "1", "1000"]);
+    assert_eq!(
+        sharded[6..],
+        ["1", "1000", "", "", "0", keys.channel.as_str()]
+    );
     // A channel of another name, or none (the test kit's undo), goes out with the rest.
     for channel in ["elsewhere", ""] {
         let other = ResourceKeys {
             channel: channel.into(),
             ..keys.clone()
         };
-        let sent = words(&ReleaseCall::new(&other, &owner, false).0.evalsha);
-        assert_eq!(sent[6..], [channel, "0", "1000"]);
+        assert_eq!(
+            release(&other, false)[6..],
+            ["0", "1000", "", "", "0", channel]
+        );
     }
 }
 
@@ -170,7 +208,7 @@ fn a_fence_ttl_by_default_is_left_to_the_script() {
     let keys = ResourceKeys::new("p:", &crate::node::Resource::new("r"));
     let owner = Owner::random();
     let request = try_acquire(&keys, &owner, DEFAULT_FENCE_TTL, 7);
-    let Acquire::Pipelined(pipelined) = Acquire::new(&request, false) else {
+    let Acquire::Pipelined(pipelined) = Acquire::new(&(&request).into(), false) else {
         panic!("fencing on, no waiter, standalone: the pipeline");
     };
     let sent: Vec<Vec<String>> = pipelined.pipe.cmd_iter().map(words).collect();
@@ -206,13 +244,15 @@ fn listening_marks_the_queue_after_every_waiter() {
 #[test]
 fn the_eval_fallback_sends_the_same_keys_and_arguments() {
     let keys = ResourceKeys::new("p:", &crate::node::Resource::new("r"));
-    let call = ExtendCall::new(&keys, &Owner::random(), Duration::from_millis(1500)).0;
+    let owner = Owner::random();
+    let extend = ExtendCall::new([(&keys, &owner)], Duration::from_millis(1500), false);
+    let call = &extend.chunks[0].0;
     let (evalsha, eval) = (words(&call.evalsha), words(&call.eval()));
     assert_eq!(evalsha[0], "EVALSHA");
     assert_eq!(eval[0], "EVAL");
     assert_eq!(eval[1], EXTEND.code);
     assert_eq!(evalsha[2..], eval[2..]);
-    assert_eq!(evalsha.last().map(String::as_str), Some("1500"));
+    assert_eq!(evalsha[4..], ["1500", owner.as_str()]);
 }
 
 #[cfg(feature = "sentinel")]
@@ -245,7 +285,7 @@ fn the_scripts_defaults_are_the_crates_constants() {
     let keys = ResourceKeys::new("p:", &crate::node::Resource::new("r"));
     assert_eq!(keys.channel, format!("{}:released", keys.lock));
     assert!(ACQUIRE.code.contains("(KEYS[1] .. ':released')"));
-    assert!(RELEASE.code.contains("(KEYS[1] .. ':released')"));
+    assert!(RELEASE.code.contains("(lock .. ':released')"));
     assert_eq!(DEFAULT_FENCE_TTL, Duration::from_millis(3_600_000));
     assert!(FENCE.code.contains("ARGV[2] or '3600000'"));
 }

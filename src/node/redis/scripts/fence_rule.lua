@@ -1,6 +1,8 @@
 -- The fence counter's rule (see `fencing`): a grant's token is max(counter + 1, floor),
--- the floor being the acquiring client's clock ms * 2^10. Shared by the acquire script
--- (which it opens) and the fence script (`fence.lua`, pipelined behind a plain SET NX).
+-- the floor being the acquiring client's clock ms * 2^10. The one place of the rule:
+-- every acquisition's script opens with it (the acquire script, for one resource, a
+-- set or shared holders; the fence script `fence.lua`, pipelined behind a plain SET NX),
+-- and `raise_fences.lua` checks counters with it.
 
 -- The counter at `key`, checked before a grant is kept: a counter of the wrong type (a
 -- string that is no integer, or another type, which GET refuses: pcall, so that the

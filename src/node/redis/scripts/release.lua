@@ -1,32 +1,39 @@
--- The wait queue's case of the release script (after `release_fast.lua`, which holds
--- its arguments, and `hand_off.lua`): a waiter leaving the queue (ARGV[5]), the cleanup
--- of a waiter's failed attempt, which keeps its turn (ARGV[6]), or a release with
--- waiters queued.
-local channel, sharded = ARGV[2] or (KEYS[1] .. ':released'), ARGV[3] or '0'
-local leaving, back_to = ARGV[5] or '', ARGV[6] or ''
-local hold = ARGV[4] or '1000'
-if leaving ~= '' then
-  redis.call('ZREM', KEYS[2], leaving)
-end
-if not ours then
-  -- `pcall`: shared holders' sorted set (see `node::modes`) is nobody's key here; any
-  -- other type's error is the answer.
-  local held = redis.pcall('GET', KEYS[1])
-  if held and held.err then
-    if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
-      return held
+-- Release one hold of one resource or of a set: compare-and-delete each lock key (or,
+-- for a shared holder, its entry in the sorted set at the key), then hand each resource
+-- to the next waiter of its queue (`hand_off`), which alone is woken. One script in
+-- four parts (`call::RELEASE`): `held.lua`, this fast path (the common case: a lease's
+-- own release of one resource, nobody queued), which builds none of the queue's
+-- functions, then `hand_off.lua` and `release_queued.lua`.
+-- KEYS: per resource its lock key and its wait queue. ARGV[1] owner ('' for a
+-- leaving waiter); then, left out by a lease's own release of one resource on a
+-- standalone server (the fast path; Redis charges every argument, see BENCHMARKS.md),
+-- with their defaults:
+-- ARGV[2] '1' to publish on sharded channels (SPUBLISH, Redis Cluster >= 7; default
+-- '0'), ARGV[3] reservation ms (default 1000, `HANDOFF_TTL`); for a waiter's calls:
+-- ARGV[4] id of a waiter leaving the queue (its reservation counts as its key) or '',
+-- ARGV[5] 'id:ticket' of the waiter to reserve the key for again or '';
+-- ARGV[6] '1' for a shared holder (see `node::modes`), else '0';
+-- ARGV[6 + i] resource i's channel prefix (default: the lock key and ':released', as
+-- `ResourceKeys`; empty hands nothing over: the key is only deleted, the cleanup of a
+-- failed attempt or a test kit's undo).
+-- Returns 1 when every key was ours (and is gone or reserved), 0 otherwise: an
+-- exclusive release never touches shared holders, nor a shared one a lock key's string.
+-- `ours`: the fast path found the key ours (`release_queued.lua` need not read it again).
+local ours = false
+if not ARGV[2] then
+  local holder = held(KEYS[1])
+  if holder == ARGV[1] then
+    -- Nobody queued and nobody listening (the queue holds the listeners' mark, see
+    -- `hand_off`): nothing to wake.
+    if redis.call('EXISTS', KEYS[2]) == 0 then
+      redis.call('DEL', KEYS[1])
+      return 1
+    end
+    ours = true
+  else
+    if holder and holder.err then
+      return holder
     end
     return 0
   end
-  if held ~= ARGV[1] and not reserved_for(held, leaving) then
-    return 0
-  end
 end
-if back_to ~= '' then
-  redis.call('SET', KEYS[1], '~' .. back_to, 'PX', hold)
-elseif channel == '' or hand_off(KEYS[1], KEYS[2], channel, sharded, hold, '') ~= 'reserved' then
-  -- No waiter listens in the queue (the listeners of the broadcast, if any, were woken
-  -- by `hand_off`), or the test kit's undo.
-  redis.call('DEL', KEYS[1])
-end
-return 1
