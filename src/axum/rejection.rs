@@ -9,7 +9,6 @@ use ::axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts}
 use http::header::HeaderValue;
 use http::StatusCode;
 
-use crate::http::key::KeyRejection;
 use crate::http::problem::{self, DefaultRenderer, Problem, ProblemRenderer};
 use crate::http::FENCING_TOKEN;
 use crate::FencingToken;
@@ -42,19 +41,11 @@ use crate::LockError;
 ///     }
 /// }
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct LockRejection {
     problem: Problem,
     /// The renderer of the layer the request came through, if it set one.
     renderer: Option<Arc<dyn ProblemRenderer>>,
-}
-
-impl fmt::Debug for LockRejection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockRejection")
-            .field("problem", &self.problem)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Two rejections are equal when their problems are.
@@ -68,41 +59,16 @@ impl Eq for LockRejection {}
 
 impl LockRejection {
     /// The problem.
-    ///
-    /// ```
-    /// use tower_redlock::axum::LockRejection;
-    /// use tower_redlock::http::problem::{Problem, ProblemKind};
-    ///
-    /// let rejection = LockRejection::from(Problem::new(ProblemKind::LockHeld, "busy"));
-    /// assert_eq!(rejection.problem().kind(), ProblemKind::LockHeld);
-    /// ```
     pub fn problem(&self) -> &Problem {
         &self.problem
     }
 
     /// The problem, by value.
-    ///
-    /// ```
-    /// use tower_redlock::axum::LockRejection;
-    /// use tower_redlock::http::problem::{Problem, ProblemKind};
-    ///
-    /// let rejection = LockRejection::from(Problem::new(ProblemKind::LockHeld, "busy"));
-    /// assert_eq!(rejection.into_problem().detail(), "busy");
-    /// ```
     pub fn into_problem(self) -> Problem {
         self.problem
     }
 
     /// The HTTP status of the response.
-    ///
-    /// ```
-    /// use axum::http::StatusCode;
-    /// use tower_redlock::axum::LockRejection;
-    /// use tower_redlock::http::problem::{Problem, ProblemKind};
-    ///
-    /// let rejection = LockRejection::from(Problem::new(ProblemKind::LockHeld, "busy"));
-    /// assert_eq!(rejection.status(), StatusCode::CONFLICT);
-    /// ```
     pub fn status(&self) -> StatusCode {
         self.problem.status()
     }
@@ -115,12 +81,6 @@ impl LockRejection {
 impl From<Problem> for LockRejection {
     fn from(problem: Problem) -> Self {
         LockRejection::rendered(problem, None)
-    }
-}
-
-impl From<KeyRejection> for LockRejection {
-    fn from(rejection: KeyRejection) -> Self {
-        LockRejection::rendered(rejection.into(), None)
     }
 }
 

@@ -19,21 +19,15 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Pending<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The response body of [`LockService`](super::LockService): the handler's body,
-/// holding the lease until it ends, or a problem body of the layer. Its error is the
-/// handler body's own, or [`LeaseLost`] (downcast it to tell them apart).
+/// holding the lease until it ends, or a complete body of the layer's.
 ///
 /// The lease is released **before** the body's end is handed on, so a client that has
-/// read the whole response finds the lock free. A handler's body of known length up to
-/// 1 MiB (axum's `Json`, `String`, `Bytes`) is read by the layer under the lease, which
-/// is released before the response is handed on: hyper writes head and body at once.
-/// A longer or streamed body is produced entirely under the lock, its last frame (or
-/// the end of a stream) waiting for the nodes to answer the release. That end then
-/// leaves in a write of its own: on a kept-alive connection without `TCP_NODELAY`
-/// (`axum::serve`'s default) it waits for the client's delayed ACK, up to 40 ms on
-/// Linux, as any stream whose end comes after its data does. Under [`OnLost::Abort`](super::OnLost::Abort) a body whose lease is
-/// lost ends with a [`LeaseLost`] error (hyper then cuts the response short, so the
-/// client sees an incomplete body rather than a complete-looking one). A body dropped
-/// before its end (the client went away mid-stream) releases in the background.
+/// read the whole response finds the lock free (see
+/// [Lease lifetime](super#lease-lifetime)). Under [`OnLost::Abort`](super::OnLost::Abort)
+/// a body whose lease is lost ends with a [`LeaseLost`] error, so that hyper cuts the
+/// response short rather than send a complete-looking one; otherwise its errors are the
+/// handler body's own (downcast to tell them apart). A body dropped before its end
+/// releases in the background.
 #[pin_project]
 pub struct LeaseBody<B: Body> {
     #[pin]

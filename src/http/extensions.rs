@@ -61,34 +61,8 @@ impl fmt::Display for RequestKey {
 ///
 /// Whether the interrupted attempt took effect is unknown: a payment handler that
 /// charges before its slow part may have charged. Ask your own store, by the attempt's
-/// fencing token (which the attempt wrote with its effects), before repeating it:
-///
-/// ```
-/// use axum::{http::StatusCode, Extension};
-/// use tower_redlock::http::InterruptedAttempt;
-/// use tower_redlock::{FencingToken, LeaseHandle};
-///
-/// # struct Charges;
-/// # impl Charges {
-/// #     async fn find_by_token(&self, _t: FencingToken) -> Option<u64> { None }
-/// #     async fn charge(&self, _t: FencingToken) -> u64 { 1 }
-/// # }
-/// # let charges = Charges;
-/// async fn pay(
-///     interrupted: Option<Extension<InterruptedAttempt>>,
-///     Extension(lease): Extension<LeaseHandle>,
-///     charges: &Charges,
-/// ) -> (StatusCode, String) {
-///     if let Some(Extension(attempt)) = interrupted {
-///         // The earlier attempt charged before it was cut: answer with its charge.
-///         if let Some(charge) = charges.find_by_token(attempt.fencing_token()).await {
-///             return (StatusCode::CREATED, format!("charge {charge}"));
-///         }
-///     }
-///     let charge = charges.charge(lease.fencing_token()).await;
-///     (StatusCode::CREATED, format!("charge {charge}"))
-/// }
-/// ```
+/// fencing token (which the attempt wrote with its effects), before repeating it: the
+/// [replay guide](crate::guide::replay) shows how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InterruptedAttempt {
     token: FencingToken,

@@ -60,12 +60,9 @@ impl<K> LockLayer<K> {
     }
 
     /// The response header that carries the lease's fencing token (default
-    /// `Fencing-Token`; `None` for none). The handler always finds the
+    /// `Fencing-Token`, in the format of [Several keys per request](super#several-keys-per-request);
+    /// `None` for none). The handler always finds the
     /// [`LeaseHandle`](crate::LeaseHandle), with the token, in the request extensions.
-    ///
-    /// One resource: `Fencing-Token: 42`. Several (a multi-key extractor): one line per
-    /// resource in canonical order, `Fencing-Token: 42;resource="account:acct-1"`, an
-    /// RFC 9651 List (see [Several keys per request](super#several-keys-per-request)).
     #[must_use]
     pub fn fencing_header(mut self, name: Option<HeaderName>) -> Self {
         self.settings().fencing_header = name;
@@ -333,7 +330,7 @@ pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
 pub(crate) const DEFAULT_MAX_KEY_LEN: usize = 255;
 
 /// Everything the layer's services and futures share.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) struct Settings {
     pub(crate) locker: Redlock,
     pub(crate) contention: Contention,
@@ -375,27 +372,6 @@ impl Modes {
 
     pub(crate) fn exclusive(&self) -> bool {
         self.safe.is_exclusive() && self.other.is_exclusive()
-    }
-}
-
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("locker", &self.locker)
-            .field("contention", &self.contention)
-            .field("fencing_header", &self.fencing_header)
-            .field("missing_key", &self.missing_key)
-            .field("on_lost", &self.on_lost)
-            .field("on_disconnect", &self.on_disconnect)
-            .field("hold_through_body", &self.hold_through_body)
-            .field("scope", &self.scope)
-            .field("max_key_len", &self.max_key_len)
-            .field("on_unavailable", &self.on_unavailable)
-            .field("replay", &self.replay)
-            .field("modes", &self.modes)
-            .field("name", &self.name)
-            .field("problem_for_rejections", &self.problem_for_rejections)
-            .finish_non_exhaustive()
     }
 }
 

@@ -1,19 +1,4 @@
-//! The fencing-token response header ([`LockLayer::fencing_header`](super::LockLayer::fencing_header)).
-//!
-//! A lease on one resource: one field, the token in decimal, `Fencing-Token: 42` (as it
-//! always was). A lease on several resources: one field line per resource, in the
-//! lease's canonical order, each an RFC 9651 Integer with a `resource` parameter:
-//!
-//! ```text
-//! Fencing-Token: 17;resource="account:acct-a"
-//! Fencing-Token: 9;resource="account:acct-b"
-//! ```
-//!
-//! A client or proxy may join the lines into one, `17;resource="account:acct-a",
-//! 9;resource="account:acct-b"`: the whole is an RFC 9651 List either way, which any
-//! structured-field parser reads. The parameter is a String (`\` and `"` escaped with
-//! `\`) when the resource is printable ASCII, and a Display String
-//! (`resource=%"caf%c3%a9"`, UTF-8 percent-encoded) otherwise.
+//! The fencing-token response header (its format: [the module docs](super#several-keys-per-request)).
 
 use std::fmt::Write as _;
 

@@ -17,6 +17,7 @@ mod webhooks_example;
 
 mod clients;
 mod extract;
+mod keys;
 mod layer;
 mod modes;
 mod multi;

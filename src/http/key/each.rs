@@ -132,6 +132,10 @@ impl KeyExtractor for KeysFn {
     fn keys(&self, parts: &mut Parts, _body: &[u8]) -> Result<Option<Vec<String>>, KeyRejection> {
         Ok((self.keys)(parts).filter(|keys| !keys.is_empty()))
     }
+
+    fn describe(&self) -> String {
+        "lock keys".to_owned()
+    }
 }
 
 /// The keys of several members, each `None` when the request lacks it: all absent is no

@@ -30,106 +30,79 @@
 //!
 //! # Problem types
 //!
+//! When each is sent: the [layer's table](super#behaviour) and [replay's](super::replay).
+//!
 //! ### key-missing
-//! 400: the request carries no lock key, and the layer requires one
-//! ([`MissingKey::Reject`](super::MissingKey::Reject)).
+//! 400: the request carries no lock key ([`MissingKey::Reject`](super::MissingKey::Reject)),
+//! or one of several, or no client where [`Replay::per_client`](super::replay::Replay::per_client) looks.
 //!
 //! ### key-invalid
-//! 400: the key is empty, longer than the limit
-//! ([`LockLayer::max_key_len`](super::LockLayer::max_key_len)), contains a control
-//! character, is not UTF-8, is ambiguous (a header or query parameter given twice, a
-//! JSON field that is neither a string nor a number), or is an `Idempotency-Key` that
-//! opens a quote but is not a valid RFC 8941 String.
+//! 400: the key is empty, too long, not UTF-8, has a control character, is ambiguous (a
+//! header or query parameter twice, a JSON field neither string nor number), or is an
+//! `Idempotency-Key` that opens a quote but is not an RFC 8941 String; or the request
+//! names more resources than a lease takes.
 //!
 //! ### key-misconfigured
-//! 500: the server looks for the key where the request cannot have one — a
-//! `path_param` name that the matched route does not have. A configuration error of
-//! the server, logged as an error; the handler did not run.
+//! 500: the server looks for the key where the request cannot have one (a `path_param`
+//! the matched route lacks), or a shared lock is asked for several keys. Logged.
 //!
 //! ### body-too-large
-//! 413: the body is larger than the limit of a body key
-//! ([`JsonField::limit`](super::key::JsonField::limit)). No lock was taken.
+//! 413: the body is larger than a body key or replay reads. No lock was taken.
 //!
 //! ### body-not-json
-//! 400: a body key was configured, but the body is not JSON.
+//! 400: a body key (or a fingerprint of JSON fields) reads JSON, and the body is not.
 //!
 //! ### body-unreadable
-//! 400: reading the body for a body key failed (for example, the client went away).
+//! 400: reading the body failed (for example, the client went away).
 //!
 //! ### lock-held
-//! 409: another request holds the lock ([`Contention::Reject`](super::Contention::Reject)).
-//! `Retry-After` is when a retry can succeed: the typical length of the layer's
-//! critical sections (a moving mean of its handlers' run time in this process), at
-//! least 1 s, never past the holder's remaining time to live (which it is until a
-//! section has ended).
+//! 409: another request holds the lock. `Retry-After`: the typical length of the layer's
+//! critical sections, at least 1 s, never past the holder's remaining time to live.
 //!
 //! ### lock-wait-timeout
-//! 409: the lock was still held when the wait ran out
-//! ([`Contention::Wait`](super::Contention::Wait)). `Retry-After` as for `lock-held`.
+//! 409: the lock was still held when the wait ran out. `Retry-After` as for `lock-held`.
 //!
 //! ### limit-reached
-//! 429: every permit of a counted lock ([`LockMode::Counted`](crate::LockMode::Counted))
-//! is taken, and stayed taken for the wait ([`Contention::Wait`](super::Contention::Wait)).
-//! `Retry-After` as for `lock-held`, at most when the earliest permit runs out. Not 409: the
-//! resource is in no conflicting state, this client (or tenant) has as many requests in
-//! flight as it may; not 503: the service is up, and other tenants are served.
+//! 429: every permit of a counted lock is taken. Not 409: the resource is in no
+//! conflicting state; not 503: the service is up, and other tenants are served.
 //!
 //! ### lock-unavailable
-//! 503: too few lock nodes answered to decide; the handler did not run.
-//! `Retry-After: 1`.
+//! 503: too few lock nodes answered to decide, the locker is draining, or the holders
+//! hold the resource in another mode. `Retry-After: 1`.
 //!
 //! ### lock-queue-full
-//! 503: too many requests of this process already wait for the same resource
-//! ([`LockLayer::queue_limit`](super::LockLayer::queue_limit)). `Retry-After: 1`.
+//! 503: too many requests of this process wait for the resource. `Retry-After: 1`.
 //!
 //! ### lock-lost
-//! 503: the lease was lost while the handler ran and the handler was stopped
-//! ([`OnLost::Abort`](super::OnLost::Abort)). `Retry-After: 1`.
+//! 503: the lease was lost while the handler ran, and it was stopped. `Retry-After: 1`.
 //!
 //! ### lock-layer-missing
-//! 500: a handler asked for the lease of a [`LockLayer`](super::LockLayer) (the
-//! `LayerLease` extractor of the `axum` feature) and the request has none: the route has
-//! no layer, or its layer let the request through unlocked
-//! ([`MissingKey::Bypass`](super::MissingKey::Bypass),
-//! [`Unavailable::FailOpen`](super::Unavailable::FailOpen)). A configuration error of the
-//! server; the handler did not run.
+//! 500: a handler asked for the layer's lease (`LayerLease`) and the request has none.
 //!
 //! ### request-in-progress
-//! 409: idempotent replay ([`LockLayer::replay`](super::LockLayer::replay)): a request
-//! with the same key is still being processed ([`Contention::Reject`](super::Contention::Reject),
-//! or [`Contention::Wait`](super::Contention::Wait) ran out). No correction is needed:
-//! retry after `Retry-After` to get the first request's response.
+//! 409: a request with the same idempotency key is still being processed: retry after
+//! `Retry-After` to get its response.
 //!
 //! ### outcome-unknown
-//! 409: idempotent replay: an earlier request with the same key was interrupted (its
-//! lease was lost, or it was dropped) before its response could be recorded, so whether
-//! it took effect is unknown. `Retry-After` says how long the key answers so; after that
-//! the request runs again, unless the layer refuses until the retention ends
-//! ([`UnknownOutcome`](super::replay::UnknownOutcome)).
+//! 409: an earlier request with the same key was interrupted before its response was
+//! recorded (or its record cannot be read); `Retry-After` says for how long.
 //!
 //! ### idempotency-key-reused
-//! 422: idempotent replay: the key was already used for a different request (another
-//! body, method or route; see [`Fingerprint`](super::replay::Fingerprint)). Send a new key with
-//! a new request.
+//! 422: the key was already used for a different request: send a new key.
 //!
 //! ### response-failed
-//! 500: idempotent replay: the handler's response body failed while it was being
-//! recorded, before anything was sent. Nothing was recorded: a retry runs the handler
-//! again.
+//! 500: the handler's body failed while it was recorded; nothing was recorded.
 //!
 //! ### bad-request
 //! 400: a handler's extractor refused the request (axum's `Json`, `Form`, `Query`,
-//! `Path`…: malformed JSON, a missing field), with
-//! [`LockLayer::problem_for_rejections`](super::LockLayer::problem_for_rejections). The
-//! `detail` is the extractor's text. The lock was taken and released: the response
-//! carries `Fencing-Token`.
+//! `Path`), with [`LockLayer::problem_for_rejections`](super::LockLayer::problem_for_rejections);
+//! its text is the `detail`.
 //!
 //! ### unsupported-media-type
-//! 415: as `bad-request`, for a body of the wrong content type (`Json` without
-//! `Content-Type: application/json`).
+//! 415: as `bad-request`, for a body of the wrong content type.
 //!
 //! ### unprocessable-content
-//! 422: as `bad-request`, for a body of the right syntax with a field of the wrong type.
+//! 422: as `bad-request`, for a field of the wrong type.
 
 mod sent;
 
@@ -378,6 +351,12 @@ impl fmt::Display for Problem {
 pub trait ProblemRenderer: Send + Sync + 'static {
     /// The response for `problem`.
     fn render(&self, problem: &Problem) -> Response<Bytes>;
+}
+
+impl fmt::Debug for dyn ProblemRenderer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ProblemRenderer")
+    }
 }
 
 impl<F> ProblemRenderer for F
