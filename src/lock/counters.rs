@@ -46,7 +46,8 @@ impl Metrics {
     }
 }
 
-/// Counters of a [`Redlock`] since it was built (see [`Redlock::metrics`]).
+/// Counters of a [`Redlock`](crate::Redlock) since it was built (see
+/// [`Redlock::metrics`](crate::Redlock::metrics)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MetricsSnapshot {
