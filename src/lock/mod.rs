@@ -21,6 +21,7 @@
 mod acquire;
 mod attempt;
 mod background;
+mod counters;
 mod drain;
 mod error;
 pub mod fencing;
@@ -39,7 +40,6 @@ mod target;
 mod wait;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +52,8 @@ use target::Target;
 use wait::Queues;
 
 pub use crate::node::LockMode;
+pub(crate) use counters::Metrics;
+pub use counters::MetricsSnapshot;
 pub use drain::Drained;
 pub use error::LockError;
 pub use health::{NodeState, NodeStatus};
@@ -312,21 +314,10 @@ impl Redlock {
         self.shared.nodes.states()
     }
 
-    fn single(&self, resource: Resource) -> Target {
-        Target::one(
-            &self.shared.options.key_prefix,
-            resource,
-            LockMode::Exclusive,
-        )
-    }
-
     /// One attempt, no waiting: a lease, or [`LockError::Held`] when someone holds the
     /// resource (also when a caller of this process holds it or queues for it).
     pub async fn try_acquire(&self, resource: impl Into<Resource>) -> Result<Lease, LockError> {
-        let started = metrics::Started::now();
-        let result = self.try_once(self.single(resource.into())).await;
-        metrics::acquisition(&result, started);
-        result
+        self.try_acquire_as(resource, LockMode::Exclusive).await
     }
 
     /// Whether this locker can take leases in `mode`: for [`LockMode::Shared`] and
@@ -389,9 +380,19 @@ impl Redlock {
         let deadline = started
             .checked_add(timeout)
             .unwrap_or_else(acquire::far_future);
-        let resource = resource.into();
-        let single = Target::one(&self.shared.options.key_prefix, resource.clone(), mode);
-        let waiting = self.queue_and_acquire(single, started, deadline);
+        self.wait_as(resource.into(), mode, started, deadline).await
+    }
+
+    /// Waits from `started` until `deadline` for `resource` in `mode`.
+    async fn wait_as(
+        &self,
+        resource: Resource,
+        mode: LockMode,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let target = Target::one(&self.shared.options.key_prefix, resource.clone(), mode);
+        let waiting = self.queue_and_acquire(target, started, deadline);
         let result = self.unless_draining(&resource, waiting).await;
         metrics::acquisition(&result, metrics::Started::at(started));
         result
@@ -425,12 +426,9 @@ impl Redlock {
         resource: impl Into<Resource>,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        let started = Instant::now();
-        let resource = resource.into();
-        let waiting = self.queue_and_acquire(self.single(resource.clone()), started, deadline);
-        let result = self.unless_draining(&resource, waiting).await;
-        metrics::acquisition(&result, metrics::Started::at(started));
-        result
+        let (resource, exclusive) = (resource.into(), LockMode::Exclusive);
+        self.wait_as(resource, exclusive, Instant::now(), deadline)
+            .await
     }
 }
 
@@ -442,74 +440,4 @@ impl fmt::Debug for Redlock {
             .field("options", &self.shared.options)
             .finish()
     }
-}
-
-#[derive(Default)]
-pub(crate) struct Counter(AtomicU64);
-
-impl Counter {
-    pub(crate) fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct Metrics {
-    pub(crate) acquired: Counter,
-    pub(crate) contended: Counter,
-    pub(crate) unavailable: Counter,
-    pub(crate) slow: Counter,
-    pub(crate) waits: Counter,
-    pub(crate) wakeups: Counter,
-    pub(crate) renewals: Counter,
-    pub(crate) renewal_failures: Counter,
-    pub(crate) lost: Counter,
-    pub(crate) released: Counter,
-}
-
-impl Metrics {
-    fn snapshot(&self) -> MetricsSnapshot {
-        MetricsSnapshot {
-            acquired: self.acquired.get(),
-            contended: self.contended.get(),
-            unavailable: self.unavailable.get(),
-            too_slow: self.slow.get(),
-            waits: self.waits.get(),
-            wakeups: self.wakeups.get(),
-            renewals: self.renewals.get(),
-            renewal_failures: self.renewal_failures.get(),
-            lost: self.lost.get(),
-            released: self.released.get(),
-        }
-    }
-}
-
-/// Counters of a [`Redlock`] since it was built (see [`Redlock::metrics`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MetricsSnapshot {
-    /// Leases granted.
-    pub acquired: u64,
-    /// Attempts that found the resource held.
-    pub contended: u64,
-    /// Attempts that found too few nodes answering.
-    pub unavailable: u64,
-    /// Attempts won by a majority too slowly.
-    pub too_slow: u64,
-    /// Acquire calls that had to wait.
-    pub waits: u64,
-    /// Retries triggered by a release notification.
-    pub wakeups: u64,
-    /// Successful renewals.
-    pub renewals: u64,
-    /// Renewal rounds that did not reach a majority.
-    pub renewal_failures: u64,
-    /// Leases lost.
-    pub lost: u64,
-    /// Leases released (explicitly or by drop).
-    pub released: u64,
 }

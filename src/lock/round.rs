@@ -8,7 +8,6 @@
 //! was dropped before the connection picked it up).
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -17,98 +16,12 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError, NodeFailure};
-use crate::lock::background::{Background, Leftover};
+use crate::lock::attempt::{NodeSet, Pending, Stragglers};
+use crate::lock::background::Background;
 use crate::lock::health::{Health, NodeState};
 use crate::lock::metrics;
 use crate::lock::target::{Ask, Target};
 use crate::node::{LockMode, Node, NodeFuture, Owner, PerKey, Vote, Waiter};
-
-/// A call still in flight when its round was decided, with its node's index.
-pub(crate) type Pending<T> = Pin<Box<dyn Future<Output = (usize, Result<T, NodeError>)> + Send>>;
-
-/// A set of node indices (a locker has at most `Owner::MAX_NODES`), kept inline: a
-/// round notes in it which nodes answered, on every acquisition.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct NodeSet([u64; Owner::MAX_NODES / 64]);
-
-impl NodeSet {
-    /// Nodes `0..nodes`.
-    pub(crate) fn all(nodes: usize) -> Self {
-        let mut set = NodeSet::default();
-        (0..nodes).for_each(|index| set.insert(index));
-        set
-    }
-
-    pub(crate) fn insert(&mut self, index: usize) {
-        if let Some(word) = self.0.get_mut(index / 64) {
-            *word |= 1 << (index % 64);
-        }
-    }
-
-    pub(crate) fn contains(&self, index: usize) -> bool {
-        self.0
-            .get(index / 64)
-            .is_some_and(|word| word & (1 << (index % 64)) != 0)
-    }
-}
-
-/// The calls of an acquire round still in flight when it was decided. Dropped, they
-/// finish in the background; a failed attempt hands them to
-/// [`Nodes::release_after`] instead, so that its cleanup reaches each node only after
-/// that node's acquire.
-pub(crate) struct Stragglers<R: Send + 'static> {
-    pub(crate) calls: Vec<Pending<R>>,
-    /// Per node: its answer is in (it is not among `calls`).
-    pub(crate) answered: NodeSet,
-}
-
-impl<R: Send + 'static> Stragglers<R> {
-    /// Lets the calls finish in the background (a won round), in the locker's driver
-    /// task; the receiver, if any call is left, sees its sender dropped once they all
-    /// have.
-    pub(crate) fn detach(mut self, nodes: &Nodes) -> Option<tokio::sync::watch::Receiver<()>> {
-        if self.calls.is_empty() {
-            return None;
-        }
-        let (done, settled) = tokio::sync::watch::channel(());
-        let finish: Leftover = if self.calls.len() == 1 {
-            let call = self.calls.pop()?;
-            Box::pin(async move {
-                let _ = call.await;
-                drop(done);
-            })
-        } else {
-            let calls: FuturesUnordered<_> = self.calls.drain(..).collect();
-            Box::pin(async move {
-                calls.for_each(|_| async {}).await;
-                drop(done);
-            })
-        };
-        nodes.background.finish(finish);
-        Some(settled)
-    }
-
-    /// None in flight: every node of `nodes` has answered, or its call was dropped.
-    pub(crate) fn settled(nodes: usize) -> Self {
-        Stragglers {
-            calls: Vec::new(),
-            answered: NodeSet::all(nodes),
-        }
-    }
-}
-
-impl<R: Send + 'static> Drop for Stragglers<R> {
-    fn drop(&mut self) {
-        // Without a runtime (it is shutting down) the calls are dropped with it.
-        if !self.calls.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
-            let calls: FuturesUnordered<_> = self.calls.drain(..).collect();
-            metrics::spawn(
-                &tokio::runtime::Handle::current(),
-                calls.for_each(|_| async {}),
-            );
-        }
-    }
-}
 
 /// The nodes of a locker and the majority they need.
 pub(crate) struct Nodes {

@@ -11,12 +11,12 @@ use super::modes::Holders;
 use super::queue::{reservation, HandOff};
 use super::{Entry, Shared, Store};
 use crate::error::NodeError;
-use crate::node::{LockMode, PerKey, ResourceKeys, Vote, Waiter, HANDOFF_TTL};
+use crate::node::{LockMode, Owner, PerKey, ResourceKeys, Vote, Waiter, HANDOFF_TTL};
 
 /// An acquire, owned by the call's task.
 pub(super) struct Ask {
     pub(super) keys: PerKey<ResourceKeys>,
-    pub(super) owner: String,
+    pub(super) owner: Owner,
     pub(super) mode: LockMode,
     pub(super) ttl: Duration,
     pub(super) fencing: bool,
@@ -188,7 +188,7 @@ impl Shared {
             return Ok(Vote::Held { member, pttl });
         }
         let fences = ask.keys.iter().zip(counters).map(|(member, counter)| {
-            store.set_owner(&member.lock, &ask.owner, now + ask.ttl);
+            store.set_owner(&member.lock, ask.owner.as_str(), now + ask.ttl);
             store.step(member, counter, ask, now)
         });
         let fences = PerKey::from(fences.collect::<Vec<_>>());
@@ -211,7 +211,7 @@ impl Shared {
             return held(store.pttl(&writer, now));
         }
         if let Some(holders) = store.live_holders(&keys.lock, now)
-            && !holders.expiry.contains_key(&ask.owner)
+            && !holders.expiry.contains_key(ask.owner.as_str())
         {
             if holders.mode != ask.mode {
                 return Ok(Vote::OtherMode { held: holders.mode });
@@ -233,7 +233,7 @@ impl Shared {
                 expiry: HashMap::new(),
             })
             .expiry
-            .insert(ask.owner.clone(), now + ask.ttl);
+            .insert(ask.owner.as_str().to_owned(), now + ask.ttl);
         store.wrote(now);
         let fence = store.step(keys, counter, ask, now);
         Ok(Vote::Granted {
@@ -244,12 +244,13 @@ impl Shared {
     /// Extends each hold (`(lock keys, owner, shared)`) still its owner's.
     pub(super) fn extend(
         &self,
-        holds: &[(PerKey<String>, String, bool)],
+        holds: &[(PerKey<String>, Owner, bool)],
         ttl: Duration,
     ) -> Vec<Result<bool, NodeError>> {
         let now = Instant::now();
         let mut store = super::lock(&self.store);
-        let mut extend = |lock_key: &String, owner: &String, shared: bool| {
+        let mut extend = |lock_key: &String, owner: &Owner, shared: bool| {
+            let owner = owner.as_str();
             if shared {
                 let expiry = store
                     .live_holders(lock_key, now)
@@ -257,7 +258,7 @@ impl Shared {
                 return expiry.map(|at| *at = now + ttl).is_some();
             }
             match store.live(lock_key, now) {
-                Some(entry) if entry.value == *owner => {
+                Some(entry) if entry.value == owner => {
                     entry.expires = Some(now + ttl);
                     true
                 }

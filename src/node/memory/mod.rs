@@ -322,7 +322,7 @@ impl Node for MemoryNode {
     fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
         let ask = calls::Ask {
             keys: PerKey::map(request.keys, Clone::clone),
-            owner: request.owner.as_str().to_owned(),
+            owner: request.owner.clone(),
             mode: request.mode,
             ttl: request.ttl,
             fencing: request.fencing,
@@ -343,11 +343,7 @@ impl Node for MemoryNode {
             .iter()
             .map(|hold| {
                 let locks = PerKey::map(hold.keys, |keys| keys.lock.clone());
-                (
-                    locks,
-                    hold.owner.as_str().to_owned(),
-                    !hold.mode.is_exclusive(),
-                )
+                (locks, hold.owner.clone(), !hold.mode.is_exclusive())
             })
             .collect();
         // One lock for the whole batch, as one script on a Redis server.
@@ -356,7 +352,7 @@ impl Node for MemoryNode {
 
     fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
         let keys = PerKey::map(hold.keys, Clone::clone);
-        let owner = hold.owner.as_str().to_owned();
+        let owner = hold.owner.clone();
         let shared_mode = !hold.mode.is_exclusive();
         let how = match how {
             Release::Wake => How::Wake,
@@ -367,9 +363,9 @@ impl Node for MemoryNode {
         self.run(move |shared| {
             Ok(match &*keys {
                 [keys] if shared_mode => {
-                    shared.release_shared(keys, &owner, matches!(how, How::Quiet))
+                    shared.release_shared(keys, owner.as_str(), matches!(how, How::Quiet))
                 }
-                keys => shared.release(keys, &owner, &how),
+                keys => shared.release(keys, owner.as_str(), &how),
             })
         })
     }

@@ -1,5 +1,6 @@
-//! The lock calls of [`EtcdNode`](super::EtcdNode): one transaction for one resource or
-//! a whole set (a set of one is one resource).
+//! [`EtcdNode`](super::EtcdNode)'s [`Node`] and [`RecordStore`] impls, and its lock
+//! calls: one transaction for one resource or a whole set (a set of one is one
+//! resource).
 //!
 //! The members share one etcd lease, drawn for this acquisition alone: a keep-alive of
 //! it renews every member, and revoking it deletes whatever member is left.
@@ -167,5 +168,152 @@ impl Inner {
                 .await?;
         }
         Ok(false)
+    }
+}
+
+impl Node for EtcdNode {
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn check_locker(&self, ttl: Duration, nodes: usize) -> Result<(), ConfigError> {
+        EtcdNode::check(ttl, nodes)
+    }
+
+    /// One transaction, one resource or a set (the members on one lease, `set.rs`);
+    /// exclusive only (the node has no shared holders).
+    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
+        let inner = self.inner.clone();
+        let (keys, owner): (Arc<[ResourceKeys]>, _) = (request.keys.into(), request.owner.clone());
+        let (ttl, fencing) = (request.ttl, request.fencing);
+        if !request.mode.is_exclusive() {
+            return Box::pin(std::future::ready(Err(NodeError::Unsupported(
+                "shared and counted leases".into(),
+            ))));
+        }
+        Box::pin(async move {
+            pinned!(inner, |client| inner.acquire(
+                client,
+                keys.clone(),
+                owner.clone(),
+                ttl,
+                fencing
+            ))
+        })
+    }
+
+    fn extend(
+        &self,
+        holds: &[Hold<'_>],
+        _ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        // The ttl is the locker's, the one the lease was granted with: a keep-alive
+        // restores exactly it.
+        let calls: Vec<_> = holds
+            .iter()
+            .map(|hold| {
+                let inner = self.inner.clone();
+                let (keys, owner): (Arc<[ResourceKeys]>, _) =
+                    (hold.keys.into(), hold.owner.clone());
+                async move {
+                    pinned!(inner, |client| inner.extend(
+                        client,
+                        keys.clone(),
+                        owner.clone()
+                    ))
+                }
+            })
+            .collect();
+        Box::pin(async move { Ok(futures_util::future::join_all(calls).await) })
+    }
+
+    fn release(&self, hold: &Hold<'_>, _how: Release<'_>) -> NodeFuture<bool> {
+        // Without a wait queue every release is the same: the watchers of each key see
+        // it deleted.
+        let inner = self.inner.clone();
+        let (keys, owner): (Arc<[ResourceKeys]>, _) = (hold.keys.into(), hold.owner.clone());
+        Box::pin(async move {
+            pinned!(inner, |client| inner.release_all(
+                client,
+                keys.clone(),
+                owner.clone()
+            ))
+        })
+    }
+
+    fn raise_fences(
+        &self,
+        _keys: &[ResourceKeys],
+        _tokens: &[u64],
+        _ttl: Duration,
+    ) -> NodeFuture<()> {
+        // The revision is the token; nothing can or need be raised. A locker with an
+        // etcd node has no other node, so the engine never asks.
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
+        let inner = self.inner.clone();
+        let keys = keys.clone();
+        Box::pin(async move { pinned!(inner, |client| inner.subscribe(client, keys.clone())) })
+    }
+
+    fn records(&self) -> Option<&dyn RecordStore> {
+        Some(self)
+    }
+}
+
+impl RecordStore for EtcdNode {
+    fn read_record(&self, keys: &ResourceKeys) -> NodeFuture<Option<Record>> {
+        let inner = self.inner.clone();
+        let keys = keys.clone();
+        Box::pin(async move { pinned!(inner, |client| inner.read_record(client, keys.clone())) })
+    }
+
+    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
+        let inner = self.inner.clone();
+        let keys = request.keys.clone();
+        let owner = request.owner.clone();
+        let token = request.token;
+        let fingerprint = Bytes::copy_from_slice(request.fingerprint);
+        let (pending_ttl, orphan_ttl) = (request.pending_ttl, request.orphan_ttl);
+        Box::pin(async move {
+            pinned!(inner, |client| inner.claim_record(
+                client,
+                keys.clone(),
+                owner.clone(),
+                (token, fingerprint.clone()),
+                (pending_ttl, orphan_ttl)
+            ))
+        })
+    }
+
+    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
+        let inner = self.inner.clone();
+        let keys = request.keys.clone();
+        let owner = request.owner.clone();
+        let record = request.record.clone();
+        let retention = request.retention;
+        Box::pin(async move {
+            pinned!(inner, |client| inner.store_record(
+                client,
+                keys.clone(),
+                owner.clone(),
+                record.clone(),
+                retention
+            ))
+        })
+    }
+
+    fn discard_record(&self, keys: &ResourceKeys, token: u64) -> NodeFuture<bool> {
+        let inner = self.inner.clone();
+        let keys = keys.clone();
+        Box::pin(async move {
+            pinned!(inner, |client| inner.discard_record(
+                client,
+                keys.clone(),
+                token
+            ))
+        })
     }
 }

@@ -398,96 +398,6 @@ impl LocalQueue {
     }
 }
 
-impl Nodes {
-    /// Takes `waiter` out of the wait queue of every node that keeps one, in the
-    /// background, each call bounded by the node timeout. The calls are made here: a
-    /// node may act when called.
-    pub(crate) fn leave_all(&self, keys: &ResourceKeys, waiter: &Waiter) {
-        self.leave(self.each(), keys, waiter);
-    }
-
-    fn leave<'a>(
-        &self,
-        nodes: impl Iterator<Item = &'a Arc<dyn crate::node::Node>>,
-        keys: &ResourceKeys,
-        waiter: &Waiter,
-    ) {
-        let timeout = self.timeout();
-        let calls: FuturesUnordered<_> = nodes
-            .filter(|node| node.capabilities().wait_queue)
-            .map(|node| tokio::time::timeout(timeout, node.leave_queue(keys, waiter)))
-            .collect();
-        if !calls.is_empty() {
-            tokio::spawn(calls.for_each(|_| async {}));
-        }
-    }
-
-    /// Subscribes to each member's own channel on every node, the nodes concurrently,
-    /// the members one after the other (the broadcast wake-up: what waiting for a set
-    /// of resources uses); nodes that fail or time out are left out.
-    pub(crate) async fn subscribe_broadcast(&self, members: &[ResourceKeys]) -> Vec<ReleaseSignal> {
-        let timeout = self.timeout();
-        let mut signals = Vec::new();
-        for keys in members {
-            let calls: FuturesUnordered<_> = self
-                .each()
-                .map(|node| tokio::time::timeout(timeout, node.subscribe(keys)))
-                .collect();
-            let answers =
-                calls.filter_map(|answer| async move { answer.ok().and_then(Result::ok) });
-            signals.extend(answers.collect::<Vec<_>>().await);
-        }
-        signals
-    }
-
-    /// Marks every member's wait queue as listened to, on every node, concurrently (see
-    /// [`Node::listen_for_release`](crate::node::Node::listen_for_release)), for
-    /// [`QUEUE_TTL`]; nodes that fail or time out are left out (the retry timer covers
-    /// them).
-    pub(crate) async fn listen_for_release(&self, members: &[ResourceKeys]) {
-        let timeout = self.timeout();
-        let calls: FuturesUnordered<_> = members
-            .iter()
-            .flat_map(|keys| {
-                self.each().map(move |node| {
-                    tokio::time::timeout(timeout, node.listen_for_release(keys, QUEUE_TTL))
-                })
-            })
-            .collect();
-        calls.for_each(|_| async {}).await;
-    }
-
-    /// Subscribes to the waiter's own channel on every node that keeps a wait queue,
-    /// and to the resource's channel on the others, concurrently; nodes that fail or
-    /// time out are left out (the fallback retry covers them).
-    pub(crate) async fn subscribe_all(
-        &self,
-        keys: &ResourceKeys,
-        waiter: &Waiter,
-    ) -> Vec<ReleaseSignal> {
-        let timeout = self.timeout();
-        let own = ResourceKeys {
-            channel: waiter.channel(keys),
-            ..keys.clone()
-        };
-        let calls: FuturesUnordered<_> = self
-            .each()
-            .map(|node| {
-                let keys = if node.capabilities().wait_queue {
-                    &own
-                } else {
-                    keys
-                };
-                tokio::time::timeout(timeout, node.subscribe(keys))
-            })
-            .collect();
-        calls
-            .filter_map(|answer| async move { answer.ok().and_then(Result::ok) })
-            .collect()
-            .await
-    }
-}
-
 /// Resolves at the next release notification on any of the signals; never when empty.
 pub(crate) async fn next_release(signals: &mut [ReleaseSignal]) {
     if signals.is_empty() {
@@ -517,35 +427,6 @@ impl Queues {
     }
 }
 
+mod nodes;
 #[cfg(test)]
-mod tests {
-    use std::future::Future;
-
-    use super::*;
-
-    #[test]
-    fn a_turn_goes_to_the_next_caller_when_dropped_and_only_then() {
-        let queues = Arc::new(Queues::default());
-        let resource = Resource::new("r");
-        let first = queues.get(&resource);
-        let second = queues.get(&resource);
-        let turn = first.try_turn().expect("nobody holds the resource");
-        assert!(second.try_turn().is_none());
-        let mut waiting = Box::pin(second.turn());
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        assert!(waiting.as_mut().poll(&mut cx).is_pending());
-        drop(turn);
-        let std::task::Poll::Ready(Some(next)) = waiting.as_mut().poll(&mut cx) else {
-            panic!("the turn was not handed on");
-        };
-        assert!(first.try_turn().is_none());
-        drop(next);
-        // A caller that gave up waiting took nothing.
-        let held = first.try_turn().expect("free again");
-        let mut gave_up = Box::pin(second.turn());
-        assert!(gave_up.as_mut().poll(&mut cx).is_pending());
-        drop(gave_up);
-        drop(held);
-        assert!(second.try_turn().is_some());
-    }
-}
+mod tests;
