@@ -43,7 +43,7 @@
 //! | node | acquire / extend / release of a set |
 //! |---|---|
 //! | [`MemoryNode`](crate::MemoryNode) | one step under its lock |
-//! | [`RedisNode`](crate::RedisNode), [`SentinelNode`](crate::SentinelNode) | one Lua script each (`acquire_set.lua` checks every member before it writes any, then sets them all with one fence counter per member, floored as `acquire.lua` floors one) |
+//! | [`RedisNode`](crate::RedisNode), [`SentinelNode`](crate::SentinelNode) | one Lua script each (`acquire.lua` checks every member before it writes any, then sets them all, each fence counter by `fence_rule.lua`) |
 //! | `EtcdNode` (feature `etcd`) | one transaction each (`create_revision == 0` compared on every member), the members on one etcd lease |
 //! | [`ClusterNode`](crate::ClusterNode) | the per-key scripts, member after member in canonical order |
 //!

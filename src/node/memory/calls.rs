@@ -164,7 +164,7 @@ impl Shared {
         })
     }
 
-    /// A set: every member checked, then all set or none (as `acquire_set.lua`).
+    /// A set: every member checked, then all set or none (as `acquire.lua` does for a set).
     fn acquire_set(&self, ask: &Ask) -> Result<Vote, NodeError> {
         let now = Instant::now();
         let mut store = super::lock(&self.store);
@@ -196,7 +196,7 @@ impl Shared {
         Ok(Vote::Granted { fences })
     }
 
-    /// A shared or counted holder (as `shared_acquire.lua`).
+    /// A shared or counted holder (as `acquire.lua` in a shared mode).
     fn acquire_shared(&self, keys: &ResourceKeys, ask: &Ask) -> Result<Vote, NodeError> {
         let now = Instant::now();
         let mut store = super::lock(&self.store);
