@@ -219,6 +219,7 @@ pub use extensions::{
     InterruptedAttempt, LeaseLost, RequestKey, RequestKeys, RequestLeases, Unlocked,
 };
 pub use future::ResponseFuture;
+#[cfg(feature = "axum")]
 pub(crate) use layer::DEFAULT_MAX_KEY_LEN;
 pub use layer::{LockLayer, FENCING_TOKEN};
 pub use policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
