@@ -163,6 +163,15 @@ pub mod node;
 #[cfg(feature = "test-util")]
 pub mod test_util;
 
+/// Locks `mutex` whether or not a panic poisoned it: every mutex of the crate guards
+/// state that is whole between statements (a value copied in or out, one insert or
+/// remove), so what a panicking holder left behind is still valid.
+pub(crate) fn lock_unpoisoned<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 // Each public item has one path. Here: what an application uses outside HTTP. The HTTP
 // layer is `http` (its keys `http::key`, replay `http::replay`, problems
 // `http::problem`), the extractors `axum`, guarded writes `fence`, and what implementing

@@ -376,10 +376,7 @@ impl TestStore {
     }
 
     fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<Resource, Owner>> {
-        self.inner
-            .holds
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::lock_unpoisoned(&self.inner.holds)
     }
 }
 

@@ -145,7 +145,7 @@ impl Redlock {
                 if validity <= options.min_validity {
                     // The write-back was cut short by the validity deadline: a majority
                     // answered, too slowly. Not an unavailable store; worth a retry.
-                    shared.metrics.slow.inc();
+                    shared.metrics.too_slow.inc();
                     tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "fence write-back ran out of validity");
                     return Err(LockError::ValidityExpired {
                         resource: resource.clone(),
@@ -171,7 +171,7 @@ impl Redlock {
         let validity = valid_until.saturating_duration_since(Instant::now());
         if validity <= options.min_validity {
             cleanup(stragglers);
-            shared.metrics.slow.inc();
+            shared.metrics.too_slow.inc();
             tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "majority won too slowly");
             return Err(LockError::ValidityExpired {
                 resource: resource.clone(),

@@ -25,7 +25,7 @@ impl Background {
     /// Finishes `call` in the driver task, starting it if needed (or again, when the
     /// runtime it ran on is gone).
     pub(crate) fn finish(&self, call: Leftover) {
-        let mut sender = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sender = crate::lock_unpoisoned(&self.0);
         let call = match sender.as_ref() {
             Some(tx) => match tx.send(call) {
                 Ok(()) => return,

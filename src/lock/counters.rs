@@ -9,66 +9,54 @@ impl Counter {
     pub(crate) fn inc(&self) {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
-
-    fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
 }
 
-#[derive(Default)]
-pub(crate) struct Metrics {
-    pub(crate) acquired: Counter,
-    pub(crate) contended: Counter,
-    pub(crate) unavailable: Counter,
-    pub(crate) slow: Counter,
-    pub(crate) waits: Counter,
-    pub(crate) wakeups: Counter,
-    pub(crate) renewals: Counter,
-    pub(crate) renewal_failures: Counter,
-    pub(crate) lost: Counter,
-    pub(crate) released: Counter,
-}
-
-impl Metrics {
-    pub(crate) fn snapshot(&self) -> MetricsSnapshot {
-        MetricsSnapshot {
-            acquired: self.acquired.get(),
-            contended: self.contended.get(),
-            unavailable: self.unavailable.get(),
-            too_slow: self.slow.get(),
-            waits: self.waits.get(),
-            wakeups: self.wakeups.get(),
-            renewals: self.renewals.get(),
-            renewal_failures: self.renewal_failures.get(),
-            lost: self.lost.get(),
-            released: self.released.get(),
+/// Writes the live counters and their public snapshot from one list, so a counter
+/// cannot be kept and never reported.
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $name:ident,)*) => {
+        #[derive(Default)]
+        pub(crate) struct Metrics {
+            $(pub(crate) $name: Counter,)*
         }
-    }
+
+        impl Metrics {
+            pub(crate) fn snapshot(&self) -> MetricsSnapshot {
+                MetricsSnapshot {
+                    $($name: self.$name.0.load(Ordering::Relaxed),)*
+                }
+            }
+        }
+
+        /// Counters of a [`Redlock`](crate::Redlock) since it was built (see
+        /// [`Redlock::metrics`](crate::Redlock::metrics)).
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[non_exhaustive]
+        pub struct MetricsSnapshot {
+            $($(#[doc = $doc])* pub $name: u64,)*
+        }
+    };
 }
 
-/// Counters of a [`Redlock`](crate::Redlock) since it was built (see
-/// [`Redlock::metrics`](crate::Redlock::metrics)).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MetricsSnapshot {
+counters! {
     /// Leases granted.
-    pub acquired: u64,
+    acquired,
     /// Attempts that found the resource held.
-    pub contended: u64,
+    contended,
     /// Attempts that found too few nodes answering.
-    pub unavailable: u64,
+    unavailable,
     /// Attempts won by a majority too slowly.
-    pub too_slow: u64,
+    too_slow,
     /// Acquire calls that had to wait.
-    pub waits: u64,
+    waits,
     /// Retries triggered by a release notification.
-    pub wakeups: u64,
+    wakeups,
     /// Successful renewals.
-    pub renewals: u64,
+    renewals,
     /// Renewal rounds that did not reach a majority.
-    pub renewal_failures: u64,
+    renewal_failures,
     /// Leases lost.
-    pub lost: u64,
+    lost,
     /// Leases released (explicitly or by drop).
-    pub released: u64,
+    released,
 }

@@ -125,7 +125,7 @@ impl Health {
         };
         let error = answer.as_ref().err();
         let previous = {
-            let mut entry = self.entry.lock().unwrap_or_else(|p| p.into_inner());
+            let mut entry = crate::lock_unpoisoned(&self.entry);
             if let Some(error) = error {
                 entry.last_error = Some(error.clone());
             }
@@ -160,7 +160,7 @@ impl Health {
     }
 
     pub(crate) fn state(&self) -> NodeState {
-        let entry = self.entry.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = crate::lock_unpoisoned(&self.entry);
         NodeState {
             name: self.name.clone(),
             status: entry.status,
@@ -176,7 +176,7 @@ impl Health {
     #[cfg(feature = "redis")]
     pub(crate) fn note_setup(&self, warning: Option<String>) {
         let changed = {
-            let mut entry = self.entry.lock().unwrap_or_else(|p| p.into_inner());
+            let mut entry = crate::lock_unpoisoned(&self.entry);
             if entry.setup_warning.as_deref() == warning.as_deref() {
                 return;
             }

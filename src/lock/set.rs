@@ -233,37 +233,3 @@ impl LeaseHandle {
         self.lease_inner().members.tokens()
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn canonical_sorts_and_deduplicates() {
-        let set = canonical(["b", "a", "b", "c", "a"]).unwrap();
-        let names: Vec<&str> = set.iter().map(Resource::as_str).collect();
-        assert_eq!(names, ["a", "b", "c"]);
-    }
-
-    #[test]
-    fn canonical_refuses_empty_and_oversized_sets() {
-        match canonical(Vec::<Resource>::new()) {
-            Err(LockError::ResourceCount {
-                count: 0, resource, ..
-            }) => {
-                assert_eq!(resource.as_str(), "")
-            }
-            other => panic!("expected ResourceCount, got {other:?}"),
-        }
-        let many = (0..=MAX_RESOURCES_PER_LEASE).map(|i| format!("r{i:02}"));
-        match canonical(many) {
-            Err(LockError::ResourceCount { count, limit, .. }) => {
-                assert_eq!(count, MAX_RESOURCES_PER_LEASE + 1);
-                assert_eq!(limit, MAX_RESOURCES_PER_LEASE);
-            }
-            other => panic!("expected ResourceCount, got {other:?}"),
-        }
-        let duplicates = (0..=MAX_RESOURCES_PER_LEASE).map(|_| "same");
-        assert_eq!(canonical(duplicates).unwrap().len(), 1);
-    }
-}

@@ -13,9 +13,20 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 use tower_redlock::http::{key::header, replay::Replay, LockLayer};
-use tower_redlock::metrics::*;
+use tower_redlock::metrics::describe;
 use tower_redlock::test_util::TestStore;
 use tower_redlock::{LockError, LockOptions, Resource};
+
+// The names of the table in `tower_redlock::metrics`, spelled out as a dashboard would.
+const ACQUISITIONS: &str = "tower_redlock_acquisitions_total";
+const ACQUIRE_DURATION: &str = "tower_redlock_acquire_duration_seconds";
+const HOLD_DURATION: &str = "tower_redlock_hold_duration_seconds";
+const LEASES_LOST: &str = "tower_redlock_leases_lost_total";
+const RENEWALS: &str = "tower_redlock_renewals_total";
+const NODE_ERRORS: &str = "tower_redlock_node_errors_total";
+const WAITERS: &str = "tower_redlock_waiters";
+const HTTP_REFUSALS: &str = "tower_redlock_http_refusals_total";
+const HTTP_REPLAYS: &str = "tower_redlock_http_replays_total";
 
 /// What the recorder saw so far. The debugging recorder's snapshots drain counters,
 /// gauges and histograms alike, so every read is added up here.

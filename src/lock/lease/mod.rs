@@ -113,7 +113,7 @@ impl StatusCell {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Status> {
         // A status is copied in and out whole: a poisoned lock still holds a valid one.
-        self.status.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock_unpoisoned(&self.status)
     }
 }
 

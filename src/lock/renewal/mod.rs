@@ -173,9 +173,7 @@ impl Renewals {
     fn lock(&self) -> MutexGuard<'_, Schedule> {
         // Every update below is a few inserts and removes that leave the maps
         // consistent at each step, so a poisoned lock is safe to use.
-        self.schedule
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::lock_unpoisoned(&self.schedule)
     }
 }
 

@@ -131,7 +131,7 @@ pub(crate) struct QueueRef {
 
 impl Queues {
     pub(crate) fn get(self: &Arc<Self>, resource: &Resource) -> QueueRef {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = crate::lock_unpoisoned(&self.map);
         let (queue, refs) = map.entry(resource.clone()).or_insert_with(|| {
             let queue = Arc::new(LocalQueue {
                 permit: Semaphore::new(1),
@@ -162,12 +162,12 @@ impl Queues {
 
     /// Number of resources with a local holder or waiter.
     pub(crate) fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+        crate::lock_unpoisoned(&self.map).len()
     }
 
     /// The subscriptions a recent wait for `resource` left, if they are recent enough.
     fn unpark(&self, resource: &Resource) -> Option<Vec<ReleaseSignal>> {
-        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        let mut parked = crate::lock_unpoisoned(&self.parked);
         // Nothing parked (no recent wait): spares every new queue a hash of the name.
         if parked.is_empty() {
             return None;
@@ -182,7 +182,7 @@ impl Queues {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        let mut parked = crate::lock_unpoisoned(&self.parked);
         let now = Instant::now();
         parked.retain(|_, (_, at)| now.duration_since(*at) < LINGER);
         if parked.len() >= MAX_PARKED {
@@ -198,7 +198,7 @@ impl Queues {
                     let Some(queues) = queues.upgrade() else {
                         return;
                     };
-                    let mut parked = queues.parked.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut parked = crate::lock_unpoisoned(&queues.parked);
                     let now = Instant::now();
                     parked.retain(|_, (_, at)| now.duration_since(*at) < LINGER);
                     if parked.is_empty() {
@@ -213,7 +213,7 @@ impl Queues {
 impl Drop for QueueRef {
     fn drop(&mut self) {
         let ended = {
-            let mut map = self.queues.map.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = crate::lock_unpoisoned(&self.queues.map);
             // One lookup (a hash of the name) rather than a lookup and a removal: this
             // runs on every release.
             match map.entry(self.resource.clone()) {
@@ -231,12 +231,7 @@ impl Drop for QueueRef {
         };
         if ended {
             self.queues.changed.notify_waiters();
-            let signals = self
-                .queue
-                .signals
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            let signals = crate::lock_unpoisoned(&self.queue.signals).take();
             if let Some(signals) = signals {
                 self.queues.park(self.resource.clone(), signals);
             }
@@ -321,18 +316,14 @@ impl LocalQueue {
     /// else the remaining ttl of another process's hold as last reported to the head
     /// waiter, if it has not run out.
     pub(crate) fn holder_ttl(&self) -> Option<std::time::Duration> {
-        let holder = self
-            .holder
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .upgrade();
+        let holder = crate::lock_unpoisoned(&self.holder).upgrade();
         if let Some(status) = holder.map(|h| h.status())
             && !status.released
             && status.lost.is_none()
         {
             return Some(status.valid_until.saturating_duration_since(Instant::now()));
         }
-        let until = (*self.remote_until.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let until = (*crate::lock_unpoisoned(&self.remote_until))?;
         let left = until.saturating_duration_since(Instant::now());
         (!left.is_zero()).then_some(left)
     }
@@ -343,40 +334,30 @@ impl LocalQueue {
         if self.waiting.load(Ordering::Acquire) > 0 {
             return false;
         }
-        let holder = self
-            .holder
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .upgrade();
+        let holder = crate::lock_unpoisoned(&self.holder).upgrade();
         holder.is_some_and(|holder| holder.status().released)
     }
 
     pub(crate) fn set_holder(&self, lease: &Arc<LeaseInner>) {
-        *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(lease);
-        *self.remote_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *crate::lock_unpoisoned(&self.holder) = Arc::downgrade(lease);
+        *crate::lock_unpoisoned(&self.remote_until) = None;
     }
 
     /// Records the holder's remaining ttl that the nodes reported to the head waiter.
     pub(crate) fn note_remote_holder(&self, ttl: Option<std::time::Duration>) {
-        *self.remote_until.lock().unwrap_or_else(|p| p.into_inner()) =
+        *crate::lock_unpoisoned(&self.remote_until) =
             ttl.and_then(|ttl| Instant::now().checked_add(ttl));
     }
 
     /// The wake-up subscriptions, if they are already made: a waiter holding them
     /// before its attempt cannot miss a wake-up published after it.
     pub(crate) fn live_signals(&self) -> Option<Vec<ReleaseSignal>> {
-        self.signals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        crate::lock_unpoisoned(&self.signals).clone()
     }
 
     /// Drops the wake-up subscriptions (a waiter that gave up).
     pub(crate) fn forget_signals(&self) {
-        self.signals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        crate::lock_unpoisoned(&self.signals).take();
     }
 
     /// The wake-up subscriptions on every node that answered, made on first use (only
@@ -392,7 +373,7 @@ impl LocalQueue {
         }
         let signals = nodes.subscribe_all(keys, waiter).await;
         if !signals.is_empty() {
-            *self.signals.lock().unwrap_or_else(|p| p.into_inner()) = Some(signals.clone());
+            *crate::lock_unpoisoned(&self.signals) = Some(signals.clone());
         }
         signals
     }
@@ -410,15 +391,9 @@ impl Queues {
     /// The leases of this process that hold a resource now (for a drain and the test
     /// kit).
     pub(crate) fn holders(&self) -> Vec<Arc<LeaseInner>> {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let map = crate::lock_unpoisoned(&self.map);
         map.values()
-            .filter_map(|(queue, _)| {
-                queue
-                    .holder
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .upgrade()
-            })
+            .filter_map(|(queue, _)| crate::lock_unpoisoned(&queue.holder).upgrade())
             .filter(|lease| {
                 let status = lease.status();
                 status.lost.is_none() && !status.released

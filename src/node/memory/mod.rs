@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
@@ -304,11 +304,9 @@ impl Store {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding these locks cannot leave the maps half-updated in a way
-    // that matters (each update is one insert or remove), so poisoning is ignored.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+// A panic while holding these locks cannot leave the maps half-updated in a way that
+// matters (each update is one insert or remove).
+use crate::lock_unpoisoned as lock;
 
 impl Node for MemoryNode {
     fn name(&self) -> &str {

@@ -32,7 +32,7 @@
 use std::collections::BTreeSet;
 use std::future::{poll_fn, Future};
 use std::pin::pin;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -115,7 +115,7 @@ where
     }
 
     fn state(&self) -> MutexGuard<'_, State<T, E>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock_unpoisoned(&self.state)
     }
 
     /// Starts the first attempt, in the background.
@@ -247,11 +247,7 @@ pub(crate) struct Place<'a, T, E> {
 
 impl<T, E> Drop for Place<'_, T, E> {
     fn drop(&mut self) {
-        let mut state = self
-            .attempts
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut state = crate::lock_unpoisoned(&self.attempts.state);
         state.line.leave(self.place);
     }
 }

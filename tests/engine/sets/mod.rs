@@ -180,6 +180,37 @@ async fn empty_and_oversized_sets_are_refused_without_asking_a_node() {
     assert_eq!(lease.resources().len(), MAX_RESOURCES_PER_LEASE);
 }
 
+/// The canonical set, read back through the public calls: sorted, duplicates removed,
+/// and sized after deduplication.
+#[tokio::test]
+async fn a_set_is_sorted_deduplicated_and_sized_after_deduplication() {
+    let locker = memory_locker(&[MemoryNode::new()], LockOptions::default());
+    let lease = locker
+        .try_acquire_all(["b", "a", "b", "c", "a"])
+        .await
+        .unwrap();
+    assert_eq!(names(lease.resources()), ["a", "b", "c"]);
+    lease.release().await;
+
+    match locker.try_acquire_all(Vec::<Resource>::new()).await {
+        Err(LockError::ResourceCount {
+            count: 0, resource, ..
+        }) => assert_eq!(resource.as_str(), ""),
+        other => panic!("expected ResourceCount, got {other:?}"),
+    }
+    let many = (0..=MAX_RESOURCES_PER_LEASE).map(|i| format!("r{i:02}"));
+    match locker.try_acquire_all(many).await {
+        Err(LockError::ResourceCount { count, limit, .. }) => {
+            assert_eq!(count, MAX_RESOURCES_PER_LEASE + 1);
+            assert_eq!(limit, MAX_RESOURCES_PER_LEASE);
+        }
+        other => panic!("expected ResourceCount, got {other:?}"),
+    }
+    let duplicates = (0..=MAX_RESOURCES_PER_LEASE).map(|_| "same");
+    let lease = locker.try_acquire_all(duplicates).await.unwrap();
+    assert_eq!(lease.resources().len(), 1);
+}
+
 #[tokio::test]
 async fn a_waiting_set_wakes_when_any_member_is_released() {
     let nodes = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];

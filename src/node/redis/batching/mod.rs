@@ -485,9 +485,7 @@ impl BatchState {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::lock_unpoisoned as lock;
 
 fn internal(what: &'static str) -> RedisError {
     conn::internal("command batching", what)
