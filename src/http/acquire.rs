@@ -10,7 +10,7 @@ use super::extensions::{RequestKey, RequestKeys, RequestLeases};
 use super::key::{validate, Found, KeySet};
 use super::policy::Contention;
 use super::problem::{
-    counted_error_problem, lock_error_problem, set_error_problem, Problem, ProblemKind,
+    acquisition_problem, counted_error_problem, lock_error_problem, Problem, ProblemKind,
 };
 use crate::LockError;
 use crate::{Lease, LeaseHandle, LockMode, Redlock, Resource, MAX_RESOURCES_PER_LEASE};
@@ -116,7 +116,7 @@ impl Target {
                 counted_error_problem(error, permits, resource.clone())
             }
             ([resource], false, _) => lock_error_problem(error, resource.clone()),
-            _ => set_error_problem(error, self.resources.len()),
+            _ => acquisition_problem(error, error.resource().clone(), Some(self.resources.len())),
         }
     }
 }

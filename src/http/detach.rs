@@ -132,27 +132,11 @@ impl<S> Layer<S> for FinishOnDisconnectLayer {
     }
 }
 
-/// The service of [`FinishOnDisconnectLayer`].
+/// The service of [`FinishOnDisconnectLayer`]. Public in a private module, as is its
+/// future: the layer's `Service` type names them, no user needs to.
 #[derive(Debug, Clone)]
 pub struct FinishOnDisconnect<S> {
     inner: S,
-}
-
-impl<S> FinishOnDisconnect<S> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes `self`, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
 }
 
 impl<S, B> Service<Request<B>> for FinishOnDisconnect<S>

@@ -14,7 +14,7 @@ use http_body::Body;
 use tower_service::Service;
 use tracing::{Instrument, Span};
 
-use super::acquire::{covered, missing_key, name, take, Target};
+use super::acquire::{covered, missing_key, name, take};
 use super::body::LeaseBody;
 use super::detach::{finish_detached, BoxFuture};
 use super::extensions::Unlocked;
@@ -64,7 +64,7 @@ enum State<O> {
 }
 
 /// How the steps before the lock end.
-enum Step<O> {
+pub(super) enum Step<O> {
     /// The answer: a refusal, a replayed response, a request run without a lock.
     Answer(O),
     /// The lease is held: the critical section, to run whole.
@@ -73,32 +73,13 @@ enum Step<O> {
 
 impl<S, K, B, RB> ResponseFuture<S, K, B, RB>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send,
-    S::Error: Send + 'static,
-    K: KeyExtractor,
-    K::Body: Read<B>,
-    B: Send + 'static,
-    RB: Body + Send + 'static,
-    RB::Data: Send,
+    S: Service<Request<B>>,
+    RB: Body,
 {
-    pub(crate) fn new(
-        inner: S,
-        key: K,
-        settings: Arc<Settings>,
-        prefix: Arc<ScopePrefix>,
-        request: Request<B>,
-    ) -> Self {
-        let span = tracing::debug_span!(
-            "redlock",
-            resource = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-            wait_ms = tracing::field::Empty,
-            token = tracing::field::Empty,
-        );
-        let future = begin(inner, key, settings, prefix, request, span.clone()).instrument(span);
+    /// The future of a request whose steps before the lock are `steps` ([`begin`]).
+    pub(super) fn new(steps: BoxFuture<Step<Output<RB, S::Error>>>) -> Self {
         ResponseFuture {
-            state: State::Before(Box::pin(future)),
+            state: State::Before(steps),
             key: PhantomData,
         }
     }
@@ -180,8 +161,9 @@ where
 }
 
 /// The steps before the critical section: the keys, the resources they name, the
-/// replay lookup, the lock.
-async fn begin<S, K, B, RB>(
+/// replay lookup, then the locks of the target as the layer's policies say, reusing
+/// what the request holds already.
+pub(super) async fn begin<S, K, B, RB>(
     inner: S,
     extractor: K,
     settings: Arc<Settings>,
@@ -275,27 +257,7 @@ where
         };
     }
     let request = Request::from_parts(parts, body);
-    lock(inner, settings, request, target, replay, span).await
-}
 
-/// Takes the locks of `target` as the layer's policies say, reusing what the request
-/// holds already; then hands on the critical section.
-async fn lock<S, B, RB>(
-    inner: S,
-    settings: Arc<Settings>,
-    request: Request<B>,
-    target: Target,
-    replay: Option<ReplayStep>,
-    span: Span,
-) -> Step<Output<RB, S::Error>>
-where
-    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send,
-    S::Error: Send + 'static,
-    B: Send + 'static,
-    RB: Body + Send + 'static,
-    RB::Data: Send,
-{
     // The clock is read only for a span that records the wait.
     let started = (!span.is_disabled()).then(tokio::time::Instant::now);
     let taken = take(

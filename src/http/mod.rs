@@ -51,38 +51,9 @@
 //!
 //! # Behaviour
 //!
-//! | situation | response |
-//! |---|---|
-//! | no key, [`MissingKey::Reject`] (default) | 400 `key-missing` |
-//! | no key, [`MissingKey::Bypass`] | the handler runs without a lock ([`Unlocked::MissingKey`]) |
-//! | key empty, too long ([`LockLayer::max_key_len`]), not UTF-8, with a control character, ambiguous | 400 `key-invalid` |
-//! | a `path_param` name the matched route does not have (a server mistake, logged as an error) | 500 `key-misconfigured` |
-//! | body over the limit of a body key | 413 `body-too-large`, no lock taken |
-//! | body key: body not JSON | 400 `body-not-json` |
-//! | lock held, [`Contention::Reject`] (default) | 409 `lock-held`, `Retry-After` = the typical length of this layer's critical sections (a moving mean of its handlers' run time in this process), at least 1 s, at most the holder's remaining ttl (the holder's ttl until a section has ended); `retry_after_ms` in the body |
-//! | lock held, [`Contention::Wait`], timeout passed | 409 `lock-wait-timeout`, `Retry-After` as for `lock-held` |
-//! | a shared lock ([`LockLayer::mode`], [`LockLayer::read_mode`]) with a writer holding it, or a writer waiting for it | 409 `lock-held` (or `lock-wait-timeout`), as for an exclusive lock |
-//! | a counted lock ([`LockMode::Counted`](crate::LockMode::Counted)) with every permit taken | 429 `limit-reached` (after the wait under [`Contention::Wait`]), `Retry-After` as for `lock-held`, at most when the earliest permit runs out |
-//! | a shared or counted lock on a resource its holders hold in another mode (another `n`: a deploy that changed the limit without draining first) | 503 `lock-unavailable`, `Retry-After: 1`, warning logged naming both modes |
-//! | a shared or counted lock on a route whose extractor names several keys | 500 `key-misconfigured`: a lease over several resources is exclusive |
-//! | too many waiters ([`LockLayer::queue_limit`]) | 503 `lock-queue-full`, `Retry-After: 1` |
-//! | no quorum, [`Unavailable::FailClosed`] (default) | 503 `lock-unavailable`, `Retry-After: 1`; the handler never runs |
-//! | no quorum, [`Unavailable::FailOpen`] | the handler runs without a lock ([`Unlocked::StoreUnavailable`]), warning logged |
-//! | lease lost mid-handler, [`OnLost::Abort`] (default) | handler future dropped, 503 `lock-lost` |
-//! | lease lost mid-handler, [`OnLost::Continue`] | the handler's response with a [`LeaseLost`] extension, warning logged |
-//! | acquired | the handler runs with the [`LeaseHandle`](crate::LeaseHandle) and the [`RequestKey`] in the request extensions; `Fencing-Token: <n>` on the response ([`LockLayer::fencing_header`]) |
-//! | several keys, one missing (others present) | 400 `key-missing` naming the missing one; nothing locked |
-//! | several keys, one invalid | 400 `key-invalid` naming it; nothing locked |
-//! | several keys, more than [`MAX_RESOURCES_PER_LEASE`](crate::MAX_RESOURCES_PER_LEASE) distinct ones | 400 `key-invalid`; nothing locked |
-//! | several keys, one held | 409 `lock-held` (or `lock-wait-timeout`) naming the held one in `resource` and `detail`; `Retry-After` as for `lock-held`, at most the holders' longest ttl; nothing locked |
-//! | several keys, acquired | as for one, with [`RequestKeys`] instead of [`RequestKey`], and one `Fencing-Token` line per resource |
-//! | the request holds the resources already (an outer layer, same locker and scope) | the handler runs under that lease: nothing acquired ([`RequestLeases`]) |
-//! | the client hangs up while the request waits for its lock | the request is dropped: it never started |
-//! | the client hangs up while the handler holds its lease, [`OnDisconnect::Finish`] (default) | the handler runs to its end under its lease; with replay its response is recorded; then the lease is released |
-//! | the client hangs up while the handler holds its lease, [`OnDisconnect::Cancel`] | the handler future is dropped, the lease released in the background |
-//! | a handler's extractor refuses the request (axum's `text/plain` 400, 415, 422: malformed JSON, no JSON content type, a field of the wrong type), with [`LockLayer::problem_for_rejections`] | the same status as a problem: `bad-request`, `unsupported-media-type`, `unprocessable-content`, the extractor's text as `detail`; the lock was taken (the body is read after it) and is released before the response is sent (`Fencing-Token` present). Without the option: axum's `text/plain` |
-//! | the locker is draining ([`Redlock::drain`](crate::Redlock::drain)) | 503 `lock-unavailable`, `Retry-After: 1` |
-//! | a streamed body whose lease is lost, [`OnLost::Abort`] | the body ends with a [`LeaseLost`] error: the response is cut short |
+//! What each situation answers (no key, a bad key, the lock held, no quorum, the lease
+//! lost, the client gone, …) is the table [*What the client hears*][behaviour] of the
+//! README, one row a situation.
 //!
 //! Refusals are [RFC 9457](https://www.rfc-editor.org/rfc/rfc9457) problems
 //! (`application/problem+json`, `Cache-Control: no-store`); see [`problem`] for the
@@ -191,6 +162,7 @@
 //! `redlock` tracing span (DEBUG) with the fields `resource`, `outcome`, `wait_ms` and
 //! `token`.
 //!
+//! [behaviour]: https://crates.io/crates/tower-redlock#what-the-client-hears
 //! [`Router::route_layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.route_layer
 //! [`Router::layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.layer
 //! [`MethodRouter::layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.layer
@@ -212,13 +184,10 @@ mod tokens;
 
 pub(crate) use body::BoxError;
 pub use body::LeaseBody;
-pub use detach::{
-    handlers_finishing, FinishOnDisconnect, FinishOnDisconnectLayer, FinishingFuture,
-};
+pub use detach::{handlers_finishing, FinishOnDisconnectLayer};
 pub use extensions::{
     InterruptedAttempt, LeaseLost, RequestKey, RequestKeys, RequestLeases, Unlocked,
 };
-pub use future::ResponseFuture;
 #[cfg(feature = "axum")]
 pub(crate) use layer::DEFAULT_MAX_KEY_LEN;
 pub use layer::{LockLayer, FENCING_TOKEN};

@@ -10,7 +10,9 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::body::LeaseBody;
-use super::future::ResponseFuture;
+use tracing::Instrument;
+
+use super::future::{begin, ResponseFuture};
 use super::key::{KeyExtractor, Read};
 use super::layer::Settings;
 use super::policy::ScopePrefix;
@@ -115,12 +117,16 @@ where
         // the next call (the clone may not be ready).
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(
-            inner,
-            self.key.clone(),
-            self.settings.clone(),
-            self.prefix.clone(),
-            request,
-        )
+        let span = tracing::debug_span!(
+            "redlock",
+            resource = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            wait_ms = tracing::field::Empty,
+            token = tracing::field::Empty,
+        );
+        let (key, settings, prefix) =
+            (self.key.clone(), self.settings.clone(), self.prefix.clone());
+        let steps = begin(inner, key, settings, prefix, request, span.clone());
+        ResponseFuture::new(Box::pin(steps.instrument(span)))
     }
 }

@@ -57,37 +57,33 @@ mod names {
 use names::*;
 
 /// Registers the descriptions and units with the installed recorder, so exporters
-/// print `# HELP` lines. Building a locker or a [`LockLayer`](crate::http::LockLayer) does
-/// it (and registers every series at zero), so an application that installs its
-/// recorder first need not call it; recording works without it.
-pub fn describe() {
-    #[cfg(feature = "metrics")]
-    {
-        use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-        describe_counter!(ACQUISITIONS, "Lock acquire calls, by outcome.");
-        describe_histogram!(
-            ACQUIRE_DURATION,
-            Unit::Seconds,
-            "Time to acquire a lock, including waiting, by outcome."
-        );
-        describe_histogram!(HOLD_DURATION, Unit::Seconds, "Time leases were held.");
-        describe_counter!(LEASES_LOST, "Leases lost while held, by cause.");
-        describe_counter!(RENEWALS, "Lease extend rounds, by outcome.");
-        describe_gauge!(
-            HTTP_HANDLERS_FINISHING,
-            "Handlers running to their end under their lease after their client left."
-        );
-        describe_counter!(NODE_ERRORS, "Failed lock node calls, by node and error.");
-        describe_gauge!(
-            WAITERS,
-            "Callers of this process waiting to acquire a lock."
-        );
-        describe_counter!(
-            HTTP_REFUSALS,
-            "Requests refused by the lock layer, by problem code."
-        );
-        describe_counter!(HTTP_REPLAYS, "Idempotent replay outcomes.");
-    }
+/// print `# HELP` lines; done where the series are registered at zero.
+#[cfg(feature = "metrics")]
+fn describe() {
+    use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(ACQUISITIONS, "Lock acquire calls, by outcome.");
+    describe_histogram!(
+        ACQUIRE_DURATION,
+        Unit::Seconds,
+        "Time to acquire a lock, including waiting, by outcome."
+    );
+    describe_histogram!(HOLD_DURATION, Unit::Seconds, "Time leases were held.");
+    describe_counter!(LEASES_LOST, "Leases lost while held, by cause.");
+    describe_counter!(RENEWALS, "Lease extend rounds, by outcome.");
+    describe_gauge!(
+        HTTP_HANDLERS_FINISHING,
+        "Handlers running to their end under their lease after their client left."
+    );
+    describe_counter!(NODE_ERRORS, "Failed lock node calls, by node and error.");
+    describe_gauge!(
+        WAITERS,
+        "Callers of this process waiting to acquire a lock."
+    );
+    describe_counter!(
+        HTTP_REFUSALS,
+        "Requests refused by the lock layer, by problem code."
+    );
+    describe_counter!(HTTP_REPLAYS, "Idempotent replay outcomes.");
 }
 
 /// The `outcome` labels of [`ACQUISITIONS`] and [`ACQUIRE_DURATION`].

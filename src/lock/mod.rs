@@ -51,7 +51,7 @@ use round::Nodes;
 use target::Target;
 use wait::Queues;
 
-pub use crate::node::LockMode;
+pub use crate::node::mode::LockMode;
 pub(crate) use counters::Metrics;
 pub use counters::MetricsSnapshot;
 pub use drain::Drained;

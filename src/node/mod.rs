@@ -62,7 +62,7 @@ pub(crate) mod token;
 mod calls;
 #[cfg(feature = "test-util")]
 pub mod conformance;
-mod mode;
+pub(crate) mod mode;
 mod owner;
 mod records;
 mod setup;
@@ -74,7 +74,8 @@ use std::time::Duration;
 
 pub use calls::{Acquire, Capabilities, Hold, PerKey, Release, Vote};
 pub(crate) use memory::MemoryNode;
-pub use mode::LockMode;
+// Public at the crate's root, its one path.
+pub(crate) use mode::LockMode;
 pub use owner::{Owner, ReleaseSignal};
 pub(crate) use records::unsupported;
 pub use records::{ClaimReply, ClaimRequest, Record, RecordStore, StoreReply, StoreRequest};

@@ -13,7 +13,6 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 use tower_redlock::http::{key::header, replay::Replay, LockLayer};
-use tower_redlock::metrics::describe;
 use tower_redlock::test_util::TestStore;
 use tower_redlock::{LockError, LockOptions, Resource};
 
@@ -414,16 +413,19 @@ async fn replay_outcomes() {
     );
 }
 
-#[test]
-fn descriptions_name_every_metric_with_units() {
+/// Building a locker describes the metrics (no call of the application's needed).
+#[tokio::test]
+async fn descriptions_name_every_metric_with_units() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        describe();
-        metrics::histogram!(ACQUIRE_DURATION).record(0.5);
-    });
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let _locker = TestStore::new().locker();
+    metrics::histogram!(ACQUIRE_DURATION).record(0.5);
     let described = snapshotter.snapshot().into_vec();
-    let (_, unit, description, _) = &described[0];
+    let (_, unit, description, _) = described
+        .iter()
+        .find(|(key, ..)| key.key().name() == ACQUIRE_DURATION)
+        .unwrap();
     assert_eq!(*unit, Some(metrics::Unit::Seconds));
     assert!(description.is_some());
 }

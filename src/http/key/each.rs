@@ -39,13 +39,6 @@ pub fn each<T>(members: T) -> Each<T> {
     Each { members }
 }
 
-impl<T> Each<T> {
-    /// The member extractors.
-    pub fn members(&self) -> &T {
-        &self.members
-    }
-}
-
 macro_rules! each_of {
     ($($name:ident $index:tt),+) => {
         impl<$($name: KeyExtractor<Keys = String>),+> KeyExtractor for Each<($($name,)+)> {

@@ -122,7 +122,8 @@ pub struct JsonFields {
 /// each key a resource of its own (`{"from": "a", "to": "b"}` with `["/from", "/to"]`
 /// locks the accounts `a` and `b`, as one lease). The body is buffered and parsed once;
 /// each field is read as [`json_field`] reads one (a string, or a number as its decimal
-/// text), with the same limit (64 KiB by default) and the same problems.
+/// text), with the same limit (64 KiB by default; `.limit(bytes)` on what it returns
+/// sets another) and the same problems.
 ///
 /// A body with none of the fields has no key (the layer's
 /// [`MissingKey`](crate::http::MissingKey) decides); one with some and not others gets
@@ -167,11 +168,6 @@ impl JsonFields {
     pub fn limit(mut self, bytes: usize) -> Self {
         self.limit = bytes;
         self
-    }
-
-    /// The JSON Pointers of the fields.
-    pub fn pointers(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
-        self.pointers.iter().map(|p| &**p)
     }
 }
 

@@ -85,12 +85,16 @@ use std::fmt;
 use http::request::Parts;
 
 pub(crate) use combine::reads;
-pub use combine::{Normalized, Or};
+// Every head extractor is named here, as a `LockKey` names its type. `JsonFields` and
+// `Normalized` are public in private modules: their builders return them, and nobody
+// writes their names (a body key cannot be a `LockKey`'s).
+use combine::Normalized;
+pub use combine::Or;
 pub use each::{each, keys_fn, Each, KeysFn};
 pub use head::{header, query_param, Header, QueryParam};
 #[cfg(feature = "axum")]
 pub use head::{path_param, PathParam};
-pub use json::{json_field, json_fields, JsonField, JsonFields};
+pub use json::{json_field, json_fields, JsonField};
 pub(crate) use json::{read_limited, DEFAULT_BODY_LIMIT};
 pub use rejection::KeyRejection;
 pub(crate) use sealed::{Found, HeadOnly, KeySet, OneKey, Read};

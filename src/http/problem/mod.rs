@@ -30,7 +30,7 @@
 //!
 //! # Problem types
 //!
-//! When each is sent: the [layer's table](super#behaviour) and [replay's](super::replay).
+//! When each is sent: the [layer's table](https://crates.io/crates/tower-redlock#what-the-client-hears) and [replay's](super::replay).
 //!
 //! ### key-missing
 //! 400: the request carries no lock key ([`MissingKey::Reject`](super::MissingKey::Reject)),
@@ -118,8 +118,8 @@ use crate::Resource;
 
 pub use sent::problem_response;
 pub(crate) use sent::{
-    counted_error_problem, in_progress, key_reused, lock_error_problem, lock_lost, outcome_unknown,
-    record_unreadable, rejection, response_failed, set_error_problem,
+    acquisition_problem, counted_error_problem, in_progress, key_reused, lock_error_problem,
+    lock_lost, outcome_unknown, record_unreadable, rejection, response_failed,
 };
 
 /// A layer's own renderer, in the requests it passes on, for the `Locked` extractor's

@@ -50,10 +50,35 @@ impl From<&LockError> for Problem {
 /// The problem a failed acquisition of `resource` is answered with, by the layer and by
 /// the axum extractors alike.
 pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Problem {
+    acquisition_problem(error, resource, None)
+}
+
+/// As [`lock_error_problem`]; `set` is how many resources the request locks together,
+/// for a multi-key extractor: a contention problem then names the member that is held
+/// (`resource`, the error's), in its `resource` member and in its detail, and
+/// `Retry-After` is the holders' longest time to live (as the engine reports it).
+pub(crate) fn acquisition_problem(
+    error: &LockError,
+    resource: Resource,
+    set: Option<usize>,
+) -> Problem {
+    let (held, nothing_locked) = match set {
+        None => ("this resource".to_owned(), ""),
+        Some(count) => (
+            format!(
+                "`{}`, one of the {count} resources this request locks together,",
+                resource.display_name()
+            ),
+            " nothing was locked;",
+        ),
+    };
     let problem = match error {
         LockError::Held { holder_ttl, .. } => Problem::new(
             ProblemKind::LockHeld,
-            "another request holds the lock on this resource; retry later",
+            format!(
+                "another request holds the lock on {};{nothing_locked} retry later",
+                held.trim_end_matches(',')
+            ),
         )
         .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
         LockError::WaitTimeout {
@@ -61,7 +86,7 @@ pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Probl
         } => Problem::new(
             ProblemKind::LockWaitTimeout,
             format!(
-                "the lock on this resource was still held after waiting {} ms; retry later",
+                "the lock on {held} was still held after waiting {} ms;{nothing_locked} retry later",
                 waited.as_millis()
             ),
         )
@@ -130,38 +155,6 @@ pub(crate) fn counted_error_problem(
     )
     .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON))
     .with_resource(resource)
-}
-
-/// The problem a failed acquisition of a set of `count` resources is answered with: a
-/// contention problem names the member that is held, in its `resource` member and in
-/// its detail, and `Retry-After` is the holders' longest time to live (as the engine
-/// reports it); the others are those of one resource.
-pub(crate) fn set_error_problem(error: &LockError, count: usize) -> Problem {
-    let resource = error.resource().clone();
-    let name = resource.display_name();
-    let problem = match error {
-        LockError::Held { holder_ttl, .. } => Problem::new(
-            ProblemKind::LockHeld,
-            format!(
-                "another request holds the lock on `{name}`, one of the {count} resources \
-                 this request locks together; nothing was locked; retry later"
-            ),
-        )
-        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
-        LockError::WaitTimeout {
-            waited, holder_ttl, ..
-        } => Problem::new(
-            ProblemKind::LockWaitTimeout,
-            format!(
-                "the lock on `{name}`, one of the {count} resources this request locks \
-                 together, was still held after waiting {} ms; nothing was locked; retry later",
-                waited.as_millis()
-            ),
-        )
-        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
-        _ => return lock_error_problem(error, resource),
-    };
-    problem.with_resource(resource)
 }
 
 /// 503 `lock-lost`: the handler was stopped because its lease was lost.
