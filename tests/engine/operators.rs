@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use support::node_calls::{Call, Forwarding};
 use support::{eventually, RedisServer};
-use tower_redlock::node::{Acquire, Hold, NodeFuture, Release, ReleaseSignal, ResourceKeys, Vote};
-use tower_redlock::NodeError;
+use tower_redlock::node::ResourceKeys;
 use tower_redlock::{
     node::Node, LockError, LockOptions, LostCause, MemoryNode, RedisNode, Redlock, ReleaseOutcome,
 };
@@ -274,57 +274,23 @@ async fn max_hold_of_duration_max_is_no_limit() {
     assert_eq!(lease.release().await, ReleaseOutcome::Released);
 }
 
-/// A node that forwards to a Redis server, and panics in `extend` while `fail`
-/// is set: a custom node with a bug, inside the renewal task.
-struct PanickingRenewals {
-    inner: RedisNode,
-    fail: Arc<AtomicBool>,
-}
-
-impl Node for PanickingRenewals {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
-        self.inner.acquire(request)
-    }
-    fn extend(
-        &self,
-        holds: &[Hold<'_>],
-        ttl: Duration,
-    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-        assert!(
-            !self.fail.load(Ordering::SeqCst),
-            "a node bug in extend (expected by the test)"
-        );
-        self.inner.extend(holds, ttl)
-    }
-    fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
-        self.inner.release(hold, how)
-    }
-    fn raise_fences(
-        &self,
-        keys: &[ResourceKeys],
-        tokens: &[u64],
-        fence_ttl: Duration,
-    ) -> NodeFuture<()> {
-        self.inner.raise_fences(keys, tokens, fence_ttl)
-    }
-    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
-        self.inner.subscribe(keys)
-    }
-}
-
 /// Fails if the panic leaves the lease counted as held (`lost()` never resolves) or
 /// leaves no scheduler for later leases (the second is never renewed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_renewal_task_loses_its_leases_and_renewal_restarts() {
     let server = RedisServer::start();
     let fail = Arc::new(AtomicBool::new(true));
-    let node = PanickingRenewals {
-        inner: RedisNode::open(server.url().as_str()).unwrap(),
-        fail: fail.clone(),
-    };
+    // A custom node with a bug, inside the renewal task: it panics in `extend` while
+    // `fail` is set.
+    let node = Forwarding::new(RedisNode::open(server.url().as_str()).unwrap()).before({
+        let fail = fail.clone();
+        move |call| {
+            assert!(
+                call != Call::Extend || !fail.load(Ordering::SeqCst),
+                "a node bug in extend (expected by the test)"
+            )
+        }
+    });
     let locker = Redlock::new([node], short(600)).unwrap();
     let first = locker.try_acquire("ops:renewal-fails:1").await.unwrap();
     let cause = tokio::time::timeout(LIMIT, first.lost())

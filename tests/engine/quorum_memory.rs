@@ -9,10 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_redlock::node::{Acquire, Hold, NodeFuture, Release, ReleaseSignal, ResourceKeys, Vote};
-use tower_redlock::{
-    node::Node, LockError, LockOptions, MemoryNode, NodeError, Redlock, ReleaseOutcome,
-};
+use crate::support::node_calls::{Call, Forwarding};
+use tower_redlock::node::ResourceKeys;
+use tower_redlock::{LockError, LockOptions, MemoryNode, NodeError, Redlock, ReleaseOutcome};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Bound of every poll, in (virtual) time: a tenth of the default 10 s ttl.
@@ -357,68 +356,21 @@ async fn write_back_carries_the_token_to_every_new_majority() {
     }
 }
 
-/// A node that counts the fence write-backs it is asked for.
-#[derive(Clone)]
-struct CountingNode {
-    inner: MemoryNode,
-    raises: Arc<AtomicUsize>,
-}
-
-impl CountingNode {
-    fn new(inner: &MemoryNode) -> Self {
-        CountingNode {
-            inner: inner.clone(),
-            raises: Arc::new(AtomicUsize::new(0)),
-        }
-    }
-
-    fn raises(&self) -> usize {
-        self.raises.load(Ordering::SeqCst)
-    }
-}
-
-impl Node for CountingNode {
-    fn name(&self) -> &str {
-        "counting"
-    }
-
-    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
-        self.inner.acquire(request)
-    }
-
-    fn extend(
-        &self,
-        holds: &[Hold<'_>],
-        ttl: Duration,
-    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-        self.inner.extend(holds, ttl)
-    }
-
-    fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
-        self.inner.release(hold, how)
-    }
-
-    fn raise_fences(
-        &self,
-        keys: &[ResourceKeys],
-        tokens: &[u64],
-        fence_ttl: Duration,
-    ) -> NodeFuture<()> {
-        self.raises.fetch_add(1, Ordering::SeqCst);
-        self.inner.raise_fences(keys, tokens, fence_ttl)
-    }
-
-    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
-        self.inner.subscribe(keys)
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn equal_floors_keep_the_steady_state_one_round_trip() {
     let memory = nodes();
-    let counting: Vec<CountingNode> = memory.iter().map(CountingNode::new).collect();
-    let locker = Redlock::new(counting.iter().cloned(), options()).unwrap();
-    let raises = || counting.iter().map(CountingNode::raises).sum::<usize>();
+    // Counts the fence write-backs the nodes are asked for.
+    let written_back = Arc::new(AtomicUsize::new(0));
+    let counting = memory.iter().map(|node| {
+        let written_back = written_back.clone();
+        Forwarding::new(node.clone()).before(move |call| {
+            if call == Call::RaiseFences {
+                written_back.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    });
+    let locker = Redlock::new(counting, options()).unwrap();
+    let raises = || written_back.load(Ordering::SeqCst);
     let res = "steady";
     // Counters that differ but are all behind the clock (a restored node, a stale
     // one, a missing one): every node answers the round's floor, so they converge

@@ -70,13 +70,13 @@ use std::time::Duration;
 
 use support::cluster::SentinelGroup;
 use support::history::{History, Summary};
+use support::node_calls::Forwarding;
 use support::proxy::{Latency, Proxy};
 use support::{AppendFsync, RedisServer};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower_redlock::node::HANDOFF_TTL;
-use tower_redlock::node::{Acquire, Hold, NodeFuture, Release, ReleaseSignal, ResourceKeys, Vote};
 use tower_redlock::{
     node::Node, Lease, LockError, LockOptions, LostCause, NodeError, RedisNode, Redlock,
     ReleaseOutcome, Resource,
@@ -150,43 +150,14 @@ fn lockers(count: usize, urls: &[String], options: &LockOptions) -> Vec<Redlock>
 /// The deliberately broken node of `BROKEN=1`: a real node whose release ignores the
 /// owner and deletes the lock key with a plain `DEL` — the classic bug of a home-made
 /// lock. It exists only here; the library is untouched.
-struct DelOnRelease {
-    inner: RedisNode,
-    conn: redis::aio::ConnectionManager,
-}
-
-impl DelOnRelease {
-    async fn open(url: &str) -> DelOnRelease {
-        let client = redis::Client::open(url).expect("url");
-        DelOnRelease {
-            inner: RedisNode::open(url).expect("node"),
-            conn: client
-                .get_connection_manager()
-                .await
-                .expect("DEL connection"),
-        }
-    }
-}
-
-impl Node for DelOnRelease {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
-        self.inner.acquire(request)
-    }
-
-    fn extend(
-        &self,
-        holds: &[Hold<'_>],
-        ttl: Duration,
-    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-        self.inner.extend(holds, ttl)
-    }
-
-    fn release(&self, hold: &Hold<'_>, _how: Release<'_>) -> NodeFuture<bool> {
-        let mut conn = self.conn.clone();
+async fn del_on_release(url: &str) -> Forwarding<RedisNode> {
+    let client = redis::Client::open(url).expect("url");
+    let conn = client
+        .get_connection_manager()
+        .await
+        .expect("DEL connection");
+    Forwarding::new(RedisNode::open(url).expect("node")).release_with(move |hold| {
+        let mut conn = conn.clone();
         let key = hold.keys[0].lock.clone();
         Box::pin(async move {
             let deleted: i64 = redis::cmd("DEL")
@@ -196,30 +167,17 @@ impl Node for DelOnRelease {
                 .map_err(|e| NodeError::Connection(e.to_string().into()))?;
             Ok(deleted == 1)
         })
-    }
-
-    fn raise_fences(
-        &self,
-        keys: &[ResourceKeys],
-        tokens: &[u64],
-        fence_ttl: Duration,
-    ) -> NodeFuture<()> {
-        self.inner.raise_fences(keys, tokens, fence_ttl)
-    }
-
-    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
-        self.inner.subscribe(keys)
-    }
+    })
 }
 
 /// The locker of the holder that gets paused in s06: correct, or with `BROKEN=1` over
-/// [`DelOnRelease`] nodes.
+/// [`del_on_release`] nodes.
 async fn paused_holder_locker(urls: &[String], options: &LockOptions) -> Redlock {
     if broken() {
         eprintln!("BROKEN=1: the paused holder releases by plain DEL (no owner check)");
         let mut nodes: Vec<Arc<dyn Node>> = Vec::new();
         for url in urls {
-            nodes.push(Arc::new(DelOnRelease::open(url).await));
+            nodes.push(Arc::new(del_on_release(url).await));
         }
         Redlock::from_nodes(nodes, options.clone()).expect("broken locker")
     } else {

@@ -1,10 +1,14 @@
 //! What tests that call a node directly (its connection, its order of commands) need
-//! from outside the crate: owner values, a resource's keys, and the calls' arguments.
+//! from outside the crate: owner values, a resource's keys, and the calls' arguments;
+//! and [`Forwarding`], a real node with one behaviour changed.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use tower_redlock::node::{Acquire, Hold, Owner, ResourceKeys, Vote};
-use tower_redlock::{LockMode, LockOptions, MemoryNode, Redlock};
+use tower_redlock::node::{
+    Acquire, Hold, Node, NodeFuture, Owner, Release, ReleaseSignal, ResourceKeys, Vote,
+};
+use tower_redlock::{LockMode, LockOptions, MemoryNode, NodeError, Redlock};
 
 /// One lease's owner value, to be taken on as many node indices as a test has callers
 /// (`Owner::for_node`), as tests outside the crate can make them.
@@ -47,4 +51,93 @@ pub fn hold<'a>(keys: &'a [ResourceKeys], owner: &'a Owner, mode: LockMode) -> H
 /// Whether a vote granted every key.
 pub fn granted(vote: &Vote) -> bool {
     matches!(vote, Vote::Granted { .. })
+}
+
+/// Which call a [`Forwarding`] node is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    Acquire,
+    Extend,
+    Release,
+    RaiseFences,
+    Subscribe,
+}
+
+type ReleaseWith = Arc<dyn Fn(&Hold<'_>) -> NodeFuture<bool> + Send + Sync>;
+
+/// A node that forwards its calls to a real node, `inner`, for tests that need a node
+/// with one thing changed: `before` sees each call first (to count calls, or to panic as
+/// a node with a bug would), and a release answered by `release_with` replaces the
+/// inner node's.
+#[derive(Clone)]
+pub struct Forwarding<N> {
+    pub inner: N,
+    before: Arc<dyn Fn(Call) + Send + Sync>,
+    release: Option<ReleaseWith>,
+}
+
+impl<N: Node> Forwarding<N> {
+    pub fn new(inner: N) -> Self {
+        Forwarding {
+            inner,
+            before: Arc::new(|_| {}),
+            release: None,
+        }
+    }
+
+    pub fn before(mut self, before: impl Fn(Call) + Send + Sync + 'static) -> Self {
+        self.before = Arc::new(before);
+        self
+    }
+
+    pub fn release_with(
+        mut self,
+        release: impl Fn(&Hold<'_>) -> NodeFuture<bool> + Send + Sync + 'static,
+    ) -> Self {
+        self.release = Some(Arc::new(release));
+        self
+    }
+}
+
+impl<N: Node> Node for Forwarding<N> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
+        (self.before)(Call::Acquire);
+        self.inner.acquire(request)
+    }
+
+    fn extend(
+        &self,
+        holds: &[Hold<'_>],
+        ttl: Duration,
+    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
+        (self.before)(Call::Extend);
+        self.inner.extend(holds, ttl)
+    }
+
+    fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
+        (self.before)(Call::Release);
+        match &self.release {
+            Some(release) => release(hold),
+            None => self.inner.release(hold, how),
+        }
+    }
+
+    fn raise_fences(
+        &self,
+        keys: &[ResourceKeys],
+        tokens: &[u64],
+        fence_ttl: Duration,
+    ) -> NodeFuture<()> {
+        (self.before)(Call::RaiseFences);
+        self.inner.raise_fences(keys, tokens, fence_ttl)
+    }
+
+    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
+        (self.before)(Call::Subscribe);
+        self.inner.subscribe(keys)
+    }
 }

@@ -105,23 +105,28 @@ impl Inner {
         Ok(Vote::Held { member, pttl })
     }
 
-    /// `if value(key) == owner` for every member `then get(first key)`, then one
-    /// keep-alive of the set's lease.
+    /// `if value(key) == owner` for every member `then get(first key)`, and with
+    /// `delete` delete every member.
+    fn if_owned(&self, keys: &[ResourceKeys], owner: &Owner, delete: bool) -> Txn {
+        let names: Vec<Vec<u8>> = keys.iter().map(|k| self.key(&k.lock)).collect();
+        let owned: Vec<_> = names
+            .iter()
+            .map(|key| Compare::value(key.clone(), CompareOp::Equal, owner.as_str()))
+            .collect();
+        let deletes = names.iter().filter(|_| delete);
+        let get = TxnOp::get(names[0].clone(), None);
+        let then = std::iter::once(get).chain(deletes.map(|key| TxnOp::delete(key.clone(), None)));
+        Txn::new().when(owned).and_then(then.collect::<Vec<_>>())
+    }
+
+    /// [`if_owned`](Self::if_owned), then one keep-alive of the set's lease.
     pub(super) async fn extend(
         &self,
         mut client: Client,
         keys: Arc<[ResourceKeys]>,
         owner: Owner,
     ) -> Result<bool, NodeError> {
-        let names: Vec<Vec<u8>> = keys.iter().map(|k| self.key(&k.lock)).collect();
-        let txn = Txn::new()
-            .when(
-                names
-                    .iter()
-                    .map(|key| Compare::value(key.clone(), CompareOp::Equal, owner.as_str()))
-                    .collect::<Vec<_>>(),
-            )
-            .and_then([TxnOp::get(names[0].clone(), None)]);
+        let txn = self.if_owned(&keys, &owner, false);
         let reply = client.txn(txn).await.map_err(node_error)?;
         let Some((_, lease, _)) = reply.succeeded().then(|| first_kv(&reply)).flatten() else {
             return Ok(false);
@@ -133,8 +138,7 @@ impl Inner {
         }
     }
 
-    /// `if value(key) == owner` for every member `then get(first key)` and delete every
-    /// member, then revoke the set's lease. When some member is no longer ours, the
+    /// [`if_owned`](Self::if_owned) deleting every member, then revoke the set's lease. When some member is no longer ours, the
     /// members still ours are released one by one and the answer is no.
     pub(super) async fn release_all(
         &self,
@@ -142,19 +146,7 @@ impl Inner {
         keys: Arc<[ResourceKeys]>,
         owner: Owner,
     ) -> Result<bool, NodeError> {
-        let names: Vec<Vec<u8>> = keys.iter().map(|k| self.key(&k.lock)).collect();
-        let txn = Txn::new()
-            .when(
-                names
-                    .iter()
-                    .map(|key| Compare::value(key.clone(), CompareOp::Equal, owner.as_str()))
-                    .collect::<Vec<_>>(),
-            )
-            .and_then(
-                std::iter::once(TxnOp::get(names[0].clone(), None))
-                    .chain(names.iter().map(|key| TxnOp::delete(key.clone(), None)))
-                    .collect::<Vec<_>>(),
-            );
+        let txn = self.if_owned(&keys, &owner, true);
         let reply = client.txn(txn).await.map_err(node_error)?;
         if reply.succeeded() {
             if let Some((_, lease, _)) = first_kv(&reply) {
