@@ -455,18 +455,4 @@ mod tests {
             );
         }
     }
-
-    #[test]
-    fn hold_is_recorded() {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        ::metrics::with_local_recorder(&recorder, || hold(tokio::time::Instant::now()));
-        let names: Vec<String> = snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .map(|(key, _, _, _)| key.key().name().to_owned())
-            .collect();
-        assert_eq!(names, [HOLD_DURATION]);
-    }
 }

@@ -10,6 +10,7 @@ mod support;
 
 mod quorum_memory;
 mod support_selftest;
+mod values;
 
 #[cfg(feature = "redis")]
 mod acquire_script;
