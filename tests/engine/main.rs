@@ -39,6 +39,8 @@ mod smoke;
 #[cfg(feature = "redis")]
 mod ttls;
 #[cfg(feature = "redis")]
+mod urls;
+#[cfg(feature = "redis")]
 mod watchdog;
 
 #[cfg(all(feature = "test-util", feature = "axum"))]
