@@ -69,6 +69,28 @@ impl Redlock {
             let targets = (0..nodes.len()).filter(|i| !tally.held.contains(i));
             nodes.release_after(stragglers, targets, target, &owner, waiter);
         };
+        // A majority asked and not won in time: a retry may do, or the store is down.
+        let too_slow = |validity, why: &str| {
+            shared.metrics.too_slow.inc();
+            tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "{why}");
+            Err(LockError::ValidityExpired {
+                resource: resource.clone(),
+                validity,
+                min_validity: options.min_validity,
+            })
+        };
+        let unavailable = |answered, failures| {
+            shared.metrics.unavailable.inc();
+            let error = LockError::Unavailable {
+                resource: resource.clone(),
+                nodes: nodes.len(),
+                answered,
+                quorum,
+                failures,
+            };
+            shared.quorum.refused(answered, nodes.len(), quorum, &error);
+            Err(error)
+        };
         if tally.won.len() < quorum {
             let answered = tally.won.len() + tally.held.len();
             cleanup(stragglers);
@@ -93,16 +115,7 @@ impl Redlock {
                     holder_ttl: tally.holder_ttl,
                 });
             }
-            shared.metrics.unavailable.inc();
-            let error = LockError::Unavailable {
-                resource: resource.clone(),
-                nodes: nodes.len(),
-                answered,
-                quorum,
-                failures: tally.failures,
-            };
-            shared.quorum.refused(answered, nodes.len(), quorum, &error);
-            return Err(error);
+            return unavailable(answered, tally.failures);
         }
 
         // Each member's token: the highest of its counters among the nodes that granted.
@@ -145,39 +158,16 @@ impl Redlock {
                 if validity <= options.min_validity {
                     // The write-back was cut short by the validity deadline: a majority
                     // answered, too slowly. Not an unavailable store; worth a retry.
-                    shared.metrics.too_slow.inc();
-                    tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "fence write-back ran out of validity");
-                    return Err(LockError::ValidityExpired {
-                        resource: resource.clone(),
-                        validity,
-                        min_validity: options.min_validity,
-                    });
+                    return too_slow(validity, "fence write-back ran out of validity");
                 }
-                shared.metrics.unavailable.inc();
-                let error = LockError::Unavailable {
-                    resource: resource.clone(),
-                    nodes: nodes.len(),
-                    answered: level + confirmed,
-                    quorum,
-                    failures,
-                };
-                shared
-                    .quorum
-                    .refused(level + confirmed, nodes.len(), quorum, &error);
-                return Err(error);
+                return unavailable(level + confirmed, failures);
             }
         }
 
         let validity = valid_until.saturating_duration_since(Instant::now());
         if validity <= options.min_validity {
             cleanup(stragglers);
-            shared.metrics.too_slow.inc();
-            tracing::warn!(%resource, ?validity, elapsed = ?start.elapsed(), "majority won too slowly");
-            return Err(LockError::ValidityExpired {
-                resource: resource.clone(),
-                validity,
-                min_validity: options.min_validity,
-            });
+            return too_slow(validity, "majority won too slowly");
         }
         shared.metrics.acquired.inc();
         tracing::debug!(%resource, members, votes = tally.won.len(), token = tokens[0], elapsed = ?start.elapsed(), "lease acquired");
