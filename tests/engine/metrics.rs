@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::node_calls::diverge_counters;
 use axum::{body::Body, routing::post, Router};
 use http::{Request, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -14,7 +15,7 @@ use tokio::sync::oneshot;
 use tower::ServiceExt;
 use tower_redlock::http::{key::header, replay::Replay, LockLayer};
 use tower_redlock::test_util::TestStore;
-use tower_redlock::{LockError, LockOptions, Resource};
+use tower_redlock::{LockError, LockMode, LockOptions, Resource};
 
 // The names of the table in `tower_redlock::metrics`, spelled out as a dashboard would.
 const ACQUISITIONS: &str = "tower_redlock_acquisitions_total";
@@ -169,6 +170,44 @@ async fn acquisitions_by_outcome_with_their_durations() {
         Err(LockError::Unavailable { .. })
     ));
     assert_eq!(seen.count(ACQUISITIONS, &[("outcome", "unavailable")]), 1);
+    store.set_available(true);
+
+    // Held in another mode: an error of no outcome of its own.
+    let shared = locker
+        .try_acquire_as("order:3", LockMode::Shared)
+        .await
+        .unwrap();
+    assert!(matches!(
+        locker
+            .try_acquire_as("order:3", LockMode::counted(2).unwrap())
+            .await,
+        Err(LockError::ModeMismatch { .. })
+    ));
+    assert_eq!(seen.count(ACQUISITIONS, &[("outcome", "error")]), 1);
+    drop(shared);
+
+    // Acquire and fence write-back each answer in time, together too late.
+    let slow = TestStore::with_nodes(
+        3,
+        LockOptions::default()
+            .ttl(Duration::from_millis(200))
+            .node_timeout(Duration::from_millis(150)),
+    )
+    .unwrap();
+    diverge_counters(slow.nodes(), "order:4");
+    slow.set_delay(Duration::from_millis(97));
+    assert!(matches!(
+        slow.locker().try_acquire("order:4").await,
+        Err(LockError::ValidityExpired { .. })
+    ));
+    assert_eq!(
+        seen.count(ACQUISITIONS, &[("outcome", "validity_expired")]),
+        1
+    );
+    for outcome in ["validity_expired", "error"] {
+        let durations = seen.get(ACQUIRE_DURATION, &[("outcome", outcome)]);
+        assert_eq!(durations.samples.len(), 1, "{outcome}");
+    }
     // Only the listed outcomes, never a resource name.
     for labels in seen.label_sets(ACQUISITIONS) {
         assert_eq!(labels.len(), 1);
@@ -179,7 +218,8 @@ async fn acquisitions_by_outcome_with_their_durations() {
             "queue_full",
             "unavailable",
             "validity_expired",
-            "draining"
+            "draining",
+            "error"
         ]
         .contains(&labels[0].1.as_str()));
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::node_calls::{Call, Forwarding};
+use crate::support::node_calls::{diverge_counters, Call, Forwarding};
 use tower_redlock::node::ResourceKeys;
 use tower_redlock::{LockError, LockOptions, MemoryNode, NodeError, Redlock, ReleaseOutcome};
 
@@ -224,30 +224,6 @@ async fn nodes_slower_than_the_timeout_are_failures() {
     })
     .await;
     no_key_left(&nodes, "r").await;
-}
-
-/// Today's clock floor (ms × 2¹⁰), as the locker computes it.
-fn clock_floor() -> u64 {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
-    u64::try_from(ms).unwrap() * 1024
-}
-
-/// Makes every node's fence counter different, so that any majority needs the
-/// write-back: the counters are set ahead of the clock floor (as after a burst of more
-/// than 1,024 acquisitions per ms), which would otherwise overtake them all alike.
-fn diverge_counters(nodes: &[MemoryNode], resource: &str) {
-    let ahead = clock_floor() + 1_000_000_000;
-    nodes[0].set(
-        &format!("redlock:{{{resource}}}:fence"),
-        &(ahead + 1).to_string(),
-    );
-    nodes[1].set(
-        &format!("redlock:{{{resource}}}:fence"),
-        &(ahead + 2).to_string(),
-    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -53,6 +53,30 @@ pub fn granted(vote: &Vote) -> bool {
     matches!(vote, Vote::Granted { .. })
 }
 
+/// Today's clock floor (ms × 2¹⁰), as the locker computes it.
+pub fn clock_floor() -> u64 {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    u64::try_from(ms).unwrap() * 1024
+}
+
+/// Makes every node's fence counter different, so that any majority needs the
+/// write-back: the counters are set ahead of the clock floor (as after a burst of more
+/// than 1,024 acquisitions per ms), which would otherwise overtake them all alike.
+pub fn diverge_counters(nodes: &[MemoryNode], resource: &str) {
+    let ahead = clock_floor() + 1_000_000_000;
+    nodes[0].set(
+        &format!("redlock:{{{resource}}}:fence"),
+        &(ahead + 1).to_string(),
+    );
+    nodes[1].set(
+        &format!("redlock:{{{resource}}}:fence"),
+        &(ahead + 2).to_string(),
+    );
+}
+
 /// Which call a [`Forwarding`] node is asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Call {
