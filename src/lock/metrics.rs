@@ -360,4 +360,3 @@ where
     TASKS_SPAWNED.fetch_add(1, Ordering::Relaxed);
     runtime.spawn(task)
 }
-
