@@ -157,28 +157,39 @@ where
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let critical = Critical::default();
         request.extensions_mut().insert(critical.clone());
-        FinishingFuture {
-            future: Some(Box::pin(self.inner.call(request))),
-            critical,
-            detach: finish_detached::<Result<S::Response, S::Error>>,
-        }
+        FinishingFuture::new(Box::pin(self.inner.call(request)), Some(critical), true)
     }
 }
 
-/// The response future of [`FinishOnDisconnect`].
+/// A critical section's future: the response future of [`FinishOnDisconnect`], and
+/// the layer's once its lease is held. Dropped before its end while critical, it is run
+/// on to its end by `detach` (made where the output is known to be `'static`); without
+/// `detach` it is dropped, and its lease released in the background.
 pub struct FinishingFuture<O> {
     future: Option<BoxFuture<O>>,
-    critical: Critical,
-    /// Made where the output is known to be `'static`.
-    detach: fn(BoxFuture<O>),
+    /// `None`: critical from the start (the layer's own lease).
+    critical: Option<Critical>,
+    detach: Option<fn(BoxFuture<O>)>,
+}
+
+impl<O: 'static> FinishingFuture<O> {
+    /// `section`, run on to its end when dropped while critical if `finish`.
+    pub(crate) fn new(section: BoxFuture<O>, critical: Option<Critical>, finish: bool) -> Self {
+        FinishingFuture {
+            future: Some(section),
+            critical,
+            detach: finish.then_some(finish_detached::<O> as fn(_)),
+        }
+    }
 }
 
 impl<O> Future for FinishingFuture<O> {
     type Output = O;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<O> {
-        // Out of `self` while it is polled: a handler whose poll panics is dropped by the
-        // unwinding, never detached to be polled again.
+        // Out of `self` while it is polled: a section whose poll panics is dropped by the
+        // unwinding (its lease released at once), never detached to be polled again. A
+        // panic is not a disconnect.
         let Some(mut future) = self.future.take() else {
             panic!("FinishingFuture polled after completion");
         };
@@ -192,10 +203,9 @@ impl<O> Future for FinishingFuture<O> {
 
 impl<O> Drop for FinishingFuture<O> {
     fn drop(&mut self) {
-        if let Some(future) = self.future.take()
-            && self.critical.0.load(Ordering::Acquire)
-        {
-            (self.detach)(future);
+        let critical = (self.critical.as_ref()).is_none_or(|c| c.0.load(Ordering::Acquire));
+        if let (Some(future), Some(detach), true) = (self.future.take(), self.detach, critical) {
+            detach(future);
         }
     }
 }

@@ -16,7 +16,7 @@ use tracing::{Instrument, Span};
 
 use super::acquire::{covered, missing_key, name, take};
 use super::body::LeaseBody;
-use super::detach::{finish_detached, BoxFuture};
+use super::detach::{BoxFuture, FinishingFuture};
 use super::extensions::Unlocked;
 use super::key::{KeyExtractor, Read};
 use super::layer::Settings;
@@ -54,12 +54,7 @@ where
 /// means, and the second box is only made for a request that holds its lease.
 enum State<O> {
     Before(BoxFuture<Step<O>>),
-    Critical {
-        section: BoxFuture<O>,
-        /// Runs the section on when its response future is dropped
-        /// ([`OnDisconnect::Finish`]); made where the output is known to be `'static`.
-        detach: Option<fn(BoxFuture<O>)>,
-    },
+    Critical(FinishingFuture<O>),
     Done,
 }
 
@@ -68,7 +63,7 @@ pub(super) enum Step<O> {
     /// The answer: a refusal, a replayed response, a request run without a lock.
     Answer(O),
     /// The lease is held: the critical section, to run whole.
-    Critical(BoxFuture<O>, Option<fn(BoxFuture<O>)>),
+    Critical(FinishingFuture<O>),
 }
 
 impl<S, K, B, RB> ResponseFuture<S, K, B, RB>
@@ -100,45 +95,12 @@ where
                         self.state = State::Done;
                         return Poll::Ready(output);
                     }
-                    Step::Critical(section, detach) => {
-                        self.state = State::Critical { section, detach }
-                    }
+                    Step::Critical(section) => self.state = State::Critical(section),
                 },
-                State::Critical { .. } => {
-                    // Out of the state while it is polled: a section whose poll panics
-                    // is dropped by the unwinding (its lease released at once), never
-                    // detached to be polled again. A panic is not a disconnect.
-                    let State::Critical {
-                        mut section,
-                        detach,
-                    } = std::mem::replace(&mut self.state, State::Done)
-                    else {
-                        unreachable!()
-                    };
-                    if let Poll::Ready(output) = section.as_mut().poll(cx) {
-                        return Poll::Ready(output);
-                    }
-                    self.state = State::Critical { section, detach };
-                    return Poll::Pending;
-                }
+                // Dropped with the state: run on, or dropped, as `OnDisconnect` says.
+                State::Critical(section) => return Pin::new(section).poll(cx),
                 State::Done => panic!("ResponseFuture polled after completion"),
             }
-        }
-    }
-}
-
-impl<S, K, B, RB> Drop for ResponseFuture<S, K, B, RB>
-where
-    S: Service<Request<B>>,
-    RB: Body,
-{
-    fn drop(&mut self) {
-        if let State::Critical {
-            section,
-            detach: Some(detach),
-        } = std::mem::replace(&mut self.state, State::Done)
-        {
-            detach(section);
         }
     }
 }
@@ -151,7 +113,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let step = match self.state {
             State::Before(_) => "locking",
-            State::Critical { .. } => "critical section",
+            State::Critical(_) => "critical section",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -272,12 +234,10 @@ where
     }
     let problem: Problem = match taken {
         Ok(taken) => {
-            let detach = match settings.on_disconnect {
-                OnDisconnect::Finish => Some(finish_detached::<Output<RB, S::Error>> as fn(_)),
-                OnDisconnect::Cancel => None,
-            };
+            let finish = settings.on_disconnect == OnDisconnect::Finish;
             let section = critical(settings, span.clone(), inner, request, taken, replay);
-            return Step::Critical(Box::pin(section.instrument(span)), detach);
+            let section = Box::pin(section.instrument(span));
+            return Step::Critical(FinishingFuture::new(section, None, finish));
         }
         // Contention on a replayed key: the first request with it is still at work.
         Err(error @ (LockError::Held { .. } | LockError::WaitTimeout { .. })) => {
