@@ -9,10 +9,9 @@ use crate::support;
 use std::time::Duration;
 
 use support::eventually;
-use tower_redlock::node::{Acquire, Hold, NodeFuture, Release, ReleaseSignal, ResourceKeys, Vote};
-use tower_redlock::NodeError;
+use support::node_calls::Forwarding;
 use tower_redlock::{
-    node::Node, LockError, LockOptions, LostCause, MemoryNode, Redlock, ReleaseOutcome, Resource,
+    LockError, LockOptions, LostCause, MemoryNode, Redlock, ReleaseOutcome, Resource,
     MAX_RESOURCES_PER_LEASE,
 };
 
@@ -264,49 +263,11 @@ async fn a_set_is_lost_as_a_whole_when_one_member_is_gone_on_a_majority() {
     }
 }
 
-/// A node kind of one's own, over the memory node's calls.
-#[derive(Clone)]
-struct PerKey(MemoryNode);
-
-impl Node for PerKey {
-    fn name(&self) -> &str {
-        "per-key"
-    }
-
-    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
-        self.0.acquire(request)
-    }
-
-    fn extend(
-        &self,
-        holds: &[Hold<'_>],
-        ttl: Duration,
-    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-        self.0.extend(holds, ttl)
-    }
-
-    fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
-        self.0.release(hold, how)
-    }
-
-    fn raise_fences(
-        &self,
-        keys: &[ResourceKeys],
-        tokens: &[u64],
-        fence_ttl: Duration,
-    ) -> NodeFuture<()> {
-        self.0.raise_fences(keys, tokens, fence_ttl)
-    }
-
-    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
-        self.0.subscribe(keys)
-    }
-}
-
 #[tokio::test]
 async fn the_default_set_calls_take_all_or_nothing() {
     let memory = [MemoryNode::new(), MemoryNode::new(), MemoryNode::new()];
-    let nodes: Vec<PerKey> = memory.iter().cloned().map(PerKey).collect();
+    // A node kind of one's own, over the memory node's calls.
+    let nodes: Vec<_> = memory.iter().cloned().map(Forwarding::new).collect();
     let locker = Redlock::new(nodes.clone(), LockOptions::default().watchdog(false)).unwrap();
     let other = Redlock::new(nodes, LockOptions::default()).unwrap();
     let b = other.try_acquire("b").await.unwrap();
