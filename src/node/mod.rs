@@ -52,8 +52,10 @@
 pub(crate) mod etcd;
 pub(crate) mod identity;
 pub(crate) mod memory;
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "postgres"))]
 pub(crate) mod percent;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 pub(crate) mod resource;
