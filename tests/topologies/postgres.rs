@@ -36,13 +36,19 @@ async fn the_postgres_node_keeps_the_contract() {
 }
 
 /// Two lockers (two pools: two processes as far as the lock can tell) take turns on one
-/// resource; the history checker finds no overlap and no refused write.
-async fn exclusion_under_contention(urls: [String; 2]) {
+/// resource, each section a read-modify-write of a counter in the database; the
+/// history checker finds no overlap, and no increment is lost.
+async fn exclusion_under_contention(db: &TestDatabase, urls: [String; 2]) {
     let history = History::new("postgres_contention");
+    let ledger = db.pool(2).await;
+    sqlx::raw_sql("CREATE TABLE ledger (n int NOT NULL); INSERT INTO ledger VALUES (0)")
+        .execute(&ledger)
+        .await
+        .unwrap();
     let mut tasks = Vec::new();
     for (holder, url) in urls.into_iter().enumerate() {
         let locker = Redlock::from_nodes(vec![node_from_url(&url).unwrap()], options()).unwrap();
-        let history = history.clone();
+        let (history, ledger) = (history.clone(), ledger.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..10 {
                 let lease = locker.acquire("contended", PROMPTLY).await.unwrap();
@@ -51,7 +57,15 @@ async fn exclusion_under_contention(urls: [String; 2]) {
                     lease.fencing_token().get(),
                     format!("{holder}"),
                 );
-                tokio::task::yield_now().await;
+                let n: i32 = sqlx::query_scalar("SELECT n FROM ledger")
+                    .fetch_one(&ledger)
+                    .await
+                    .unwrap();
+                sqlx::query("UPDATE ledger SET n = $1")
+                    .bind(n + 1)
+                    .execute(&ledger)
+                    .await
+                    .unwrap();
                 section.write();
                 section.end(!lease.is_held());
                 lease.release().await;
@@ -64,6 +78,11 @@ async fn exclusion_under_contention(urls: [String; 2]) {
     let summary = history.check();
     assert_eq!(history.rejected(), 0, "{summary}");
     assert_eq!(history.sections().len(), 20);
+    let n: i32 = sqlx::query_scalar("SELECT n FROM ledger")
+        .fetch_one(&ledger)
+        .await
+        .unwrap();
+    assert_eq!(n, 20, "an increment was lost: two holders at once");
 }
 
 /// A waiter whose retry policy waits an hour gets the lock when the holder releases:
@@ -104,7 +123,7 @@ async fn a_waiter_is_woken_by_notify(urls: [String; 2]) {
 async fn direct_exclusion_and_wake_up() {
     let db = TestDatabase::create().await;
     let urls = || [db.url().to_owned(), db.url().to_owned()];
-    exclusion_under_contention(urls()).await;
+    exclusion_under_contention(&db, urls()).await;
     a_waiter_is_woken_by_notify(urls()).await;
 }
 
@@ -127,7 +146,7 @@ async fn through_pgbouncer_in_transaction_mode() {
         bouncer.port
     );
     let urls = || [url.clone(), url.clone()];
-    exclusion_under_contention(urls()).await;
+    exclusion_under_contention(&db, urls()).await;
     a_waiter_is_woken_by_notify(urls()).await;
 }
 
