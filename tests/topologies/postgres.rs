@@ -11,6 +11,7 @@ use std::time::Duration;
 use support::eventually_async;
 use support::history::History;
 use support::postgres::TestDatabase;
+use tower_redlock::node::Node;
 use tower_redlock::{node_from_url, LockOptions, PostgresNode, Redlock};
 
 /// Bound on things that happen promptly; only reached when a test fails.
@@ -25,7 +26,6 @@ fn options() -> LockOptions {
 async fn the_postgres_node_keeps_the_contract() {
     use std::sync::Arc;
     use tower_redlock::node::conformance::{check, Contract};
-    use tower_redlock::node::Node;
     let db = TestDatabase::create().await;
     let node = PostgresNode::new(db.pool(4).await);
     check(
@@ -268,4 +268,105 @@ impl Drop for PgBouncer {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Outcome records beyond the conformance suite: an earlier holder's marker orphaned
+/// (once), its token remembered for the claim that runs the work again, a completed
+/// record superseding older ones. Run on the memory node too, the reference, so the
+/// expectations are the contract's and not this node's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_orphan_remember_and_supersede_as_the_memory_node_does() {
+    let db = TestDatabase::create().await;
+    record_story(&tower_redlock::MemoryNode::new()).await;
+    record_story(&PostgresNode::new(db.pool(2).await)).await;
+}
+
+async fn record_story(node: &dyn Node) {
+    use bytes::Bytes;
+    use support::node_calls::{acquire, keys, owners};
+    use tower_redlock::node::{ClaimReply, ClaimRequest, Hold, Record, Release, StoreReply};
+    use tower_redlock::node::{StoreRequest, Vote};
+    use tower_redlock::{FencingToken, LockMode};
+    let store = node.records().expect("records");
+    let keys = [keys("redlock:{story}".to_owned())];
+    let owner = owners().await;
+    let (first, second) = (owner.for_node(1), owner.for_node(2));
+    let take = async |owner| match node
+        .acquire(&acquire(&keys, owner, LockMode::Exclusive))
+        .await
+    {
+        Ok(Vote::Granted { fences }) => fences[0],
+        other => panic!("{other:?}"),
+    };
+    let claim = |owner, token, orphan_ttl| ClaimRequest {
+        keys: &keys[0],
+        owner,
+        token,
+        fingerprint: b"fp",
+        pending_ttl: Duration::from_secs(60),
+        orphan_ttl,
+        remember_interrupted: Some(Duration::from_secs(60)),
+    };
+    let t1 = take(&first).await;
+    assert_eq!(
+        store.claim_record(&claim(&first, t1, None)).await.unwrap(),
+        ClaimReply::Claimed
+    );
+    let hold = Hold {
+        keys: &keys,
+        owner: &first,
+        mode: LockMode::Exclusive,
+    };
+    assert!(node.release(&hold, Release::Wake).await.unwrap());
+    let t2 = take(&second).await;
+    // The first holder's marker: orphaned, its life cut to 1 ms, its token remembered.
+    let orphaned = store
+        .claim_record(&claim(&second, t2, Some(Duration::from_millis(1))))
+        .await;
+    assert!(
+        matches!(orphaned, Ok(ClaimReply::Orphaned { .. })),
+        "{orphaned:?}"
+    );
+    eventually_async("the orphaned marker expires", PROMPTLY, || async {
+        let again = store.claim_record(&claim(&second, t2, None)).await.unwrap();
+        match again {
+            ClaimReply::Orphaned { .. } => false,
+            ClaimReply::ClaimedAfter { interrupted } => {
+                assert_eq!(interrupted, t1);
+                true
+            }
+            other => panic!("after the orphan: {other:?}"),
+        }
+    })
+    .await;
+    let record = |token| {
+        Record::new(
+            FencingToken::new(token),
+            Bytes::from_static(b"fp"),
+            Bytes::from_static(b"ok"),
+        )
+    };
+    let keys = &keys;
+    let put = |owner, record| async move {
+        let request = StoreRequest {
+            keys: &keys[0],
+            owner,
+            record: &record,
+            retention: Duration::from_secs(60),
+        };
+        store.store_record(&request).await.unwrap()
+    };
+    assert_eq!(put(&first, record(t2)).await, StoreReply::NotOwner);
+    assert_eq!(put(&second, record(t2)).await, StoreReply::Stored);
+    assert_eq!(
+        put(&second, record(t2)).await,
+        StoreReply::Stored,
+        "re-sent"
+    );
+    assert_eq!(put(&second, record(t1)).await, StoreReply::Superseded);
+    assert_eq!(store.read_record(&keys[0]).await.unwrap(), Some(record(t2)));
+    // Completed whoever asks; a completed record is not a marker to discard.
+    let done = store.claim_record(&claim(&first, t1, None)).await.unwrap();
+    assert_eq!(done, ClaimReply::Completed(record(t2)));
+    assert!(!store.discard_record(&keys[0], t2).await.unwrap());
 }

@@ -1,6 +1,7 @@
 //! [`PostgresNode`]: one PostgreSQL database as a lock node (feature `postgres`).
 
 mod listener;
+mod records;
 mod sql;
 
 use std::str::FromStr;
@@ -12,7 +13,9 @@ use tokio::sync::OnceCell;
 
 use crate::error::{ConfigError, NodeError};
 use crate::node::percent::percent_decode;
-use crate::node::{Acquire, Hold, Node, NodeFuture, Release, ReleaseSignal, ResourceKeys, Vote};
+use crate::node::{
+    Acquire, Hold, Node, NodeFuture, RecordStore, Release, ReleaseSignal, ResourceKeys, Vote,
+};
 use listener::Listener;
 
 /// One PostgreSQL database as one lock node (feature `postgres`): leases as rows with an
@@ -36,12 +39,12 @@ use listener::Listener;
 /// | release | `DELETE … WHERE owner = $owner` and `pg_notify` in the same statement (so the notification is sent when, and only if, the deletion commits) |
 /// | raise the fence | `INSERT … ON CONFLICT DO UPDATE SET counter = greatest(counter, token)` |
 /// | wake-up | `LISTEN` on one channel per node, on a connection of its own (below) |
+/// | outcome records | rows of `redlock_records`; a claim and a store are one statement each, after a transaction-scoped advisory lock on the record in the same message (so they never interleave; nothing outlives the statement) |
 ///
 /// No advisory lock and no session state: every call runs on whatever connection the
 /// pool hands out, so the node works behind PgBouncer in transaction pooling mode.
-/// Shared and counted modes, the wait queue and outcome records are not kept by this
-/// node kind (a locker refuses the modes; waiters are woken by broadcast; a replaying
-/// layer refuses it).
+/// Shared and counted modes and the wait queue are not kept by this node kind (a locker
+/// refuses the modes; a release wakes every waiter of the resource).
 ///
 /// # Fencing tokens across restores and failovers
 ///
@@ -273,6 +276,10 @@ impl Node for PostgresNode {
                 )),
             }
         })
+    }
+
+    fn records(&self) -> Option<&dyn RecordStore> {
+        Some(self)
     }
 }
 

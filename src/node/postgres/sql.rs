@@ -110,7 +110,8 @@ const RAISE: &str = concat!(
 );
 
 const EXISTING: &str = "SELECT to_regclass('redlock_leases') IS NOT NULL
-    AND to_regclass('redlock_fence_counters') IS NOT NULL";
+    AND to_regclass('redlock_fence_counters') IS NOT NULL
+    AND to_regclass('redlock_records') IS NOT NULL";
 
 pub(super) async fn create_tables(pool: &PgPool) -> Result<(), NodeError> {
     let row = pool.fetch_one(EXISTING).await.map_err(node_error)?;
@@ -298,13 +299,13 @@ pub(super) async fn raise_fences(
 }
 
 /// A statement with its `$n` placeholders replaced by literals, in order.
-struct Sql {
+pub(super) struct Sql {
     template: &'static str,
     values: Vec<String>,
 }
 
 impl Sql {
-    fn new(template: &'static str) -> Self {
+    pub(super) fn new(template: &'static str) -> Self {
         Sql {
             template,
             values: Vec::new(),
@@ -318,12 +319,12 @@ impl Sql {
         format!("convert_from(decode('{hex}', 'hex'), 'UTF8')")
     }
 
-    fn text(mut self, value: &str) -> Self {
+    pub(super) fn text(mut self, value: &str) -> Self {
         self.values.push(Self::literal(value));
         self
     }
 
-    fn texts(mut self, values: &[String]) -> Self {
+    pub(super) fn texts(mut self, values: &[String]) -> Self {
         let items: Vec<String> = values.iter().map(|v| Self::literal(v)).collect();
         self.values
             .push(format!("ARRAY[{}]::text[]", items.join(", ")));
@@ -331,19 +332,34 @@ impl Sql {
     }
 
     /// A number or a boolean: its `Display` is its literal.
-    fn number(mut self, value: impl std::fmt::Display) -> Self {
+    pub(super) fn number(mut self, value: impl std::fmt::Display) -> Self {
         self.values.push(value.to_string());
         self
     }
 
-    fn numbers<N: std::fmt::Display>(mut self, values: &[N]) -> Self {
+    pub(super) fn numbers<N: std::fmt::Display>(mut self, values: &[N]) -> Self {
         let items: Vec<String> = values.iter().map(N::to_string).collect();
         self.values
             .push(format!("ARRAY[{}]::int8[]", items.join(", ")));
         self
     }
 
-    fn done(self) -> String {
+    /// Bytes as hex digits decoded by the server (`bytea`).
+    pub(super) fn bytes(mut self, value: &[u8]) -> Self {
+        let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
+        self.values.push(format!("decode('{hex}', 'hex')"));
+        self
+    }
+
+    /// A number, or `NULL`.
+    pub(super) fn maybe(self, value: Option<impl std::fmt::Display>) -> Self {
+        match value {
+            Some(value) => self.number(value),
+            None => self.number("NULL"),
+        }
+    }
+
+    pub(super) fn done(self) -> String {
         // From the last placeholder down, so that `$1` never replaces the start of `$10`.
         let mut sql = self.template.to_owned();
         for (n, value) in self.values.iter().enumerate().rev() {
@@ -353,12 +369,12 @@ impl Sql {
     }
 }
 
-fn millis(ttl: Duration) -> f64 {
+pub(super) fn millis(ttl: Duration) -> f64 {
     ttl.as_secs_f64() * 1000.0
 }
 
 /// A counter value as `bigint`: refused, never wrapped, past `i64::MAX`.
-fn bigint(value: u64) -> Result<i64, NodeError> {
+pub(super) fn bigint(value: u64) -> Result<i64, NodeError> {
     to_i64(FencingToken::new(value)).map_err(|e| NodeError::Protocol(e.to_string().into()))
 }
 

@@ -10,3 +10,13 @@ CREATE TABLE IF NOT EXISTS redlock_fence_counters (
     counter bigint NOT NULL CHECK (counter >= 0),
     expires_at timestamptz NOT NULL
 );
+-- Outcome records (idempotent replay): a completed record (data set), a pending marker
+-- (data NULL), or an interrupted attempt's token (under the `…:interrupted` key).
+CREATE TABLE IF NOT EXISTS redlock_records (
+    key text PRIMARY KEY,
+    token bigint NOT NULL,
+    fingerprint bytea NOT NULL,
+    data bytea,
+    orphan boolean NOT NULL DEFAULT false,
+    expires_at timestamptz NOT NULL
+);
