@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use sqlx::Connection;
 use support::eventually_async;
 use support::history::History;
 use support::postgres::TestDatabase;
@@ -86,8 +87,9 @@ async fn exclusion_under_contention(db: &TestDatabase, urls: [String; 2]) {
 }
 
 /// A waiter whose retry policy waits an hour gets the lock when the holder releases:
-/// only the release's NOTIFY can have woken it.
-async fn a_waiter_is_woken_by_notify(urls: [String; 2]) {
+/// only the release's NOTIFY can have woken it. With `cut`, the listener's connection
+/// is terminated while it waits: it must listen again on a new one.
+async fn a_waiter_is_woken_by_notify(urls: [String; 2], cut: Option<&TestDatabase>) {
     let holder = Redlock::from_nodes(vec![node_from_url(&urls[0]).unwrap()], options()).unwrap();
     let waiter = Redlock::from_nodes(
         vec![node_from_url(&urls[1]).unwrap()],
@@ -109,6 +111,9 @@ async fn a_waiter_is_woken_by_notify(urls: [String; 2]) {
         }
     })
     .await;
+    if let Some(db) = cut {
+        cut_the_listener(db).await;
+    }
     lease.release().await;
     let next = tokio::time::timeout(PROMPTLY, waiting)
         .await
@@ -124,7 +129,39 @@ async fn direct_exclusion_and_wake_up() {
     let db = TestDatabase::create().await;
     let urls = || [db.url().to_owned(), db.url().to_owned()];
     exclusion_under_contention(&db, urls()).await;
-    a_waiter_is_woken_by_notify(urls()).await;
+    a_waiter_is_woken_by_notify(urls(), None).await;
+    a_waiter_is_woken_by_notify(urls(), Some(&db)).await;
+}
+
+/// Terminates the `LISTEN` connections to `db`, and returns once new ones listen.
+async fn cut_the_listener(db: &TestDatabase) {
+    let mut admin = db.connect().await;
+    let listening = "SELECT pid FROM pg_stat_activity
+        WHERE datname = current_database() AND query ILIKE 'LISTEN%'";
+    let cut: Vec<i32> = sqlx::query_scalar(listening)
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+    assert!(!cut.is_empty(), "no LISTEN connection to cut");
+    for pid in &cut {
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    eventually_async("the listener listens again", PROMPTLY, || {
+        let (cut, admin_url) = (cut.clone(), db.url().to_owned());
+        async move {
+            let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+            let now: Vec<i32> = sqlx::query_scalar(listening)
+                .fetch_all(&mut admin)
+                .await
+                .unwrap();
+            now.iter().any(|pid| !cut.contains(pid))
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,7 +184,7 @@ async fn through_pgbouncer_in_transaction_mode() {
     );
     let urls = || [url.clone(), url.clone()];
     exclusion_under_contention(&db, urls()).await;
-    a_waiter_is_woken_by_notify(urls()).await;
+    a_waiter_is_woken_by_notify(urls(), None).await;
 }
 
 /// The fence counters come back behind (a `pg_dump` restored: the table truncated and
