@@ -229,8 +229,8 @@ impl Node for PostgresNode {
                 "shared and counted leases".into(),
             ))));
         }
-        let ask = sql::AcquireArgs::new(request);
-        call!(self, |inner| sql::acquire(&inner.pool, ask))
+        let (query, set) = (sql::acquire_sql(request), request.keys.len() > 1);
+        call!(self, |inner| sql::acquire(&inner.pool, query?, set))
     }
 
     fn extend(
@@ -238,15 +238,15 @@ impl Node for PostgresNode {
         holds: &[Hold<'_>],
         ttl: Duration,
     ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-        let holds = sql::HoldArgs::new(holds);
-        call!(self, |inner| sql::extend(&inner.pool, holds, ttl))
+        let (query, sizes) = sql::extend_sql(holds, ttl);
+        call!(self, |inner| sql::extend(&inner.pool, query, sizes))
     }
 
     fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
         // Without a wait queue a release wakes the resource's channel, or nobody.
         let wake = matches!(how, Release::Wake | Release::AsWaiter(_));
-        let holds = sql::HoldArgs::new(std::slice::from_ref(hold));
-        call!(self, |inner| sql::release(&inner.pool, holds, wake))
+        let (query, keys) = (sql::release_sql(hold, wake), hold.keys.len());
+        call!(self, |inner| sql::release(&inner.pool, query, keys))
     }
 
     fn raise_fences(
@@ -255,14 +255,8 @@ impl Node for PostgresNode {
         tokens: &[u64],
         fence_ttl: Duration,
     ) -> NodeFuture<()> {
-        let fences: Vec<String> = keys.iter().map(|k| k.fence.clone()).collect();
-        let tokens = tokens.to_vec();
-        call!(self, |inner| sql::raise_fences(
-            &inner.pool,
-            fences,
-            tokens,
-            fence_ttl
-        ))
+        let query = sql::raise_sql(keys, tokens, fence_ttl);
+        call!(self, |inner| sql::execute(&inner.pool, query?))
     }
 
     fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {

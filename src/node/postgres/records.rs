@@ -3,9 +3,11 @@
 //! advisory lock on the record, in the same message, so two of them never interleave
 //! their read and their write; it ends with the statement, so poolers are no matter).
 
+use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
+use sqlx::postgres::PgRow;
 use sqlx::{Executor, Row};
 
 use super::sql::{bigint, millis, node_error, Sql};
@@ -102,38 +104,58 @@ const DISCARD: &str = "DELETE FROM redlock_records
     WHERE key = $1 AND token = $2 AND data IS NULL AND expires_at > clock_timestamp()
     RETURNING key";
 
-fn record(token: i64, fingerprint: Vec<u8>, data: Vec<u8>) -> Record {
-    Record::new(
-        FencingToken::new(token as u64),
-        Bytes::from(fingerprint),
-        Bytes::from(data),
-    )
+/// A record from its columns as read.
+fn record(
+    token: sqlx::Result<i64>,
+    fingerprint: sqlx::Result<Vec<u8>>,
+    data: sqlx::Result<Vec<u8>>,
+) -> sqlx::Result<Record> {
+    Ok(Record::new(
+        FencingToken::new(token? as u64),
+        Bytes::from(fingerprint?),
+        Bytes::from(data?),
+    ))
 }
 
-fn ms(ttl: Option<Duration>) -> Option<f64> {
-    ttl.map(millis)
+impl PostgresNode {
+    /// Runs `query` once the tables exist: its last row, the answer (after the lock's).
+    fn answer(
+        &self,
+        query: Result<String, NodeError>,
+    ) -> impl Future<Output = Result<Option<PgRow>, NodeError>> + Send + 'static {
+        let inner = self.inner.clone();
+        async move {
+            let query = query?;
+            inner.tables().await?;
+            let mut rows = inner
+                .pool
+                .fetch_all(query.as_str())
+                .await
+                .map_err(node_error)?;
+            Ok(rows.pop())
+        }
+    }
+}
+
+fn protocol(what: &str) -> NodeError {
+    NodeError::Protocol(format!("unexpected {what} reply").into())
 }
 
 impl RecordStore for PostgresNode {
     fn read_record(&self, keys: &ResourceKeys) -> NodeFuture<Option<Record>> {
-        let query = Sql::new(READ).text(&keys.record()).done();
-        let inner = self.inner.clone();
+        let answer = self.answer(Ok(Sql::new(READ).text(&keys.record()).done()));
         Box::pin(async move {
-            inner.tables().await?;
-            let row = inner
-                .pool
-                .fetch_optional(query.as_str())
-                .await
-                .map_err(node_error)?;
-            row.map(|row| Ok(record(row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-                .transpose()
-                .map_err(node_error)
+            let Some(row) = answer.await? else {
+                return Ok(None);
+            };
+            let record = record(row.try_get(0), row.try_get(1), row.try_get(2));
+            record.map(Some).map_err(node_error)
         })
     }
 
     fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
         let key = request.keys.record();
-        let query = bigint(request.token).map(|token| {
+        let answer = self.answer(bigint(request.token).map(|token| {
             let claim = Sql::new(CLAIM)
                 .text(&key)
                 .text(&request.keys.lock)
@@ -141,56 +163,35 @@ impl RecordStore for PostgresNode {
                 .number(token)
                 .bytes(request.fingerprint)
                 .number(millis(request.pending_ttl))
-                .maybe(ms(request.orphan_ttl))
+                .maybe(request.orphan_ttl.map(millis))
                 .text(&request.keys.interrupted())
-                .maybe(ms(request.remember_interrupted))
+                .maybe(request.remember_interrupted.map(millis))
                 .done();
             [Sql::new(SERIALISE).text(&key).done(), claim].concat()
-        });
-        let inner = self.inner.clone();
+        }));
         Box::pin(async move {
-            let query = query?;
-            inner.tables().await?;
-            let rows = inner
-                .pool
-                .fetch_all(query.as_str())
-                .await
-                .map_err(node_error)?;
-            let row = rows
-                .last()
-                .ok_or_else(|| NodeError::Protocol("no claim reply".into()))?;
-            let get = || -> Result<_, sqlx::Error> {
-                let state: String = row.try_get(0)?;
-                let token: Option<i64> = row.try_get(1)?;
-                let fingerprint: Option<Vec<u8>> = row.try_get(2)?;
-                let data: Option<Vec<u8>> = row.try_get(3)?;
-                let pttl: Option<i64> = row.try_get(4)?;
-                let interrupted: Option<i64> = row.try_get(5)?;
-                Ok((state, token, fingerprint, data, pttl, interrupted))
-            };
-            let (state, token, fingerprint, data, pttl, interrupted) = get().map_err(node_error)?;
-            let claimed = match interrupted {
-                Some(interrupted) => ClaimReply::ClaimedAfter {
-                    interrupted: interrupted as u64,
-                },
-                None => ClaimReply::Claimed,
-            };
-            Ok(match (state.as_str(), token, fingerprint, data) {
-                ("completed", Some(token), Some(fingerprint), Some(data)) => {
-                    ClaimReply::Completed(record(token, fingerprint, data))
+            let row = answer.await?.ok_or_else(|| protocol("claim"))?;
+            let state: String = row.try_get(0).map_err(node_error)?;
+            let pttl: Option<i64> = row.try_get(4).map_err(node_error)?;
+            let interrupted: Option<i64> = row.try_get(5).map_err(node_error)?;
+            Ok(match state.as_str() {
+                "completed" => {
+                    let record = record(row.try_get(1), row.try_get(2), row.try_get(3));
+                    ClaimReply::Completed(record.map_err(node_error)?)
                 }
-                ("not_owner", ..) => ClaimReply::NotOwner,
-                ("orphaned", ..) => ClaimReply::Orphaned {
+                "not_owner" => ClaimReply::NotOwner,
+                "orphaned" => ClaimReply::Orphaned {
                     pttl: pttl
                         .and_then(|ms| u64::try_from(ms).ok())
                         .map(Duration::from_millis),
                 },
-                ("claimed" | "claim", ..) => claimed,
-                _ => {
-                    return Err(NodeError::Protocol(
-                        format!("claim answered {state}").into(),
-                    ))
-                }
+                "claimed" | "claim" => match interrupted {
+                    Some(token) => ClaimReply::ClaimedAfter {
+                        interrupted: token as u64,
+                    },
+                    None => ClaimReply::Claimed,
+                },
+                _ => return Err(protocol("claim")),
             })
         })
     }
@@ -198,7 +199,7 @@ impl RecordStore for PostgresNode {
     fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
         let key = request.keys.record();
         let record = request.record;
-        let query = bigint(record.token().get()).map(|token| {
+        let answer = self.answer(bigint(record.token().get()).map(|token| {
             let store = Sql::new(STORE)
                 .text(&key)
                 .text(&request.keys.lock)
@@ -209,45 +210,22 @@ impl RecordStore for PostgresNode {
                 .number(millis(request.retention))
                 .done();
             [Sql::new(SERIALISE).text(&key).done(), store].concat()
-        });
-        let inner = self.inner.clone();
+        }));
         Box::pin(async move {
-            let query = query?;
-            inner.tables().await?;
-            let rows = inner
-                .pool
-                .fetch_all(query.as_str())
-                .await
-                .map_err(node_error)?;
-            let state: String = rows
-                .last()
-                .ok_or_else(|| NodeError::Protocol("no store reply".into()))?
-                .try_get(0)
-                .map_err(node_error)?;
+            let row = answer.await?.ok_or_else(|| protocol("store"))?;
+            let state: String = row.try_get(0).map_err(node_error)?;
             match state.as_str() {
                 "store" | "stored" => Ok(StoreReply::Stored),
                 "superseded" => Ok(StoreReply::Superseded),
                 "not_owner" => Ok(StoreReply::NotOwner),
-                _ => Err(NodeError::Protocol(
-                    format!("store answered {state}").into(),
-                )),
+                _ => Err(protocol("store")),
             }
         })
     }
 
     fn discard_record(&self, keys: &ResourceKeys, token: u64) -> NodeFuture<bool> {
-        let query =
-            bigint(token).map(|token| Sql::new(DISCARD).text(&keys.record()).number(token).done());
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let query = query?;
-            inner.tables().await?;
-            let row = inner
-                .pool
-                .fetch_optional(query.as_str())
-                .await
-                .map_err(node_error)?;
-            Ok(row.is_some())
-        })
+        let query = bigint(token).map(|t| Sql::new(DISCARD).text(&keys.record()).number(t).done());
+        let answer = self.answer(query);
+        Box::pin(async move { Ok(answer.await?.is_some()) })
     }
 }

@@ -14,7 +14,7 @@ use sqlx::{Executor, Row};
 
 use crate::error::NodeError;
 use crate::fence::to_i64;
-use crate::node::{Acquire, FencingToken, Hold, PerKey, Vote};
+use crate::node::{Acquire, FencingToken, Hold, PerKey, ResourceKeys, Vote};
 
 /// The one channel every release notifies on; the payload names the resource's channel.
 pub(super) const CHANNEL: &str = "redlock_released";
@@ -128,45 +128,22 @@ pub(super) async fn create_tables(pool: &PgPool) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// [`Acquire`] as owned values.
-pub(super) struct AcquireArgs {
-    locks: Vec<String>,
-    fences: Vec<String>,
-    owner: String,
-    ttl: Duration,
-    fencing: bool,
-    floor: u64,
-    fence_ttl: Duration,
-    seed_only_when_missing: bool,
+/// The acquire statement of `request` (its values written in).
+pub(super) fn acquire_sql(request: &Acquire<'_>) -> Result<String, NodeError> {
+    Ok(Sql::new(ACQUIRE)
+        .texts(request.keys.iter().map(|k| k.lock.as_str()))
+        .texts(request.keys.iter().map(|k| k.fence.as_str()))
+        .text(request.owner.as_str())
+        .number(millis(request.ttl))
+        .number(request.fencing)
+        .number(bigint(request.fence_floor)?)
+        .number(millis(request.fence_ttl))
+        .number(request.seed_only_when_missing)
+        .done())
 }
 
-impl AcquireArgs {
-    pub(super) fn new(request: &Acquire<'_>) -> Self {
-        AcquireArgs {
-            locks: request.keys.iter().map(|k| k.lock.clone()).collect(),
-            fences: request.keys.iter().map(|k| k.fence.clone()).collect(),
-            owner: request.owner.as_str().to_owned(),
-            ttl: request.ttl,
-            fencing: request.fencing,
-            floor: request.fence_floor,
-            fence_ttl: request.fence_ttl,
-            seed_only_when_missing: request.seed_only_when_missing,
-        }
-    }
-}
-
-pub(super) async fn acquire(pool: &PgPool, ask: AcquireArgs) -> Result<Vote, NodeError> {
-    let set = ask.locks.len() > 1;
-    let query = Sql::new(ACQUIRE)
-        .texts(&ask.locks)
-        .texts(&ask.fences)
-        .text(&ask.owner)
-        .number(millis(ask.ttl))
-        .number(ask.fencing)
-        .number(bigint(ask.floor)?)
-        .number(millis(ask.fence_ttl))
-        .number(ask.seed_only_when_missing)
-        .done();
+/// Runs an acquire statement of one key, or of a set (`set`).
+pub(super) async fn acquire(pool: &PgPool, query: String, set: bool) -> Result<Vote, NodeError> {
     // One key writes nothing when it is held; a set's free members are written before
     // a held one is found, so a set runs in a transaction rolled back when refused.
     let mut tx = None;
@@ -207,51 +184,30 @@ pub(super) async fn acquire(pool: &PgPool, ask: AcquireArgs) -> Result<Vote, Nod
     Ok(vote)
 }
 
-/// Holds as owned values: every key with its owner and its hold's index.
-pub(super) struct HoldArgs {
-    keys: Vec<String>,
-    channels: Vec<String>,
-    owners: Vec<String>,
-    holds: Vec<usize>,
-    /// How many keys each hold has.
-    sizes: Vec<usize>,
-}
-
-impl HoldArgs {
-    pub(super) fn new(holds: &[Hold<'_>]) -> Self {
-        let mut args = HoldArgs {
-            keys: Vec::new(),
-            channels: Vec::new(),
-            owners: Vec::new(),
-            holds: Vec::new(),
-            sizes: Vec::with_capacity(holds.len()),
-        };
-        for (index, hold) in holds.iter().enumerate() {
-            for keys in hold.keys {
-                args.keys.push(keys.lock.clone());
-                args.channels.push(keys.channel.clone());
-                args.owners.push(hold.owner.as_str().to_owned());
-                args.holds.push(index);
-            }
-            args.sizes.push(hold.keys.len());
-        }
-        args
-    }
+/// The extend statement of every hold, and each hold's number of keys.
+pub(super) fn extend_sql(holds: &[Hold<'_>], ttl: Duration) -> (String, Vec<usize>) {
+    let each = || {
+        holds
+            .iter()
+            .enumerate()
+            .flat_map(|(i, h)| h.keys.iter().map(move |k| (i, h, k)))
+    };
+    let query = Sql::new(EXTEND)
+        .texts(each().map(|(_, _, k)| k.lock.as_str()))
+        .texts(each().map(|(_, h, _)| h.owner.as_str()))
+        .numbers(each().map(|(i, ..)| i))
+        .number(millis(ttl))
+        .done();
+    (query, holds.iter().map(|h| h.keys.len()).collect())
 }
 
 pub(super) async fn extend(
     pool: &PgPool,
-    holds: HoldArgs,
-    ttl: Duration,
+    query: String,
+    sizes: Vec<usize>,
 ) -> Result<Vec<Result<bool, NodeError>>, NodeError> {
-    let query = Sql::new(EXTEND)
-        .texts(&holds.keys)
-        .texts(&holds.owners)
-        .numbers(&holds.holds)
-        .number(millis(ttl))
-        .done();
     let rows = pool.fetch_all(query.as_str()).await.map_err(node_error)?;
-    let mut extended = vec![0usize; holds.sizes.len()];
+    let mut extended = vec![0usize; sizes.len()];
     for row in rows {
         let hold: i64 = row.try_get(0).map_err(node_error)?;
         let count: i64 = row.try_get(1).map_err(node_error)?;
@@ -261,39 +217,44 @@ pub(super) async fn extend(
     }
     Ok(extended
         .iter()
-        .zip(&holds.sizes)
+        .zip(&sizes)
         .map(|(done, size)| Ok(done == size))
         .collect())
 }
 
-pub(super) async fn release(pool: &PgPool, hold: HoldArgs, wake: bool) -> Result<bool, NodeError> {
-    let owner = hold.owners.first().cloned().unwrap_or_default();
-    let query = Sql::new(RELEASE)
-        .texts(&hold.keys)
-        .texts(&hold.channels)
-        .text(&owner)
+pub(super) fn release_sql(hold: &Hold<'_>, wake: bool) -> String {
+    Sql::new(RELEASE)
+        .texts(hold.keys.iter().map(|k| k.lock.as_str()))
+        .texts(hold.keys.iter().map(|k| k.channel.as_str()))
+        .text(hold.owner.as_str())
         .number(wake)
-        .done();
-    let row = pool.fetch_one(query.as_str()).await.map_err(node_error)?;
-    let live: i64 = row.try_get(0).map_err(node_error)?;
-    Ok(live as usize == hold.keys.len())
+        .done()
 }
 
-pub(super) async fn raise_fences(
-    pool: &PgPool,
-    fences: Vec<String>,
-    tokens: Vec<u64>,
+/// Runs a release statement of `keys` keys: whether every one was the owner's.
+pub(super) async fn release(pool: &PgPool, query: String, keys: usize) -> Result<bool, NodeError> {
+    let row = pool.fetch_one(query.as_str()).await.map_err(node_error)?;
+    let live: i64 = row.try_get(0).map_err(node_error)?;
+    Ok(live as usize == keys)
+}
+
+pub(super) fn raise_sql(
+    keys: &[ResourceKeys],
+    tokens: &[u64],
     fence_ttl: Duration,
-) -> Result<(), NodeError> {
+) -> Result<String, NodeError> {
     let tokens = tokens
-        .into_iter()
-        .map(bigint)
+        .iter()
+        .map(|&t| bigint(t))
         .collect::<Result<Vec<_>, _>>()?;
-    let query = Sql::new(RAISE)
-        .texts(&fences)
-        .numbers(&tokens)
+    Ok(Sql::new(RAISE)
+        .texts(keys.iter().map(|k| k.fence.as_str()))
+        .numbers(tokens)
         .number(millis(fence_ttl))
-        .done();
+        .done())
+}
+
+pub(super) async fn execute(pool: &PgPool, query: String) -> Result<(), NodeError> {
     pool.execute(query.as_str()).await.map_err(node_error)?;
     Ok(())
 }
@@ -315,8 +276,12 @@ impl Sql {
     /// A string as hex digits decoded by the server: nothing in it can end the literal,
     /// whatever `standard_conforming_strings` says.
     fn literal(value: &str) -> String {
-        let hex: String = value.bytes().map(|b| format!("{b:02x}")).collect();
-        format!("convert_from(decode('{hex}', 'hex'), 'UTF8')")
+        format!("convert_from({}, 'UTF8')", Self::bytea(value.as_bytes()))
+    }
+
+    fn bytea(value: &[u8]) -> String {
+        let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
+        format!("decode('{hex}', 'hex')")
     }
 
     pub(super) fn text(mut self, value: &str) -> Self {
@@ -324,8 +289,8 @@ impl Sql {
         self
     }
 
-    pub(super) fn texts(mut self, values: &[String]) -> Self {
-        let items: Vec<String> = values.iter().map(|v| Self::literal(v)).collect();
+    pub(super) fn texts<'a>(mut self, values: impl Iterator<Item = &'a str>) -> Self {
+        let items: Vec<String> = values.map(Self::literal).collect();
         self.values
             .push(format!("ARRAY[{}]::text[]", items.join(", ")));
         self
@@ -337,8 +302,11 @@ impl Sql {
         self
     }
 
-    pub(super) fn numbers<N: std::fmt::Display>(mut self, values: &[N]) -> Self {
-        let items: Vec<String> = values.iter().map(N::to_string).collect();
+    pub(super) fn numbers<N: std::fmt::Display>(
+        mut self,
+        values: impl IntoIterator<Item = N>,
+    ) -> Self {
+        let items: Vec<String> = values.into_iter().map(|n| n.to_string()).collect();
         self.values
             .push(format!("ARRAY[{}]::int8[]", items.join(", ")));
         self
@@ -346,8 +314,7 @@ impl Sql {
 
     /// Bytes as hex digits decoded by the server (`bytea`).
     pub(super) fn bytes(mut self, value: &[u8]) -> Self {
-        let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
-        self.values.push(format!("decode('{hex}', 'hex')"));
+        self.values.push(Self::bytea(value));
         self
     }
 
