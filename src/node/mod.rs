@@ -23,6 +23,7 @@
 //! | [`FencingToken`] | the number a fence counter hands out (see [`fencing`](crate::fencing)) |
 //! | [`NodeError`] | how one node's operation failed |
 //! | [`MemoryNode`] | the in-process implementation, a reference for the semantics |
+//! | `PostgresNode` | (feature `postgres`) one PostgreSQL database as a node: rows with an expiry, `LISTEN/NOTIFY` |
 //! | `conformance` | (feature `test-util`) the contract as tests a node kind runs: `conformance::check` |
 //!
 //! # Implementing a node kind
