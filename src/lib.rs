@@ -186,6 +186,8 @@ pub use lock::{
 #[cfg(feature = "etcd")]
 pub use node::etcd::EtcdNode;
 pub use node::memory::MemoryNode;
+#[cfg(feature = "postgres")]
+pub use node::postgres::PostgresNode;
 #[cfg(feature = "cluster")]
 pub use node::redis::ClusterNode;
 #[cfg(feature = "sentinel")]

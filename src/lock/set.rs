@@ -45,6 +45,7 @@
 //! | [`MemoryNode`](crate::MemoryNode) | one step under its lock |
 //! | [`RedisNode`](crate::RedisNode), [`SentinelNode`](crate::SentinelNode) | one Lua script each (`acquire.lua` checks every member before it writes any, then sets them all, each fence counter by `fence_rule.lua`) |
 //! | `EtcdNode` (feature `etcd`) | one transaction each (`create_revision == 0` compared on every member), the members on one etcd lease |
+//! | `PostgresNode` (feature `postgres`) | one statement each over every member's row; an acquire refused at a member is rolled back whole |
 //! | [`ClusterNode`](crate::ClusterNode) | the per-key scripts, member after member in canonical order |
 //!
 //! A Redis Cluster cannot run one script over the members: each resource is its own

@@ -23,6 +23,7 @@
 //! | [`FencingToken`] | the number a fence counter hands out (see [`fencing`](crate::fencing)) |
 //! | [`NodeError`] | how one node's operation failed |
 //! | [`MemoryNode`] | the in-process implementation, a reference for the semantics |
+//! | `PostgresNode` | (feature `postgres`) one PostgreSQL database as a node: rows with an expiry, `LISTEN/NOTIFY` |
 //! | `conformance` | (feature `test-util`) the contract as tests a node kind runs: `conformance::check` |
 //!
 //! # Implementing a node kind
@@ -52,8 +53,10 @@
 pub(crate) mod etcd;
 pub(crate) mod identity;
 pub(crate) mod memory;
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "postgres"))]
 pub(crate) mod percent;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 pub(crate) mod resource;

@@ -10,5 +10,7 @@ mod cluster;
 #[cfg(all(feature = "etcd", feature = "axum"))]
 mod etcd;
 mod modes;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod sets;
 mod waiting_order;

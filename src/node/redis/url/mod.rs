@@ -33,6 +33,7 @@ const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(20);
 /// | `redis+sentinel://[user:password@]host1:port1,host2:port2/master_name[/db]` | the master `master_name` of a Sentinel group, given by one or more sentinels ([`SentinelNode`]) |
 /// | `rediss+sentinel://…` | the same over TLS, to the sentinels and to the master |
 /// | `etcd://[user:password@]host1:port1,host2:port2[/prefix]` | an etcd cluster, given by one or more members, keys under `prefix/` (feature `etcd`, `EtcdNode`): must be the locker's only node |
+/// | `postgres://[user:password@]host[:port]/database[?listen=…]` (or `postgresql://`) | a PostgreSQL database (feature `postgres`, `PostgresNode`) |
 ///
 /// The port defaults to 6379 (26379 for sentinels) and the database to 0.
 /// Credentials are percent-encoded (`%40` for `@`) and authenticate to the data nodes
@@ -82,6 +83,9 @@ pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
     if s.starts_with("etcd://") {
         return etcd(s);
     }
+    if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+        return postgres(s);
+    }
     let url = Url::parse(s)?;
     let wait = url.wait()?;
     let nodelay = url.nodelay()?;
@@ -111,9 +115,23 @@ pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
         "redis+sentinel" | "rediss+sentinel" => sentinel(&url, wait),
         other => Err(ConfigError::new(format!(
             "unknown URL scheme `{other}`: expected redis://, rediss://, redis+cluster://, \
-             rediss+cluster://, redis+sentinel://, rediss+sentinel:// or etcd://"
+             rediss+cluster://, redis+sentinel://, rediss+sentinel://, etcd:// or postgres://"
         ))),
     }
+}
+
+#[cfg(feature = "postgres")]
+fn postgres(url: &str) -> Result<Arc<dyn Node>, ConfigError> {
+    Ok(Arc::new(crate::node::postgres::PostgresNode::from_url(
+        url,
+    )?))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn postgres(_url: &str) -> Result<Arc<dyn Node>, ConfigError> {
+    Err(ConfigError::new(
+        "postgres:// URLs need the crate's `postgres` feature",
+    ))
 }
 
 #[cfg(feature = "etcd")]

@@ -1,0 +1,356 @@
+//! The statements of [`PostgresNode`](super::PostgresNode), one per call, and their
+//! arguments as owned values (a node future is `'static`).
+//!
+//! Sent with the simple query protocol (a `&str` without arguments), values written
+//! into the text as literals ([`Sql`]): sqlx's extended protocol parses a statement and executes it in two
+//! synchronisations, between which a pooler in transaction mode may hand the
+//! connection to another client (and named prepared statements would not follow).
+//! One statement, one round trip, on whatever server connection.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgPool;
+use sqlx::{Executor, Row};
+
+use crate::error::NodeError;
+use crate::fence::to_i64;
+use crate::node::{Acquire, FencingToken, Hold, PerKey, ResourceKeys, Vote};
+
+/// The one channel every release notifies on; the payload names the resource's channel.
+pub(super) const CHANNEL: &str = "redlock_released";
+
+/// `now + $n ms` on the database's clock.
+macro_rules! expiry {
+    ($n:literal) => {
+        concat!(
+            "clock_timestamp() + $",
+            $n,
+            "::float8 * interval '1 millisecond'"
+        )
+    };
+}
+
+/// Grants every key or (a set, in its transaction) nothing. `$1` lock keys, `$2` fence
+/// keys, `$3` owner, `$4` ttl ms, `$5` fencing, `$6` floor, `$7` fence ttl ms, `$8` the
+/// unsafe seed-only rule (a test hook). The counters move only when every key was taken.
+/// A held key's remaining ttl is read from the statement's snapshot: a holder that
+/// committed while this statement waited for it is not in it (no pttl then).
+const ACQUIRE: &str = concat!(
+    "WITH wanted AS (
+        SELECT lock_key, fence_key, idx
+        FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS w(lock_key, fence_key, idx)
+    ), taken AS (
+        INSERT INTO redlock_leases AS l (key, owner, expires_at)
+        SELECT lock_key, $3::text, ",
+    expiry!(4),
+    " FROM wanted ORDER BY idx
+        ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+        WHERE l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner
+        RETURNING key
+    ), fenced AS (
+        INSERT INTO redlock_fence_counters AS c (key, counter, expires_at)
+        SELECT fence_key, $6::int8, ",
+    expiry!(7),
+    " FROM wanted
+        WHERE $5::bool AND (SELECT count(*) FROM taken) = cardinality($1::text[])
+        ORDER BY idx
+        ON CONFLICT (key) DO UPDATE SET
+            counter = CASE WHEN c.expires_at <= clock_timestamp() THEN EXCLUDED.counter
+                           WHEN $8::bool THEN c.counter + 1
+                           ELSE greatest(c.counter + 1, EXCLUDED.counter) END,
+            expires_at = EXCLUDED.expires_at
+        RETURNING key, counter
+    )
+    SELECT t.key IS NOT NULL AS granted, f.counter,
+           (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::int8 AS pttl_ms
+    FROM wanted w
+    LEFT JOIN taken t ON t.key = w.lock_key
+    LEFT JOIN fenced f ON f.key = w.fence_key
+    LEFT JOIN redlock_leases l ON t.key IS NULL AND l.key = w.lock_key
+    ORDER BY w.idx"
+);
+
+/// Every hold of a renewal at once: `$1` keys, `$2` owners, `$3` each key's hold index,
+/// `$4` ttl ms. Answers the number of keys extended per hold.
+const EXTEND: &str = concat!(
+    "WITH extended AS (
+        UPDATE redlock_leases AS l SET expires_at = ",
+    expiry!(4),
+    " FROM unnest($1::text[], $2::text[], $3::int8[]) AS h(key, owner, hold)
+        WHERE l.key = h.key AND l.owner = h.owner AND l.expires_at > clock_timestamp()
+        RETURNING h.hold
+    )
+    SELECT hold, count(*) FROM extended GROUP BY hold"
+);
+
+/// Compare-and-delete: `$1` lock keys, `$2` their channels, `$3` owner, `$4` wake.
+/// Notifies each deleted key's channel (a SHA-256, since a channel name may be longer
+/// than a notification's payload); the notification is sent when this commits. Answers
+/// how many keys were the owner's and still live.
+const RELEASE: &str = "WITH gone AS (
+        DELETE FROM redlock_leases AS l USING unnest($1::text[], $2::text[]) AS r(key, channel)
+        WHERE l.key = r.key AND l.owner = $3::text
+        RETURNING r.channel, l.expires_at > clock_timestamp() AS live
+    )
+    SELECT count(*) FILTER (WHERE live) AS live,
+           count(CASE WHEN $4::bool THEN pg_notify('redlock_released',
+               encode(sha256(convert_to(channel, 'UTF8')), 'hex')) END) AS woken
+    FROM gone";
+
+/// `$1` fence keys, `$2` tokens, `$3` fence ttl ms.
+const RAISE: &str = concat!(
+    "INSERT INTO redlock_fence_counters AS c (key, counter, expires_at)
+    SELECT key, token, ",
+    expiry!(3),
+    " FROM unnest($1::text[], $2::int8[]) AS r(key, token)
+    ON CONFLICT (key) DO UPDATE SET
+        counter = CASE WHEN c.expires_at <= clock_timestamp() THEN EXCLUDED.counter
+                       ELSE greatest(c.counter, EXCLUDED.counter) END,
+        expires_at = EXCLUDED.expires_at"
+);
+
+const EXISTING: &str = "SELECT to_regclass('redlock_leases') IS NOT NULL
+    AND to_regclass('redlock_fence_counters') IS NOT NULL
+    AND to_regclass('redlock_records') IS NOT NULL";
+
+pub(super) async fn create_tables(pool: &PgPool) -> Result<(), NodeError> {
+    let row = pool.fetch_one(EXISTING).await.map_err(node_error)?;
+    let exist: bool = row.try_get(0).map_err(node_error)?;
+    if !exist {
+        // Two first uses at once would both create the row types (a unique violation):
+        // the statements run as one transaction, under a lock held until it ends.
+        let create = concat!(
+            "SELECT pg_advisory_xact_lock(7262657265636);",
+            include_str!("tables.sql")
+        );
+        pool.execute(create).await.map_err(node_error)?;
+    }
+    Ok(())
+}
+
+/// The acquire statement of `request` (its values written in).
+pub(super) fn acquire_sql(request: &Acquire<'_>) -> Result<String, NodeError> {
+    Ok(Sql::new(ACQUIRE)
+        .texts(request.keys.iter().map(|k| k.lock.as_str()))
+        .texts(request.keys.iter().map(|k| k.fence.as_str()))
+        .text(request.owner.as_str())
+        .number(millis(request.ttl))
+        .number(request.fencing)
+        .number(bigint(request.fence_floor)?)
+        .number(millis(request.fence_ttl))
+        .number(request.seed_only_when_missing)
+        .done())
+}
+
+/// Runs an acquire statement of one key, or of a set (`set`).
+pub(super) async fn acquire(pool: &PgPool, query: String, set: bool) -> Result<Vote, NodeError> {
+    // One key writes nothing when it is held; a set's free members are written before
+    // a held one is found, so a set runs in a transaction rolled back when refused.
+    let mut tx = None;
+    let rows = if set {
+        let tx = tx.insert(pool.begin().await.map_err(node_error)?);
+        tx.fetch_all(query.as_str()).await
+    } else {
+        pool.fetch_all(query.as_str()).await
+    }
+    .map_err(node_error)?;
+    // (granted, fence counter, pttl ms) per key, in the request's order.
+    let rows = rows
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+        .collect::<Result<Vec<(bool, Option<i64>, Option<i64>)>, sqlx::Error>>()
+        .map_err(node_error)?;
+    let vote = match rows.iter().position(|(granted, ..)| !granted) {
+        Some(member) => Vote::Held {
+            member,
+            pttl: rows[member]
+                .2
+                .and_then(|ms| u64::try_from(ms).ok())
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis),
+        },
+        None => Vote::Granted {
+            fences: PerKey::map(&rows, |(_, counter, _)| {
+                counter.and_then(|c| u64::try_from(c).ok()).unwrap_or(0)
+            }),
+        },
+    };
+    if let Some(tx) = tx {
+        match vote {
+            Vote::Granted { .. } => tx.commit().await.map_err(node_error)?,
+            _ => tx.rollback().await.map_err(node_error)?,
+        }
+    }
+    Ok(vote)
+}
+
+/// The extend statement of every hold, and each hold's number of keys.
+pub(super) fn extend_sql(holds: &[Hold<'_>], ttl: Duration) -> (String, Vec<usize>) {
+    let each = || {
+        holds
+            .iter()
+            .enumerate()
+            .flat_map(|(i, h)| h.keys.iter().map(move |k| (i, h, k)))
+    };
+    let query = Sql::new(EXTEND)
+        .texts(each().map(|(_, _, k)| k.lock.as_str()))
+        .texts(each().map(|(_, h, _)| h.owner.as_str()))
+        .numbers(each().map(|(i, ..)| i))
+        .number(millis(ttl))
+        .done();
+    (query, holds.iter().map(|h| h.keys.len()).collect())
+}
+
+pub(super) async fn extend(
+    pool: &PgPool,
+    query: String,
+    sizes: Vec<usize>,
+) -> Result<Vec<Result<bool, NodeError>>, NodeError> {
+    let rows = pool.fetch_all(query.as_str()).await.map_err(node_error)?;
+    let mut extended = vec![0usize; sizes.len()];
+    for row in rows {
+        let hold: i64 = row.try_get(0).map_err(node_error)?;
+        let count: i64 = row.try_get(1).map_err(node_error)?;
+        if let Some(slot) = usize::try_from(hold).ok().and_then(|h| extended.get_mut(h)) {
+            *slot = count as usize;
+        }
+    }
+    Ok(extended
+        .iter()
+        .zip(&sizes)
+        .map(|(done, size)| Ok(done == size))
+        .collect())
+}
+
+pub(super) fn release_sql(hold: &Hold<'_>, wake: bool) -> String {
+    Sql::new(RELEASE)
+        .texts(hold.keys.iter().map(|k| k.lock.as_str()))
+        .texts(hold.keys.iter().map(|k| k.channel.as_str()))
+        .text(hold.owner.as_str())
+        .number(wake)
+        .done()
+}
+
+/// Runs a release statement of `keys` keys: whether every one was the owner's.
+pub(super) async fn release(pool: &PgPool, query: String, keys: usize) -> Result<bool, NodeError> {
+    let row = pool.fetch_one(query.as_str()).await.map_err(node_error)?;
+    let live: i64 = row.try_get(0).map_err(node_error)?;
+    Ok(live as usize == keys)
+}
+
+pub(super) fn raise_sql(
+    keys: &[ResourceKeys],
+    tokens: &[u64],
+    fence_ttl: Duration,
+) -> Result<String, NodeError> {
+    let tokens = tokens
+        .iter()
+        .map(|&t| bigint(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Sql::new(RAISE)
+        .texts(keys.iter().map(|k| k.fence.as_str()))
+        .numbers(tokens)
+        .number(millis(fence_ttl))
+        .done())
+}
+
+pub(super) async fn execute(pool: &PgPool, query: String) -> Result<(), NodeError> {
+    pool.execute(query.as_str()).await.map_err(node_error)?;
+    Ok(())
+}
+
+/// A statement with its `$n` placeholders replaced by literals, in order.
+pub(super) struct Sql {
+    template: &'static str,
+    values: Vec<String>,
+}
+
+impl Sql {
+    pub(super) fn new(template: &'static str) -> Self {
+        Sql {
+            template,
+            values: Vec::new(),
+        }
+    }
+
+    /// A string as hex digits decoded by the server: nothing in it can end the literal,
+    /// whatever `standard_conforming_strings` says.
+    fn literal(value: &str) -> String {
+        format!("convert_from({}, 'UTF8')", Self::bytea(value.as_bytes()))
+    }
+
+    fn bytea(value: &[u8]) -> String {
+        let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
+        format!("decode('{hex}', 'hex')")
+    }
+
+    pub(super) fn text(mut self, value: &str) -> Self {
+        self.values.push(Self::literal(value));
+        self
+    }
+
+    pub(super) fn texts<'a>(mut self, values: impl Iterator<Item = &'a str>) -> Self {
+        let items: Vec<String> = values.map(Self::literal).collect();
+        self.values
+            .push(format!("ARRAY[{}]::text[]", items.join(", ")));
+        self
+    }
+
+    /// A number or a boolean: its `Display` is its literal.
+    pub(super) fn number(mut self, value: impl std::fmt::Display) -> Self {
+        self.values.push(value.to_string());
+        self
+    }
+
+    pub(super) fn numbers<N: std::fmt::Display>(
+        mut self,
+        values: impl IntoIterator<Item = N>,
+    ) -> Self {
+        let items: Vec<String> = values.into_iter().map(|n| n.to_string()).collect();
+        self.values
+            .push(format!("ARRAY[{}]::int8[]", items.join(", ")));
+        self
+    }
+
+    /// Bytes as hex digits decoded by the server (`bytea`).
+    pub(super) fn bytes(mut self, value: &[u8]) -> Self {
+        self.values.push(Self::bytea(value));
+        self
+    }
+
+    /// A number, or `NULL`.
+    pub(super) fn maybe(self, value: Option<impl std::fmt::Display>) -> Self {
+        match value {
+            Some(value) => self.number(value),
+            None => self.number("NULL"),
+        }
+    }
+
+    pub(super) fn done(self) -> String {
+        // From the last placeholder down, so that `$1` never replaces the start of `$10`.
+        let mut sql = self.template.to_owned();
+        for (n, value) in self.values.iter().enumerate().rev() {
+            sql = sql.replace(&format!("${}", n + 1), value);
+        }
+        sql
+    }
+}
+
+pub(super) fn millis(ttl: Duration) -> f64 {
+    ttl.as_secs_f64() * 1000.0
+}
+
+/// A counter value as `bigint`: refused, never wrapped, past `i64::MAX`.
+pub(super) fn bigint(value: u64) -> Result<i64, NodeError> {
+    to_i64(FencingToken::new(value)).map_err(|e| NodeError::Protocol(e.to_string().into()))
+}
+
+/// Connection failures apart from the server's answers (the locker counts both as no
+/// vote; logs and metrics tell them apart).
+pub(super) fn node_error(e: sqlx::Error) -> NodeError {
+    match e {
+        sqlx::Error::Database(e) => NodeError::Server(e.to_string().into()),
+        sqlx::Error::Protocol(e) => NodeError::Protocol(e.into()),
+        other => NodeError::Connection(other.to_string().into()),
+    }
+}

@@ -1,0 +1,409 @@
+//! The PostgreSQL node (feature `postgres`) against the machine's PostgreSQL, a database
+//! of its own per test (`support::postgres`), directly and through a private
+//! `pgbouncer` in transaction pooling mode. No sleeps sequence anything; no timing is
+//! asserted.
+use crate::support;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sqlx::Connection;
+use support::eventually_async;
+use support::history::History;
+use support::postgres::TestDatabase;
+use tower_redlock::node::Node;
+use tower_redlock::{node_from_url, LockOptions, PostgresNode, Redlock};
+
+/// Bound on things that happen promptly; only reached when a test fails.
+const PROMPTLY: Duration = Duration::from_secs(30);
+
+fn options() -> LockOptions {
+    LockOptions::default().node_timeout(Duration::from_secs(2))
+}
+
+#[cfg(feature = "test-util")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_node_keeps_the_contract() {
+    use std::sync::Arc;
+    use tower_redlock::node::conformance::{check, Contract};
+    let db = TestDatabase::create().await;
+    let node = PostgresNode::new(db.pool(4).await);
+    check(
+        &|| Arc::new(node.clone()) as Arc<dyn Node>,
+        Contract::default(),
+    )
+    .await;
+}
+
+/// Two lockers (two pools: two processes as far as the lock can tell) take turns on one
+/// resource, each section a read-modify-write of a counter in the database; the
+/// history checker finds no overlap, and no increment is lost.
+async fn exclusion_under_contention(db: &TestDatabase, urls: [String; 2]) {
+    let history = History::new("postgres_contention");
+    let ledger = db.pool(2).await;
+    sqlx::raw_sql("CREATE TABLE ledger (n int NOT NULL); INSERT INTO ledger VALUES (0)")
+        .execute(&ledger)
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for (holder, url) in urls.into_iter().enumerate() {
+        let locker = Redlock::from_nodes(vec![node_from_url(&url).unwrap()], options()).unwrap();
+        let (history, ledger) = (history.clone(), ledger.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let lease = locker.acquire("contended", PROMPTLY).await.unwrap();
+                let mut section = history.begin(
+                    "contended",
+                    lease.fencing_token().get(),
+                    format!("{holder}"),
+                );
+                let n: i32 = sqlx::query_scalar("SELECT n FROM ledger")
+                    .fetch_one(&ledger)
+                    .await
+                    .unwrap();
+                sqlx::query("UPDATE ledger SET n = $1")
+                    .bind(n + 1)
+                    .execute(&ledger)
+                    .await
+                    .unwrap();
+                section.write();
+                section.end(!lease.is_held());
+                lease.release().await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let summary = history.check();
+    assert_eq!(history.rejected(), 0, "{summary}");
+    assert_eq!(history.sections().len(), 20);
+    let n: i32 = sqlx::query_scalar("SELECT n FROM ledger")
+        .fetch_one(&ledger)
+        .await
+        .unwrap();
+    assert_eq!(n, 20, "an increment was lost: two holders at once");
+}
+
+/// A waiter whose retry policy waits an hour gets the lock when the holder releases:
+/// only the release's NOTIFY can have woken it. With `cut`, the listener's connection
+/// is terminated while it waits: it must listen again on a new one.
+async fn a_waiter_is_woken_by_notify(urls: [String; 2], cut: Option<&TestDatabase>) {
+    let holder = Redlock::from_nodes(vec![node_from_url(&urls[0]).unwrap()], options()).unwrap();
+    let waiter = Redlock::from_nodes(
+        vec![node_from_url(&urls[1]).unwrap()],
+        options().retry_policy(|_: u32, _: Option<Duration>| Duration::from_secs(3600)),
+    )
+    .unwrap();
+    let lease = holder.try_acquire("wake").await.unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.acquire("wake", Duration::from_secs(3600)).await }
+    });
+    // Subscribed (the LISTEN is in place before a subscription counts) and refused
+    // once more after it: from now on only a notification brings it back.
+    eventually_async("the waiter listens", PROMPTLY, || {
+        let waiter = waiter.clone();
+        async move {
+            let metrics = waiter.metrics();
+            metrics.waits >= 1 && metrics.contended >= 2
+        }
+    })
+    .await;
+    if let Some(db) = cut {
+        cut_the_listener(db).await;
+    }
+    lease.release().await;
+    let next = tokio::time::timeout(PROMPTLY, waiting)
+        .await
+        .expect("woken by the NOTIFY, not by the hour-long retry")
+        .unwrap()
+        .unwrap();
+    assert!(next.is_held());
+    next.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_exclusion_and_wake_up() {
+    let db = TestDatabase::create().await;
+    let urls = || [db.url().to_owned(), db.url().to_owned()];
+    exclusion_under_contention(&db, urls()).await;
+    a_waiter_is_woken_by_notify(urls(), None).await;
+    a_waiter_is_woken_by_notify(urls(), Some(&db)).await;
+}
+
+/// Terminates the `LISTEN` connections to `db`, and returns once new ones listen.
+async fn cut_the_listener(db: &TestDatabase) {
+    let mut admin = db.connect().await;
+    let listening = "SELECT pid FROM pg_stat_activity
+        WHERE datname = current_database() AND query ILIKE 'LISTEN%'";
+    let cut: Vec<i32> = sqlx::query_scalar(listening)
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+    assert!(!cut.is_empty(), "no LISTEN connection to cut");
+    for pid in &cut {
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    eventually_async("the listener listens again", PROMPTLY, || {
+        let (cut, admin_url) = (cut.clone(), db.url().to_owned());
+        async move {
+            let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+            let now: Vec<i32> = sqlx::query_scalar(listening)
+                .fetch_all(&mut admin)
+                .await
+                .unwrap();
+            now.iter().any(|pid| !cut.contains(pid))
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pgbouncer_in_transaction_mode() {
+    let db = TestDatabase::create().await;
+    let bouncer = PgBouncer::start();
+    let database = db.url().rsplit('/').next().unwrap();
+    // The lock's statements through the pooler; LISTEN straight to the server.
+    let direct: String = db
+        .url()
+        .bytes()
+        .map(|b| match b {
+            b':' | b'/' | b'@' => format!("%{b:02X}"),
+            _ => char::from(b).to_string(),
+        })
+        .collect();
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/{database}?listen={direct}",
+        bouncer.port
+    );
+    let urls = || [url.clone(), url.clone()];
+    exclusion_under_contention(&db, urls()).await;
+    a_waiter_is_woken_by_notify(urls(), None).await;
+}
+
+/// The fence counters come back behind (a `pg_dump` restored: the table truncated and
+/// an older copy put back): tokens still increase, thanks to the clock floor; the
+/// unsafe rule that floors only a missing counter goes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_a_restore_of_the_counters() {
+    let db = TestDatabase::create().await;
+    let pool = db.pool(2).await;
+    let restore = |options: LockOptions| {
+        let pool = pool.clone();
+        async move {
+            let locker = Redlock::new([PostgresNode::new(pool.clone())], options).unwrap();
+            let mut tokens = Vec::new();
+            take(&locker, &mut tokens).await;
+            sqlx::raw_sql("DROP TABLE IF EXISTS dump; CREATE TABLE dump AS SELECT * FROM redlock_fence_counters")
+                .execute(&pool)
+                .await
+                .unwrap();
+            for _ in 0..50 {
+                take(&locker, &mut tokens).await;
+            }
+            sqlx::raw_sql("TRUNCATE redlock_fence_counters; INSERT INTO redlock_fence_counters SELECT * FROM dump")
+                .execute(&pool)
+                .await
+                .unwrap();
+            take(&locker, &mut tokens).await;
+            sqlx::raw_sql("TRUNCATE redlock_fence_counters")
+                .execute(&pool)
+                .await
+                .unwrap();
+            take(&locker, &mut tokens).await;
+            tokens
+        }
+    };
+    let tokens = restore(options()).await;
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    let unsafe_rule = restore(options().unsafe_fence_seed_only_when_missing()).await;
+    assert!(
+        unsafe_rule.windows(2).any(|w| w[0] >= w[1]),
+        "the restore went unnoticed: the test cannot fail: {unsafe_rule:?}"
+    );
+}
+
+async fn take(locker: &Redlock, tokens: &mut Vec<u64>) {
+    let lease = locker.try_acquire("restored").await.unwrap();
+    tokens.push(lease.fencing_token().get());
+    lease.release().await;
+}
+
+/// A private pgbouncer on a free port, `pool_mode = transaction`, trust auth, in front
+/// of the server on 127.0.0.1:5432; killed when dropped.
+struct PgBouncer {
+    port: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl PgBouncer {
+    fn start() -> PgBouncer {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("tower-redlock-test-pgbouncer-{port}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("pgbouncer.ini");
+        std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").unwrap();
+        std::fs::write(
+            &config,
+            format!(
+                "[databases]\n* = host=127.0.0.1 port=5432\n\
+                 [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
+                 unix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
+                 pool_mode = transaction\ndefault_pool_size = 4\n\
+                 ignore_startup_parameters = extra_float_digits,options\n",
+                dir.join("users.txt").display()
+            ),
+        )
+        .unwrap();
+        let mut command = Command::new(
+            std::env::var("PGBOUNCER").unwrap_or_else(|_| "/usr/sbin/pgbouncer".to_owned()),
+        );
+        // pgbouncer refuses to run as root; `-u` makes it drop to that user.
+        if is_root() {
+            command.args(["-u", "postgres"]);
+        }
+        let child = command
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn pgbouncer");
+        let bouncer = PgBouncer { port, child, dir };
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < PROMPTLY,
+                "pgbouncer did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bouncer
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Outcome records beyond the conformance suite: an earlier holder's marker orphaned
+/// (once), its token remembered for the claim that runs the work again, a completed
+/// record superseding older ones. Run on the memory node too, the reference, so the
+/// expectations are the contract's and not this node's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_orphan_remember_and_supersede_as_the_memory_node_does() {
+    let db = TestDatabase::create().await;
+    record_story(&tower_redlock::MemoryNode::new()).await;
+    record_story(&PostgresNode::new(db.pool(2).await)).await;
+}
+
+async fn record_story(node: &dyn Node) {
+    use bytes::Bytes;
+    use support::node_calls::{acquire, keys, owners};
+    use tower_redlock::node::{ClaimReply, ClaimRequest, Hold, Record, Release, StoreReply};
+    use tower_redlock::node::{StoreRequest, Vote};
+    use tower_redlock::{FencingToken, LockMode};
+    let store = node.records().expect("records");
+    let keys = [keys("redlock:{story}".to_owned())];
+    let owner = owners().await;
+    let (first, second) = (owner.for_node(1), owner.for_node(2));
+    let take = async |owner| match node
+        .acquire(&acquire(&keys, owner, LockMode::Exclusive))
+        .await
+    {
+        Ok(Vote::Granted { fences }) => fences[0],
+        other => panic!("{other:?}"),
+    };
+    let claim = |owner, token, orphan_ttl| ClaimRequest {
+        keys: &keys[0],
+        owner,
+        token,
+        fingerprint: b"fp",
+        pending_ttl: Duration::from_secs(60),
+        orphan_ttl,
+        remember_interrupted: Some(Duration::from_secs(60)),
+    };
+    let t1 = take(&first).await;
+    assert_eq!(
+        store.claim_record(&claim(&first, t1, None)).await.unwrap(),
+        ClaimReply::Claimed
+    );
+    let hold = Hold {
+        keys: &keys,
+        owner: &first,
+        mode: LockMode::Exclusive,
+    };
+    assert!(node.release(&hold, Release::Wake).await.unwrap());
+    let t2 = take(&second).await;
+    // The first holder's marker: orphaned, its life cut to 1 ms, its token remembered.
+    let orphaned = store
+        .claim_record(&claim(&second, t2, Some(Duration::from_millis(1))))
+        .await;
+    assert!(
+        matches!(orphaned, Ok(ClaimReply::Orphaned { .. })),
+        "{orphaned:?}"
+    );
+    eventually_async("the orphaned marker expires", PROMPTLY, || async {
+        let again = store.claim_record(&claim(&second, t2, None)).await.unwrap();
+        match again {
+            ClaimReply::Orphaned { .. } => false,
+            ClaimReply::ClaimedAfter { interrupted } => {
+                assert_eq!(interrupted, t1);
+                true
+            }
+            other => panic!("after the orphan: {other:?}"),
+        }
+    })
+    .await;
+    let record = |token| {
+        Record::new(
+            FencingToken::new(token),
+            Bytes::from_static(b"fp"),
+            Bytes::from_static(b"ok"),
+        )
+    };
+    let keys = &keys;
+    let put = |owner, record| async move {
+        let request = StoreRequest {
+            keys: &keys[0],
+            owner,
+            record: &record,
+            retention: Duration::from_secs(60),
+        };
+        store.store_record(&request).await.unwrap()
+    };
+    assert_eq!(put(&first, record(t2)).await, StoreReply::NotOwner);
+    assert_eq!(put(&second, record(t2)).await, StoreReply::Stored);
+    assert_eq!(
+        put(&second, record(t2)).await,
+        StoreReply::Stored,
+        "re-sent"
+    );
+    assert_eq!(put(&second, record(t1)).await, StoreReply::Superseded);
+    assert_eq!(store.read_record(&keys[0]).await.unwrap(), Some(record(t2)));
+    // Completed whoever asks; a completed record is not a marker to discard.
+    let done = store.claim_record(&claim(&first, t1, None)).await.unwrap();
+    assert_eq!(done, ClaimReply::Completed(record(t2)));
+    assert!(!store.discard_record(&keys[0], t2).await.unwrap());
+}
