@@ -276,15 +276,17 @@ impl<K> LockLayer<K> {
         K: KeyExtractor,
         K::Keys: OneKey,
     {
-        self.settings.locker.check_records()?;
+        let ttl = self.settings.locker.options().get_ttl();
+        let replay = Arc::new(ReplaySettings::new(replay, ttl));
+        if replay.on_nodes() {
+            self.settings.locker.check_records()?;
+        }
         if !self.settings.modes.exclusive() {
             return Err(ConfigError::new(
                 "a replaying layer takes exclusive locks only (one execution per key is what \
                  it records); this layer shares its locks (LockLayer::mode, read_mode)",
             ));
         }
-        let ttl = self.settings.locker.options().get_ttl();
-        let replay = Arc::new(ReplaySettings::new(replay, ttl));
         let mut layer = LockLayer {
             key: Replaying(self.key),
             settings: self.settings,
