@@ -9,6 +9,7 @@ use crate::support::postgres::TestDatabase;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::routing::post;
@@ -17,8 +18,8 @@ use sqlx::PgPool;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_redlock::axum::{LayerLease, Tx};
 use tower_redlock::http::replay::{PgRecords, Replay};
-use tower_redlock::http::{key::header, InterruptedAttempt, LockLayer};
-use tower_redlock::Redlock;
+use tower_redlock::http::{key::header, InterruptedAttempt, LockLayer, OnLost};
+use tower_redlock::{LockOptions, MemoryNode, Redlock};
 
 /// What the payment handler does on its next run, and what it saw.
 #[derive(Default)]
@@ -30,6 +31,8 @@ struct Script {
     unrecordable_next: AtomicBool,
     /// A newer holder's claim lands on the record row after the write.
     superseded_next: AtomicBool,
+    /// The lease is lost after the write (its lock key deleted), seen before answering.
+    lose_lease_next: AtomicBool,
     /// A run was told of an interrupted attempt.
     told_interrupted: AtomicBool,
 }
@@ -54,11 +57,17 @@ async fn start(with_tx: bool) -> Test {
     records.create().await.unwrap();
     records.create().await.expect("create is idempotent");
     let script = Arc::new(Script::default());
-    let layer = LockLayer::new(Redlock::in_memory(), header("Idempotency-Key")).replay(
-        Replay::per_client(header("Authorization"))
-            .store_if(|status| status == StatusCode::CREATED)
-            .records_in(records),
-    );
+    let node = MemoryNode::new();
+    // A short ttl: the watchdog notices a deleted lock key promptly.
+    let options = LockOptions::default().ttl(Duration::from_millis(600));
+    let locker = Redlock::new([node.clone()], options).unwrap();
+    let layer = LockLayer::new(locker, header("Idempotency-Key"))
+        .on_lost(OnLost::Continue)
+        .replay(
+            Replay::per_client(header("Authorization"))
+                .store_if(|status| status == StatusCode::CREATED)
+                .records_in(records),
+        );
     let route = if with_tx {
         post(pay_in_tx)
     } else {
@@ -68,6 +77,7 @@ async fn start(with_tx: bool) -> Test {
         .route("/payments", route)
         .route_layer(layer)
         .layer(Extension(script.clone()))
+        .layer(Extension(node.clone()))
         .layer(Extension(pool.clone()))
         .layer(CatchPanicLayer::new());
     let served = Served::start(app).await;
@@ -82,6 +92,7 @@ async fn start(with_tx: bool) -> Test {
 async fn pay_in_tx(
     Extension(script): Extension<Arc<Script>>,
     Extension(pool): Extension<PgPool>,
+    Extension(node): Extension<MemoryNode>,
     lease: LayerLease,
     interrupted: Option<Extension<InterruptedAttempt>>,
     mut tx: Tx,
@@ -101,6 +112,11 @@ async fn pay_in_tx(
             .execute(&pool)
             .await
             .unwrap();
+    }
+    if script.lose_lease_next.swap(false, Ordering::SeqCst) {
+        // As a paused or partitioned process would; the layer goes on (`OnLost::Continue`).
+        node.delete(&format!("redlock:{{{}}}", lease.resource().as_str()));
+        lease.lost().await;
     }
     if script.panic_next.swap(false, Ordering::SeqCst) {
         panic!("the process dies after the payment's write, before the commit (a test)");
@@ -217,6 +233,19 @@ async fn a_holder_superseded_before_its_commit_commits_nothing() {
     assert_eq!(stale.problem().as_deref(), Some("lock-lost"));
     assert_eq!(test.payments().await, 0);
     assert_eq!(test.records().await.0, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_before_the_commit_rolls_back_and_its_response_is_not_sent() {
+    let test = start(true).await;
+    test.script.lose_lease_next.store(true, Ordering::SeqCst);
+    let lost = test.served.send(pay()).await;
+    assert_eq!(lost.status, 503, "{}", lost.text());
+    assert_eq!(lost.problem().as_deref(), Some("lock-lost"));
+    assert_eq!((test.payments().await, test.records().await), (0, (0, 1)));
+    // Nothing of it committed: the retry runs cleanly.
+    assert_created(&test.served.send(pay()).await, false);
+    assert_eq!((test.payments().await, test.runs()), (1, 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -231,7 +231,7 @@ impl ReplayStep {
     }
 
     /// The handler's transaction (`None`: records on the nodes), closed to new ones.
-    fn handler_tx(&self) -> Option<HandlerTx> {
+    pub(crate) fn handler_tx(&self) -> Option<HandlerTx> {
         #[cfg(feature = "postgres")]
         return (self.tx.as_ref().map(TxSlot::close))
             .filter(|state| !matches!(state, TxState::Free));
