@@ -23,6 +23,11 @@
 //! clients choose; [`Replay::global`] is for keys that name one operation whoever sends
 //! them (a webhook's event id).
 //!
+//! Records live on the lock nodes, or, with `Replay::records_in` (feature `postgres`), in
+//! the application's PostgreSQL, where a handler that writes through `axum::Tx` commits
+//! its writes and its record in one transaction: a crash before the commit leaves
+//! neither, and the retry runs cleanly instead of answering `outcome-unknown`.
+//!
 //! # Why it is an option of [`LockLayer`](super::LockLayer)
 //!
 //! Replay's steps sit on the layer's one path: the record is looked up **before** the
