@@ -15,10 +15,11 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Extension, Router};
 use sqlx::PgPool;
+use tokio::sync::Notify;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_redlock::axum::{LayerLease, Tx};
 use tower_redlock::http::replay::{PgRecords, Replay};
-use tower_redlock::http::{key::header, InterruptedAttempt, LockLayer, OnLost};
+use tower_redlock::http::{key::header, InterruptedAttempt, LockLayer, OnDisconnect, OnLost};
 use tower_redlock::{LockOptions, MemoryNode, Redlock};
 
 /// What the payment handler does on its next run, and what it saw.
@@ -33,8 +34,23 @@ struct Script {
     superseded_next: AtomicBool,
     /// The lease is lost after the write (its lock key deleted), seen before answering.
     lose_lease_next: AtomicBool,
+    /// Wait for the client to hang up after the write.
+    hang_next: AtomicBool,
+    /// The hanging run wrote.
+    written: Notify,
+    /// The hanging run was dropped (`OnDisconnect::Cancel`).
+    dropped: Notify,
     /// A run was told of an interrupted attempt.
     told_interrupted: AtomicBool,
+}
+
+/// Tells when the handler's future is dropped.
+struct Dropped(Arc<Script>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.dropped.notify_one();
+    }
 }
 
 struct Test {
@@ -47,6 +63,10 @@ struct Test {
 /// `/payments` under a replaying layer (memory lock node, records in PostgreSQL), its
 /// handler inserting a payment through `Tx` (or, `with_tx` false, through the pool).
 async fn start(with_tx: bool) -> Test {
+    start_with(with_tx, OnDisconnect::Finish).await
+}
+
+async fn start_with(with_tx: bool, on_disconnect: OnDisconnect) -> Test {
     let db = TestDatabase::create().await;
     let pool = db.pool(4).await;
     sqlx::query("CREATE TABLE payments (id bigserial PRIMARY KEY, amount bigint NOT NULL)")
@@ -63,6 +83,7 @@ async fn start(with_tx: bool) -> Test {
     let locker = Redlock::new([node.clone()], options).unwrap();
     let layer = LockLayer::new(locker, header("Idempotency-Key"))
         .on_lost(OnLost::Continue)
+        .on_disconnect(on_disconnect)
         .replay(
             Replay::per_client(header("Authorization"))
                 .store_if(|status| status == StatusCode::CREATED)
@@ -112,6 +133,11 @@ async fn pay_in_tx(
             .execute(&pool)
             .await
             .unwrap();
+    }
+    if script.hang_next.swap(false, Ordering::SeqCst) {
+        let _dropped = Dropped(script.clone());
+        script.written.notify_one();
+        std::future::pending::<()>().await;
     }
     if script.lose_lease_next.swap(false, Ordering::SeqCst) {
         // As a paused or partitioned process would; the layer goes on (`OnLost::Continue`).
@@ -210,6 +236,30 @@ async fn a_crash_before_the_commit_leaves_nothing_and_the_retry_runs_cleanly() {
     assert!(!test.script.told_interrupted.load(Ordering::SeqCst));
     assert_eq!((test.payments().await, test.records().await), (1, (1, 0)));
     assert_created(&test.served.send(pay()).await, true);
+    assert_eq!((test.payments().await, test.runs()), (1, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_before_the_commit_under_cancel_leaves_nothing() {
+    let test = start_with(true, OnDisconnect::Cancel).await;
+    test.script.hang_next.store(true, Ordering::SeqCst);
+    let mut conn = test.served.connect().await;
+    conn.write(&pay()).await;
+    test.script.written.notified().await;
+    drop(conn);
+    test.script.dropped.notified().await;
+    assert_eq!((test.payments().await, test.records().await), (0, (0, 1)));
+    // The lease is released in the background: until then the retry is told to wait.
+    let mut retry = test.served.send(pay()).await;
+    for _ in 0..1000 {
+        if retry.problem().as_deref() != Some("request-in-progress") {
+            break;
+        }
+        tokio::task::yield_now().await;
+        retry = test.served.send(pay()).await;
+    }
+    assert_created(&retry, false);
+    assert!(!test.script.told_interrupted.load(Ordering::SeqCst));
     assert_eq!((test.payments().await, test.runs()), (1, 2));
 }
 
