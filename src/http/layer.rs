@@ -280,6 +280,12 @@ impl<K> LockLayer<K> {
         let replay = Arc::new(ReplaySettings::new(replay, ttl));
         if replay.on_nodes() {
             self.settings.locker.check_records()?;
+        } else if !self.settings.locker.options().fencing {
+            // Records in PostgreSQL tell holders apart by their tokens alone.
+            return Err(ConfigError::new(
+                "replay's records in PostgreSQL (Replay::records_in) need fencing tokens, \
+                 and this locker has none (LockOptions::fencing(false))",
+            ));
         }
         if !self.settings.modes.exclusive() {
             return Err(ConfigError::new(

@@ -348,3 +348,13 @@ async fn tx_without_records_in_postgres_is_a_misconfiguration() {
         reply.text()
     );
 }
+
+#[tokio::test]
+async fn records_in_postgres_refuse_a_locker_without_fencing_tokens() {
+    let db = TestDatabase::create().await;
+    let options = LockOptions::default().fencing(false);
+    let locker = Redlock::new([MemoryNode::new()], options).unwrap();
+    let replay = Replay::global().records_in(PgRecords::new(db.pool(1).await));
+    let refused = LockLayer::new(locker, header("Idempotency-Key")).try_replay(replay);
+    assert!(refused.unwrap_err().to_string().contains("fencing"));
+}

@@ -279,7 +279,9 @@ impl Replay {
     /// the lock (feature `postgres`; see [`PgRecords`]): as durable as the database,
     /// and the way for a handler's writes to commit with their record
     /// ([`Tx`](crate::axum::Tx), feature `axum`). Handlers that do not take `Tx` keep
-    /// the behaviour of records on the nodes.
+    /// the behaviour of records on the nodes. Holders are told apart by their fencing
+    /// tokens: [`LockLayer::try_replay`](super::LockLayer::try_replay) refuses a locker
+    /// without them (`LockOptions::fencing(false)`).
     #[cfg(feature = "postgres")]
     #[must_use]
     pub fn records_in(mut self, records: PgRecords) -> Self {
