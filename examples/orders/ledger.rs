@@ -141,6 +141,24 @@ impl Ledger {
         })
     }
 
+    /// Creates the tables of a ledger in PostgreSQL (also created on first use).
+    pub async fn prepare(&self) -> Result<(), LedgerError> {
+        match &self.store {
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => pg.prepare().await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Replay's records beside a ledger in PostgreSQL.
+    #[cfg(feature = "postgres")]
+    pub fn records(&self) -> Option<tower_redlock::http::replay::PgRecords> {
+        match &self.store {
+            Store::Postgres(pg) => Some(pg.records()),
+            _ => None,
+        }
+    }
+
     /// A ledger in the PostgreSQL at `url` (`DATABASE_URL`): its tables are created on
     /// first use, every write is fenced (`tower_redlock::fence::postgres`).
     #[cfg(feature = "postgres")]
@@ -480,8 +498,8 @@ pub(super) mod postgres {
     use sqlx::postgres::PgPoolOptions;
     use sqlx::PgPool;
     use tokio::sync::OnceCell;
-    use tower_redlock::fence::postgres::FenceTable;
     use tower_redlock::fence::{self, FenceError};
+    use tower_redlock::http::replay::PgRecords;
     use tower_redlock::{FencingToken, Resource};
 
     use super::{BoxError, Entry, LedgerError, OrderRecord};
@@ -525,11 +543,20 @@ pub(super) mod postgres {
                 .get_or_try_init(|| async {
                     let mut conn = self.pool.acquire().await?;
                     sqlx::query(SCHEMA).execute(&mut *conn).await?;
-                    FenceTable::default().create(&mut conn).await?;
+                    // The fence table too.
+                    self.records().create().await?;
                     Ok::<(), sqlx::Error>(())
                 })
                 .await?;
             Ok(&self.pool)
+        }
+
+        pub(super) async fn prepare(&self) -> Result<(), LedgerError> {
+            self.pool().await.map(drop)
+        }
+
+        pub(super) fn records(&self) -> PgRecords {
+            PgRecords::new(self.pool.clone())
         }
 
         /// The fence of a ledger entry: one per entry, as a token orders the writes of

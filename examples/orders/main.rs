@@ -20,7 +20,7 @@
 //! | `PORT` | 3000 | listens on `127.0.0.1:$PORT` |
 //! | `LOCK_URLS` (or its old name `REDIS_URLS`) | unset | node URLs separated by commas or whitespace (`redis://`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/master`, `etcd://h1:p1,h2:p2/prefix` with `--features etcd`; see `tower_redlock::split_node_urls`): Redlock over them (majority); an etcd node must be the only one. Unset: the in-process `MemoryNode` and an in-process ledger |
 //! | `LEDGER_URL` | the first of `LOCK_URLS` (required when that is etcd) | the Redis of the ledger: a server, a Cluster or a Sentinel master, as in `LOCK_URLS`. Give it one of its own to let any one lock node fail: with the default, the first node must stay up for the ledger |
-//! | `DATABASE_URL` | unset | with `--features postgres`: the ledger's orders and payments live in this PostgreSQL (`postgres://user@host/db`; tables created on first use), every write in a transaction fenced by `tower_redlock::fence::postgres`; transfers' balances stay where they would be without it |
+//! | `DATABASE_URL` | unset | with `--features postgres`: the ledger's orders and payments live in this PostgreSQL (`postgres://user@host/db`; tables created on first use), every write in a transaction fenced by `tower_redlock::fence::postgres`; `/payments` keeps its replay records there too and writes its charge through `Tx`, committed with its record (`payments_pg.rs`: no reconciliation code); transfers' balances stay where they would be without it |
 //! | `LOCK_TTL_MS` | 10000 | lease time to live (the watchdog renews it while a handler runs) |
 //! | `WAIT_TIMEOUT_MS` | 5000 | how long `ship` waits for the order's lock |
 //! | `LOCK_NODE_TIMEOUT_MS` | 50 (500 for etcd) | how long one lock node may take to answer |
@@ -84,6 +84,9 @@ use tracing_subscriber::EnvFilter;
 
 #[path = "ledger.rs"]
 mod ledger;
+#[cfg(feature = "postgres")]
+#[path = "payments_pg.rs"]
+mod payments_pg;
 #[path = "transfers.rs"]
 mod transfers;
 
@@ -193,6 +196,11 @@ pub async fn main() -> Result<(), BoxError> {
     let metrics =
         || async { "run the demo with `--features metrics` to record the lock's metrics\n" };
     let (locker, ledger) = locker_and_ledger(&config)?;
+    // Replay looks its records up before the first payment runs: the tables now.
+    ledger
+        .prepare()
+        .await
+        .map_err(|e| format!("DATABASE_URL: {e:?}"))?;
     let app = app(locker.clone(), ledger, &config).route("/metrics", get(metrics));
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, config.port)).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
@@ -340,7 +348,7 @@ pub fn app(locker: Redlock, ledger: Ledger, config: &Config) -> Router {
         .route("/orders/{id}/pay", post(pay).route_layer(pay_lock))
         .route("/orders/{id}/pay-unlocked", post(pay_unlocked))
         .route("/orders/{id}/ship", post(ship).route_layer(ship_lock))
-        .route("/payments", payments_route(&locker))
+        .route("/payments", payments_route(&locker, &ledger))
         .merge(transfers::routes(&locker, config))
         .with_state(AppState {
             accounts: Accounts::beside(&ledger),
@@ -456,12 +464,19 @@ async fn work_on_order(
 /// request with the same key runs, and 422 `idempotency-key-reused` for the same key
 /// with another request (method, path, query or body). Keys are the customer's: two
 /// customers who pick the same key make two payments (400 `key-missing` without one).
-fn payments_route(locker: &Redlock) -> MethodRouter<AppState> {
+/// With the ledger in PostgreSQL, the records are kept there and the charge commits with
+/// its record (`payments_pg`).
+fn payments_route(locker: &Redlock, ledger: &Ledger) -> MethodRouter<AppState> {
     let customer = |parts: &Parts| customer(&parts.headers).map(str::to_owned);
-    post(create_payment).route_layer(
-        LockLayer::new(locker.clone(), lock_http::key::header("Idempotency-Key"))
-            .replay(lock_http::replay::Replay::per_client(customer)),
-    )
+    let layer = LockLayer::new(locker.clone(), lock_http::key::header("Idempotency-Key"));
+    let replay = lock_http::replay::Replay::per_client(customer);
+    #[cfg(feature = "postgres")]
+    if let Some(records) = ledger.records() {
+        return post(payments_pg::create_payment)
+            .route_layer(layer.replay(replay.records_in(records)));
+    }
+    let _ = ledger;
+    post(create_payment).route_layer(layer.replay(replay))
 }
 
 /// The customer a request comes from. A demo: the bearer token is the customer's name;

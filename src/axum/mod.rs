@@ -65,7 +65,11 @@
 mod layer_lease;
 mod locked;
 mod rejection;
+#[cfg(feature = "postgres")]
+mod tx;
 
 pub use layer_lease::LayerLease;
 pub use locked::{LockKey, LockSpec, Locked};
 pub use rejection::LockRejection;
+#[cfg(feature = "postgres")]
+pub use tx::Tx;

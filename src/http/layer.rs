@@ -276,15 +276,23 @@ impl<K> LockLayer<K> {
         K: KeyExtractor,
         K::Keys: OneKey,
     {
-        self.settings.locker.check_records()?;
+        let ttl = self.settings.locker.options().get_ttl();
+        let replay = Arc::new(ReplaySettings::new(replay, ttl));
+        if replay.on_nodes() {
+            self.settings.locker.check_records()?;
+        } else if !self.settings.locker.options().fencing {
+            // Records in PostgreSQL tell holders apart by their tokens alone.
+            return Err(ConfigError::new(
+                "replay's records in PostgreSQL (Replay::records_in) need fencing tokens, \
+                 and this locker has none (LockOptions::fencing(false))",
+            ));
+        }
         if !self.settings.modes.exclusive() {
             return Err(ConfigError::new(
                 "a replaying layer takes exclusive locks only (one execution per key is what \
                  it records); this layer shares its locks (LockLayer::mode, read_mode)",
             ));
         }
-        let ttl = self.settings.locker.options().get_ttl();
-        let replay = Arc::new(ReplaySettings::new(replay, ttl));
         let mut layer = LockLayer {
             key: Replaying(self.key),
             settings: self.settings,

@@ -96,8 +96,17 @@ where
                 Err(response) => Ok(finish(settings, span, response, lease, Some(handle)).await),
             }
         }
-        // A lost lease under replay keeps its pending marker: the outcome is unknown.
-        (_, lease) => Ok(finish(settings, span, response, lease, Some(handle)).await),
+        // A lost lease under replay keeps its pending marker: the outcome is unknown;
+        // unless the handler wrote in its transaction, which rolls back (dropped): its
+        // response must not be sent then.
+        (replay, lease) => {
+            if replay.is_some_and(|step| step.handler_tx().is_some()) {
+                drop(lease);
+                let problem = problem::lock_lost(handle.resource().clone());
+                return Ok(refuse(settings, span, problem));
+            }
+            Ok(finish(settings, span, response, lease, Some(handle)).await)
+        }
     }
 }
 

@@ -23,6 +23,8 @@ mod modes;
 mod multi;
 mod orders;
 mod panics;
+#[cfg(feature = "postgres")]
+mod pg_tx;
 mod replay;
 mod sockets;
 mod splits;

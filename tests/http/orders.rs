@@ -498,41 +498,40 @@ async fn postgres_ledger_fences_every_write() {
     assert_eq!(status.json["last_fencing_token"], newer.to_string());
 }
 
-/// With the ledger in PostgreSQL, `/payments` reconciles an interrupted attempt through
-/// its token: the first attempt charges (its transaction fenced and committed), then
-/// loses its lock mid-way; the retry, told of the interrupted attempt, finds that
-/// attempt's token on the ledger row and answers with its charge instead of charging
-/// again.
+/// With the ledger in PostgreSQL, `/payments` writes its charge through the request's
+/// transaction (`Tx`), committed with its record: the first attempt writes, then loses
+/// its lock mid-way and commits nothing; the retry runs at once (no `outcome-unknown`,
+/// no reconciliation) and charges once; the next retry is replayed.
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_ledger_reconciles_an_interrupted_payment_through_its_token() {
+async fn postgres_payments_commit_with_their_record_and_a_cut_attempt_leaves_nothing() {
     let db = support::postgres::TestDatabase::create().await;
     let servers = RedisServer::start_many(1);
     let config = Config {
         database_url: Some(db.url().to_owned()),
-        // The interrupted attempt blocks its key for one ttl: short here.
         lock_ttl: Duration::from_secs(1),
         node_timeout: Some(Duration::from_millis(200)),
         ..config(&servers)
     };
     let (locker, ledger) = orders::locker_and_ledger(&config).unwrap();
+    ledger.prepare().await.unwrap();
     let app = orders::app(locker, ledger.clone(), &config);
+    let pool = db.pool(1).await;
 
     let first = {
         let app = app.clone();
         tokio::spawn(async move { send(&app, "POST", "/payments?work_ms=60000", Some("i1")).await })
     };
-    // The first attempt has charged (its slow part runs on).
-    support::eventually_async("the first attempt charges", RESPONSE_LIMIT, || async {
-        ledger.order("payment:c1:i1").await.unwrap().payments == 1
+    // The first attempt took its transaction (its marker says so, committed first).
+    support::eventually_async("the first attempt takes Tx", RESPONSE_LIMIT, || async {
+        let flagged: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM redlock_records WHERE transactional")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        flagged == 1
     })
     .await;
-    let charged_by = ledger
-        .order("payment:c1:i1")
-        .await
-        .unwrap()
-        .last_token
-        .unwrap();
     // It loses its lock, as a paused or partitioned process would.
     // The key's resource, scoped to the customer (its hash follows the key).
     let resource = tower_redlock::Resource::new("POST")
@@ -545,22 +544,15 @@ async fn postgres_ledger_reconciles_an_interrupted_payment_through_its_token() {
     servers[0].cmd(&["DEL", &lock_key]);
     let cut = first.await.unwrap();
     assert_eq!(cut.status, StatusCode::SERVICE_UNAVAILABLE, "{}", cut.json);
+    assert_eq!(ledger.order("payment:c1:i1").await.unwrap().payments, 0);
 
-    // The retries: `outcome-unknown` for one ttl, then the handler runs, reconciles.
-    let mut answer = send(&app, "POST", "/payments?work_ms=0", Some("i1")).await;
-    let deadline = std::time::Instant::now() + RESPONSE_LIMIT;
-    while answer.status == StatusCode::CONFLICT && std::time::Instant::now() < deadline {
-        assert_eq!(answer.problem_code(), "outcome-unknown");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        answer = send(&app, "POST", "/payments?work_ms=0", Some("i1")).await;
-    }
+    // The retry runs at once, and charges once.
+    let answer = send(&app, "POST", "/payments?work_ms=0", Some("i1")).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.json);
-    assert_eq!(
-        answer.token(),
-        charged_by,
-        "answered with the interrupted attempt's charge"
-    );
     assert_eq!(answer.json["payment"], 1);
+    let replayed = send(&app, "POST", "/payments?work_ms=0", Some("i1")).await;
+    assert_eq!(replayed.json, answer.json);
+    assert_eq!(replayed.headers["idempotent-replayed"], "true");
     assert_eq!(
         ledger.order("payment:c1:i1").await.unwrap().payments,
         1,

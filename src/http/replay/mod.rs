@@ -23,6 +23,11 @@
 //! clients choose; [`Replay::global`] is for keys that name one operation whoever sends
 //! them (a webhook's event id).
 //!
+//! Records live on the lock nodes, or, with `Replay::records_in` (feature `postgres`), in
+//! the application's PostgreSQL, where a handler that writes through `axum::Tx` commits
+//! its writes and its record in one transaction: a crash before the commit leaves
+//! neither, and the retry runs cleanly instead of answering `outcome-unknown`.
+//!
 //! # Why it is an option of [`LockLayer`](super::LockLayer)
 //!
 //! Replay's steps sit on the layer's one path: the record is looked up **before** the
@@ -39,6 +44,8 @@
 //! lock is neither replayed nor recorded.
 
 mod fingerprint;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 mod steps;
 mod stored;
 
@@ -54,6 +61,8 @@ use http::{Method, StatusCode};
 use super::key::{HeadOnly, KeyExtractor, KeyRejection};
 
 pub use fingerprint::Fingerprint;
+#[cfg(feature = "postgres")]
+pub use postgres::{PgRecords, CREATE_RECORDS_TABLE};
 pub(crate) use steps::ReplayStep;
 
 /// The header added to replayed responses: `Idempotent-Replayed: true`.
@@ -135,6 +144,8 @@ pub struct Replay {
     unknown: Option<UnknownOutcome>,
     client: Option<(ClientFn, String)>,
     methods: Vec<Method>,
+    #[cfg(feature = "postgres")]
+    records: Option<PgRecords>,
 }
 
 impl Replay {
@@ -177,6 +188,8 @@ impl Replay {
             unknown: None,
             client,
             methods: vec![Method::POST, Method::PATCH],
+            #[cfg(feature = "postgres")]
+            records: None,
         }
     }
 
@@ -262,6 +275,20 @@ impl Replay {
         self
     }
 
+    /// Keeps the records in PostgreSQL instead of the lock nodes, whatever nodes hold
+    /// the lock (feature `postgres`; see [`PgRecords`]): as durable as the database,
+    /// and the way for a handler's writes to commit with their record
+    /// ([`Tx`](crate::axum::Tx), feature `axum`). Handlers that do not take `Tx` keep
+    /// the behaviour of records on the nodes. Holders are told apart by their fencing
+    /// tokens: [`LockLayer::try_replay`](super::LockLayer::try_replay) refuses a locker
+    /// without them (`LockOptions::fencing(false)`).
+    #[cfg(feature = "postgres")]
+    #[must_use]
+    pub fn records_in(mut self, records: PgRecords) -> Self {
+        self.records = Some(records);
+        self
+    }
+
     /// What the key answers after an attempt whose outcome is unknown (default
     /// [`UnknownOutcome::ReexecuteAfter`] the lock's ttl).
     #[must_use]
@@ -339,6 +366,9 @@ pub(crate) struct ReplaySettings {
     pub(super) fingerprint: Fingerprint,
     pub(super) client: Option<(ClientFn, String)>,
     pub(crate) methods: Vec<Method>,
+    /// `Some`: records in PostgreSQL, not on the lock nodes.
+    #[cfg(feature = "postgres")]
+    pub(crate) records: Option<PgRecords>,
 }
 
 impl ReplaySettings {
@@ -364,6 +394,8 @@ impl ReplaySettings {
             fingerprint: replay.fingerprint,
             client: replay.client,
             methods: replay.methods,
+            #[cfg(feature = "postgres")]
+            records: replay.records,
         }
     }
 
@@ -371,6 +403,14 @@ impl ReplaySettings {
     /// attempt must stay visible until someone finds it.
     pub(crate) fn pending_ttl(&self) -> Duration {
         self.retention.max(self.unknown_for.unwrap_or_default())
+    }
+
+    /// The records are kept on the lock nodes (not in PostgreSQL).
+    pub(crate) fn on_nodes(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        return self.records.is_none();
+        #[cfg(not(feature = "postgres"))]
+        true
     }
 
     /// Whether a request with `ours` may use a record stored with `stored`.

@@ -22,13 +22,15 @@ use crate::http::extensions::{InterruptedAttempt, LeaseLost};
 use crate::http::key::{KeyRejection, Read};
 use crate::http::layer::Settings;
 use crate::http::policy::{matched_path_in, OnLost};
-use crate::http::problem::{self, lock_error_problem, ProblemKind};
+use crate::http::problem::{self, lock_error_problem, Problem, ProblemKind};
+#[cfg(feature = "postgres")]
+use crate::http::replay::postgres::{TxSlot, TxState};
 use crate::http::section::{finish, finish_with, refuse};
 use crate::lock::record;
 use crate::node::Record;
 use crate::record::Claim;
 use crate::LockError;
-use crate::{metrics, Lease, LeaseHandle, Resource};
+use crate::{metrics, Lease, LeaseHandle, LostCause, Resource};
 
 /// A replaying request's steps on the layer's one path: [`start`](Self::start) with the
 /// keys, [`lookup`](Self::lookup) before the lock, [`claim`](Self::claim) under the
@@ -41,7 +43,17 @@ pub(crate) struct ReplayStep {
     client: Option<String>,
     /// The request matched a route (axum's `MatchedPath`): a 404 is the handler's.
     routed: bool,
+    /// Where a [`Tx`](crate::axum::Tx) leaves the handler's transaction, with records
+    /// in PostgreSQL.
+    #[cfg(feature = "postgres")]
+    tx: Option<TxSlot>,
 }
+
+/// The handler's transaction as the layer finds it after the handler.
+#[cfg(feature = "postgres")]
+type HandlerTx = TxState;
+#[cfg(not(feature = "postgres"))]
+type HandlerTx = std::convert::Infallible;
 
 impl ReplayStep {
     /// The client (400 `key-missing` without one, when the records are per client) and
@@ -97,6 +109,8 @@ impl ReplayStep {
             policy: policy.clone(),
             client,
             routed: matched_path_in(&parts.extensions).is_some(),
+            #[cfg(feature = "postgres")]
+            tx: policy.records.clone().map(TxSlot::new),
         };
         Ok((step, body))
     }
@@ -122,6 +136,16 @@ impl ReplayStep {
         span: &Span,
         resource: &Resource,
     ) -> Option<Response<LeaseBody<RB>>> {
+        #[cfg(feature = "postgres")]
+        if let Some(records) = &self.policy.records {
+            return match records.read(resource).await {
+                Ok(found) => found.map(|record| self.answer(settings, span, &record, resource)),
+                Err(error) => {
+                    tracing::debug!(%error, "record lookup failed; locking");
+                    None
+                }
+            };
+        }
         match settings.locker.find_record(resource.clone()).await {
             Ok(Some(found)) if found.everywhere => {
                 Some(self.answer(settings, span, &found.record, resource))
@@ -146,22 +170,17 @@ impl ReplayStep {
         handle: &LeaseHandle,
         extensions: &mut http::Extensions,
     ) -> Option<Response<LeaseBody<RB>>> {
-        let policy = &*self.policy;
         let resource = handle.resource();
         tracing::debug!(token = %handle.fencing_token(), "lease acquired; claiming the record");
-        let claimed = record::claim_owned(
-            handle.clone(),
-            self.fingerprint.clone(),
-            policy.pending_ttl(),
-            policy.unknown_for,
-            Some(policy.retention),
-        )
-        .await;
-        let problem = match claimed {
-            Ok(Claim::Claimed) => return None,
+        let problem = match self.claim_record(handle).await {
+            Ok(Claim::Claimed) => {
+                self.offer_tx(extensions);
+                return None;
+            }
             Ok(Claim::Reclaimed { interrupted }) => {
                 tracing::warn!(%interrupted, "an earlier attempt with this key was interrupted: running again, the handler is told");
                 extensions.insert(InterruptedAttempt::new(interrupted));
+                self.offer_tx(extensions);
                 return None;
             }
             Ok(Claim::Completed(record)) => {
@@ -174,9 +193,89 @@ impl ReplayStep {
                 );
                 problem::outcome_unknown(retry_after, resource.clone())
             }
-            Err(error) => lock_error_problem(&error, resource.clone()),
+            Err(problem) => problem,
         };
         Some(refuse(settings, span, problem))
+    }
+
+    /// The record claimed where the records are kept.
+    async fn claim_record(&self, handle: &LeaseHandle) -> Result<Claim, Problem> {
+        let policy = &*self.policy;
+        #[cfg(feature = "postgres")]
+        if let Some(records) = &policy.records {
+            let (fingerprint, ttl) = (&self.fingerprint, policy.pending_ttl());
+            return records
+                .claim(handle, fingerprint, ttl, policy.unknown_for)
+                .await;
+        }
+        let claimed = record::claim_owned(
+            handle.clone(),
+            self.fingerprint.clone(),
+            policy.pending_ttl(),
+            policy.unknown_for,
+            Some(policy.retention),
+        );
+        claimed
+            .await
+            .map_err(|error| lock_error_problem(&error, handle.resource().clone()))
+    }
+
+    /// With records in PostgreSQL, the slot a [`Tx`](crate::axum::Tx) takes the
+    /// handler's transaction from.
+    fn offer_tx(&self, extensions: &mut http::Extensions) {
+        #[cfg(feature = "postgres")]
+        if let Some(slot) = &self.tx {
+            extensions.insert(slot.clone());
+        }
+        let _ = extensions;
+    }
+
+    /// The handler's transaction (`None`: records on the nodes), closed to new ones.
+    pub(crate) fn handler_tx(&self) -> Option<HandlerTx> {
+        #[cfg(feature = "postgres")]
+        return (self.tx.as_ref().map(TxSlot::close))
+            .filter(|state| !matches!(state, TxState::Free));
+        #[cfg(not(feature = "postgres"))]
+        None
+    }
+
+    /// The response recorded where the records are kept. `Ok(Err(cause))`: sent, not
+    /// recorded (`cause`: the lease was lost). `Err`: the handler's transaction was
+    /// rolled back, or its commit failed, and this problem answers instead.
+    async fn store(
+        &self,
+        tx: Option<HandlerTx>,
+        handle: &LeaseHandle,
+        data: Bytes,
+    ) -> Result<Result<(), Option<LostCause>>, Problem> {
+        let (fingerprint, retention) = (self.fingerprint.clone(), self.policy.retention);
+        #[cfg(feature = "postgres")]
+        if let Some(records) = &self.policy.records {
+            return records
+                .record(tx, handle, &fingerprint, &data, retention)
+                .await;
+        }
+        let _ = tx;
+        let stored = record::store_owned(handle.clone(), fingerprint, data, retention).await;
+        Ok(stored.map_err(|error| {
+            tracing::warn!(%error, "response sent but not recorded: the key answers outcome-unknown for a while");
+            match error {
+                LockError::Lost { cause, .. } => Some(cause),
+                _ => None,
+            }
+        }))
+    }
+
+    /// Our pending marker removed: nothing is recorded, the next request runs again.
+    async fn settle(&self, handle: &LeaseHandle) {
+        #[cfg(feature = "postgres")]
+        if let Some(records) = &self.policy.records {
+            let _ = records.discard(handle).await;
+            return;
+        }
+        if let Err(error) = record::discard_owned(handle.clone()).await {
+            tracing::warn!(%error, "pending record marker not removed: the key answers outcome-unknown for a while");
+        }
     }
 
     /// Under a live lease, after the handler answered: the response read and recorded
@@ -191,7 +290,9 @@ impl ReplayStep {
         lease: Lease,
         handle: LeaseHandle,
     ) -> Response<LeaseBody<RB>> {
-        let (policy, fingerprint, routed) = (&*self.policy, self.fingerprint, self.routed);
+        let (policy, routed) = (&*self.policy, self.routed);
+        // The handler's writes through it commit only with their record.
+        let tx = self.handler_tx();
         let status = response.status();
         let too_large = response.body().size_hint().lower() > policy.max_body as u64;
         // The router answers 405 for a method the route lacks (under `MethodRouter::layer`
@@ -211,7 +312,12 @@ impl ReplayStep {
             } else {
                 tracing::debug!(%status, "status not recorded for replay: the next request runs again");
             }
-            settle(&handle).await;
+            self.settle(&handle).await;
+            if too_large && tx.is_some() {
+                drop(lease);
+                return refuse(settings, span, rolled_back(&handle));
+            }
+            roll_back(tx);
             return finish(settings, span, response, Some(lease), Some(handle)).await;
         }
         let (parts, body) = response.into_parts();
@@ -241,8 +347,8 @@ impl ReplayStep {
         }
         if failed {
             tracing::warn!("the response body failed while it was read for recording");
-            settle(&handle).await;
-            drop(lease);
+            self.settle(&handle).await;
+            drop((lease, tx));
             let problem = problem::response_failed(handle.resource().clone());
             return refuse(settings, span, problem);
         }
@@ -251,7 +357,11 @@ impl ReplayStep {
                 limit = policy.max_body,
                 "response body larger than the replay limit: sent, not recorded"
             );
-            settle(&handle).await;
+            self.settle(&handle).await;
+            if tx.is_some() {
+                drop(lease);
+                return refuse(settings, span, rolled_back(&handle));
+            }
             let prefix = buffer.freeze();
             let abort = settings.on_lost == OnLost::Abort;
             return finish_with(
@@ -268,18 +378,15 @@ impl ReplayStep {
         let bytes = buffer.freeze();
         let stored =
             StoredResponse::new(parts.status, &parts.headers, &policy.headers, bytes.clone());
-        let stored = record::store_owned(
-            handle.clone(),
-            fingerprint,
-            stored.encode(),
-            policy.retention,
-        )
-        .await;
-        match &stored {
-            Ok(()) => tracing::debug!("response recorded for replay"),
-            Err(error) => {
-                tracing::warn!(%error, "response sent but not recorded: the key answers outcome-unknown for a while");
+        let stored = match self.store(tx, &handle, stored.encode()).await {
+            Ok(stored) => stored,
+            Err(problem) => {
+                drop(lease);
+                return refuse(settings, span, problem);
             }
+        };
+        if stored.is_ok() {
+            tracing::debug!("response recorded for replay");
         }
         let body = LeaseBody::recorded(bytes, trailers);
         // Nothing is left to do under the lease: release it now, so a waiter gets the
@@ -294,7 +401,7 @@ impl ReplayStep {
             |_| body,
         )
         .await;
-        if let Err(LockError::Lost { cause, .. }) = &stored {
+        if let Err(Some(cause)) = &stored {
             // The nodes said so before the watchdog did.
             if response.extensions().get::<LeaseLost>().is_none() {
                 response.extensions_mut().insert(LeaseLost(*cause));
@@ -344,11 +451,19 @@ impl ReplayStep {
     }
 }
 
-/// Removes our pending marker: nothing is recorded, the next request runs again.
-async fn settle(handle: &LeaseHandle) {
-    if let Err(error) = record::discard_owned(handle.clone()).await {
-        tracing::warn!(%error, "pending record marker not removed: the key answers outcome-unknown for a while");
-    }
+/// Ends the handler's transaction, if any, without committing it: dropped, it rolls back.
+fn roll_back(_tx: Option<HandlerTx>) {}
+
+/// 500 `response-failed`: the response could not be recorded, so the handler's
+/// transaction was rolled back, and the response, which its writes would have
+/// answered, is not sent.
+pub(crate) fn rolled_back(handle: &LeaseHandle) -> Problem {
+    Problem::new(
+        ProblemKind::ResponseFailed,
+        "the response could not be recorded, so the handler's transaction was rolled back; \
+         nothing of the request was committed",
+    )
+    .with_resource(handle.resource().clone())
 }
 
 #[cfg(test)]
@@ -365,6 +480,8 @@ mod tests {
                 fingerprint: Bytes::new(),
                 client: client.map(str::to_owned),
                 routed: true,
+                #[cfg(feature = "postgres")]
+                tx: None,
             }
             .scope(resource.clone())
         };

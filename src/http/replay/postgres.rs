@@ -1,0 +1,411 @@
+//! Replay's records kept in PostgreSQL ([`Replay::records_in`](super::Replay::records_in),
+//! feature `postgres`), whatever node holds the lock, so that a handler's writes and its
+//! record can commit in one transaction ([`Tx`](crate::axum::Tx), feature `axum`).
+//!
+//! See [`PgRecords`].
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::{PgPool, Postgres, Row, Transaction};
+
+use super::steps::rolled_back;
+use crate::http::problem::{self, Problem, ProblemKind, RETRY_SOON};
+use crate::node::Record;
+use crate::record::Claim;
+use crate::{FencingToken, LeaseHandle, LostCause, Resource};
+
+/// The records table, as a migration (see [`PgRecords`]).
+pub const CREATE_RECORDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS redlock_records (
+    resource text PRIMARY KEY,
+    token bigint NOT NULL,
+    fingerprint bytea NOT NULL,
+    data bytea,
+    transactional boolean NOT NULL DEFAULT false,
+    orphaned_until timestamptz,
+    expires_at timestamptz NOT NULL
+)";
+
+/// A completed record, not expired.
+const READ: &str = "SELECT token, fingerprint, data FROM redlock_records \
+     WHERE resource = $1 AND data IS NOT NULL AND expires_at > now()";
+
+/// This lease's pending marker, over an expired row, its own marker, or an earlier
+/// attempt's that left nothing behind (transactional) or whose time as unknown is over;
+/// returns that interrupted attempt's token in the last case.
+const CLAIM: &str = "WITH old AS (SELECT * FROM redlock_records WHERE resource = $1) \
+     INSERT INTO redlock_records AS r \
+     (resource, token, fingerprint, data, transactional, orphaned_until, expires_at) \
+     VALUES ($1, $2, $3, NULL, false, NULL, now() + $4 * interval '1 second') \
+     ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, \
+     fingerprint = EXCLUDED.fingerprint, data = NULL, transactional = false, \
+     orphaned_until = NULL, expires_at = EXCLUDED.expires_at \
+     WHERE r.expires_at <= now() \
+     OR (r.data IS NULL AND r.token = EXCLUDED.token) \
+     OR (r.data IS NULL AND r.token < EXCLUDED.token \
+         AND (r.transactional OR r.orphaned_until <= now())) \
+     RETURNING (SELECT token FROM old WHERE old.data IS NULL AND old.token < $2 \
+         AND NOT old.transactional AND old.orphaned_until IS NOT NULL \
+         AND old.expires_at > now())";
+
+/// What a claim that could not write found.
+const FIND: &str = "SELECT token, fingerprint, data, \
+     EXTRACT(EPOCH FROM orphaned_until - now())::float8 AS orphan_left, \
+     EXTRACT(EPOCH FROM expires_at - now())::float8 AS left \
+     FROM redlock_records WHERE resource = $1";
+
+/// An earlier attempt's marker stamped as interrupted: outcome unknown for `$3` seconds
+/// (NULL: as long as the marker lives).
+const ORPHAN: &str = "UPDATE redlock_records \
+     SET orphaned_until = COALESCE(now() + $3 * interval '1 second', expires_at) \
+     WHERE resource = $1 AND token = $2 AND data IS NULL AND orphaned_until IS NULL \
+     RETURNING EXTRACT(EPOCH FROM orphaned_until - now())::float8";
+
+/// The completed record, over this lease's marker or anything older.
+const STORE: &str = "INSERT INTO redlock_records AS r \
+     (resource, token, fingerprint, data, transactional, orphaned_until, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, NULL, now() + $6 * interval '1 second') \
+     ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, \
+     fingerprint = EXCLUDED.fingerprint, data = EXCLUDED.data, \
+     transactional = EXCLUDED.transactional, orphaned_until = NULL, \
+     expires_at = EXCLUDED.expires_at \
+     WHERE r.token < EXCLUDED.token OR (r.token = EXCLUDED.token AND r.data IS NULL)";
+
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
+const MARK_TRANSACTIONAL: &str = "UPDATE redlock_records SET transactional = true \
+     WHERE resource = $1 AND token = $2 AND data IS NULL";
+
+const DISCARD: &str =
+    "DELETE FROM redlock_records WHERE resource = $1 AND token = $2 AND data IS NULL";
+
+/// Replay's records in a PostgreSQL database: the option of
+/// [`Replay::records_in`](super::Replay::records_in), and the pool a
+/// [`Tx`](crate::axum::Tx) begins its transaction on.
+///
+/// The protocol is the nodes' one (see [`record`](crate::record)), on one row per key:
+/// looked up before the lock (expired rows ignored), claimed under the lease with a
+/// pending marker in a statement of its own (committed at once), completed after the
+/// handler with a statement guarded by the lease's token
+/// (`ON CONFLICT … WHERE token < the lease's`, or this lease's own marker), so a holder
+/// that lost its lease never writes over a newer holder's marker or record.
+///
+/// What the marker of an earlier attempt means depends on how that attempt wrote:
+///
+/// - without a transaction (the handler did not take [`Tx`](crate::axum::Tx)): its effects
+///   may have happened, the outcome is unknown, as with the nodes' records (409
+///   `outcome-unknown`, then [`InterruptedAttempt`](crate::http::InterruptedAttempt));
+/// - through [`Tx`](crate::axum::Tx): the marker was flagged `transactional` (committed
+///   before the handler's first write), and the handler's writes commit only with the
+///   record. A transactional marker without a record means nothing of that attempt
+///   committed, so the next claim runs the handler cleanly.
+///
+/// # The table
+///
+/// [`PgRecords::create`] runs [`CREATE_RECORDS_TABLE`] (idempotent), and creates the
+/// fence table [`Tx`](crate::axum::Tx) advances; as a migration:
+///
+/// ```sql
+/// CREATE TABLE IF NOT EXISTS redlock_records (
+///     resource text PRIMARY KEY,
+///     token bigint NOT NULL,
+///     fingerprint bytea NOT NULL,
+///     data bytea,                      -- NULL: a pending marker
+///     transactional boolean NOT NULL DEFAULT false,
+///     orphaned_until timestamptz,      -- an interrupted attempt found: outcome unknown until then
+///     expires_at timestamptz NOT NULL
+/// );
+/// ```
+///
+/// Expired rows are ignored and overwritten by the next claim of their key; delete the
+/// others from time to time (`DELETE FROM redlock_records WHERE expires_at < now()`).
+///
+/// # Example
+///
+/// ```no_run
+/// use tower_redlock::http::replay::{PgRecords, Replay};
+/// use tower_redlock::http::{key::header, LockLayer};
+/// use tower_redlock::Redlock;
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
+/// let records = PgRecords::new(pool);
+/// records.create().await?; // or CREATE_RECORDS_TABLE as a migration
+/// let layer = LockLayer::new(Redlock::in_memory(), header("Idempotency-Key"))
+///     .replay(Replay::per_client(header("Authorization")).records_in(records));
+/// # let _ = layer; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgRecords {
+    pool: PgPool,
+}
+
+impl PgRecords {
+    /// Records in the database of `pool` (the application's own, for [`Tx`](crate::axum::Tx)).
+    pub fn new(pool: PgPool) -> Self {
+        PgRecords { pool }
+    }
+
+    /// Creates the table if it does not exist ([`CREATE_RECORDS_TABLE`]), and the fence
+    /// table [`Tx`](crate::axum::Tx) advances ([`FenceTable::create_sql`](crate::fence::postgres::FenceTable::create_sql)).
+    pub async fn create(&self) -> Result<(), sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query(CREATE_RECORDS_TABLE)
+            .execute(&mut *conn)
+            .await?;
+        crate::fence::postgres::FenceTable::default()
+            .create(&mut conn)
+            .await
+    }
+
+    /// The pool the records and the handlers' transactions use.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The completed record of `resource`, if any and not expired.
+    pub(crate) async fn read(&self, resource: &Resource) -> Result<Option<Record>, sqlx::Error> {
+        let row = sqlx::query(READ)
+            .bind(resource.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|row| {
+            let data: Vec<u8> = row.try_get("data")?;
+            record_of(&row, data)
+        })
+        .transpose()
+    }
+
+    /// Under the lease: this lease's pending marker written, or what stops it (see
+    /// [`Claim`]); a newer holder's marker is 503 `lock-lost`.
+    pub(crate) async fn claim(
+        &self,
+        handle: &LeaseHandle,
+        fingerprint: &[u8],
+        pending_ttl: Duration,
+        unknown_for: Option<Duration>,
+    ) -> Result<Claim, Problem> {
+        let (resource, token) = (handle.resource(), token_of(handle)?);
+        let failed = |error: sqlx::Error| database_problem(&error, resource);
+        // Twice at most: a row that changed between the two statements (expired,
+        // discarded) is claimed by the second round.
+        for _ in 0..2 {
+            let claimed = sqlx::query(CLAIM)
+                .bind(resource.as_str())
+                .bind(token)
+                .bind(fingerprint)
+                .bind(pending_ttl.as_secs_f64())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(failed)?;
+            if let Some(row) = claimed {
+                let interrupted: Option<i64> = row.try_get(0).map_err(failed)?;
+                return Ok(match interrupted {
+                    Some(token) => Claim::Reclaimed {
+                        interrupted: FencingToken::new(token as u64),
+                    },
+                    None => Claim::Claimed,
+                });
+            }
+            let Some(row) = sqlx::query(FIND)
+                .bind(resource.as_str())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(failed)?
+            else {
+                continue;
+            };
+            let (theirs, left): (i64, Option<f64>) = (
+                row.try_get("token").map_err(failed)?,
+                row.try_get("left").map_err(failed)?,
+            );
+            let data: Option<Vec<u8>> = row.try_get("data").map_err(failed)?;
+            if left.is_none_or(|left| left <= 0.0) {
+                continue;
+            }
+            if let Some(data) = data {
+                return record_of(&row, data).map(Claim::Completed).map_err(failed);
+            }
+            if theirs > token {
+                return Err(problem::lock_lost(resource.clone()));
+            }
+            let orphan_left: Option<f64> = row.try_get("orphan_left").map_err(failed)?;
+            let orphan_left = match orphan_left {
+                Some(left) => Some(left),
+                None => sqlx::query_scalar(ORPHAN)
+                    .bind(resource.as_str())
+                    .bind(theirs)
+                    .bind(unknown_for.map(|d| d.as_secs_f64()))
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(failed)?,
+            };
+            if let Some(left) = orphan_left.filter(|left| *left > 0.0) {
+                let retry_after = Duration::from_secs_f64(left);
+                return Ok(Claim::Unknown {
+                    retry_after: Some(retry_after),
+                });
+            }
+        }
+        Err(database_problem(
+            &"the record row changed under two claims in a row",
+            resource,
+        ))
+    }
+
+    /// The completed record of this lease, in `tx` when the handler wrote through one
+    /// (then flagged `transactional`), else on its own. `Ok(false)`: a newer holder's
+    /// marker or record is there, nothing written.
+    pub(crate) async fn store(
+        &self,
+        tx: Option<&mut Transaction<'static, Postgres>>,
+        handle: &LeaseHandle,
+        fingerprint: &[u8],
+        data: &[u8],
+        retention: Duration,
+    ) -> Result<bool, Problem> {
+        let query = sqlx::query(STORE)
+            .bind(handle.resource().as_str())
+            .bind(token_of(handle)?)
+            .bind(fingerprint)
+            .bind(data)
+            .bind(tx.is_some())
+            .bind(retention.as_secs_f64());
+        let done = match tx {
+            Some(tx) => query.execute(&mut **tx).await,
+            None => query.execute(&self.pool).await,
+        };
+        match done {
+            Ok(done) => Ok(done.rows_affected() == 1),
+            Err(error) => Err(database_problem(&error, handle.resource())),
+        }
+    }
+
+    /// The response recorded after the handler: in the handler's transaction, then
+    /// committed, when it took one (see [`Tx`](crate::axum::Tx)); else on its own.
+    /// Answers as `ReplayStep::store`.
+    pub(crate) async fn record(
+        &self,
+        tx: Option<TxState>,
+        handle: &LeaseHandle,
+        fingerprint: &[u8],
+        data: &[u8],
+        retention: Duration,
+    ) -> Result<Result<(), Option<LostCause>>, Problem> {
+        let resource = handle.resource();
+        let mut tx = match tx {
+            Some(TxState::Returned(tx)) => tx,
+            // Still held by the handler (moved into a task): never committed.
+            Some(_) => return Err(rolled_back(handle)),
+            None => {
+                return Ok(
+                    match self.store(None, handle, fingerprint, data, retention).await {
+                        Ok(true) => Ok(()),
+                        Ok(false) => Err(Some(handle.lost_cause().unwrap_or(LostCause::KeyLost))),
+                        Err(_) => Err(None),
+                    },
+                );
+            }
+        };
+        let stored = self.store(Some(&mut tx), handle, fingerprint, data, retention);
+        // A newer holder's marker, or the lease lost meanwhile: `tx` rolls back when
+        // dropped. Once the record row is written, a newer holder's claim waits for
+        // this commit and finds the record.
+        if !stored.await? || !handle.is_held() {
+            tracing::warn!(
+                "lease lost before the commit: the handler's transaction is rolled back"
+            );
+            return Err(problem::lock_lost(resource.clone()));
+        }
+        match tx.commit().await {
+            Ok(()) => Ok(Ok(())),
+            Err(error) => Err(database_problem(&error, resource)),
+        }
+    }
+
+    /// Flags this lease's marker: its writes go through a transaction that commits
+    /// with the record. `Ok(false)`: the marker is no longer ours.
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) async fn mark_transactional(&self, handle: &LeaseHandle) -> Result<bool, Problem> {
+        sqlx::query(MARK_TRANSACTIONAL)
+            .bind(handle.resource().as_str())
+            .bind(token_of(handle)?)
+            .execute(&self.pool)
+            .await
+            .map(|done| done.rows_affected() == 1)
+            .map_err(|error| database_problem(&error, handle.resource()))
+    }
+
+    /// Removes this lease's marker: nothing recorded, the next request runs again.
+    pub(crate) async fn discard(&self, handle: &LeaseHandle) -> Result<(), Problem> {
+        sqlx::query(DISCARD)
+            .bind(handle.resource().as_str())
+            .bind(token_of(handle)?)
+            .execute(&self.pool)
+            .await
+            .map(drop)
+            .map_err(|error| database_problem(&error, handle.resource()))
+    }
+}
+
+fn record_of(row: &sqlx::postgres::PgRow, data: Vec<u8>) -> Result<Record, sqlx::Error> {
+    let token: i64 = row.try_get("token")?;
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    Ok(Record::new(
+        FencingToken::new(token as u64),
+        Bytes::from(fingerprint),
+        Bytes::from(data),
+    ))
+}
+
+fn token_of(handle: &LeaseHandle) -> Result<i64, Problem> {
+    crate::fence::to_i64(handle.fencing_token())
+        .map_err(|error| database_problem(&error, handle.resource()))
+}
+
+/// 503: the records' database failed; nothing of the request was committed.
+pub(crate) fn database_problem(error: &dyn std::fmt::Display, resource: &Resource) -> Problem {
+    tracing::warn!(%error, "idempotency records' database failed");
+    Problem::new(
+        ProblemKind::LockUnavailable,
+        "the idempotency records' database failed; nothing of the request was committed",
+    )
+    .with_retry_after(RETRY_SOON)
+    .with_resource(resource.clone())
+}
+
+/// Where a [`Tx`](crate::axum::Tx) finds the records' pool, and leaves its transaction
+/// when the handler is done with it, for the layer to record the response in it and
+/// commit. Put in the request's extensions by a layer with records in PostgreSQL.
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
+#[derive(Clone)]
+pub(crate) struct TxSlot {
+    pub(crate) records: PgRecords,
+    pub(crate) state: Arc<Mutex<TxState>>,
+}
+
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
+#[derive(Default)]
+pub(crate) enum TxState {
+    /// No transaction taken (yet).
+    #[default]
+    Free,
+    /// A [`Tx`](crate::axum::Tx) holds it.
+    Taken,
+    /// The handler is done with it: for the layer to commit.
+    Returned(Transaction<'static, Postgres>),
+}
+
+impl TxSlot {
+    pub(crate) fn new(records: PgRecords) -> Self {
+        TxSlot {
+            records,
+            state: Arc::default(),
+        }
+    }
+
+    /// The slot's state, left `Taken` so that no `Tx` begins after the handler.
+    pub(crate) fn close(&self) -> TxState {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *state, TxState::Taken)
+    }
+}
