@@ -168,6 +168,11 @@ impl Connection {
         read_value(&mut self.reader)
     }
 
+    /// Reads the next message the server pushes (a subscription's, after `SUBSCRIBE`).
+    pub fn read(&mut self) -> io::Result<RespValue> {
+        read_value(&mut self.reader)
+    }
+
     /// Like [`Connection::call`] with string arguments.
     pub fn call_str(&mut self, args: &[&str]) -> io::Result<RespValue> {
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
