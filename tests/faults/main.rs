@@ -57,6 +57,8 @@ mod network;
 mod over_http;
 mod paused_holder;
 mod persistence;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "axum")]
 mod records;
 mod server_errors;
