@@ -48,6 +48,8 @@ mod http_client;
 #[path = "../support/mod.rs"]
 mod support;
 
+#[cfg(all(feature = "axum", feature = "postgres"))]
+mod app_killed;
 mod cancellation;
 mod contention;
 mod crashes;
