@@ -18,6 +18,7 @@
 //!   (`LockOptions::unsafe_fence_seed_only_when_missing`: a counter seeded from the
 //!   clock only when missing, so one that comes back behind is trusted): tokens then
 //!   repeat and the checker must fail.
+//!   s15–s17 (PostgreSQL, feature `postgres`): see their modules (`postgres`, `app_killed`).
 //!
 //! Scenarios 10–12 bring nodes back with *older* state under contention: three RDB
 //! nodes restored from stale snapshots one at a time (s10), one AOF `everysec` node that
@@ -48,6 +49,8 @@ mod http_client;
 #[path = "../support/mod.rs"]
 mod support;
 
+#[cfg(all(feature = "axum", feature = "postgres"))]
+mod app_killed;
 mod cancellation;
 mod contention;
 mod crashes;
@@ -57,6 +60,8 @@ mod network;
 mod over_http;
 mod paused_holder;
 mod persistence;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "axum")]
 mod records;
 mod server_errors;
