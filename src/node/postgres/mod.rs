@@ -39,7 +39,7 @@ use listener::Listener;
 /// | release | `DELETE … WHERE owner = $owner` and `pg_notify` in the same statement (so the notification is sent when, and only if, the deletion commits) |
 /// | raise the fence | `INSERT … ON CONFLICT DO UPDATE SET counter = greatest(counter, token)` |
 /// | wake-up | `LISTEN` on one channel per node, on a connection of its own (below) |
-/// | outcome records | rows of `redlock_records`; a claim and a store are one statement each, after a transaction-scoped advisory lock on the record in the same message (so they never interleave; nothing outlives the statement) |
+/// | outcome records | rows of `redlock_node_records`; a claim and a store are one statement each, after a transaction-scoped advisory lock on the record in the same message (so they never interleave; nothing outlives the statement) |
 ///
 /// No advisory lock and no session state: every call runs on whatever connection the
 /// pool hands out, so the node works behind PgBouncer in transaction pooling mode.

@@ -111,7 +111,7 @@ const RAISE: &str = concat!(
 
 const EXISTING: &str = "SELECT to_regclass('redlock_leases') IS NOT NULL
     AND to_regclass('redlock_fence_counters') IS NOT NULL
-    AND to_regclass('redlock_records') IS NOT NULL";
+    AND to_regclass('redlock_node_records') IS NOT NULL";
 
 pub(super) async fn create_tables(pool: &PgPool) -> Result<(), NodeError> {
     let row = pool.fetch_one(EXISTING).await.map_err(node_error)?;
