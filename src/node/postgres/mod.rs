@@ -14,7 +14,8 @@ use tokio::sync::OnceCell;
 use crate::error::{ConfigError, NodeError};
 use crate::node::percent::percent_decode;
 use crate::node::{
-    Acquire, Hold, Node, NodeFuture, RecordStore, Release, ReleaseSignal, ResourceKeys, Vote,
+    Acquire, Hold, Node, NodeFuture, RecordStore, Release, ReleaseSignal, ResourceKeys,
+    ServerSetup, Vote,
 };
 use listener::Listener;
 
@@ -274,6 +275,17 @@ impl Node for PostgresNode {
 
     fn records(&self) -> Option<&dyn RecordStore> {
         Some(self)
+    }
+
+    /// The role only (`primary`, `standby` or `read-only`): a locker refuses the last two
+    /// at connect, as it refuses a Redis replica.
+    fn server_setup(&self, _probe: &ResourceKeys) -> NodeFuture<Vec<ServerSetup>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut setup = ServerSetup::new(inner.name.clone());
+            setup.role = Some(sql::role(&inner.pool).await?);
+            Ok(vec![setup])
+        })
     }
 }
 
