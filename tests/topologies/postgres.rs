@@ -309,12 +309,12 @@ impl PgBouncer {
     }
 }
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
 }
 
-fn is_root() -> bool {
+pub(super) fn is_root() -> bool {
     std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
         .unwrap_or(false)
