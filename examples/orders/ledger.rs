@@ -2,7 +2,7 @@
 //! and shipments per order, the most handlers ever inside one order at once
 //! (`max_in_flight`), and refuses a write whose fencing token is below one it accepted
 //! (in Redis through the crate's guarded write, `tower_redlock::fence::redis`); in Redis
-//! (`LEDGER_URL`) or in this process.
+//! (`LEDGER_URL`), in this process, or in PostgreSQL (`DATABASE_URL`, `postgres.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
