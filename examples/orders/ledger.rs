@@ -2,7 +2,7 @@
 //! and shipments per order, the most handlers ever inside one order at once
 //! (`max_in_flight`), and refuses a write whose fencing token is below one it accepted
 //! (in Redis through the crate's guarded write, `tower_redlock::fence::redis`); in Redis
-//! (`LEDGER_URL`) or in this process.
+//! (`LEDGER_URL`), in this process, or in PostgreSQL (`DATABASE_URL`, `postgres.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -86,7 +86,7 @@ pub struct Ledger {
 pub(super) enum Store {
     Memory(Arc<Mutex<HashMap<String, OrderRecord>>>),
     #[cfg(feature = "postgres")]
-    Postgres(postgres::PgLedger),
+    Postgres(super::postgres::PgLedger),
     Redis {
         connection: LedgerConnection,
         scripts: Arc<Scripts>,
@@ -164,7 +164,7 @@ impl Ledger {
     #[cfg(feature = "postgres")]
     pub fn postgres(url: &str) -> Result<Ledger, BoxError> {
         Ok(Ledger {
-            store: Store::Postgres(postgres::PgLedger::connect_lazy(url)?),
+            store: Store::Postgres(super::postgres::PgLedger::connect_lazy(url)?),
         })
     }
 
@@ -483,178 +483,6 @@ impl Drop for Visit {
                     }
                 });
             }
-        }
-    }
-}
-
-/// The ledger in PostgreSQL (`DATABASE_URL`, feature `postgres`): one row per order in
-/// `orders_example_ledger`, each write in a transaction fenced by the order's fence
-/// (`tower_redlock::fence::postgres`, table `redlock_fences`), so a writer whose lease
-/// ran out is refused by the database and its transaction commits nothing.
-#[cfg(feature = "postgres")]
-pub(super) mod postgres {
-    use std::sync::Arc;
-
-    use sqlx::postgres::PgPoolOptions;
-    use sqlx::PgPool;
-    use tokio::sync::OnceCell;
-    use tower_redlock::fence::{self, FenceError};
-    use tower_redlock::http::replay::PgRecords;
-    use tower_redlock::{FencingToken, Resource};
-
-    use super::{BoxError, Entry, LedgerError, OrderRecord};
-
-    const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS orders_example_ledger (
-        entry text PRIMARY KEY,
-        payments bigint NOT NULL DEFAULT 0,
-        shipments bigint NOT NULL DEFAULT 0,
-        in_flight bigint NOT NULL DEFAULT 0,
-        max_in_flight bigint NOT NULL DEFAULT 0,
-        last_token bigint
-    )";
-
-    impl From<sqlx::Error> for LedgerError {
-        fn from(error: sqlx::Error) -> Self {
-            LedgerError::Unavailable(error.to_string())
-        }
-    }
-
-    #[derive(Clone)]
-    pub(in super::super) struct PgLedger {
-        pool: PgPool,
-        ready: Arc<OnceCell<()>>,
-    }
-
-    impl PgLedger {
-        pub(super) fn connect_lazy(url: &str) -> Result<PgLedger, BoxError> {
-            let pool = PgPoolOptions::new()
-                .max_connections(8)
-                .connect_lazy(url)
-                .map_err(|e| format!("DATABASE_URL {url:?}: {e}"))?;
-            Ok(PgLedger {
-                pool,
-                ready: Arc::default(),
-            })
-        }
-
-        /// The pool, once the tables exist.
-        async fn pool(&self) -> Result<&PgPool, LedgerError> {
-            self.ready
-                .get_or_try_init(|| async {
-                    let mut conn = self.pool.acquire().await?;
-                    sqlx::query(SCHEMA).execute(&mut *conn).await?;
-                    // The fence table too.
-                    self.records().create().await?;
-                    Ok::<(), sqlx::Error>(())
-                })
-                .await?;
-            Ok(&self.pool)
-        }
-
-        pub(super) async fn prepare(&self) -> Result<(), LedgerError> {
-            self.pool().await.map(drop)
-        }
-
-        pub(super) fn records(&self) -> PgRecords {
-            PgRecords::new(self.pool.clone())
-        }
-
-        /// The fence of a ledger entry: one per entry, as a token orders the writes of
-        /// one lock only.
-        fn fence(order: &str, token: FencingToken) -> (Resource, FencingToken) {
-            (Resource::new("orders-example").join(order), token)
-        }
-
-        pub(super) async fn enter(&self, order: &str) -> Result<(), LedgerError> {
-            sqlx::query(
-                "INSERT INTO orders_example_ledger AS l (entry, in_flight, max_in_flight)
-                 VALUES ($1, 1, 1)
-                 ON CONFLICT (entry) DO UPDATE SET in_flight = l.in_flight + 1,
-                     max_in_flight = greatest(l.max_in_flight, l.in_flight + 1)",
-            )
-            .bind(order)
-            .execute(self.pool().await?)
-            .await?;
-            Ok(())
-        }
-
-        pub(super) async fn order(&self, order: &str) -> Result<OrderRecord, LedgerError> {
-            let row: Option<(i64, i64, i64, i64, Option<i64>)> = sqlx::query_as(
-                "SELECT payments, shipments, in_flight, max_in_flight, last_token
-                 FROM orders_example_ledger WHERE entry = $1",
-            )
-            .bind(order)
-            .fetch_optional(self.pool().await?)
-            .await?;
-            Ok(match row {
-                None => OrderRecord::default(),
-                Some((payments, shipments, in_flight, max_in_flight, last_token)) => OrderRecord {
-                    payments: payments.max(0) as u64,
-                    shipments: shipments.max(0) as u64,
-                    in_flight,
-                    max_in_flight,
-                    last_token: last_token.map(|token| token as u64),
-                },
-            })
-        }
-
-        /// Leaves the in-flight count, then, in one transaction, advances the entry's
-        /// fence and counts the entry: both or neither.
-        pub(super) async fn record(
-            &self,
-            order: &str,
-            entry: Entry,
-            token: FencingToken,
-        ) -> Result<u64, LedgerError> {
-            let pool = self.pool().await?;
-            self.leave(order).await?;
-            let mut tx = pool.begin().await?;
-            match fence::postgres::advance(&mut tx, &Self::fence(order, token)).await {
-                Ok(()) => {}
-                // `tx` is dropped: rolled back, nothing counted.
-                Err(FenceError::Stale { current, .. }) => {
-                    return Err(LedgerError::Stale {
-                        token,
-                        last: current.get(),
-                    })
-                }
-                Err(other) => return Err(LedgerError::Unavailable(other.to_string())),
-            }
-            let column = match entry {
-                Entry::Payment => "payments",
-                Entry::Shipment => "shipments",
-            };
-            let count: i64 = sqlx::query_scalar(&format!(
-                "UPDATE orders_example_ledger SET {column} = {column} + 1, last_token = $2
-                 WHERE entry = $1 RETURNING {column}"
-            ))
-            .bind(order)
-            .bind(fence::to_i64(token).map_err(|_| {
-                LedgerError::Unavailable(format!("fencing token {token} does not fit bigint"))
-            })?)
-            .fetch_one(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            Ok(count.max(0) as u64)
-        }
-
-        async fn leave(&self, order: &str) -> Result<(), LedgerError> {
-            sqlx::query(
-                "UPDATE orders_example_ledger SET in_flight = in_flight - 1 WHERE entry = $1",
-            )
-            .bind(order)
-            .execute(self.pool().await?)
-            .await?;
-            Ok(())
-        }
-
-        pub(super) fn leave_in_background(&self, order: &str) {
-            let (ledger, order) = (self.clone(), order.to_owned());
-            tokio::spawn(async move {
-                if let Err(error) = ledger.leave(&order).await {
-                    tracing::warn!(?error, "ledger: leaving the in-flight count failed");
-                }
-            });
         }
     }
 }

@@ -10,7 +10,7 @@
 //! LEDGER_URL=redis://127.0.0.1:7001 \
 //!     cargo run --example orders --features etcd  # one etcd cluster, revisions as tokens
 //! DATABASE_URL=postgres://postgres@127.0.0.1/orders \
-//!     cargo run --example orders --features postgres  # the ledger in PostgreSQL, fenced
+//!     cargo run --example orders --features postgres  # all of it in PostgreSQL, no Redis
 //! ```
 //!
 //! Environment:
@@ -18,9 +18,9 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `PORT` | 3000 | listens on `127.0.0.1:$PORT` |
-//! | `LOCK_URLS` (or its old name `REDIS_URLS`) | unset | node URLs separated by commas or whitespace (`redis://`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/master`, `etcd://h1:p1,h2:p2/prefix` with `--features etcd`; see `tower_redlock::split_node_urls`): Redlock over them (majority); an etcd node must be the only one. Unset: the in-process `MemoryNode` and an in-process ledger |
-//! | `LEDGER_URL` | the first of `LOCK_URLS` (required when that is etcd) | the Redis of the ledger: a server, a Cluster or a Sentinel master, as in `LOCK_URLS`. Give it one of its own to let any one lock node fail: with the default, the first node must stay up for the ledger |
-//! | `DATABASE_URL` | unset | with `--features postgres`: the ledger's orders and payments live in this PostgreSQL (`postgres://user@host/db`; tables created on first use), every write in a transaction fenced by `tower_redlock::fence::postgres`; `/payments` keeps its replay records there too and writes its charge through `Tx`, committed with its record (`payments_pg.rs`: no reconciliation code); transfers' balances stay where they would be without it |
+//! | `LOCK_URLS` (or its old name `REDIS_URLS`) | unset | node URLs separated by commas or whitespace (`redis://`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/master`, `etcd://h1:p1,h2:p2/prefix` with `--features etcd`, `postgres://` with `--features postgres`; see `tower_redlock::split_node_urls`): Redlock over them (majority); an etcd node must be the only one. Unset: a `PostgresNode` on `DATABASE_URL`, or else the in-process `MemoryNode` and an in-process ledger |
+//! | `LEDGER_URL` | the first of `LOCK_URLS` (required when that is etcd; unused with `DATABASE_URL`) | the Redis of the ledger: a server, a Cluster or a Sentinel master, as in `LOCK_URLS`. Give it one of its own to let any one lock node fail: with the default, the first node must stay up for the ledger |
+//! | `DATABASE_URL` | unset | with `--features postgres` (`postgres://user@host/db`; tables created on first use): the ledger's orders and payments and `/payments`' replay records live in this PostgreSQL, every write fenced, the charge committed with its record (`postgres.rs`: no reconciliation code); without `LOCK_URLS` the lock too (a `PostgresNode`); transfers' balances stay in this process |
 //! | `LOCK_TTL_MS` | 10000 | lease time to live (the watchdog renews it while a handler runs) |
 //! | `WAIT_TIMEOUT_MS` | 5000 | how long `ship` waits for the order's lock |
 //! | `LOCK_NODE_TIMEOUT_MS` | 50 (500 for etcd) | how long one lock node may take to answer |
@@ -68,8 +68,7 @@ use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
@@ -85,14 +84,17 @@ use tracing_subscriber::EnvFilter;
 #[path = "ledger.rs"]
 mod ledger;
 #[cfg(feature = "postgres")]
-#[path = "payments_pg.rs"]
-mod payments_pg;
+#[path = "postgres.rs"]
+mod postgres;
+#[path = "problem.rs"]
+mod problem;
 #[path = "transfers.rs"]
 mod transfers;
 
 use ledger::{lock, LedgerConnection, Store, ENTER, LEAVE};
 pub use ledger::{Entry, Ledger, LedgerError};
 
+use problem::ApiProblem;
 pub use transfers::Accounts;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -262,6 +264,13 @@ pub fn locker_and_ledger(config: &Config) -> Result<(Redlock, Ledger), BoxError>
     if let Some(timeout) = config.node_timeout {
         options = options.node_timeout(timeout);
     }
+    #[cfg(feature = "postgres")]
+    if let Some(url) = &config.database_url {
+        return postgres::locker_and_ledger(config, url, options);
+    }
+    if config.database_url.is_some() {
+        return Err("DATABASE_URL is set: run with `--features postgres`".into());
+    }
     let (locker, ledger) = match config.redis_urls.first() {
         None => {
             tracing::info!(
@@ -297,24 +306,6 @@ pub fn locker_and_ledger(config: &Config) -> Result<(Redlock, Ledger), BoxError>
                 if etcd { "etcd" } else { "Redis" }
             );
             (locker, Ledger::redis(ledger_url)?)
-        }
-    };
-    let ledger = match &config.database_url {
-        None => ledger,
-        #[cfg(feature = "postgres")]
-        Some(url) => {
-            tracing::info!(
-                "DATABASE_URL is set: orders and payments live in PostgreSQL, every write fenced"
-            );
-            Ledger::postgres(url)?
-        }
-        #[cfg(not(feature = "postgres"))]
-        Some(_) => {
-            return Err(
-                "DATABASE_URL is set: run with `--features postgres` for the \
-                        PostgreSQL ledger"
-                    .into(),
-            )
         }
     };
     Ok((locker, ledger))
@@ -465,14 +456,14 @@ async fn work_on_order(
 /// with another request (method, path, query or body). Keys are the customer's: two
 /// customers who pick the same key make two payments (400 `key-missing` without one).
 /// With the ledger in PostgreSQL, the records are kept there and the charge commits with
-/// its record (`payments_pg`).
+/// its record (`postgres.rs`).
 fn payments_route(locker: &Redlock, ledger: &Ledger) -> MethodRouter<AppState> {
     let customer = |parts: &Parts| customer(&parts.headers).map(str::to_owned);
     let layer = LockLayer::new(locker.clone(), lock_http::key::header("Idempotency-Key"));
     let replay = lock_http::replay::Replay::per_client(customer);
     #[cfg(feature = "postgres")]
     if let Some(records) = ledger.records() {
-        return post(payments_pg::create_payment)
+        return post(postgres::create_payment)
             .route_layer(layer.replay(replay.records_in(records)));
     }
     let _ = ledger;
@@ -550,92 +541,4 @@ async fn order_status(
         "max_in_flight": record.max_in_flight,
         "last_fencing_token": record.last_token.map(|token| token.to_string()),
     })))
-}
-
-// ------------------------------------------------------------------------------------
-// The demo's own problems, in the same RFC 9457 format as the lock layer's
-
-/// A refusal of the demo's handlers, answered as `application/problem+json`.
-#[derive(Debug)]
-pub struct ApiProblem {
-    status: StatusCode,
-    code: &'static str,
-    title: &'static str,
-    detail: String,
-    extra: Option<Value>,
-}
-
-impl ApiProblem {
-    fn new(
-        status: StatusCode,
-        code: &'static str,
-        title: &'static str,
-        detail: impl Into<String>,
-    ) -> Self {
-        ApiProblem {
-            status,
-            code,
-            title,
-            detail: detail.into(),
-            extra: None,
-        }
-    }
-}
-
-impl From<LedgerError> for ApiProblem {
-    fn from(error: LedgerError) -> Self {
-        match error {
-            LedgerError::Stale { token, last } => {
-                tracing::warn!(%token, last, "stale write refused by the ledger");
-                ApiProblem {
-                    extra: Some(json!({
-                        "fencing_token": token.to_string(),
-                        "last_fencing_token": last.to_string(),
-                    })),
-                    ..ApiProblem::new(
-                        StatusCode::CONFLICT,
-                        "stale-fencing-token",
-                        "Stale fencing token",
-                        format!(
-                            "the write with fencing token {token} was refused: the ledger already \
-                             accepted token {last} for this order (or account), so this request's lock ended \
-                             and another holder wrote since"
-                        ),
-                    )
-                }
-            }
-            LedgerError::Unavailable(error) => {
-                tracing::error!(%error, "ledger unavailable");
-                ApiProblem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "ledger-unavailable",
-                    "Ledger unavailable",
-                    "the ledger did not answer; retry later",
-                )
-            }
-        }
-    }
-}
-
-impl IntoResponse for ApiProblem {
-    fn into_response(self) -> Response {
-        let mut body = json!({
-            // example.com stands for your own documentation of the problem types.
-            "type": format!("https://example.com/problems#{}", self.code),
-            "title": self.title,
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        });
-        if let (Some(Value::Object(extra)), Some(object)) = (self.extra, body.as_object_mut()) {
-            object.extend(extra);
-        }
-        let mut response = (self.status, Json(body)).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        response
-    }
 }

@@ -225,8 +225,9 @@ impl Redlock {
     /// Each node's servers are also asked about their setup ([`Node::server_setup`]),
     /// and refused with a [`ConfigError`] saying what to change:
     ///
-    /// - a replica (`INFO replication` role other than `master`): every lock write
-    ///   would fail with `READONLY`;
+    /// - a replica (`INFO replication` role other than `master`), a PostgreSQL standby
+    ///   (`pg_is_in_recovery()`) or a database read-only by default: every lock write
+    ///   would fail;
     /// - a `maxmemory-policy` other than `noeviction` (`INFO memory`, readable where
     ///   managed services disable `CONFIG`): it may evict a held lock key, and a second
     ///   holder gets the lock; accepted, with a warning on every connect, under

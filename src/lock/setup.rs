@@ -58,9 +58,9 @@ fn judge(options: &LockOptions, setups: &[ServerSetup]) -> Findings {
         let server = &setup.server;
         if setup.is_replica() {
             findings.refusals.push(format!(
-                "server {server} is a replica (role {}): every lock write would fail with \
-                 READONLY; list its master instead (a Sentinel or Cluster URL finds the \
-                 master itself)",
+                "server {server} is a replica (role {}): every lock write would fail \
+                 (read-only); list its master or primary instead (a Sentinel or Cluster \
+                 URL finds the master itself)",
                 setup.role.as_deref().unwrap_or_default()
             ));
         }

@@ -9,8 +9,9 @@
 pub struct ServerSetup {
     /// The server, for messages (an address, no credentials).
     pub server: String,
-    /// Its replication role (Redis's `INFO replication` `role`: `master` or `slave`).
-    /// A lock needs a server that accepts writes.
+    /// Its replication role (Redis's `INFO replication` `role`: `master` or `slave`;
+    /// PostgreSQL's `primary`, `standby` or `read-only`). A lock needs a server that
+    /// accepts writes.
     pub role: Option<String>,
     /// Its eviction policy (Redis's `INFO memory` `maxmemory_policy`). Every policy but
     /// `noeviction` may delete a held lock key under memory pressure (lock keys all
@@ -51,9 +52,12 @@ impl ServerSetup {
             .is_some_and(|policy| policy != "noeviction")
     }
 
-    /// Whether `role` is known and is not a master's.
+    /// Whether `role` is known and does not accept writes (neither a master's nor a
+    /// primary's).
     pub fn is_replica(&self) -> bool {
-        self.role.as_deref().is_some_and(|role| role != "master")
+        self.role
+            .as_deref()
+            .is_some_and(|role| role != "master" && role != "primary")
     }
 }
 

@@ -498,64 +498,80 @@ async fn postgres_ledger_fences_every_write() {
     assert_eq!(status.json["last_fencing_token"], newer.to_string());
 }
 
-/// With the ledger in PostgreSQL, `/payments` writes its charge through the request's
-/// transaction (`Tx`), committed with its record: the first attempt writes, then loses
-/// its lock mid-way and commits nothing; the retry runs at once (no `outcome-unknown`,
-/// no reconciliation) and charges once; the next retry is replayed.
+/// `DATABASE_URL` alone runs the whole demo on PostgreSQL, over real sockets and no
+/// Redis: the lock is a row of `redlock_leases` in that database, and `/payments` writes
+/// its charge through the request's transaction (`Tx`), committed with its record. The
+/// first attempt writes, then loses its lock mid-way (its lease row deleted, as a paused
+/// or partitioned process's expires) and commits nothing; the retry runs at once (no
+/// `outcome-unknown`, no reconciliation) and charges once; the next retry is replayed.
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_payments_commit_with_their_record_and_a_cut_attempt_leaves_nothing() {
+async fn postgres_alone_payments_commit_with_their_record_and_a_cut_attempt_leaves_nothing() {
+    use crate::http_client::{Req, Served};
+
     let db = support::postgres::TestDatabase::create().await;
-    let servers = RedisServer::start_many(1);
     let config = Config {
         database_url: Some(db.url().to_owned()),
         lock_ttl: Duration::from_secs(1),
-        node_timeout: Some(Duration::from_millis(200)),
-        ..config(&servers)
+        ..Config::default()
     };
     let (locker, ledger) = orders::locker_and_ledger(&config).unwrap();
     ledger.prepare().await.unwrap();
-    let app = orders::app(locker, ledger.clone(), &config);
-    let pool = db.pool(1).await;
-
-    let first = {
-        let app = app.clone();
-        tokio::spawn(async move { send(&app, "POST", "/payments?work_ms=60000", Some("i1")).await })
+    let served = Served::start(orders::app(locker, ledger.clone(), &config)).await;
+    let pay = |work_ms: u32| {
+        Req::post(format!("/payments?work_ms={work_ms}"))
+            .header("Idempotency-Key", "i1")
+            .header("Authorization", &format!("Bearer {CUSTOMER}"))
     };
-    // The first attempt took its transaction (its marker says so, committed first).
-    support::eventually_async("the first attempt takes Tx", RESPONSE_LIMIT, || async {
-        let flagged: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM redlock_records WHERE transactional")
+    let pool = db.pool(1).await;
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
                 .fetch_one(&pool)
                 .await
-                .unwrap();
-        flagged == 1
+                .unwrap()
+        }
+    };
+
+    let first = {
+        let request = pay(60_000);
+        let addr = served.addr;
+        tokio::spawn(async move {
+            crate::http_client::Conn::open(addr)
+                .await
+                .send(request)
+                .await
+        })
+    };
+    // The first attempt holds its lock in the database and took its transaction (its
+    // marker says so, committed first).
+    support::eventually_async("the first attempt takes Tx", RESPONSE_LIMIT, || async {
+        count("SELECT count(*) FROM redlock_records WHERE transactional").await == 1
     })
     .await;
+    assert_eq!(count("SELECT count(*) FROM redlock_leases").await, 1);
     // It loses its lock, as a paused or partitioned process would.
-    // The key's resource, scoped to the customer (its hash follows the key).
-    let resource = tower_redlock::Resource::new("POST")
-        .join("/payments")
-        .join("i1");
-    let lock_key = servers[0]
-        .keys(&format!("redlock:{{{}*}}", resource.as_str()))
-        .pop()
-        .expect("the payment's lock key");
-    servers[0].cmd(&["DEL", &lock_key]);
+    sqlx::query("DELETE FROM redlock_leases")
+        .execute(&pool)
+        .await
+        .unwrap();
     let cut = first.await.unwrap();
-    assert_eq!(cut.status, StatusCode::SERVICE_UNAVAILABLE, "{}", cut.json);
+    assert_eq!(cut.status, 503, "{}", cut.text());
     assert_eq!(ledger.order("payment:c1:i1").await.unwrap().payments, 0);
 
     // The retry runs at once, and charges once.
-    let answer = send(&app, "POST", "/payments?work_ms=0", Some("i1")).await;
-    assert_eq!(answer.status, StatusCode::OK, "{}", answer.json);
-    assert_eq!(answer.json["payment"], 1);
-    let replayed = send(&app, "POST", "/payments?work_ms=0", Some("i1")).await;
-    assert_eq!(replayed.json, answer.json);
-    assert_eq!(replayed.headers["idempotent-replayed"], "true");
+    let answer = served.send(pay(0)).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let json: Value = serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(json["payment"], 1);
+    let replayed = served.send(pay(0)).await;
+    assert_eq!(replayed.body, answer.body);
+    assert_eq!(replayed.header("idempotent-replayed"), Some("true"));
     assert_eq!(
         ledger.order("payment:c1:i1").await.unwrap().payments,
         1,
         "charged once"
     );
+    assert_eq!(count("SELECT count(*) FROM redlock_leases").await, 0);
 }

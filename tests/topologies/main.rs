@@ -11,6 +11,8 @@ mod cluster;
 mod etcd;
 mod modes;
 #[cfg(feature = "postgres")]
+mod pg_standby;
+#[cfg(feature = "postgres")]
 mod postgres;
 mod sets;
 mod waiting_order;

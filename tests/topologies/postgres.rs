@@ -229,6 +229,27 @@ async fn tokens_increase_across_a_restore_of_the_counters() {
     );
 }
 
+/// A database that refuses writes (`default_transaction_read_only`, as a standby's
+/// `transaction_read_only` also reads) is refused at connect, as a Redis replica is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_database_is_refused_at_connect() {
+    let db = TestDatabase::create().await;
+    Redlock::connect([db.url()], options()).await.unwrap();
+    let name = db.url().rsplit('/').next().unwrap();
+    sqlx::raw_sql(&format!(
+        "ALTER DATABASE \"{name}\" SET default_transaction_read_only = on"
+    ))
+    .execute(&db.pool(1).await)
+    .await
+    .unwrap();
+    let error = Redlock::connect([db.url()], options())
+        .await
+        .map(drop)
+        .expect_err("a read-only database was accepted")
+        .to_string();
+    assert!(error.contains("(role read-only)"), "{error}");
+}
+
 async fn take(locker: &Redlock, tokens: &mut Vec<u64>) {
     let lease = locker.try_acquire("restored").await.unwrap();
     tokens.push(lease.fencing_token().get());
@@ -288,12 +309,12 @@ impl PgBouncer {
     }
 }
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
 }
 
-fn is_root() -> bool {
+pub(super) fn is_root() -> bool {
     std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
         .unwrap_or(false)

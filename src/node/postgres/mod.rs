@@ -14,7 +14,8 @@ use tokio::sync::OnceCell;
 use crate::error::{ConfigError, NodeError};
 use crate::node::percent::percent_decode;
 use crate::node::{
-    Acquire, Hold, Node, NodeFuture, RecordStore, Release, ReleaseSignal, ResourceKeys, Vote,
+    Acquire, Hold, Node, NodeFuture, RecordStore, Release, ReleaseSignal, ResourceKeys,
+    ServerSetup, Vote,
 };
 use listener::Listener;
 
@@ -39,7 +40,7 @@ use listener::Listener;
 /// | release | `DELETE … WHERE owner = $owner` and `pg_notify` in the same statement (so the notification is sent when, and only if, the deletion commits) |
 /// | raise the fence | `INSERT … ON CONFLICT DO UPDATE SET counter = greatest(counter, token)` |
 /// | wake-up | `LISTEN` on one channel per node, on a connection of its own (below) |
-/// | outcome records | rows of `redlock_records`; a claim and a store are one statement each, after a transaction-scoped advisory lock on the record in the same message (so they never interleave; nothing outlives the statement) |
+/// | outcome records | rows of `redlock_node_records`; a claim and a store are one statement each, after a transaction-scoped advisory lock on the record in the same message (so they never interleave; nothing outlives the statement) |
 ///
 /// No advisory lock and no session state: every call runs on whatever connection the
 /// pool hands out, so the node works behind PgBouncer in transaction pooling mode.
@@ -274,6 +275,17 @@ impl Node for PostgresNode {
 
     fn records(&self) -> Option<&dyn RecordStore> {
         Some(self)
+    }
+
+    /// The role only (`primary`, `standby` or `read-only`): a locker refuses the last two
+    /// at connect, as it refuses a Redis replica.
+    fn server_setup(&self, _probe: &ResourceKeys) -> NodeFuture<Vec<ServerSetup>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut setup = ServerSetup::new(inner.name.clone());
+            setup.role = Some(sql::role(&inner.pool).await?);
+            Ok(vec![setup])
+        })
     }
 }
 

@@ -1,4 +1,4 @@
-//! [`PostgresNode`]'s outcome records (idempotent replay): rows of `redlock_records`,
+//! [`PostgresNode`]'s outcome records (idempotent replay): rows of `redlock_node_records`,
 //! each operation one statement (a claim and a store behind a transaction-scoped
 //! advisory lock on the record, in the same message, so two of them never interleave
 //! their read and their write; it ends with the statement, so poolers are no matter).
@@ -22,7 +22,7 @@ use crate::node::{
 const SERIALISE: &str = "SELECT pg_advisory_xact_lock(72626, hashtext($1));";
 
 /// `$1` record key.
-const READ: &str = "SELECT token, fingerprint, data FROM redlock_records
+const READ: &str = "SELECT token, fingerprint, data FROM redlock_node_records
     WHERE key = $1 AND data IS NOT NULL AND expires_at > clock_timestamp()";
 
 /// Owned by `$3` on lock key `$2`.
@@ -38,7 +38,7 @@ macro_rules! owned {
 /// or NULL. Answers the case, the record's columns, its pttl and the interrupted token.
 const CLAIM: &str = concat!(
     "WITH cur AS (
-        SELECT * FROM redlock_records WHERE key = $1 AND expires_at > clock_timestamp()
+        SELECT * FROM redlock_node_records WHERE key = $1 AND expires_at > clock_timestamp()
     ), state AS (
         SELECT CASE
             WHEN EXISTS (SELECT 1 FROM cur WHERE data IS NOT NULL) THEN 'completed'
@@ -49,17 +49,17 @@ const CLAIM: &str = concat!(
             WHEN EXISTS (SELECT 1 FROM cur) THEN 'orphaned'
             ELSE 'claim' END AS s
     ), orphaned AS (
-        UPDATE redlock_records AS r SET orphan = true, expires_at = coalesce(
+        UPDATE redlock_node_records AS r SET orphan = true, expires_at = coalesce(
             clock_timestamp() + $7::float8 * interval '1 millisecond', r.expires_at)
         WHERE r.key = $1 AND NOT r.orphan AND (SELECT s FROM state) = 'orphaned'
         RETURNING r.token, r.expires_at
     ), remembered AS (
-        INSERT INTO redlock_records AS r (key, token, fingerprint, expires_at)
+        INSERT INTO redlock_node_records AS r (key, token, fingerprint, expires_at)
         SELECT $8, token, '', clock_timestamp() + $9::float8 * interval '1 millisecond'
         FROM orphaned WHERE $9::float8 IS NOT NULL
         ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
     ), claimed AS (
-        INSERT INTO redlock_records AS r (key, token, fingerprint, expires_at)
+        INSERT INTO redlock_node_records AS r (key, token, fingerprint, expires_at)
         SELECT $1, $4, $5, clock_timestamp() + $6::float8 * interval '1 millisecond'
         WHERE (SELECT s FROM state) = 'claim'
         ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,
@@ -69,7 +69,7 @@ const CLAIM: &str = concat!(
     SELECT (SELECT s FROM state), c.token, c.fingerprint, c.data,
         (extract(epoch FROM coalesce((SELECT expires_at FROM orphaned), c.expires_at)
             - clock_timestamp()) * 1000)::int8,
-        (SELECT token FROM redlock_records WHERE key = $8 AND expires_at > clock_timestamp())
+        (SELECT token FROM redlock_node_records WHERE key = $8 AND expires_at > clock_timestamp())
     FROM (SELECT 1) AS one LEFT JOIN cur AS c ON true"
 );
 
@@ -77,7 +77,7 @@ const CLAIM: &str = concat!(
 /// `$7` retention ms.
 const STORE: &str = concat!(
     "WITH cur AS (
-        SELECT * FROM redlock_records
+        SELECT * FROM redlock_node_records
         WHERE key = $1 AND data IS NOT NULL AND expires_at > clock_timestamp()
     ), state AS (
         SELECT CASE
@@ -89,7 +89,7 @@ const STORE: &str = concat!(
             WHEN EXISTS (SELECT 1 FROM cur WHERE token >= $4) THEN 'superseded'
             ELSE 'store' END AS s
     ), stored AS (
-        INSERT INTO redlock_records AS r (key, token, fingerprint, data, expires_at)
+        INSERT INTO redlock_node_records AS r (key, token, fingerprint, data, expires_at)
         SELECT $1, $4, $5, $6, clock_timestamp() + $7::float8 * interval '1 millisecond'
         WHERE (SELECT s FROM state) = 'store'
         ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,
@@ -100,7 +100,7 @@ const STORE: &str = concat!(
 );
 
 /// `$1` record key, `$2` token: deletes that token's pending marker.
-const DISCARD: &str = "DELETE FROM redlock_records
+const DISCARD: &str = "DELETE FROM redlock_node_records
     WHERE key = $1 AND token = $2 AND data IS NULL AND expires_at > clock_timestamp()
     RETURNING key";
 

@@ -111,7 +111,20 @@ const RAISE: &str = concat!(
 
 const EXISTING: &str = "SELECT to_regclass('redlock_leases') IS NOT NULL
     AND to_regclass('redlock_fence_counters') IS NOT NULL
-    AND to_regclass('redlock_records') IS NOT NULL";
+    AND to_regclass('redlock_node_records') IS NOT NULL";
+
+/// The server's role for [`ServerSetup::role`](crate::node::ServerSetup::role): a
+/// standby (`pg_is_in_recovery()`) or a database read-only by default
+/// (`transaction_read_only` of a statement outside a transaction block) fails every
+/// lock write.
+const ROLE: &str = "SELECT CASE WHEN pg_is_in_recovery() THEN 'standby'
+    WHEN current_setting('transaction_read_only') = 'on' THEN 'read-only'
+    ELSE 'primary' END";
+
+pub(super) async fn role(pool: &PgPool) -> Result<String, NodeError> {
+    let row = pool.fetch_one(ROLE).await.map_err(node_error)?;
+    row.try_get(0).map_err(node_error)
+}
 
 pub(super) async fn create_tables(pool: &PgPool) -> Result<(), NodeError> {
     let row = pool.fetch_one(EXISTING).await.map_err(node_error)?;

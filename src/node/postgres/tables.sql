@@ -12,7 +12,8 @@ CREATE TABLE IF NOT EXISTS redlock_fence_counters (
 );
 -- Outcome records (idempotent replay): a completed record (data set), a pending marker
 -- (data NULL), or an interrupted attempt's token (under the `…:interrupted` key).
-CREATE TABLE IF NOT EXISTS redlock_records (
+-- Not `redlock_records`: replay's own table (`PgRecords`) may share the database.
+CREATE TABLE IF NOT EXISTS redlock_node_records (
     key text PRIMARY KEY,
     token bigint NOT NULL,
     fingerprint bytea NOT NULL,
