@@ -1,0 +1,277 @@
+//! What PostgreSQL costs through the crate (issue 47), each against a baseline doing the
+//! same round trips by hand, in the same run:
+//!
+//! - **node**: `try_acquire` + `release` of one resource on a locker over one
+//!   [`PostgresNode`], against the same two statements sent by hand with sqlx (a lease
+//!   row upserted where it expired with its fence counter stepped, in one statement;
+//!   then deleted where it is the owner's, with `pg_notify`), on a pool of one connection.
+//! - **payments**: `POST /pay` with a unique `Idempotency-Key` each, served by
+//!   `axum::serve` to keep-alive clients: the crate's route (`LockLayer` over the
+//!   in-memory lock, `Replay::records_in(PgRecords)`, a handler inserting the payment
+//!   through `Tx`), against a hand-written route that looks the key up, then inserts the
+//!   payment and its idempotency row in one transaction. Both commit once per payment
+//!   with the payment row; the crate also commits its claim (the pending marker) before
+//!   the handler runs.
+//!
+//! `cargo bench --bench postgres --features "postgres axum"` (`$TOWER_REDLOCK_PG`,
+//! default `postgres://postgres@127.0.0.1:5432`; a database of its own, dropped at the
+//! end). Options: `-- --secs N` (2) per row, `-- --reps N` (3), `-- --conns N` (8).
+//! Rows alternate which side goes first; medians of the repetitions.
+
+#[allow(dead_code)]
+#[path = "../tests/support/postgres.rs"]
+mod postgres;
+
+#[allow(dead_code)]
+#[path = "../tests/support/http_client.rs"]
+mod http_client;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use http_client::{Req, Served};
+use sqlx::{Executor, PgPool, Row};
+use tower_redlock::axum::Tx;
+use tower_redlock::http::replay::{PgRecords, Replay};
+use tower_redlock::http::{key::header, LockLayer};
+use tower_redlock::{LockOptions, PostgresNode, Redlock};
+
+fn flag<T: std::str::FromStr>(name: &str, default: T) -> T {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Acquire + release through the crate, per second, for `secs`.
+async fn node_crate(locker: &Redlock, secs: Duration) -> f64 {
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < secs {
+        let lease = locker.try_acquire("bench").await.expect("free");
+        lease.release().await;
+        n += 1;
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+const RAW_ACQUIRE: &str = "WITH taken AS (
+        INSERT INTO raw_leases AS l (key, owner, expires_at)
+        VALUES ('bench', '{owner}', clock_timestamp() + interval '30 seconds')
+        ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+        WHERE l.expires_at <= clock_timestamp()
+        RETURNING key
+    ), fenced AS (
+        INSERT INTO raw_fences AS c (key, counter)
+        SELECT 'bench', {floor} FROM taken
+        ON CONFLICT (key) DO UPDATE SET counter = greatest(c.counter + 1, EXCLUDED.counter)
+        RETURNING counter
+    )
+    SELECT (SELECT counter FROM fenced)";
+
+const RAW_RELEASE: &str = "WITH gone AS (
+        DELETE FROM raw_leases WHERE key = 'bench' AND owner = '{owner}' RETURNING key
+    )
+    SELECT count(pg_notify('raw_released', key)) FROM gone";
+
+/// The same two round trips by hand (simple query protocol, as the node sends them).
+async fn node_raw(pool: &PgPool, secs: Duration) -> f64 {
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < secs {
+        let owner = format!("{:032x}", rand::random::<u128>());
+        let floor = (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64)
+            << 10;
+        let acquire = RAW_ACQUIRE
+            .replace("{owner}", &owner)
+            .replace("{floor}", &floor.to_string());
+        let row = pool.fetch_one(acquire.as_str()).await.unwrap();
+        let token: Option<i64> = row.try_get(0).unwrap();
+        assert!(token.is_some(), "the raw lease is free");
+        pool.execute(RAW_RELEASE.replace("{owner}", &owner).as_str())
+            .await
+            .unwrap();
+        n += 1;
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn pay_through_tx(
+    headers: HeaderMap,
+    mut tx: Tx,
+) -> Result<(StatusCode, String), StatusCode> {
+    let key = headers["idempotency-key"]
+        .to_str()
+        .unwrap_or_default()
+        .to_owned();
+    sqlx::query("INSERT INTO payments (key, amount) VALUES ($1, 100)")
+        .bind(&key)
+        .execute(&mut *tx)
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    Ok((StatusCode::CREATED, format!("paid {key}")))
+}
+
+async fn pay_by_hand(
+    State(pool): State<PgPool>,
+    headers: HeaderMap,
+) -> Result<(StatusCode, String), StatusCode> {
+    let failed = |_| StatusCode::INTERNAL_SERVER_ERROR;
+    let key = headers["idempotency-key"]
+        .to_str()
+        .unwrap_or_default()
+        .to_owned();
+    let found: Option<String> = sqlx::query_scalar("SELECT body FROM hand_records WHERE key = $1")
+        .bind(&key)
+        .fetch_optional(&pool)
+        .await
+        .map_err(failed)?;
+    if let Some(body) = found {
+        return Ok((StatusCode::CREATED, body));
+    }
+    let body = format!("paid {key}");
+    let mut tx = pool.begin().await.map_err(failed)?;
+    sqlx::query("INSERT INTO payments (key, amount) VALUES ($1, 100)")
+        .bind(&key)
+        .execute(&mut *tx)
+        .await
+        .map_err(failed)?;
+    sqlx::query("INSERT INTO hand_records (key, body) VALUES ($1, $2)")
+        .bind(&key)
+        .bind(&body)
+        .execute(&mut *tx)
+        .await
+        .map_err(failed)?;
+    tx.commit().await.map_err(failed)?;
+    Ok((StatusCode::CREATED, body))
+}
+
+/// Payments per second through `app` from `conns` keep-alive clients for `secs`.
+async fn payments(app: Router, conns: usize, secs: Duration, next: &Arc<AtomicU64>) -> f64 {
+    let served = Served::start(app).await;
+    let start = Instant::now();
+    let clients = (0..conns).map(|_| {
+        let (next, addr) = (next.clone(), served.addr);
+        tokio::spawn(async move {
+            let mut conn = http_client::Conn::open(addr).await;
+            let mut n = 0u64;
+            while start.elapsed() < secs {
+                let key = format!("k{}", next.fetch_add(1, Ordering::Relaxed));
+                let reply = conn
+                    .send(Req::post("/pay").header("Idempotency-Key", &key))
+                    .await;
+                assert_eq!(reply.status, 201, "{}", reply.text());
+                n += 1;
+            }
+            n
+        })
+    });
+    let mut total = 0;
+    for client in clients.collect::<Vec<_>>() {
+        total += client.await.unwrap();
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+#[tokio::main]
+async fn main() {
+    let secs = Duration::from_secs_f64(flag("--secs", 2.0));
+    let reps: usize = flag("--reps", 3);
+    let conns: usize = flag("--conns", 8);
+    let db = postgres::TestDatabase::create().await;
+    let pool = db.pool(16).await;
+    pool.execute(
+        "CREATE TABLE raw_leases (key text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL);
+         CREATE TABLE raw_fences (key text PRIMARY KEY, counter bigint NOT NULL);
+         CREATE TABLE payments (id bigserial PRIMARY KEY, key text NOT NULL, amount bigint NOT NULL);
+         CREATE TABLE hand_records (key text PRIMARY KEY, body text NOT NULL);",
+    )
+    .await
+    .unwrap();
+
+    let node_pool = db.pool(1).await;
+    let node = PostgresNode::new(node_pool.clone());
+    node.create_tables().await.unwrap();
+    let locker = Redlock::new([node], LockOptions::default()).unwrap();
+    let records = PgRecords::new(pool.clone());
+    records.create().await.unwrap();
+    let crate_app = Router::new()
+        .route("/pay", post(pay_through_tx))
+        .route_layer(
+            LockLayer::new(Redlock::in_memory(), header("Idempotency-Key"))
+                .replay(Replay::global().records_in(records)),
+        );
+    let hand_app = Router::new()
+        .route("/pay", post(pay_by_hand))
+        .with_state(pool.clone());
+    let next = Arc::new(AtomicU64::new(0));
+    // Warm-up: connections opened, tables' first pages in.
+    node_crate(&locker, Duration::from_millis(300)).await;
+    node_raw(&node_pool, Duration::from_millis(300)).await;
+
+    let (mut node_ratios, mut pay_ratios) = (Vec::new(), Vec::new());
+    let (mut node_rows, mut pay_rows) = (Vec::new(), Vec::new());
+    for rep in 0..reps {
+        let (ours, raw) = if rep % 2 == 0 {
+            let ours = node_crate(&locker, secs).await;
+            (ours, node_raw(&node_pool, secs).await)
+        } else {
+            let raw = node_raw(&node_pool, secs).await;
+            (node_crate(&locker, secs).await, raw)
+        };
+        node_ratios.push(ours / raw);
+        node_rows.push((ours, raw));
+        let (ours, hand) = if rep % 2 == 0 {
+            let ours = payments(crate_app.clone(), conns, secs, &next).await;
+            (ours, payments(hand_app.clone(), conns, secs, &next).await)
+        } else {
+            let hand = payments(hand_app.clone(), conns, secs, &next).await;
+            (payments(crate_app.clone(), conns, secs, &next).await, hand)
+        };
+        pay_ratios.push(ours / hand);
+        pay_rows.push((ours, hand));
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("| measure | crate /s | baseline /s | crate ÷ baseline |");
+    println!("|---|---|---|---|");
+    let row = |name: &str, rows: &[(f64, f64)], ratios: Vec<f64>| {
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.2}× |",
+            median(rows.iter().map(|r| r.0).collect()),
+            median(rows.iter().map(|r| r.1).collect()),
+            median(ratios)
+        );
+    };
+    row(
+        "acquire + release, PostgresNode vs raw sqlx",
+        &node_rows,
+        node_ratios,
+    );
+    row(
+        &format!("POST /pay, Tx + records vs by hand ({conns} keep-alive clients)"),
+        &pay_rows,
+        pay_ratios,
+    );
+    println!(
+        "\n{secs:?} per row, medians of {reps} repetitions, sides alternating. Load average: {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    drop((pool, node_pool));
+}
