@@ -22,7 +22,6 @@
 #[path = "../tests/support/postgres.rs"]
 mod postgres;
 
-#[allow(dead_code)]
 #[path = "../tests/support/http_client.rs"]
 mod http_client;
 
