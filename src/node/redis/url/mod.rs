@@ -80,11 +80,8 @@ const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(20);
 /// Fails on a malformed URL, an unknown scheme, or outside a Tokio runtime. Never
 /// connects: nodes connect on first use.
 pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
-    if s.starts_with("etcd://") {
-        return etcd(s);
-    }
-    if s.starts_with("postgres://") || s.starts_with("postgresql://") {
-        return postgres(s);
+    if let Some(node) = other_kind(s) {
+        return node;
     }
     let url = Url::parse(s)?;
     let wait = url.wait()?;
@@ -120,30 +117,24 @@ pub fn node_from_url(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
     }
 }
 
-#[cfg(feature = "postgres")]
-fn postgres(url: &str) -> Result<Arc<dyn Node>, ConfigError> {
-    Ok(Arc::new(crate::node::postgres::PostgresNode::from_url(
-        url,
-    )?))
-}
-
-#[cfg(not(feature = "postgres"))]
-fn postgres(_url: &str) -> Result<Arc<dyn Node>, ConfigError> {
-    Err(ConfigError::new(
-        "postgres:// URLs need the crate's `postgres` feature",
-    ))
-}
-
-#[cfg(feature = "etcd")]
-fn etcd(url: &str) -> Result<Arc<dyn Node>, ConfigError> {
-    Ok(Arc::new(crate::node::etcd::EtcdNode::from_url(url)?))
-}
-
-#[cfg(not(feature = "etcd"))]
-fn etcd(_url: &str) -> Result<Arc<dyn Node>, ConfigError> {
-    Err(ConfigError::new(
-        "etcd:// URLs need the crate's `etcd` feature",
-    ))
+/// A node of a kind whose URLs are not Redis's (etcd, PostgreSQL), or `None`.
+fn other_kind(url: &str) -> Option<Result<Arc<dyn Node>, ConfigError>> {
+    // The scheme names the feature too.
+    let kind = match url.split_once("://")?.0 {
+        "etcd" => "etcd",
+        "postgres" | "postgresql" => "postgres",
+        _ => return None,
+    };
+    let node: Result<Arc<dyn Node>, ConfigError> = match kind {
+        #[cfg(feature = "etcd")]
+        "etcd" => crate::node::etcd::EtcdNode::from_url(url).map(|n| Arc::new(n) as _),
+        #[cfg(feature = "postgres")]
+        "postgres" => crate::node::postgres::PostgresNode::from_url(url).map(|n| Arc::new(n) as _),
+        _ => Err(ConfigError::new(format!(
+            "{kind}:// URLs need the crate's `{kind}` feature"
+        ))),
+    };
+    Some(node)
 }
 
 /// Splits a list of node URLs, as one environment variable holds them, into one string
