@@ -105,7 +105,7 @@ use crate::error::ConfigError;
 use crate::{FencingToken, Resource};
 
 /// The fence table [`advance`] uses.
-pub const DEFAULT_TABLE: &str = "redlock_fences";
+const DEFAULT_TABLE: &str = "redlock_fences";
 
 /// A fence table: where [`FenceTable::advance`] keeps each resource's largest token.
 ///
@@ -306,7 +306,7 @@ impl FenceTable {
     }
 }
 
-/// Advances the fences of `held` in the default table ([`DEFAULT_TABLE`]): see
+/// Advances the fences of `held` in the default table, `redlock_fences`: see
 /// [`FenceTable::advance`].
 ///
 /// ```no_run

@@ -62,7 +62,7 @@ use super::key::{HeadOnly, KeyExtractor, KeyRejection};
 
 pub use fingerprint::Fingerprint;
 #[cfg(feature = "postgres")]
-pub use postgres::{PgRecords, CREATE_RECORDS_TABLE};
+pub use postgres::PgRecords;
 pub(crate) use steps::ReplayStep;
 
 /// The header added to replayed responses: `Idempotent-Replayed: true`.
@@ -157,7 +157,7 @@ impl Replay {
     /// 400 `key-missing`.
     ///
     /// The other settings are the defaults: records kept 24 h, bodies up to 1 MiB,
-    /// headers `Content-Type` and `Location`, statuses of [`stored_by_default`], the
+    /// headers `Content-Type` and `Location`, statuses of [`Replay::stored_by_default`], the
     /// default [`Fingerprint`], [`UnknownOutcome::ReexecuteAfter`] the lock's ttl.
     pub fn per_client<T>(client: T) -> Self
     where
@@ -183,7 +183,7 @@ impl Replay {
             max_body: DEFAULT_MAX_BODY,
             max_request_body: DEFAULT_MAX_BODY,
             headers: vec![CONTENT_TYPE, LOCATION],
-            store_if: Arc::new(stored_by_default),
+            store_if: Arc::new(Replay::stored_by_default),
             fingerprint: Fingerprint::default(),
             unknown: None,
             client,
@@ -259,7 +259,7 @@ impl Replay {
         self
     }
 
-    /// Which responses are recorded, by status (default [`stored_by_default`]). A status
+    /// Which responses are recorded, by status (default [`Replay::stored_by_default`]). A status
     /// that is not recorded leaves the key free: the next request runs the handler.
     #[must_use]
     pub fn store_if(mut self, policy: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
@@ -313,28 +313,30 @@ impl fmt::Debug for Replay {
     }
 }
 
-/// The statuses [`Replay`] records by default: 2xx, 3xx, and 4xx except
-///
-/// - 400 Bad Request, 411 Length Required, 413 Content Too Large, 415 Unsupported Media
-///   Type and 422 Unprocessable Content: what axum's extractors answer for a request
-///   they refuse (malformed JSON, query, path or form; a missing `Content-Type`; a body
-///   too large; a type error) before the handler runs. As Stripe does, a result is
-///   saved only once the endpoint started executing: the client's corrected request,
-///   with the same key, runs. A handler's own refusals in the same statuses are not
-///   recorded either (they are validations, which a retry repeats for free); record
-///   them with [`Replay::store_if`].
-/// - 408 Request Timeout, 409 Conflict and 429 Too Many Requests: they say "try
-///   again", and a retry should be able to succeed.
-///
-/// 5xx are not recorded, so a retry after a server error runs the handler again —
-/// unlike Stripe, which replays 500s too; use [`Replay::store_if`] for that.
-pub fn stored_by_default(status: StatusCode) -> bool {
-    match status.as_u16() {
-        200..=399 => true,
-        400 | 411 | 413 | 415 | 422 => false,
-        408 | 409 | 429 => false,
-        400..=499 => true,
-        _ => false,
+impl Replay {
+    /// The statuses [`Replay`] records by default: 2xx, 3xx, and 4xx except
+    ///
+    /// - 400 Bad Request, 411 Length Required, 413 Content Too Large, 415 Unsupported Media
+    ///   Type and 422 Unprocessable Content: what axum's extractors answer for a request
+    ///   they refuse (malformed JSON, query, path or form; a missing `Content-Type`; a body
+    ///   too large; a type error) before the handler runs. As Stripe does, a result is
+    ///   saved only once the endpoint started executing: the client's corrected request,
+    ///   with the same key, runs. A handler's own refusals in the same statuses are not
+    ///   recorded either (they are validations, which a retry repeats for free); record
+    ///   them with [`Replay::store_if`].
+    /// - 408 Request Timeout, 409 Conflict and 429 Too Many Requests: they say "try
+    ///   again", and a retry should be able to succeed.
+    ///
+    /// 5xx are not recorded, so a retry after a server error runs the handler again —
+    /// unlike Stripe, which replays 500s too; use [`Replay::store_if`] for that.
+    pub fn stored_by_default(status: StatusCode) -> bool {
+        match status.as_u16() {
+            200..=399 => true,
+            400 | 411 | 413 | 415 | 422 => false,
+            408 | 409 | 429 => false,
+            400..=499 => true,
+            _ => false,
+        }
     }
 }
 
@@ -439,11 +441,14 @@ mod tests {
     #[test]
     fn default_statuses() {
         for ok in [200, 201, 204, 303, 402, 403, 404, 410] {
-            assert!(stored_by_default(StatusCode::from_u16(ok).unwrap()), "{ok}");
+            assert!(
+                Replay::stored_by_default(StatusCode::from_u16(ok).unwrap()),
+                "{ok}"
+            );
         }
         for no in [400, 408, 409, 411, 413, 415, 422, 429, 500, 502, 503, 504] {
             assert!(
-                !stored_by_default(StatusCode::from_u16(no).unwrap()),
+                !Replay::stored_by_default(StatusCode::from_u16(no).unwrap()),
                 "{no}"
             );
         }

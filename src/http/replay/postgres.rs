@@ -17,15 +17,7 @@ use crate::record::Claim;
 use crate::{FencingToken, LeaseHandle, LostCause, Resource};
 
 /// The records table, as a migration (see [`PgRecords`]).
-pub const CREATE_RECORDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS redlock_records (
-    resource text PRIMARY KEY,
-    token bigint NOT NULL,
-    fingerprint bytea NOT NULL,
-    data bytea,
-    transactional boolean NOT NULL DEFAULT false,
-    orphaned_until timestamptz,
-    expires_at timestamptz NOT NULL
-)";
+const CREATE_RECORDS_TABLE: &str = include_str!("records.sql");
 
 /// A completed record, not expired.
 const READ: &str = "SELECT token, fingerprint, data FROM redlock_records \
@@ -102,19 +94,11 @@ const DISCARD: &str =
 ///
 /// # The table
 ///
-/// [`PgRecords::create`] runs [`CREATE_RECORDS_TABLE`] (idempotent), and creates the
+/// [`PgRecords::create`] runs this statement (idempotent), and creates the
 /// fence table [`Tx`](crate::axum::Tx) advances; as a migration:
 ///
 /// ```sql
-/// CREATE TABLE IF NOT EXISTS redlock_records (
-///     resource text PRIMARY KEY,
-///     token bigint NOT NULL,
-///     fingerprint bytea NOT NULL,
-///     data bytea,                      -- NULL: a pending marker
-///     transactional boolean NOT NULL DEFAULT false,
-///     orphaned_until timestamptz,      -- an interrupted attempt found: outcome unknown until then
-///     expires_at timestamptz NOT NULL
-/// );
+#[doc = include_str!("records.sql")]
 /// ```
 ///
 /// Expired rows are ignored and overwritten by the next claim of their key; delete the
@@ -129,7 +113,7 @@ const DISCARD: &str =
 ///
 /// # async fn run(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
 /// let records = PgRecords::new(pool);
-/// records.create().await?; // or CREATE_RECORDS_TABLE as a migration
+/// records.create().await?; // or the table above as a migration
 /// let layer = LockLayer::new(Redlock::in_memory(), header("Idempotency-Key"))
 ///     .replay(Replay::per_client(header("Authorization")).records_in(records));
 /// # let _ = layer; Ok(()) }
@@ -145,7 +129,7 @@ impl PgRecords {
         PgRecords { pool }
     }
 
-    /// Creates the table if it does not exist ([`CREATE_RECORDS_TABLE`]), and the fence
+    /// Creates the table if it does not exist ([the table](PgRecords#the-table)), and the fence
     /// table [`Tx`](crate::axum::Tx) advances ([`FenceTable::create_sql`](crate::fence::postgres::FenceTable::create_sql)).
     pub async fn create(&self) -> Result<(), sqlx::Error> {
         let mut conn = self.pool.acquire().await?;

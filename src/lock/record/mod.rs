@@ -97,8 +97,8 @@ pub enum Claim {
     /// work is this lease's to do, and it should first find out, in its own store,
     /// whether the attempt with the token `interrupted` took effect (a charge made, a
     /// row written), rather than repeat it. Reported while the interruption is
-    /// remembered (the claim's `remember_interrupted`, [`DEFAULT_REMEMBER_INTERRUPTED`]
-    /// for [`Lease::claim_record`]); nodes that cannot remember it (etcd) answer
+    /// remembered (the claim's `remember_interrupted`, 24 hours for
+    /// [`Lease::claim_record`]); nodes that cannot remember it (etcd) answer
     /// `Claimed`.
     Reclaimed {
         /// The fencing token of the interrupted attempt.
@@ -114,7 +114,7 @@ pub enum Claim {
 }
 /// How long [`Lease::claim_record`] has the nodes remember an interrupted attempt's
 /// token for the claim that runs the work again ([`Claim::Reclaimed`]): 24 hours.
-pub const DEFAULT_REMEMBER_INTERRUPTED: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const DEFAULT_REMEMBER_INTERRUPTED: Duration = Duration::from_secs(24 * 3600);
 
 impl Redlock {
     /// Refuses a locker with a node that stores no outcome records (see
