@@ -39,6 +39,11 @@ use crate::LeaseHandle;
 /// Without such a layer on the route the handler does not run: 500
 /// `lock-layer-missing`, naming what is missing.
 ///
+/// A holder frozen with its transaction open (a stopped process whose connection stays
+/// up) keeps the rows it wrote locked until PostgreSQL ends its session; a newer holder
+/// touching them waits, and then finds their outcome. Set
+/// `idle_in_transaction_session_timeout` for the pool's role (a few ttls) to bound that.
+///
 /// ```no_run
 /// use axum::{routing::post, Router};
 /// use tower_redlock::axum::Tx;

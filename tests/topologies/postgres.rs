@@ -257,7 +257,7 @@ async fn take(locker: &Redlock, tokens: &mut Vec<u64>) {
 }
 
 /// A private pgbouncer on a free port, `pool_mode = transaction`, trust auth, in front
-/// of the server on 127.0.0.1:5432; killed when dropped.
+/// of the server at `$TOWER_REDLOCK_PG`; killed when dropped.
 struct PgBouncer {
     port: u16,
     child: Child,
@@ -270,15 +270,19 @@ impl PgBouncer {
         let dir = std::env::temp_dir().join(format!("tower-redlock-test-pgbouncer-{port}"));
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("pgbouncer.ini");
+        let server: sqlx::postgres::PgConnectOptions =
+            support::postgres::server_url().parse().unwrap();
         std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").unwrap();
         std::fs::write(
             &config,
             format!(
-                "[databases]\n* = host=127.0.0.1 port=5432\n\
+                "[databases]\n* = host={} port={}\n\
                  [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
                  unix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
                  pool_mode = transaction\ndefault_pool_size = 4\n\
                  ignore_startup_parameters = extra_float_digits,options\n",
+                server.get_host(),
+                server.get_port(),
                 dir.join("users.txt").display()
             ),
         )
