@@ -67,25 +67,26 @@ async fn node_crate(locker: &Redlock, secs: Duration) -> f64 {
 
 const RAW_ACQUIRE: &str = "WITH taken AS (
         INSERT INTO raw_leases AS l (key, owner, expires_at)
-        VALUES ('bench', '{owner}', clock_timestamp() + interval '30 seconds')
+        VALUES ('bench', $1::text, clock_timestamp() + interval '30 seconds')
         ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
         WHERE l.expires_at <= clock_timestamp()
         RETURNING key
     ), fenced AS (
         INSERT INTO raw_fences AS c (key, counter)
-        SELECT 'bench', {floor} FROM taken
+        SELECT 'bench', $2::int8 FROM taken
         ON CONFLICT (key) DO UPDATE SET counter = greatest(c.counter + 1, EXCLUDED.counter)
         RETURNING counter
     )
     SELECT (SELECT counter FROM fenced)";
 
 const RAW_RELEASE: &str = "WITH gone AS (
-        DELETE FROM raw_leases WHERE key = 'bench' AND owner = '{owner}' RETURNING key
+        DELETE FROM raw_leases WHERE key = 'bench' AND owner = $1::text RETURNING key
     )
     SELECT count(pg_notify('raw_released', key)) FROM gone";
 
-/// The same two round trips by hand (simple query protocol, as the node sends them).
-async fn node_raw(pool: &PgPool, secs: Duration) -> f64 {
+/// The same two round trips by hand: inline in the simple query protocol (as the node
+/// sends them by default), or `prepared` with bound values.
+async fn node_raw(pool: &PgPool, secs: Duration, prepared: bool) -> f64 {
     let start = Instant::now();
     let mut n = 0u64;
     while start.elapsed() < secs {
@@ -95,15 +96,27 @@ async fn node_raw(pool: &PgPool, secs: Duration) -> f64 {
             .unwrap()
             .as_millis() as i64)
             << 10;
-        let acquire = RAW_ACQUIRE
-            .replace("{owner}", &owner)
-            .replace("{floor}", &floor.to_string());
-        let row = pool.fetch_one(acquire.as_str()).await.unwrap();
+        let row = if prepared {
+            let query = sqlx::query(RAW_ACQUIRE).bind(&owner).bind(floor);
+            query.fetch_one(pool).await.unwrap()
+        } else {
+            let inline = RAW_ACQUIRE
+                .replace("$1::text", &format!("'{owner}'"))
+                .replace("$2::int8", &floor.to_string());
+            pool.fetch_one(inline.as_str()).await.unwrap()
+        };
         let token: Option<i64> = row.try_get(0).unwrap();
         assert!(token.is_some(), "the raw lease is free");
-        pool.execute(RAW_RELEASE.replace("{owner}", &owner).as_str())
-            .await
-            .unwrap();
+        if prepared {
+            sqlx::query(RAW_RELEASE)
+                .bind(&owner)
+                .execute(pool)
+                .await
+                .unwrap();
+        } else {
+            let inline = RAW_RELEASE.replace("$1::text", &format!("'{owner}'"));
+            pool.execute(inline.as_str()).await.unwrap();
+        }
         n += 1;
     }
     n as f64 / start.elapsed().as_secs_f64()
@@ -193,6 +206,8 @@ async fn main() {
     let conns: usize = flag("--conns", 8);
     let db = postgres::TestDatabase::create().await;
     let pool = db.pool(16).await;
+    let pools = [db.pool(1).await, db.pool(1).await];
+    let node_pool = db.pool(1).await;
     pool.execute(
         "CREATE TABLE raw_leases (key text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL);
          CREATE TABLE raw_fences (key text PRIMARY KEY, counter bigint NOT NULL);
@@ -202,10 +217,17 @@ async fn main() {
     .await
     .unwrap();
 
-    let node_pool = db.pool(1).await;
-    let node = PostgresNode::new(node_pool.clone());
-    node.create_tables().await.unwrap();
-    let locker = Redlock::new([node], LockOptions::default()).unwrap();
+    // One connection per locker (inline, prepared), one for the baseline.
+    let lockers = [false, true].map(|prepared| {
+        let node = PostgresNode::new(pools[usize::from(prepared)].clone());
+        Redlock::new([node.prepared_statements(prepared)], LockOptions::default()).unwrap()
+    });
+    lockers[0]
+        .try_acquire("warm")
+        .await
+        .unwrap()
+        .release()
+        .await;
     let records = PgRecords::new(pool.clone());
     records.create().await.unwrap();
     let crate_app = Router::new()
@@ -218,22 +240,25 @@ async fn main() {
         .route("/pay", post(pay_by_hand))
         .with_state(pool.clone());
     let next = Arc::new(AtomicU64::new(0));
-    // Warm-up: connections opened, tables' first pages in.
-    node_crate(&locker, Duration::from_millis(300)).await;
-    node_raw(&node_pool, Duration::from_millis(300)).await;
-
-    let (mut node_ratios, mut pay_ratios) = (Vec::new(), Vec::new());
-    let (mut node_rows, mut pay_rows) = (Vec::new(), Vec::new());
+    // Warm-up: connections opened, statements prepared, tables' first pages in.
+    for prepared in [false, true] {
+        node_crate(&lockers[usize::from(prepared)], Duration::from_millis(300)).await;
+        node_raw(&node_pool, Duration::from_millis(300), prepared).await;
+    }
+    let mut node_rows = [Vec::new(), Vec::new()];
+    let mut pay_rows = Vec::new();
     for rep in 0..reps {
-        let (ours, raw) = if rep % 2 == 0 {
-            let ours = node_crate(&locker, secs).await;
-            (ours, node_raw(&node_pool, secs).await)
-        } else {
-            let raw = node_raw(&node_pool, secs).await;
-            (node_crate(&locker, secs).await, raw)
-        };
-        node_ratios.push(ours / raw);
-        node_rows.push((ours, raw));
+        for prepared in [false, true] {
+            let locker = &lockers[usize::from(prepared)];
+            let (ours, raw) = if rep % 2 == 0 {
+                let ours = node_crate(locker, secs).await;
+                (ours, node_raw(&node_pool, secs, prepared).await)
+            } else {
+                let raw = node_raw(&node_pool, secs, prepared).await;
+                (node_crate(locker, secs).await, raw)
+            };
+            node_rows[usize::from(prepared)].push((ours, raw));
+        }
         let (ours, hand) = if rep % 2 == 0 {
             let ours = payments(crate_app.clone(), conns, secs, &next).await;
             (ours, payments(hand_app.clone(), conns, secs, &next).await)
@@ -241,29 +266,31 @@ async fn main() {
             let hand = payments(hand_app.clone(), conns, secs, &next).await;
             (payments(crate_app.clone(), conns, secs, &next).await, hand)
         };
-        pay_ratios.push(ours / hand);
         pay_rows.push((ours, hand));
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("| measure | crate /s | baseline /s | crate ÷ baseline |");
     println!("|---|---|---|---|");
-    let row = |name: &str, rows: &[(f64, f64)], ratios: Vec<f64>| {
+    let row = |name: &str, rows: &[(f64, f64)]| {
         println!(
             "| {name} | {:.0} | {:.0} | {:.2}× |",
             median(rows.iter().map(|r| r.0).collect()),
             median(rows.iter().map(|r| r.1).collect()),
-            median(ratios)
+            median(rows.iter().map(|r| r.0 / r.1).collect())
         );
     };
+    let [inline, prepared] = &node_rows;
     row(
-        "acquire + release, PostgresNode vs raw sqlx",
-        &node_rows,
-        node_ratios,
+        "acquire + release, PostgresNode vs raw sqlx: inline statements (the default)",
+        inline,
+    );
+    row(
+        "the same, prepared statements (`statements=prepared`)",
+        prepared,
     );
     row(
         &format!("POST /pay, Tx + records vs by hand ({conns} keep-alive clients)"),
         &pay_rows,
-        pay_ratios,
     );
     println!(
         "\n{secs:?} per row, medians of {reps} repetitions, sides alternating. Load average: {}",
@@ -272,5 +299,5 @@ async fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    drop((pool, node_pool));
+    drop((pool, pools, node_pool));
 }

@@ -27,13 +27,16 @@ fn options() -> LockOptions {
 async fn the_postgres_node_keeps_the_contract() {
     use std::sync::Arc;
     use tower_redlock::node::conformance::{check, Contract};
-    let db = TestDatabase::create().await;
-    let node = PostgresNode::new(db.pool(4).await);
-    check(
-        &|| Arc::new(node.clone()) as Arc<dyn Node>,
-        Contract::default(),
-    )
-    .await;
+    // Inline statements (the default) and prepared ones: the same contract.
+    for prepared in [false, true] {
+        let db = TestDatabase::create().await;
+        let node = PostgresNode::new(db.pool(4).await).prepared_statements(prepared);
+        check(
+            &|| Arc::new(node.clone()) as Arc<dyn Node>,
+            Contract::default(),
+        )
+        .await;
+    }
 }
 
 /// Two lockers (two pools: two processes as far as the lock can tell) take turns on one
@@ -127,7 +130,9 @@ async fn a_waiter_is_woken_by_notify(urls: [String; 2], cut: Option<&TestDatabas
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_exclusion_and_wake_up() {
     let db = TestDatabase::create().await;
-    let urls = || [db.url().to_owned(), db.url().to_owned()];
+    // One locker with inline statements, one with prepared ones: the same rows.
+    let prepared = format!("{}?statements=prepared", db.url());
+    let urls = || [db.url().to_owned(), prepared.clone()];
     exclusion_under_contention(&db, urls()).await;
     a_waiter_is_woken_by_notify(urls(), None).await;
     a_waiter_is_woken_by_notify(urls(), Some(&db)).await;

@@ -1,15 +1,18 @@
 //! The statements of [`PostgresNode`](super::PostgresNode), one per call, and their
 //! arguments as owned values (a node future is `'static`).
 //!
-//! Sent with the simple query protocol (a `&str` without arguments), values written
-//! into the text as literals ([`Sql`]): sqlx's extended protocol parses a statement and executes it in two
-//! synchronisations, between which a pooler in transaction mode may hand the
-//! connection to another client (and named prepared statements would not follow).
-//! One statement, one round trip, on whatever server connection.
+//! Sent by default with the simple query protocol (a `&str` without arguments), values
+//! written into the text as literals ([`Sql`]): sqlx's extended protocol parses a
+//! statement and executes it in two synchronisations, between which a pooler in
+//! transaction mode may hand the connection to another client (and named prepared
+//! statements would not follow). One statement, one round trip, on whatever server
+//! connection; but planned on every call. With prepared statements (a direct
+//! connection), the lock's calls are planned once per connection, their values bound.
 
 use std::time::Duration;
 
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgArguments, PgPool, PgRow};
+use sqlx::{Arguments, Postgres};
 use sqlx::{Executor, Row};
 
 use crate::error::NodeError;
@@ -142,8 +145,8 @@ pub(super) async fn create_tables(pool: &PgPool) -> Result<(), NodeError> {
 }
 
 /// The acquire statement of `request` (its values written in).
-pub(super) fn acquire_sql(request: &Acquire<'_>) -> Result<String, NodeError> {
-    Ok(Sql::new(ACQUIRE)
+pub(super) fn acquire_sql(request: &Acquire<'_>, prepared: bool) -> Result<Statement, NodeError> {
+    Sql::with(ACQUIRE, prepared)
         .texts(request.keys.iter().map(|k| k.lock.as_str()))
         .texts(request.keys.iter().map(|k| k.fence.as_str()))
         .text(request.owner.as_str())
@@ -152,19 +155,19 @@ pub(super) fn acquire_sql(request: &Acquire<'_>) -> Result<String, NodeError> {
         .number(bigint(request.fence_floor)?)
         .number(millis(request.fence_ttl))
         .number(request.seed_only_when_missing)
-        .done())
+        .statement()
 }
 
 /// Runs an acquire statement of one key, or of a set (`set`).
-pub(super) async fn acquire(pool: &PgPool, query: String, set: bool) -> Result<Vote, NodeError> {
+pub(super) async fn acquire(pool: &PgPool, query: Statement, set: bool) -> Result<Vote, NodeError> {
     // One key writes nothing when it is held; a set's free members are written before
     // a held one is found, so a set runs in a transaction rolled back when refused.
     let mut tx = None;
     let rows = if set {
         let tx = tx.insert(pool.begin().await.map_err(node_error)?);
-        tx.fetch_all(query.as_str()).await
+        query.fetch_all(&mut **tx).await
     } else {
-        pool.fetch_all(query.as_str()).await
+        query.fetch_all(pool).await
     }
     .map_err(node_error)?;
     // (granted, fence counter, pttl ms) per key, in the request's order.
@@ -198,28 +201,32 @@ pub(super) async fn acquire(pool: &PgPool, query: String, set: bool) -> Result<V
 }
 
 /// The extend statement of every hold, and each hold's number of keys.
-pub(super) fn extend_sql(holds: &[Hold<'_>], ttl: Duration) -> (String, Vec<usize>) {
+pub(super) fn extend_sql(
+    holds: &[Hold<'_>],
+    ttl: Duration,
+    prepared: bool,
+) -> Result<(Statement, Vec<usize>), NodeError> {
     let each = || {
         holds
             .iter()
             .enumerate()
             .flat_map(|(i, h)| h.keys.iter().map(move |k| (i, h, k)))
     };
-    let query = Sql::new(EXTEND)
+    let query = Sql::with(EXTEND, prepared)
         .texts(each().map(|(_, _, k)| k.lock.as_str()))
         .texts(each().map(|(_, h, _)| h.owner.as_str()))
-        .numbers(each().map(|(i, ..)| i))
+        .numbers(each().map(|(i, ..)| i as i64))
         .number(millis(ttl))
-        .done();
-    (query, holds.iter().map(|h| h.keys.len()).collect())
+        .statement()?;
+    Ok((query, holds.iter().map(|h| h.keys.len()).collect()))
 }
 
 pub(super) async fn extend(
     pool: &PgPool,
-    query: String,
+    query: Statement,
     sizes: Vec<usize>,
 ) -> Result<Vec<Result<bool, NodeError>>, NodeError> {
-    let rows = pool.fetch_all(query.as_str()).await.map_err(node_error)?;
+    let rows = query.fetch_all(pool).await.map_err(node_error)?;
     let mut extended = vec![0usize; sizes.len()];
     for row in rows {
         let hold: i64 = row.try_get(0).map_err(node_error)?;
@@ -235,18 +242,29 @@ pub(super) async fn extend(
         .collect())
 }
 
-pub(super) fn release_sql(hold: &Hold<'_>, wake: bool) -> String {
-    Sql::new(RELEASE)
+pub(super) fn release_sql(
+    hold: &Hold<'_>,
+    wake: bool,
+    prepared: bool,
+) -> Result<Statement, NodeError> {
+    Sql::with(RELEASE, prepared)
         .texts(hold.keys.iter().map(|k| k.lock.as_str()))
         .texts(hold.keys.iter().map(|k| k.channel.as_str()))
         .text(hold.owner.as_str())
         .number(wake)
-        .done()
+        .statement()
 }
 
 /// Runs a release statement of `keys` keys: whether every one was the owner's.
-pub(super) async fn release(pool: &PgPool, query: String, keys: usize) -> Result<bool, NodeError> {
-    let row = pool.fetch_one(query.as_str()).await.map_err(node_error)?;
+pub(super) async fn release(
+    pool: &PgPool,
+    query: Statement,
+    keys: usize,
+) -> Result<bool, NodeError> {
+    let rows = query.fetch_all(pool).await.map_err(node_error)?;
+    let row = rows
+        .first()
+        .ok_or(NodeError::Protocol("a release answered no row".into()))?;
     let live: i64 = row.try_get(0).map_err(node_error)?;
     Ok(live as usize == keys)
 }
@@ -255,27 +273,49 @@ pub(super) fn raise_sql(
     keys: &[ResourceKeys],
     tokens: &[u64],
     fence_ttl: Duration,
-) -> Result<String, NodeError> {
+    prepared: bool,
+) -> Result<Statement, NodeError> {
     let tokens = tokens
         .iter()
         .map(|&t| bigint(t))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Sql::new(RAISE)
+    Sql::with(RAISE, prepared)
         .texts(keys.iter().map(|k| k.fence.as_str()))
         .numbers(tokens)
         .number(millis(fence_ttl))
-        .done())
+        .statement()
 }
 
-pub(super) async fn execute(pool: &PgPool, query: String) -> Result<(), NodeError> {
-    pool.execute(query.as_str()).await.map_err(node_error)?;
+pub(super) async fn execute(pool: &PgPool, query: Statement) -> Result<(), NodeError> {
+    query.fetch_all(pool).await.map_err(node_error)?;
     Ok(())
+}
+
+/// A statement ready to run: inline (its literals in the text), or bound (the
+/// template prepared once per connection, its values bound).
+pub(super) enum Statement {
+    Inline(String),
+    Bound(&'static str, PgArguments),
+}
+
+impl Statement {
+    async fn fetch_all<'c, E>(self, executor: E) -> Result<Vec<PgRow>, sqlx::Error>
+    where
+        E: sqlx::Executor<'c, Database = Postgres>,
+    {
+        match self {
+            Statement::Inline(sql) => executor.fetch_all(sql.as_str()).await,
+            Statement::Bound(sql, args) => sqlx::query_with(sql, args).fetch_all(executor).await,
+        }
+    }
 }
 
 /// A statement with its `$n` placeholders replaced by literals, in order.
 pub(super) struct Sql {
     template: &'static str,
     values: Vec<String>,
+    /// The values bound instead, for a prepared statement.
+    bound: Option<Result<PgArguments, String>>,
 }
 
 impl Sql {
@@ -283,6 +323,42 @@ impl Sql {
         Sql {
             template,
             values: Vec::new(),
+            bound: None,
+        }
+    }
+
+    /// A statement of the lock's calls: bound when `prepared`.
+    pub(super) fn with(template: &'static str, prepared: bool) -> Self {
+        let bound = prepared.then(|| Ok(PgArguments::default()));
+        Sql {
+            bound,
+            ..Sql::new(template)
+        }
+    }
+
+    /// Binds `value` if the statement is bound; `false` if it is inline.
+    fn bind<T>(&mut self, value: T) -> bool
+    where
+        T: for<'q> sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres> + Send + 'static,
+    {
+        match &mut self.bound {
+            None => false,
+            Some(Ok(args)) => {
+                if let Err(e) = args.add(value) {
+                    self.bound = Some(Err(e.to_string()));
+                }
+                true
+            }
+            Some(Err(_)) => true,
+        }
+    }
+
+    /// The statement, bound or inline.
+    pub(super) fn statement(self) -> Result<Statement, NodeError> {
+        match self.bound {
+            Some(Ok(args)) => Ok(Statement::Bound(self.template, args)),
+            Some(Err(e)) => Err(NodeError::Protocol(e.into())),
+            None => Ok(Statement::Inline(self.done())),
         }
     }
 
@@ -298,11 +374,17 @@ impl Sql {
     }
 
     pub(super) fn text(mut self, value: &str) -> Self {
-        self.values.push(Self::literal(value));
+        if !self.bind(value.to_owned()) {
+            self.values.push(Self::literal(value));
+        }
         self
     }
 
     pub(super) fn texts<'a>(mut self, values: impl Iterator<Item = &'a str>) -> Self {
+        if self.bound.is_some() {
+            self.bind(values.map(str::to_owned).collect::<Vec<_>>());
+            return self;
+        }
         let items: Vec<String> = values.map(Self::literal).collect();
         self.values
             .push(format!("ARRAY[{}]::text[]", items.join(", ")));
@@ -310,15 +392,23 @@ impl Sql {
     }
 
     /// A number or a boolean: its `Display` is its literal.
-    pub(super) fn number(mut self, value: impl std::fmt::Display) -> Self {
-        self.values.push(value.to_string());
+    pub(super) fn number<T>(mut self, value: T) -> Self
+    where
+        T: std::fmt::Display + for<'q> sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres>,
+        T: Send + 'static,
+    {
+        let literal = value.to_string();
+        if !self.bind(value) {
+            self.values.push(literal);
+        }
         self
     }
 
-    pub(super) fn numbers<N: std::fmt::Display>(
-        mut self,
-        values: impl IntoIterator<Item = N>,
-    ) -> Self {
+    pub(super) fn numbers(mut self, values: impl IntoIterator<Item = i64>) -> Self {
+        if self.bound.is_some() {
+            self.bind(values.into_iter().collect::<Vec<_>>());
+            return self;
+        }
         let items: Vec<String> = values.into_iter().map(|n| n.to_string()).collect();
         self.values
             .push(format!("ARRAY[{}]::int8[]", items.join(", ")));
@@ -332,11 +422,10 @@ impl Sql {
     }
 
     /// A number, or `NULL`.
-    pub(super) fn maybe(self, value: Option<impl std::fmt::Display>) -> Self {
-        match value {
-            Some(value) => self.number(value),
-            None => self.number("NULL"),
-        }
+    pub(super) fn maybe(mut self, value: Option<impl std::fmt::Display>) -> Self {
+        let literal = value.map_or_else(|| "NULL".to_owned(), |v| v.to_string());
+        self.values.push(literal);
+        self
     }
 
     pub(super) fn done(self) -> String {
