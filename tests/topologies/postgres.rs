@@ -39,6 +39,44 @@ async fn the_postgres_node_keeps_the_contract() {
     }
 }
 
+/// Inline statements carry the keys as literals: a key that would end a literal or read
+/// as a placeholder is the same row for inline and prepared statements (each excludes
+/// the other on it), and a NUL, which a query string cannot carry, is refused with
+/// nothing left behind.
+#[tokio::test]
+async fn keys_that_would_break_a_literal_are_one_row_either_way() {
+    let db = TestDatabase::create().await;
+    let pools = [db.pool(2).await, db.pool(2).await];
+    let [inline, prepared] = [false, true].map(|prepared| {
+        let node =
+            PostgresNode::new(pools[usize::from(prepared)].clone()).prepared_statements(prepared);
+        Redlock::new([node], options()).unwrap()
+    });
+    for key in [
+        "it's",
+        r"back\slash\",
+        r"E'\'; --",
+        "$1 $2",
+        "ключ 🔑",
+        "a'b'c''d",
+    ] {
+        for (first, second) in [(&inline, &prepared), (&prepared, &inline)] {
+            let lease = first.try_acquire(key).await.expect(key);
+            assert!(second.try_acquire(key).await.is_err(), "{key}: taken twice");
+            lease.release().await;
+            second.try_acquire(key).await.expect(key).release().await;
+        }
+    }
+    for locker in [&inline, &prepared] {
+        assert!(locker.try_acquire("nul\0key").await.is_err());
+    }
+    let leases: i64 = sqlx::query_scalar("SELECT count(*) FROM redlock_leases")
+        .fetch_one(&db.pool(1).await)
+        .await
+        .unwrap();
+    assert_eq!(leases, 0, "a lease row left behind");
+}
+
 /// Two lockers (two pools: two processes as far as the lock can tell) take turns on one
 /// resource, each section a read-modify-write of a counter in the database; the
 /// history checker finds no overlap, and no increment is lost.

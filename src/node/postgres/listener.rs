@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::watch;
 
@@ -65,7 +64,7 @@ impl Listener {
             .wait_for(|&on| on)
             .await
             .map_err(|_| NodeError::Connection("the LISTEN task ended".into()))?;
-        let hash = hex_sha256(channel);
+        let hash = super::sql::notified(channel);
         let mut signals = self.signals.lock().unwrap_or_else(|e| e.into_inner());
         let sender = match signals.get(&hash).and_then(Weak::upgrade) {
             Some(sender) => sender,
@@ -139,11 +138,4 @@ async fn run(listener: Weak<Listener>, options: PgConnectOptions) {
             }
         }
     }
-}
-
-fn hex_sha256(channel: &str) -> String {
-    Sha256::digest(channel.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }

@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::{Arguments, Postgres};
 use sqlx::{Executor, Row};
@@ -30,6 +31,18 @@ macro_rules! expiry {
             $n,
             "::float8 * interval '1 millisecond'"
         )
+    };
+}
+
+/// A granted key's fence counter: `max(counter + 1, floor)`, or the floor over an
+/// expired counter (`$8`: the unsafe seed-only rule, a test hook).
+macro_rules! fence_step {
+    () => {
+        "ON CONFLICT (key) DO UPDATE SET
+            counter = CASE WHEN c.expires_at <= clock_timestamp() THEN EXCLUDED.counter
+                           WHEN $8::bool THEN c.counter + 1
+                           ELSE greatest(c.counter + 1, EXCLUDED.counter) END,
+            expires_at = EXCLUDED.expires_at"
     };
 }
 
@@ -57,12 +70,9 @@ const ACQUIRE: &str = concat!(
     " FROM wanted
         WHERE $5::bool AND (SELECT count(*) FROM taken) = cardinality($1::text[])
         ORDER BY idx
-        ON CONFLICT (key) DO UPDATE SET
-            counter = CASE WHEN c.expires_at <= clock_timestamp() THEN EXCLUDED.counter
-                           WHEN $8::bool THEN c.counter + 1
-                           ELSE greatest(c.counter + 1, EXCLUDED.counter) END,
-            expires_at = EXCLUDED.expires_at
-        RETURNING key, counter
+        ",
+    fence_step!(),
+    " RETURNING key, counter
     )
     SELECT t.key IS NOT NULL AS granted, f.counter,
            (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::int8 AS pttl_ms
@@ -71,6 +81,29 @@ const ACQUIRE: &str = concat!(
     LEFT JOIN fenced f ON f.key = w.fence_key
     LEFT JOIN redlock_leases l ON t.key IS NULL AND l.key = w.lock_key
     ORDER BY w.idx"
+);
+
+/// [`ACQUIRE`] of one key, the common case: the same rule on scalars, planned in a
+/// third of the time (no `unnest`, no joins).
+const ACQUIRE_ONE: &str = concat!(
+    "WITH taken AS (
+        INSERT INTO redlock_leases AS l (key, owner, expires_at)
+        VALUES ($1::text, $3::text, ",
+    expiry!(4),
+    ") ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+        WHERE l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner
+        RETURNING key
+    ), fenced AS (
+        INSERT INTO redlock_fence_counters AS c (key, counter, expires_at)
+        SELECT $2::text, $6::int8, ",
+    expiry!(7),
+    " FROM taken WHERE $5::bool ",
+    fence_step!(),
+    " RETURNING counter
+    )
+    SELECT EXISTS (SELECT FROM taken), (SELECT counter FROM fenced),
+        (SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::int8
+         FROM redlock_leases WHERE key = $1::text AND NOT EXISTS (SELECT FROM taken))"
 );
 
 /// Every hold of a renewal at once: `$1` keys, `$2` owners, `$3` each key's hold index,
@@ -86,18 +119,26 @@ const EXTEND: &str = concat!(
     SELECT hold, count(*) FROM extended GROUP BY hold"
 );
 
-/// Compare-and-delete: `$1` lock keys, `$2` their channels, `$3` owner, `$4` wake.
-/// Notifies each deleted key's channel (a SHA-256, since a channel name may be longer
-/// than a notification's payload); the notification is sent when this commits. Answers
-/// how many keys were the owner's and still live.
+/// Compare-and-delete: `$1` lock keys, `$2` their channels' names in notifications
+/// (hex SHA-256: a channel may be longer than a payload), `$3` owner, `$4` wake.
+/// Notifies each deleted key's channel, sent when this commits. Answers how many keys
+/// were the owner's and still live.
 const RELEASE: &str = "WITH gone AS (
         DELETE FROM redlock_leases AS l USING unnest($1::text[], $2::text[]) AS r(key, channel)
         WHERE l.key = r.key AND l.owner = $3::text
         RETURNING r.channel, l.expires_at > clock_timestamp() AS live
     )
-    SELECT count(*) FILTER (WHERE live) AS live,
-           count(CASE WHEN $4::bool THEN pg_notify('redlock_released',
-               encode(sha256(convert_to(channel, 'UTF8')), 'hex')) END) AS woken
+    SELECT count(*) FILTER (WHERE live),
+           count(CASE WHEN $4::bool THEN pg_notify('redlock_released', channel) END)
+    FROM gone";
+
+/// [`RELEASE`] of one key.
+const RELEASE_ONE: &str = "WITH gone AS (
+        DELETE FROM redlock_leases WHERE key = $1::text AND owner = $3::text
+        RETURNING expires_at > clock_timestamp() AS live
+    )
+    SELECT count(*) FILTER (WHERE live),
+           count(CASE WHEN $4::bool THEN pg_notify('redlock_released', $2::text) END)
     FROM gone";
 
 /// `$1` fence keys, `$2` tokens, `$3` fence ttl ms.
@@ -146,10 +187,16 @@ pub(super) async fn create_tables(pool: &PgPool) -> Result<(), NodeError> {
 
 /// The acquire statement of `request` (its values written in).
 pub(super) fn acquire_sql(request: &Acquire<'_>, prepared: bool) -> Result<Statement, NodeError> {
-    Sql::with(ACQUIRE, prepared)
-        .texts(request.keys.iter().map(|k| k.lock.as_str()))
-        .texts(request.keys.iter().map(|k| k.fence.as_str()))
-        .text(request.owner.as_str())
+    let keys = request.keys;
+    let sql = match keys {
+        [one] => Sql::with(ACQUIRE_ONE, prepared)
+            .text(&one.lock)
+            .text(&one.fence),
+        _ => Sql::with(ACQUIRE, prepared)
+            .texts(keys.iter().map(|k| k.lock.as_str()))
+            .texts(keys.iter().map(|k| k.fence.as_str())),
+    };
+    sql.text(request.owner.as_str())
         .number(millis(request.ttl))
         .number(request.fencing)
         .number(bigint(request.fence_floor)?)
@@ -247,12 +294,15 @@ pub(super) fn release_sql(
     wake: bool,
     prepared: bool,
 ) -> Result<Statement, NodeError> {
-    Sql::with(RELEASE, prepared)
-        .texts(hold.keys.iter().map(|k| k.lock.as_str()))
-        .texts(hold.keys.iter().map(|k| k.channel.as_str()))
-        .text(hold.owner.as_str())
-        .number(wake)
-        .statement()
+    let sql = match hold.keys {
+        [one] => Sql::with(RELEASE_ONE, prepared)
+            .text(&one.lock)
+            .text(&notified(&one.channel)),
+        keys => Sql::with(RELEASE, prepared)
+            .texts(keys.iter().map(|k| k.lock.as_str()))
+            .texts(keys.iter().map(|k| notified(&k.channel))),
+    };
+    sql.text(hold.owner.as_str()).number(wake).statement()
 }
 
 /// Runs a release statement of `keys` keys: whether every one was the owner's.
@@ -362,10 +412,24 @@ impl Sql {
         }
     }
 
-    /// A string as hex digits decoded by the server: nothing in it can end the literal,
-    /// whatever `standard_conforming_strings` says.
+    /// A string as an escape string (`E'…'`, whose backslashes mean the same whatever
+    /// `standard_conforming_strings` says), its quotes and backslashes doubled. A NUL,
+    /// which would end the protocol's query string, goes as hex digits instead, which
+    /// the server refuses in a `text`.
     fn literal(value: &str) -> String {
-        format!("convert_from({}, 'UTF8')", Self::bytea(value.as_bytes()))
+        if value.contains('\0') {
+            return format!("convert_from({}, 'UTF8')", Self::bytea(value.as_bytes()));
+        }
+        let mut literal = String::with_capacity(value.len() + 3);
+        literal.push_str("E'");
+        for c in value.chars() {
+            if matches!(c, '\'' | '\\') {
+                literal.push(c);
+            }
+            literal.push(c);
+        }
+        literal.push('\'');
+        literal
     }
 
     fn bytea(value: &[u8]) -> String {
@@ -380,12 +444,12 @@ impl Sql {
         self
     }
 
-    pub(super) fn texts<'a>(mut self, values: impl Iterator<Item = &'a str>) -> Self {
+    pub(super) fn texts<S: AsRef<str>>(mut self, values: impl Iterator<Item = S>) -> Self {
         if self.bound.is_some() {
-            self.bind(values.map(str::to_owned).collect::<Vec<_>>());
+            self.bind(values.map(|v| v.as_ref().to_owned()).collect::<Vec<_>>());
             return self;
         }
-        let items: Vec<String> = values.map(Self::literal).collect();
+        let items: Vec<String> = values.map(|v| Self::literal(v.as_ref())).collect();
         self.values
             .push(format!("ARRAY[{}]::text[]", items.join(", ")));
         self
@@ -429,13 +493,41 @@ impl Sql {
     }
 
     pub(super) fn done(self) -> String {
-        // From the last placeholder down, so that `$1` never replaces the start of `$10`.
-        let mut sql = self.template.to_owned();
-        for (n, value) in self.values.iter().enumerate().rev() {
-            sql = sql.replace(&format!("${}", n + 1), value);
+        // One pass over the template: a value is never scanned for placeholders (a key
+        // may read `$1`), and `$1` is never the start of `$10`.
+        let template = self.template;
+        let mut sql = String::with_capacity(
+            template.len() + self.values.iter().map(String::len).sum::<usize>(),
+        );
+        let mut rest = template;
+        while let Some(at) = rest.find('$') {
+            sql.push_str(&rest[..at]);
+            let digits = rest[at + 1..]
+                .bytes()
+                .take_while(u8::is_ascii_digit)
+                .count();
+            let value = rest[at + 1..at + 1 + digits]
+                .parse::<usize>()
+                .ok()
+                .and_then(|n| self.values.get(n.checked_sub(1)?));
+            match value {
+                Some(value) => sql.push_str(value),
+                None => sql.push_str(&rest[at..at + 1 + digits]),
+            }
+            rest = &rest[at + 1 + digits..];
         }
+        sql.push_str(rest);
         sql
     }
+}
+
+/// A channel's name in a release's notification: its hex SHA-256, since a channel's
+/// name may be longer than a notification's payload (and the listener compares hashes).
+pub(super) fn notified(channel: &str) -> String {
+    Sha256::digest(channel.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 pub(super) fn millis(ttl: Duration) -> f64 {
