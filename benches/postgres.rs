@@ -11,7 +11,8 @@
 //!   through `Tx`), against a hand-written route that looks the key up, then inserts the
 //!   payment and its idempotency row in one transaction. Both commit once per payment
 //!   with the payment row; the crate also commits its claim (the pending marker) before
-//!   the handler runs.
+//!   the handler runs; with `PgRecords::handlers_take_tx`, it claims in the handler's
+//!   transaction instead and commits once.
 //!
 //! `cargo bench --bench postgres --features "postgres axum"` (`$TOWER_REDLOCK_PG`,
 //! default `postgres://postgres@127.0.0.1:5432`; a database of its own, dropped at the
@@ -230,12 +231,14 @@ async fn main() {
         .await;
     let records = PgRecords::new(pool.clone());
     records.create().await.unwrap();
-    let crate_app = Router::new()
-        .route("/pay", post(pay_through_tx))
-        .route_layer(
+    // The marker committed before the handler (any handler), or claimed in its
+    // transaction (`handlers_take_tx`).
+    let crate_apps = [records.clone(), records.handlers_take_tx()].map(|records| {
+        Router::new().route("/pay", post(pay_through_tx)).route_layer(
             LockLayer::new(Redlock::in_memory(), header("Idempotency-Key"))
                 .replay(Replay::global().records_in(records)),
-        );
+        )
+    });
     let hand_app = Router::new()
         .route("/pay", post(pay_by_hand))
         .with_state(pool.clone());
@@ -246,7 +249,7 @@ async fn main() {
         node_raw(&node_pool, Duration::from_millis(300), prepared).await;
     }
     let mut node_rows = [Vec::new(), Vec::new()];
-    let mut pay_rows = Vec::new();
+    let mut pay_rows = [Vec::new(), Vec::new()];
     for rep in 0..reps {
         for prepared in [false, true] {
             let locker = &lockers[usize::from(prepared)];
@@ -259,14 +262,16 @@ async fn main() {
             };
             node_rows[usize::from(prepared)].push((ours, raw));
         }
-        let (ours, hand) = if rep % 2 == 0 {
-            let ours = payments(crate_app.clone(), conns, secs, &next).await;
-            (ours, payments(hand_app.clone(), conns, secs, &next).await)
-        } else {
-            let hand = payments(hand_app.clone(), conns, secs, &next).await;
-            (payments(crate_app.clone(), conns, secs, &next).await, hand)
-        };
-        pay_rows.push((ours, hand));
+        for (app, rows) in crate_apps.iter().zip(&mut pay_rows) {
+            let (ours, hand) = if rep % 2 == 0 {
+                let ours = payments(app.clone(), conns, secs, &next).await;
+                (ours, payments(hand_app.clone(), conns, secs, &next).await)
+            } else {
+                let hand = payments(hand_app.clone(), conns, secs, &next).await;
+                (payments(app.clone(), conns, secs, &next).await, hand)
+            };
+            rows.push((ours, hand));
+        }
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("| measure | crate /s | baseline /s | crate ÷ baseline |");
@@ -290,7 +295,11 @@ async fn main() {
     );
     row(
         &format!("POST /pay, Tx + records vs by hand ({conns} keep-alive clients)"),
-        &pay_rows,
+        &pay_rows[0],
+    );
+    row(
+        "the same, `PgRecords::handlers_take_tx` (the marker in the handler's transaction)",
+        &pay_rows[1],
     );
     println!(
         "\n{secs:?} per row, medians of {reps} repetitions, sides alternating. Load average: {}",

@@ -124,22 +124,24 @@ impl<S: Send + Sync> FromRequestParts<S> for Tx {
             return Err(Problem::new(ProblemKind::LockLayerMissing, detail).into());
         };
         let (slot, handle) = (slot.clone(), handle.clone());
-        {
+        let begun = {
             let mut state = slot.state.lock().unwrap_or_else(|e| e.into_inner());
-            if !matches!(*state, TxState::Free) {
-                let detail = "a request has one Tx: take it once, in the handler";
-                return Err(Problem::new(ProblemKind::LockLayerMissing, detail).into());
+            match std::mem::replace(&mut *state, TxState::Taken) {
+                TxState::Free => None,
+                TxState::Begun(tx) => Some(tx),
+                other => {
+                    *state = other;
+                    let detail = "a request has one Tx: take it once, in the handler";
+                    return Err(Problem::new(ProblemKind::LockLayerMissing, detail).into());
+                }
             }
-            *state = TxState::Taken;
-        }
+        };
         let resource = handle.resource();
-        // Committed before the handler writes: an attempt that dies after this leaves
-        // a flagged marker and no record, which says that nothing of it committed.
-        if !slot.records.mark_transactional(&handle).await? {
-            return Err(problem::lock_lost(resource.clone()).into());
-        }
+        let mut tx = match begun {
+            Some(tx) => tx,
+            None => slot.records.begin_transactional(&handle).await?,
+        };
         let failed = |error: sqlx::Error| LockRejection::from(database_problem(&error, resource));
-        let mut tx = slot.records.pool().begin().await.map_err(failed)?;
         match crate::fence::postgres::advance(&mut tx, &handle).await {
             Ok(()) => Ok(Tx { tx: Some(tx), slot }),
             Err(FenceError::Store(error)) => Err(failed(error)),

@@ -63,17 +63,22 @@ struct Test {
 /// `/payments` under a replaying layer (memory lock node, records in PostgreSQL), its
 /// handler inserting a payment through `Tx` (or, `with_tx` false, through the pool).
 async fn start(with_tx: bool) -> Test {
-    start_with(with_tx, OnDisconnect::Finish).await
+    start_with(with_tx, OnDisconnect::Finish, false).await
 }
 
-async fn start_with(with_tx: bool, on_disconnect: OnDisconnect) -> Test {
+/// `claim_in_tx`: `PgRecords::handlers_take_tx`, the marker claimed in the handler's
+/// transaction.
+async fn start_with(with_tx: bool, on_disconnect: OnDisconnect, claim_in_tx: bool) -> Test {
     let db = TestDatabase::create().await;
     let pool = db.pool(4).await;
     sqlx::query("CREATE TABLE payments (id bigserial PRIMARY KEY, amount bigint NOT NULL)")
         .execute(&pool)
         .await
         .unwrap();
-    let records = PgRecords::new(pool.clone());
+    let records = match claim_in_tx {
+        false => PgRecords::new(pool.clone()),
+        true => PgRecords::new(pool.clone()).handlers_take_tx(),
+    };
     records.create().await.unwrap();
     records.create().await.expect("create is idempotent");
     let script = Arc::new(Script::default());
@@ -169,8 +174,12 @@ async fn pay_on_pool(
 }
 
 fn pay() -> Req {
+    pay_with_key("p1")
+}
+
+fn pay_with_key(key: &str) -> Req {
     Req::post("/payments")
-        .header("idempotency-key", "p1")
+        .header("idempotency-key", key)
         .header("authorization", "Bearer alice")
         .json(r#"{"amount":100}"#)
 }
@@ -211,67 +220,77 @@ fn assert_created(reply: &Reply, replayed: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_payment_and_its_record_commit_together_and_the_retry_is_replayed() {
-    let test = start(true).await;
-    let first = test.served.send(pay()).await;
-    assert_created(&first, false);
-    assert_eq!((test.payments().await, test.records().await), (1, (1, 0)));
-    let retry = test.served.send(pay()).await;
-    assert_created(&retry, true);
-    assert_eq!(retry.text(), first.text());
-    assert_eq!((test.payments().await, test.runs()), (1, 1));
-    drop(test.db);
+    for claim_in_tx in [false, true] {
+        let test = start_with(true, OnDisconnect::Finish, claim_in_tx).await;
+        let first = test.served.send(pay()).await;
+        assert_created(&first, false);
+        assert_eq!((test.payments().await, test.records().await), (1, (1, 0)));
+        let retry = test.served.send(pay()).await;
+        assert_created(&retry, true);
+        assert_eq!(retry.text(), first.text());
+        assert_eq!((test.payments().await, test.runs()), (1, 1));
+        drop(test.db);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_before_the_commit_leaves_nothing_and_the_retry_runs_cleanly() {
-    let test = start(true).await;
-    test.script.panic_next.store(true, Ordering::SeqCst);
-    let crashed = test.served.send(pay()).await;
-    assert_eq!(crashed.status, 500, "{}", crashed.text());
-    // No payment, no record: only this attempt's marker, which says it wrote in a
-    // transaction that never committed.
-    assert_eq!((test.payments().await, test.records().await), (0, (0, 1)));
-    let retry = test.served.send(pay()).await;
-    assert_created(&retry, false);
-    assert!(!test.script.told_interrupted.load(Ordering::SeqCst));
-    assert_eq!((test.payments().await, test.records().await), (1, (1, 0)));
-    assert_created(&test.served.send(pay()).await, true);
-    assert_eq!((test.payments().await, test.runs()), (1, 2));
+    for claim_in_tx in [false, true] {
+        let test = start_with(true, OnDisconnect::Finish, claim_in_tx).await;
+        test.script.panic_next.store(true, Ordering::SeqCst);
+        let crashed = test.served.send(pay()).await;
+        assert_eq!(crashed.status, 500, "{}", crashed.text());
+        // No payment, no record: only this attempt's marker, which says it wrote in a
+        // transaction that never committed; none when it was claimed in that transaction.
+        let marker = i64::from(!claim_in_tx);
+        assert_eq!((test.payments().await, test.records().await), (0, (0, marker)));
+        let retry = test.served.send(pay()).await;
+        assert_created(&retry, false);
+        assert!(!test.script.told_interrupted.load(Ordering::SeqCst));
+        assert_eq!((test.payments().await, test.records().await), (1, (1, 0)));
+        assert_created(&test.served.send(pay()).await, true);
+        assert_eq!((test.payments().await, test.runs()), (1, 2));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_before_the_commit_under_cancel_leaves_nothing() {
-    let test = start_with(true, OnDisconnect::Cancel).await;
-    test.script.hang_next.store(true, Ordering::SeqCst);
-    let mut conn = test.served.connect().await;
-    conn.write(&pay()).await;
-    test.script.written.notified().await;
-    drop(conn);
-    test.script.dropped.notified().await;
-    assert_eq!((test.payments().await, test.records().await), (0, (0, 1)));
-    // The lease is released in the background: until then the retry is told to wait.
-    let mut retry = test.served.send(pay()).await;
-    for _ in 0..1000 {
-        if retry.problem().as_deref() != Some("request-in-progress") {
-            break;
+    for claim_in_tx in [false, true] {
+        let test = start_with(true, OnDisconnect::Cancel, claim_in_tx).await;
+        test.script.hang_next.store(true, Ordering::SeqCst);
+        let mut conn = test.served.connect().await;
+        conn.write(&pay()).await;
+        test.script.written.notified().await;
+        drop(conn);
+        test.script.dropped.notified().await;
+        let marker = i64::from(!claim_in_tx);
+        assert_eq!((test.payments().await, test.records().await), (0, (0, marker)));
+        // The lease is released in the background: until then the retry is told to wait.
+        let mut retry = test.served.send(pay()).await;
+        for _ in 0..1000 {
+            if retry.problem().as_deref() != Some("request-in-progress") {
+                break;
+            }
+            tokio::task::yield_now().await;
+            retry = test.served.send(pay()).await;
         }
-        tokio::task::yield_now().await;
-        retry = test.served.send(pay()).await;
+        assert_created(&retry, false);
+        assert!(!test.script.told_interrupted.load(Ordering::SeqCst));
+        assert_eq!((test.payments().await, test.runs()), (1, 2));
     }
-    assert_created(&retry, false);
-    assert!(!test.script.told_interrupted.load(Ordering::SeqCst));
-    assert_eq!((test.payments().await, test.runs()), (1, 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_not_recorded_rolls_the_handlers_writes_back() {
-    let test = start(true).await;
-    test.script.unrecordable_next.store(true, Ordering::SeqCst);
-    let unrecorded = test.served.send(pay()).await;
-    assert_eq!(unrecorded.status, 202, "{}", unrecorded.text());
-    assert_eq!((test.payments().await, test.records().await), (0, (0, 0)));
-    assert_created(&test.served.send(pay()).await, false);
-    assert_eq!((test.payments().await, test.runs()), (1, 2));
+    for claim_in_tx in [false, true] {
+        let test = start_with(true, OnDisconnect::Finish, claim_in_tx).await;
+        test.script.unrecordable_next.store(true, Ordering::SeqCst);
+        let unrecorded = test.served.send(pay()).await;
+        assert_eq!(unrecorded.status, 202, "{}", unrecorded.text());
+        assert_eq!((test.payments().await, test.records().await), (0, (0, 0)));
+        assert_created(&test.served.send(pay()).await, false);
+        assert_eq!((test.payments().await, test.runs()), (1, 2));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,34 +306,57 @@ async fn a_holder_superseded_before_its_commit_commits_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_lost_before_the_commit_rolls_back_and_its_response_is_not_sent() {
-    let test = start(true).await;
-    test.script.lose_lease_next.store(true, Ordering::SeqCst);
-    let lost = test.served.send(pay()).await;
-    assert_eq!(lost.status, 503, "{}", lost.text());
-    assert_eq!(lost.problem().as_deref(), Some("lock-lost"));
-    assert_eq!((test.payments().await, test.records().await), (0, (0, 1)));
-    // Nothing of it committed: the retry runs cleanly.
-    assert_created(&test.served.send(pay()).await, false);
-    assert_eq!((test.payments().await, test.runs()), (1, 2));
+    for claim_in_tx in [false, true] {
+        let test = start_with(true, OnDisconnect::Finish, claim_in_tx).await;
+        test.script.lose_lease_next.store(true, Ordering::SeqCst);
+        let lost = test.served.send(pay()).await;
+        assert_eq!(lost.status, 503, "{}", lost.text());
+        assert_eq!(lost.problem().as_deref(), Some("lock-lost"));
+        let marker = i64::from(!claim_in_tx);
+        assert_eq!((test.payments().await, test.records().await), (0, (0, marker)));
+        // Nothing of it committed: the retry runs cleanly.
+        assert_created(&test.served.send(pay()).await, false);
+        assert_eq!((test.payments().await, test.runs()), (1, 2));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_behind_the_fence_is_refused_before_it_writes() {
-    let test = start(true).await;
-    assert_created(&test.served.send(pay()).await, false);
-    // The key is new again, and a newer holder wrote under its resource since.
-    sqlx::query("DELETE FROM redlock_records")
-        .execute(&test.pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE redlock_fences SET token = 9223372036854775807")
-        .execute(&test.pool)
-        .await
-        .unwrap();
-    let stale = test.served.send(pay()).await;
-    assert_eq!(stale.status, 503, "{}", stale.text());
-    assert_eq!(stale.problem().as_deref(), Some("lock-lost"));
-    assert_eq!((test.payments().await, test.runs()), (1, 1));
+    for claim_in_tx in [false, true] {
+        let test = start_with(true, OnDisconnect::Finish, claim_in_tx).await;
+        assert_created(&test.served.send(pay()).await, false);
+        // The key is new again, and a newer holder wrote under its resource since.
+        sqlx::query("DELETE FROM redlock_records")
+            .execute(&test.pool)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE redlock_fences SET token = 9223372036854775807")
+            .execute(&test.pool)
+            .await
+            .unwrap();
+        let stale = test.served.send(pay()).await;
+        assert_eq!(stale.status, 503, "{}", stale.text());
+        assert_eq!(stale.problem().as_deref(), Some("lock-lost"));
+        assert_eq!((test.payments().await, test.runs()), (1, 1));
+    }
+}
+
+/// Under `handlers_take_tx` no marker is committed before the handler: one that does not
+/// take `Tx` is still recorded and replayed (and the layer logs an error), but a crash
+/// while it ran leaves nothing that says its outcome is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_without_tx_under_handlers_take_tx_is_recorded_without_a_marker() {
+    let test = start_with(false, OnDisconnect::Finish, true).await;
+    let first = test.served.send(pay()).await;
+    assert_created(&first, false);
+    assert_eq!((test.payments().await, test.records().await), (1, (1, 0)));
+    assert_created(&test.served.send(pay()).await, true);
+    test.script.panic_next.store(true, Ordering::SeqCst);
+    let other = pay_with_key("p2");
+    assert_eq!(test.served.send(other.clone()).await.status, 500);
+    assert_eq!((test.payments().await, test.records().await), (2, (1, 0)));
+    assert_created(&test.served.send(other).await, false);
+    assert_eq!((test.payments().await, test.runs()), (3, 3));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sqlx::{PgPool, Postgres, Row, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 
 use super::steps::rolled_back;
 use crate::http::problem::{self, Problem, ProblemKind, RETRY_SOON};
@@ -23,15 +23,15 @@ const CREATE_RECORDS_TABLE: &str = include_str!("records.sql");
 const READ: &str = "SELECT token, fingerprint, data FROM redlock_records \
      WHERE resource = $1 AND data IS NOT NULL AND expires_at > now()";
 
-/// This lease's pending marker, over an expired row, its own marker, or an earlier
+/// This lease's pending marker (`$5`: flagged transactional), over an expired row, its own marker, or an earlier
 /// attempt's that left nothing behind (transactional) or whose time as unknown is over;
 /// returns that interrupted attempt's token in the last case.
 const CLAIM: &str = "WITH old AS (SELECT * FROM redlock_records WHERE resource = $1) \
      INSERT INTO redlock_records AS r \
      (resource, token, fingerprint, data, transactional, orphaned_until, expires_at) \
-     VALUES ($1, $2, $3, NULL, false, NULL, now() + $4 * interval '1 second') \
+     VALUES ($1, $2, $3, NULL, $5, NULL, now() + $4 * interval '1 second') \
      ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, \
-     fingerprint = EXCLUDED.fingerprint, data = NULL, transactional = false, \
+     fingerprint = EXCLUDED.fingerprint, data = NULL, transactional = EXCLUDED.transactional, \
      orphaned_until = NULL, expires_at = EXCLUDED.expires_at \
      WHERE r.expires_at <= now() \
      OR (r.data IS NULL AND r.token = EXCLUDED.token) \
@@ -64,9 +64,17 @@ const STORE: &str = "INSERT INTO redlock_records AS r \
      expires_at = EXCLUDED.expires_at \
      WHERE r.token < EXCLUDED.token OR (r.token = EXCLUDED.token AND r.data IS NULL)";
 
+/// A [`Tx`](crate::axum::Tx)'s start, in one message (the simple query protocol, `$1`
+/// and `$2` written in): this lease's marker flagged `transactional` and committed
+/// before the handler writes, then the handler's transaction begun. The flag's commit
+/// does not wait for its flush: lost in a crash of the server, the marker reads as an
+/// attempt without a transaction (outcome unknown), the safe side; and the handler's
+/// commit, which waits, flushes it first. A marker that is no longer this lease's is
+/// left as it is, and the record's guarded write refuses the commit.
 #[cfg_attr(not(feature = "axum"), allow(dead_code))]
-const MARK_TRANSACTIONAL: &str = "UPDATE redlock_records SET transactional = true \
-     WHERE resource = $1 AND token = $2 AND data IS NULL";
+const BEGIN_TRANSACTIONAL: &str = "BEGIN; SET LOCAL synchronous_commit TO off; \
+     UPDATE redlock_records SET transactional = true \
+     WHERE resource = $1 AND token = $2 AND data IS NULL; COMMIT; BEGIN";
 
 const DISCARD: &str =
     "DELETE FROM redlock_records WHERE resource = $1 AND token = $2 AND data IS NULL";
@@ -121,12 +129,32 @@ const DISCARD: &str =
 #[derive(Debug, Clone)]
 pub struct PgRecords {
     pool: PgPool,
+    claim_in_tx: bool,
 }
 
 impl PgRecords {
     /// Records in the database of `pool` (the application's own, for [`Tx`](crate::axum::Tx)).
     pub fn new(pool: PgPool) -> Self {
-        PgRecords { pool }
+        PgRecords {
+            pool,
+            claim_in_tx: false,
+        }
+    }
+
+    /// For a layer whose handlers all take [`Tx`](crate::axum::Tx): the pending marker
+    /// is written in the handler's transaction, begun under the lease, instead of
+    /// committed before the handler runs. A request then commits once (the marker, the
+    /// handler's writes and the record together) instead of twice, and an attempt that
+    /// dies leaves nothing behind, not even a marker.
+    ///
+    /// A handler that does not take `Tx` under this setting still has its response
+    /// recorded, but while it ran no marker was committed: had its process died, the
+    /// retry would have run it again instead of answering `outcome-unknown`. The layer
+    /// logs an error for each such request; keep such handlers under a layer without it.
+    #[must_use]
+    pub fn handlers_take_tx(mut self) -> Self {
+        self.claim_in_tx = true;
+        self
     }
 
     /// Creates the table if it does not exist ([the table](PgRecords#the-table)), and the fence
@@ -160,9 +188,37 @@ impl PgRecords {
     }
 
     /// Under the lease: this lease's pending marker written, or what stops it (see
-    /// [`Claim`]); a newer holder's marker is 503 `lock-lost`.
+    /// [`Claim`]); a newer holder's marker is 503 `lock-lost`. With
+    /// [`handlers_take_tx`](Self::handlers_take_tx), a claimed marker is in the
+    /// transaction returned, for the handler.
     pub(crate) async fn claim(
         &self,
+        handle: &LeaseHandle,
+        fingerprint: &[u8],
+        pending_ttl: Duration,
+        unknown_for: Option<Duration>,
+    ) -> Result<(Claim, Option<Transaction<'static, Postgres>>), Problem> {
+        let resource = handle.resource();
+        let failed = |error: sqlx::Error| database_problem(&error, resource);
+        let claim = |conn| self.claim_on(conn, handle, fingerprint, pending_ttl, unknown_for);
+        if !self.claim_in_tx {
+            let mut conn = self.pool.acquire().await.map_err(failed)?;
+            return Ok((claim(&mut conn).await?, None));
+        }
+        let mut tx = self.pool.begin().await.map_err(failed)?;
+        match claim(&mut tx).await? {
+            claimed @ (Claim::Claimed | Claim::Reclaimed { .. }) => Ok((claimed, Some(tx))),
+            // Nothing claimed; an earlier attempt may have been stamped interrupted.
+            other => {
+                tx.commit().await.map_err(failed)?;
+                Ok((other, None))
+            }
+        }
+    }
+
+    async fn claim_on(
+        &self,
+        conn: &mut PgConnection,
         handle: &LeaseHandle,
         fingerprint: &[u8],
         pending_ttl: Duration,
@@ -178,7 +234,8 @@ impl PgRecords {
                 .bind(token)
                 .bind(fingerprint)
                 .bind(pending_ttl.as_secs_f64())
-                .fetch_optional(&self.pool)
+                .bind(self.claim_in_tx)
+                .fetch_optional(&mut *conn)
                 .await
                 .map_err(failed)?;
             if let Some(row) = claimed {
@@ -192,7 +249,7 @@ impl PgRecords {
             }
             let Some(row) = sqlx::query(FIND)
                 .bind(resource.as_str())
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *conn)
                 .await
                 .map_err(failed)?
             else {
@@ -219,7 +276,7 @@ impl PgRecords {
                     .bind(resource.as_str())
                     .bind(theirs)
                     .bind(unknown_for.map(|d| d.as_secs_f64()))
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&mut *conn)
                     .await
                     .map_err(failed)?,
             };
@@ -278,6 +335,13 @@ impl PgRecords {
         let resource = handle.resource();
         let mut tx = match tx {
             Some(TxState::Returned(tx)) => tx,
+            Some(TxState::Begun(tx)) => {
+                tracing::error!(
+                    "PgRecords::handlers_take_tx, but the handler did not take Tx: it ran \
+                     without a committed pending marker (a crash would have run it again)"
+                );
+                tx
+            }
             // Still held by the handler (moved into a task): never committed.
             Some(_) => return Err(rolled_back(handle)),
             None => {
@@ -306,21 +370,36 @@ impl PgRecords {
         }
     }
 
-    /// Flags this lease's marker: its writes go through a transaction that commits
-    /// with the record. `Ok(false)`: the marker is no longer ours.
+    /// Flags this lease's marker (its writes go through a transaction that commits with
+    /// the record) and begins that transaction, in one round trip.
     #[cfg_attr(not(feature = "axum"), allow(dead_code))]
-    pub(crate) async fn mark_transactional(&self, handle: &LeaseHandle) -> Result<bool, Problem> {
-        sqlx::query(MARK_TRANSACTIONAL)
-            .bind(handle.resource().as_str())
-            .bind(token_of(handle)?)
-            .execute(&self.pool)
+    pub(crate) async fn begin_transactional(
+        &self,
+        handle: &LeaseHandle,
+    ) -> Result<Transaction<'static, Postgres>, Problem> {
+        let begin = crate::node::postgres::Sql::new(BEGIN_TRANSACTIONAL)
+            .text(handle.resource().as_str())
+            .number(token_of(handle)?)
+            .done();
+        self.pool
+            .begin_with(begin)
             .await
-            .map(|done| done.rows_affected() == 1)
             .map_err(|error| database_problem(&error, handle.resource()))
     }
 
-    /// Removes this lease's marker: nothing recorded, the next request runs again.
-    pub(crate) async fn discard(&self, handle: &LeaseHandle) -> Result<(), Problem> {
+    /// Removes this lease's marker: nothing recorded, the next request runs again. The
+    /// handler's transaction, if any, rolls back first (a marker claimed in it goes with it).
+    pub(crate) async fn discard(
+        &self,
+        tx: Option<TxState>,
+        handle: &LeaseHandle,
+    ) -> Result<(), Problem> {
+        if let Some(TxState::Begun(tx) | TxState::Returned(tx)) = tx {
+            let _ = tx.rollback().await;
+        }
+        if self.claim_in_tx {
+            return Ok(());
+        }
         sqlx::query(DISCARD)
             .bind(handle.resource().as_str())
             .bind(token_of(handle)?)
@@ -373,6 +452,9 @@ pub(crate) enum TxState {
     /// No transaction taken (yet).
     #[default]
     Free,
+    /// The transaction the marker was claimed in ([`PgRecords::handlers_take_tx`]),
+    /// for the handler's [`Tx`](crate::axum::Tx).
+    Begun(Transaction<'static, Postgres>),
     /// A [`Tx`](crate::axum::Tx) holds it.
     Taken,
     /// The handler is done with it: for the layer to commit.
@@ -385,6 +467,11 @@ impl TxSlot {
             records,
             state: Arc::default(),
         }
+    }
+
+    /// The transaction the marker was claimed in, for the handler's `Tx`.
+    pub(crate) fn begun(&self, tx: Transaction<'static, Postgres>) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = TxState::Begun(tx);
     }
 
     /// The slot's state, left `Taken` so that no `Tx` begins after the handler.

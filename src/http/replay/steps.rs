@@ -204,9 +204,11 @@ impl ReplayStep {
         #[cfg(feature = "postgres")]
         if let Some(records) = &policy.records {
             let (fingerprint, ttl) = (&self.fingerprint, policy.pending_ttl());
-            return records
-                .claim(handle, fingerprint, ttl, policy.unknown_for)
-                .await;
+            let (claim, tx) = (records.claim(handle, fingerprint, ttl, policy.unknown_for)).await?;
+            if let (Some(tx), Some(slot)) = (tx, &self.tx) {
+                slot.begun(tx);
+            }
+            return Ok(claim);
         }
         let claimed = record::claim_owned(
             handle.clone(),
@@ -266,13 +268,15 @@ impl ReplayStep {
         }))
     }
 
-    /// Our pending marker removed: nothing is recorded, the next request runs again.
-    async fn settle(&self, handle: &LeaseHandle) {
+    /// Our pending marker removed and the handler's transaction rolled back: nothing is
+    /// recorded, the next request runs again.
+    async fn settle(&self, tx: Option<HandlerTx>, handle: &LeaseHandle) {
         #[cfg(feature = "postgres")]
         if let Some(records) = &self.policy.records {
-            let _ = records.discard(handle).await;
+            let _ = records.discard(tx, handle).await;
             return;
         }
+        let _ = tx;
         if let Err(error) = record::discard_owned(handle.clone()).await {
             tracing::warn!(%error, "pending record marker not removed: the key answers outcome-unknown for a while");
         }
@@ -312,12 +316,12 @@ impl ReplayStep {
             } else {
                 tracing::debug!(%status, "status not recorded for replay: the next request runs again");
             }
-            self.settle(&handle).await;
-            if too_large && tx.is_some() {
+            let wrote_in_tx = wrote_in(&tx);
+            self.settle(tx, &handle).await;
+            if too_large && wrote_in_tx {
                 drop(lease);
                 return refuse(settings, span, rolled_back(&handle));
             }
-            roll_back(tx);
             return finish(settings, span, response, Some(lease), Some(handle)).await;
         }
         let (parts, body) = response.into_parts();
@@ -347,8 +351,8 @@ impl ReplayStep {
         }
         if failed {
             tracing::warn!("the response body failed while it was read for recording");
-            self.settle(&handle).await;
-            drop((lease, tx));
+            self.settle(tx, &handle).await;
+            drop(lease);
             let problem = problem::response_failed(handle.resource().clone());
             return refuse(settings, span, problem);
         }
@@ -357,8 +361,9 @@ impl ReplayStep {
                 limit = policy.max_body,
                 "response body larger than the replay limit: sent, not recorded"
             );
-            self.settle(&handle).await;
-            if tx.is_some() {
+            let wrote_in_tx = wrote_in(&tx);
+            self.settle(tx, &handle).await;
+            if wrote_in_tx {
                 drop(lease);
                 return refuse(settings, span, rolled_back(&handle));
             }
@@ -451,8 +456,13 @@ impl ReplayStep {
     }
 }
 
-/// Ends the handler's transaction, if any, without committing it: dropped, it rolls back.
-fn roll_back(_tx: Option<HandlerTx>) {}
+/// Whether the handler took a transaction (its writes would be rolled back with it).
+fn wrote_in(tx: &Option<HandlerTx>) -> bool {
+    #[cfg(feature = "postgres")]
+    return matches!(tx, Some(TxState::Taken | TxState::Returned(_)));
+    #[cfg(not(feature = "postgres"))]
+    tx.is_some()
+}
 
 /// 500 `response-failed`: the response could not be recorded, so the handler's
 /// transaction was rolled back, and the response, which its writes would have

@@ -4,6 +4,8 @@ mod listener;
 mod records;
 mod sql;
 
+pub(crate) use sql::Sql;
+
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;

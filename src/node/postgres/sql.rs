@@ -361,7 +361,7 @@ impl Statement {
 }
 
 /// A statement with its `$n` placeholders replaced by literals, in order.
-pub(super) struct Sql {
+pub(crate) struct Sql {
     template: &'static str,
     values: Vec<String>,
     /// The values bound instead, for a prepared statement.
@@ -369,7 +369,7 @@ pub(super) struct Sql {
 }
 
 impl Sql {
-    pub(super) fn new(template: &'static str) -> Self {
+    pub(crate) fn new(template: &'static str) -> Self {
         Sql {
             template,
             values: Vec::new(),
@@ -437,7 +437,7 @@ impl Sql {
         format!("decode('{hex}', 'hex')")
     }
 
-    pub(super) fn text(mut self, value: &str) -> Self {
+    pub(crate) fn text(mut self, value: &str) -> Self {
         if !self.bind(value.to_owned()) {
             self.values.push(Self::literal(value));
         }
@@ -456,7 +456,7 @@ impl Sql {
     }
 
     /// A number or a boolean: its `Display` is its literal.
-    pub(super) fn number<T>(mut self, value: T) -> Self
+    pub(crate) fn number<T>(mut self, value: T) -> Self
     where
         T: std::fmt::Display + for<'q> sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres>,
         T: Send + 'static,
@@ -492,7 +492,7 @@ impl Sql {
         self
     }
 
-    pub(super) fn done(self) -> String {
+    pub(crate) fn done(self) -> String {
         // One pass over the template: a value is never scanned for placeholders (a key
         // may read `$1`), and `$1` is never the start of `$10`.
         let template = self.template;
