@@ -234,10 +234,12 @@ async fn main() {
     // The marker committed before the handler (any handler), or claimed in its
     // transaction (`handlers_take_tx`).
     let crate_apps = [records.clone(), records.handlers_take_tx()].map(|records| {
-        Router::new().route("/pay", post(pay_through_tx)).route_layer(
-            LockLayer::new(Redlock::in_memory(), header("Idempotency-Key"))
-                .replay(Replay::global().records_in(records)),
-        )
+        Router::new()
+            .route("/pay", post(pay_through_tx))
+            .route_layer(
+                LockLayer::new(Redlock::in_memory(), header("Idempotency-Key"))
+                    .replay(Replay::global().records_in(records)),
+            )
     });
     let hand_app = Router::new()
         .route("/pay", post(pay_by_hand))

@@ -464,7 +464,7 @@ fn payments_route(locker: &Redlock, ledger: &Ledger) -> MethodRouter<AppState> {
     #[cfg(feature = "postgres")]
     if let Some(records) = ledger.records() {
         return post(postgres::create_payment)
-            .route_layer(layer.replay(replay.records_in(records)));
+            .route_layer(layer.replay(replay.records_in(records.handlers_take_tx())));
     }
     let _ = ledger;
     post(create_payment).route_layer(layer.replay(replay))

@@ -544,10 +544,15 @@ async fn postgres_alone_payments_commit_with_their_record_and_a_cut_attempt_leav
                 .await
         })
     };
-    // The first attempt holds its lock in the database and took its transaction (its
-    // marker says so, committed first).
+    // The first attempt holds its lock in the database and took its transaction, open
+    // while its handler works.
     support::eventually_async("the first attempt takes Tx", RESPONSE_LIMIT, || async {
-        count("SELECT count(*) FROM redlock_records WHERE transactional").await == 1
+        count(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND state = 'idle in transaction'",
+        )
+        .await
+            == 1
     })
     .await;
     assert_eq!(count("SELECT count(*) FROM redlock_leases").await, 1);

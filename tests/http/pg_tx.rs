@@ -243,7 +243,10 @@ async fn a_crash_before_the_commit_leaves_nothing_and_the_retry_runs_cleanly() {
         // No payment, no record: only this attempt's marker, which says it wrote in a
         // transaction that never committed; none when it was claimed in that transaction.
         let marker = i64::from(!claim_in_tx);
-        assert_eq!((test.payments().await, test.records().await), (0, (0, marker)));
+        assert_eq!(
+            (test.payments().await, test.records().await),
+            (0, (0, marker))
+        );
         let retry = test.served.send(pay()).await;
         assert_created(&retry, false);
         assert!(!test.script.told_interrupted.load(Ordering::SeqCst));
@@ -264,7 +267,10 @@ async fn a_client_gone_before_the_commit_under_cancel_leaves_nothing() {
         drop(conn);
         test.script.dropped.notified().await;
         let marker = i64::from(!claim_in_tx);
-        assert_eq!((test.payments().await, test.records().await), (0, (0, marker)));
+        assert_eq!(
+            (test.payments().await, test.records().await),
+            (0, (0, marker))
+        );
         // The lease is released in the background: until then the retry is told to wait.
         let mut retry = test.served.send(pay()).await;
         for _ in 0..1000 {
@@ -313,7 +319,10 @@ async fn a_lease_lost_before_the_commit_rolls_back_and_its_response_is_not_sent(
         assert_eq!(lost.status, 503, "{}", lost.text());
         assert_eq!(lost.problem().as_deref(), Some("lock-lost"));
         let marker = i64::from(!claim_in_tx);
-        assert_eq!((test.payments().await, test.records().await), (0, (0, marker)));
+        assert_eq!(
+            (test.payments().await, test.records().await),
+            (0, (0, marker))
+        );
         // Nothing of it committed: the retry runs cleanly.
         assert_created(&test.served.send(pay()).await, false);
         assert_eq!((test.payments().await, test.runs()), (1, 2));

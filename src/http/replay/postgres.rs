@@ -151,6 +151,10 @@ impl PgRecords {
     /// recorded, but while it ran no marker was committed: had its process died, the
     /// retry would have run it again instead of answering `outcome-unknown`. The layer
     /// logs an error for each such request; keep such handlers under a layer without it.
+    ///
+    /// The marker's row stays locked by the handler's transaction until it commits: a
+    /// holder frozen with it open (see [`Tx`](crate::axum::Tx)) makes the next holder's
+    /// claim wait until PostgreSQL ends that session (`idle_in_transaction_session_timeout`).
     #[must_use]
     pub fn handlers_take_tx(mut self) -> Self {
         self.claim_in_tx = true;
