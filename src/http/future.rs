@@ -206,8 +206,10 @@ where
             let resource = step.scope(target.resources.swap_remove(0));
             target.resources.push(resource.clone());
             span.record("resource", resource.as_str());
-            if let Some(response) = Box::pin(step.lookup(&settings, &span, &resource)).await {
-                return answer(response);
+            if !step.lookup_under_lock() {
+                if let Some(response) = Box::pin(step.lookup(&settings, &span, &resource)).await {
+                    return answer(response);
+                }
             }
             replay = Some(step);
         }
@@ -231,6 +233,13 @@ where
     .await;
     if let Some(started) = started {
         span.record("wait_ms", started.elapsed().as_millis() as u64);
+    }
+    // Not taken: a record looked up under the lock is looked up now, without it.
+    if let (Err(_), Some(step)) = (&taken, replay.as_ref().filter(|s| s.lookup_under_lock())) {
+        let resource = &target.resources[0];
+        if let Some(response) = Box::pin(step.lookup(&settings, &span, resource)).await {
+            return answer(response);
+        }
     }
     let problem: Problem = match taken {
         Ok(taken) => {

@@ -58,6 +58,7 @@ struct Test {
     pool: PgPool,
     script: Arc<Script>,
     served: Served,
+    node: MemoryNode,
 }
 
 /// `/payments` under a replaying layer (memory lock node, records in PostgreSQL), its
@@ -112,6 +113,7 @@ async fn start_with(with_tx: bool, on_disconnect: OnDisconnect, claim_in_tx: boo
         pool,
         script,
         served,
+        node,
     }
 }
 
@@ -346,6 +348,25 @@ async fn a_holder_behind_the_fence_is_refused_before_it_writes() {
         let stale = test.served.send(pay()).await;
         assert_eq!(stale.status, 503, "{}", stale.text());
         assert_eq!(stale.problem().as_deref(), Some("lock-lost"));
+        assert_eq!((test.payments().await, test.runs()), (1, 1));
+    }
+}
+
+/// Both ways, a completed payment is replayed when the lock is not taken (its node is
+/// down): under `handlers_take_tx`, which looks the record up under the lock, by a
+/// lookup made then. A new key is refused, and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_payment_is_replayed_while_the_lock_is_unavailable() {
+    for claim_in_tx in [false, true] {
+        let test = start_with(true, OnDisconnect::Finish, claim_in_tx).await;
+        let first = test.served.send(pay()).await;
+        assert_created(&first, false);
+        test.node.set_available(false);
+        let retry = test.served.send(pay()).await;
+        assert_created(&retry, true);
+        assert_eq!(retry.text(), first.text());
+        let new = test.served.send(pay_with_key("p2")).await;
+        assert_eq!(new.status, 503, "{}", new.text());
         assert_eq!((test.payments().await, test.runs()), (1, 1));
     }
 }

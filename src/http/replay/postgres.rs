@@ -145,7 +145,10 @@ impl PgRecords {
     /// is written in the handler's transaction, begun under the lease, instead of
     /// committed before the handler runs. A request then commits once (the marker, the
     /// handler's writes and the record together) instead of twice, and an attempt that
-    /// dies leaves nothing behind, not even a marker.
+    /// dies leaves nothing behind, not even a marker. The record is first looked up by
+    /// that claim, under the lock (one read fewer for a new key; a retry of a completed
+    /// request takes the lock for a moment), and without the lock only when it is not
+    /// taken (held, or unavailable).
     ///
     /// A handler that does not take `Tx` under this setting still has its response
     /// recorded, but while it ran no marker was committed: had its process died, the
@@ -171,6 +174,10 @@ impl PgRecords {
         crate::fence::postgres::FenceTable::default()
             .create(&mut conn)
             .await
+    }
+
+    pub(crate) fn claims_in_tx(&self) -> bool {
+        self.claim_in_tx
     }
 
     /// The pool the records and the handlers' transactions use.

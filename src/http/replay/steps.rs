@@ -128,6 +128,16 @@ impl ReplayStep {
         }
     }
 
+    /// Whether the claim under the lock is the first look at the record, and
+    /// [`lookup`](Self::lookup) runs only when the lock is not taken: records claimed in
+    /// the handler's transaction ([`PgRecords::handlers_take_tx`](crate::http::replay::PgRecords::handlers_take_tx)).
+    pub(crate) fn lookup_under_lock(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        return (self.policy.records.as_ref()).is_some_and(|records| records.claims_in_tx());
+        #[cfg(not(feature = "postgres"))]
+        false
+    }
+
     /// Before locking: a completed record every node holds is answered at once,
     /// without locking. A failed lookup is not final: the claim reads the record again.
     pub(crate) async fn lookup<RB: Body>(
