@@ -34,7 +34,9 @@ use crate::LeaseHandle;
 /// - a commit that fails is answered 503 `lock-unavailable`, nothing committed.
 ///
 /// Taking it first advances the write fence ([`fence::postgres::advance`](crate::fence::postgres::advance))
-/// in the transaction with the lease's token: a holder whose lease a newer one took is
+/// in the transaction with the lease's token (under
+/// [`PgRecords::handlers_take_tx`](crate::http::replay::PgRecords::handlers_take_tx), the
+/// claim already did, in the same statement): a holder whose lease a newer one took is
 /// refused (503 `lock-lost`) before it writes. The handler never commits itself.
 /// Without such a layer on the route the handler does not run: 500
 /// `lock-layer-missing`, naming what is missing.
@@ -128,7 +130,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Tx {
             let mut state = slot.state.lock().unwrap_or_else(|e| e.into_inner());
             match std::mem::replace(&mut *state, TxState::Taken) {
                 TxState::Free => None,
-                TxState::Begun(tx) => Some(tx),
+                TxState::Begun { tx, fenced } => Some((tx, fenced)),
                 other => {
                     *state = other;
                     let detail = "a request has one Tx: take it once, in the handler";
@@ -138,7 +140,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Tx {
         };
         let resource = handle.resource();
         let mut tx = match begun {
-            Some(tx) => tx,
+            Some((tx, true)) => return Ok(Tx { tx: Some(tx), slot }),
+            Some((tx, false)) => tx,
             None => slot.records.begin_transactional(&handle).await?,
         };
         let failed = |error: sqlx::Error| LockRejection::from(database_problem(&error, resource));

@@ -194,6 +194,21 @@ impl FenceTable {
         }
     }
 
+    /// For a statement that advances one resource's fence (`$1`, to the token `$2`) along
+    /// with other work: the advance as the `WITH` query `name`, and a condition that
+    /// holds, read after it, when the fence holds `$2` (advanced now, or by this lease
+    /// before).
+    pub(crate) fn advance_one_as(&self, name: &str) -> (String, String) {
+        let (t, advance) = (&self.quoted, &self.advance_one);
+        (
+            format!("{name} AS ({advance})"),
+            format!(
+                "(EXISTS (SELECT FROM {name}) \
+                 OR EXISTS (SELECT FROM {t} WHERE resource = $1 AND token = $2))"
+            ),
+        )
+    }
+
     /// The `CREATE TABLE IF NOT EXISTS` statement, for a migration.
     pub fn create_sql(&self) -> String {
         format!(
@@ -333,7 +348,7 @@ pub async fn advance(
     default_table().advance(conn, held).await
 }
 
-fn default_table() -> &'static FenceTable {
+pub(crate) fn default_table() -> &'static FenceTable {
     static TABLE: std::sync::OnceLock<FenceTable> = std::sync::OnceLock::new();
     TABLE.get_or_init(FenceTable::default)
 }

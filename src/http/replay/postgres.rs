@@ -41,6 +41,20 @@ const CLAIM: &str = "WITH old AS (SELECT * FROM redlock_records WHERE resource =
          AND NOT old.transactional AND old.orphaned_until IS NOT NULL \
          AND old.expires_at > now())";
 
+/// [`CLAIM`] with the lease's fence advanced in the same statement (one resource, the
+/// default fence table): its second column says whether the fence holds the lease's
+/// token. For a claim in the handler's transaction, which `Tx` then need not fence.
+fn claim_fenced() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let (fenced, holds) = crate::fence::postgres::default_table().advance_one_as("fenced");
+        format!(
+            "{}, {holds}",
+            CLAIM.replacen("WITH ", &format!("WITH {fenced}, "), 1)
+        )
+    })
+}
+
 /// What a claim that could not write found.
 const FIND: &str = "SELECT token, fingerprint, data, \
      EXTRACT(EPOCH FROM orphaned_until - now())::float8 AS orphan_left, \
@@ -201,24 +215,31 @@ impl PgRecords {
     /// Under the lease: this lease's pending marker written, or what stops it (see
     /// [`Claim`]); a newer holder's marker is 503 `lock-lost`. With
     /// [`handlers_take_tx`](Self::handlers_take_tx), a claimed marker is in the
-    /// transaction returned, for the handler.
+    /// transaction returned, for the handler, with the fence advanced in it where it could
+    /// be in the same statement.
     pub(crate) async fn claim(
         &self,
         handle: &LeaseHandle,
         fingerprint: &[u8],
         pending_ttl: Duration,
         unknown_for: Option<Duration>,
-    ) -> Result<(Claim, Option<Transaction<'static, Postgres>>), Problem> {
+    ) -> Result<(Claim, Option<TxState>), Problem> {
         let resource = handle.resource();
         let failed = |error: sqlx::Error| database_problem(&error, resource);
-        let claim = |conn| self.claim_on(conn, handle, fingerprint, pending_ttl, unknown_for);
+        let claim =
+            |conn, fence| self.claim_on(conn, handle, fingerprint, pending_ttl, unknown_for, fence);
         if !self.claim_in_tx {
             let mut conn = self.pool.acquire().await.map_err(failed)?;
-            return Ok((claim(&mut conn).await?, None));
+            return Ok((claim(&mut conn, false).await?, None));
         }
+        // The fence of a one-resource lease is advanced by the claim itself.
+        let tokens = crate::fence::writer_tokens::<()>(handle);
+        let fence = matches!(&tokens, Ok(tokens) if tokens.len() == 1 && tokens[0].0 == *resource);
         let mut tx = self.pool.begin().await.map_err(failed)?;
-        match claim(&mut tx).await? {
-            claimed @ (Claim::Claimed | Claim::Reclaimed { .. }) => Ok((claimed, Some(tx))),
+        match claim(&mut tx, fence).await? {
+            claimed @ (Claim::Claimed | Claim::Reclaimed { .. }) => {
+                Ok((claimed, Some(TxState::Begun { tx, fenced: fence })))
+            }
             // Nothing claimed; an earlier attempt may have been stamped interrupted.
             other => {
                 tx.commit().await.map_err(failed)?;
@@ -234,13 +255,14 @@ impl PgRecords {
         fingerprint: &[u8],
         pending_ttl: Duration,
         unknown_for: Option<Duration>,
+        fence: bool,
     ) -> Result<Claim, Problem> {
         let (resource, token) = (handle.resource(), token_of(handle)?);
         let failed = |error: sqlx::Error| database_problem(&error, resource);
         // Twice at most: a row that changed between the two statements (expired,
         // discarded) is claimed by the second round.
         for _ in 0..2 {
-            let claimed = sqlx::query(CLAIM)
+            let claimed = sqlx::query(if fence { claim_fenced() } else { CLAIM })
                 .bind(resource.as_str())
                 .bind(token)
                 .bind(fingerprint)
@@ -250,6 +272,10 @@ impl PgRecords {
                 .await
                 .map_err(failed)?;
             if let Some(row) = claimed {
+                if fence && !row.try_get::<bool, _>(1).map_err(failed)? {
+                    tracing::warn!("a newer holder wrote: this request is refused before it runs");
+                    return Err(problem::lock_lost(resource.clone()));
+                }
                 let interrupted: Option<i64> = row.try_get(0).map_err(failed)?;
                 return Ok(match interrupted {
                     Some(token) => Claim::Reclaimed {
@@ -346,7 +372,7 @@ impl PgRecords {
         let resource = handle.resource();
         let mut tx = match tx {
             Some(TxState::Returned(tx)) => tx,
-            Some(TxState::Begun(tx)) => {
+            Some(TxState::Begun { tx, .. }) => {
                 tracing::error!(
                     "PgRecords::handlers_take_tx, but the handler did not take Tx: it ran \
                      without a committed pending marker (a crash would have run it again)"
@@ -405,7 +431,7 @@ impl PgRecords {
         tx: Option<TxState>,
         handle: &LeaseHandle,
     ) -> Result<(), Problem> {
-        if let Some(TxState::Begun(tx) | TxState::Returned(tx)) = tx {
+        if let Some(TxState::Begun { tx, .. } | TxState::Returned(tx)) = tx {
             let _ = tx.rollback().await;
         }
         if self.claim_in_tx {
@@ -464,8 +490,11 @@ pub(crate) enum TxState {
     #[default]
     Free,
     /// The transaction the marker was claimed in ([`PgRecords::handlers_take_tx`]),
-    /// for the handler's [`Tx`](crate::axum::Tx).
-    Begun(Transaction<'static, Postgres>),
+    /// for the handler's [`Tx`](crate::axum::Tx); `fenced`: the lease's fence advanced in it.
+    Begun {
+        tx: Transaction<'static, Postgres>,
+        fenced: bool,
+    },
     /// A [`Tx`](crate::axum::Tx) holds it.
     Taken,
     /// The handler is done with it: for the layer to commit.
@@ -480,9 +509,9 @@ impl TxSlot {
         }
     }
 
-    /// The transaction the marker was claimed in, for the handler's `Tx`.
-    pub(crate) fn begun(&self, tx: Transaction<'static, Postgres>) {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = TxState::Begun(tx);
+    /// The transaction the marker was claimed in ([`TxState::Begun`]), for the handler's `Tx`.
+    pub(crate) fn begun(&self, begun: TxState) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = begun;
     }
 
     /// The slot's state, left `Taken` so that no `Tx` begins after the handler.
