@@ -9,7 +9,8 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use super::LockRejection;
 use crate::fence::FenceError;
 use crate::http::problem::{self, Problem, ProblemKind};
-use crate::http::replay::postgres::{database_problem, TxSlot, TxState};
+use crate::http::replay::handler_tx::{TxSlot, TxState};
+use crate::http::replay::postgres::database_problem;
 use crate::LeaseHandle;
 
 /// An extractor for the request's PostgreSQL transaction, under a replaying

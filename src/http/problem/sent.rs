@@ -221,6 +221,18 @@ pub(crate) fn response_failed(resource: Resource) -> Problem {
     .with_resource(resource)
 }
 
+/// 500 `response-failed`: the response could not be recorded, so the handler's
+/// transaction was rolled back, and the response, which its writes would have
+/// answered, is not sent.
+pub(crate) fn rolled_back(resource: Resource) -> Problem {
+    Problem::new(
+        ProblemKind::ResponseFailed,
+        "the response could not be recorded, so the handler's transaction was rolled back; \
+         nothing of the request was committed",
+    )
+    .with_resource(resource)
+}
+
 /// The longest `text/plain` refusal of a handler that
 /// [`problem_for_rejections`](crate::http::LockLayer::problem_for_rejections) rewrites:
 /// axum's extractor rejections are a line or two.

@@ -45,6 +45,8 @@
 
 mod fingerprint;
 #[cfg(feature = "postgres")]
+pub(crate) mod handler_tx;
+#[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 mod steps;
 mod stored;

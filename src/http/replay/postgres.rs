@@ -4,13 +4,12 @@
 //!
 //! See [`PgRecords`].
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 
-use super::steps::rolled_back;
+use super::handler_tx::TxState;
 use crate::http::problem::{self, Problem, ProblemKind, RETRY_SOON};
 use crate::node::Record;
 use crate::record::Claim;
@@ -380,7 +379,7 @@ impl PgRecords {
                 tx
             }
             // Still held by the handler (moved into a task): never committed.
-            Some(_) => return Err(rolled_back(handle)),
+            Some(_) => return Err(problem::rolled_back(resource.clone())),
             None => {
                 return Ok(
                     match self.store(None, handle, fingerprint, data, retention).await {
@@ -471,52 +470,4 @@ pub(crate) fn database_problem(error: &dyn std::fmt::Display, resource: &Resourc
     )
     .with_retry_after(RETRY_SOON)
     .with_resource(resource.clone())
-}
-
-/// Where a [`Tx`](crate::axum::Tx) finds the records' pool, and leaves its transaction
-/// when the handler is done with it, for the layer to record the response in it and
-/// commit. Put in the request's extensions by a layer with records in PostgreSQL.
-#[cfg_attr(not(feature = "axum"), allow(dead_code))]
-#[derive(Clone)]
-pub(crate) struct TxSlot {
-    pub(crate) records: PgRecords,
-    pub(crate) state: Arc<Mutex<TxState>>,
-}
-
-#[cfg_attr(not(feature = "axum"), allow(dead_code))]
-#[derive(Default)]
-pub(crate) enum TxState {
-    /// No transaction taken (yet).
-    #[default]
-    Free,
-    /// The transaction the marker was claimed in ([`PgRecords::handlers_take_tx`]),
-    /// for the handler's [`Tx`](crate::axum::Tx); `fenced`: the lease's fence advanced in it.
-    Begun {
-        tx: Transaction<'static, Postgres>,
-        fenced: bool,
-    },
-    /// A [`Tx`](crate::axum::Tx) holds it.
-    Taken,
-    /// The handler is done with it: for the layer to commit.
-    Returned(Transaction<'static, Postgres>),
-}
-
-impl TxSlot {
-    pub(crate) fn new(records: PgRecords) -> Self {
-        TxSlot {
-            records,
-            state: Arc::default(),
-        }
-    }
-
-    /// The transaction the marker was claimed in ([`TxState::Begun`]), for the handler's `Tx`.
-    pub(crate) fn begun(&self, begun: TxState) {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = begun;
-    }
-
-    /// The slot's state, left `Taken` so that no `Tx` begins after the handler.
-    pub(crate) fn close(&self) -> TxState {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        std::mem::replace(&mut *state, TxState::Taken)
-    }
 }

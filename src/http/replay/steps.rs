@@ -7,13 +7,12 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::HeaderValue;
+use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt;
-use tracing::Span;
-
-use http::request::Parts;
 use sha2::{Digest, Sha256};
+use tracing::Span;
 
 use super::stored::StoredResponse;
 use super::{ReplaySettings, IDEMPOTENT_REPLAYED};
@@ -24,7 +23,7 @@ use crate::http::layer::Settings;
 use crate::http::policy::{matched_path_in, OnLost};
 use crate::http::problem::{self, lock_error_problem, Problem, ProblemKind};
 #[cfg(feature = "postgres")]
-use crate::http::replay::postgres::{TxSlot, TxState};
+use crate::http::replay::handler_tx::{TxSlot, TxState};
 use crate::http::section::{finish, finish_with, refuse};
 use crate::lock::record;
 use crate::node::Record;
@@ -330,7 +329,8 @@ impl ReplayStep {
             self.settle(tx, &handle).await;
             if too_large && wrote_in_tx {
                 drop(lease);
-                return refuse(settings, span, rolled_back(&handle));
+                let resource = handle.resource().clone();
+                return refuse(settings, span, problem::rolled_back(resource));
             }
             return finish(settings, span, response, Some(lease), Some(handle)).await;
         }
@@ -375,7 +375,8 @@ impl ReplayStep {
             self.settle(tx, &handle).await;
             if wrote_in_tx {
                 drop(lease);
-                return refuse(settings, span, rolled_back(&handle));
+                let resource = handle.resource().clone();
+                return refuse(settings, span, problem::rolled_back(resource));
             }
             let prefix = buffer.freeze();
             let abort = settings.on_lost == OnLost::Abort;
@@ -454,9 +455,7 @@ impl ReplayStep {
         span.record("outcome", "replayed");
         metrics::replay("replayed");
         tracing::debug!(token = %record.token(), status = %stored.status, "recorded response replayed");
-        let mut response = Response::new(LeaseBody::full(stored.body));
-        *response.status_mut() = stored.status;
-        *response.headers_mut() = stored.headers;
+        let mut response = stored.into_response(LeaseBody::full);
         let headers = response.headers_mut();
         if let (Some(name), token @ 1..) = (&settings.fencing_header, record.token().get()) {
             headers.insert(name.clone(), HeaderValue::from(token));
@@ -472,18 +471,6 @@ fn wrote_in(tx: &Option<HandlerTx>) -> bool {
     return matches!(tx, Some(TxState::Taken | TxState::Returned(_)));
     #[cfg(not(feature = "postgres"))]
     tx.is_some()
-}
-
-/// 500 `response-failed`: the response could not be recorded, so the handler's
-/// transaction was rolled back, and the response, which its writes would have
-/// answered, is not sent.
-pub(crate) fn rolled_back(handle: &LeaseHandle) -> Problem {
-    Problem::new(
-        ProblemKind::ResponseFailed,
-        "the response could not be recorded, so the handler's transaction was rolled back; \
-         nothing of the request was committed",
-    )
-    .with_resource(handle.resource().clone())
 }
 
 #[cfg(test)]

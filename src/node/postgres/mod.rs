@@ -3,8 +3,9 @@
 mod listener;
 mod records;
 mod sql;
+mod statement;
 
-pub(crate) use sql::Sql;
+pub(crate) use statement::Sql;
 
 use std::str::FromStr;
 use std::sync::Arc;

@@ -10,7 +10,8 @@ use bytes::Bytes;
 use sqlx::postgres::PgRow;
 use sqlx::{Executor, Row};
 
-use super::sql::{bigint, millis, node_error, Sql};
+use super::sql::{bigint, millis, node_error};
+use super::statement::Sql;
 use super::PostgresNode;
 use crate::error::NodeError;
 use crate::node::{
