@@ -51,16 +51,19 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `redis` | yes | the standalone Redis node ([`RedisNode`]), [`Redlock::connect`] and [`node_from_url`] |
+//! | `redis` | yes | the standalone Redis node ([`RedisNode`], `redis://`) |
 //! | `cluster` | yes | Redis Cluster ([`ClusterNode`], `redis+cluster://`); implies `redis` |
 //! | `sentinel` | yes | Sentinel-managed groups ([`SentinelNode`], `redis+sentinel://`); implies `redis` |
 //! | `axum` | yes | [`path_param`](http::key::path_param) keys, axum's matched route in [`Scope::Route`](http::Scope::Route), and the extractors of [`axum`](mod@crate::axum) |
 //! | `tls` | no | `rediss://` URLs, through redis-rs's rustls support |
 //! | `metrics` | no | records the [`metrics`] listed there through the `metrics` facade, for the exporter the application installs |
-//! | `postgres` | no | [`fence::postgres`]: guarded writes to PostgreSQL through sqlx, a stale holder's transaction refused by the database |
+//! | `postgres` | no | [`fence::postgres`]: guarded writes to PostgreSQL through sqlx, a stale holder's transaction refused by the database; replay's records in PostgreSQL and the `Tx` extractor; `PostgresNode` (`postgres://`) |
+//! | `etcd` | no | `EtcdNode` (`etcd://`): one etcd cluster as a locker's only node |
 //! | `test-util` | no | [`test_util`]: a lock store for tests that drives handlers into every path (held, unavailable, lost, slow) without Redis or sleeps |
 //!
-//! Without `redis`, only [`MemoryNode`] (one process) is available.
+//! [`Redlock::connect`] and [`node_from_url`] take the URLs of every node kind whose
+//! feature is on; without `redis`, `postgres` or `etcd`, only [`MemoryNode`] (one
+//! process) is available.
 //!
 //! # Modules
 //!
@@ -190,12 +193,13 @@ pub use node::memory::MemoryNode;
 pub use node::postgres::PostgresNode;
 #[cfg(feature = "cluster")]
 pub use node::redis::ClusterNode;
+#[cfg(feature = "redis")]
+pub use node::redis::RedisNode;
 #[cfg(feature = "sentinel")]
 pub use node::redis::SentinelNode;
-#[cfg(feature = "redis")]
-pub use node::redis::{node_from_url, split_node_urls, RedisNode};
 pub use node::resource::Resource;
 pub use node::token::FencingToken;
+pub use node::url::{node_from_url, split_node_urls};
 
 /// The README's Rust snippets, compiled as doc-tests: each compiles as written (the
 /// `# ` lines give a fragment its context).

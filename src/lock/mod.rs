@@ -34,7 +34,6 @@ pub mod record;
 mod renewal;
 mod round;
 mod set;
-#[cfg(feature = "redis")]
 mod setup;
 mod target;
 mod wait;
@@ -61,8 +60,7 @@ pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
 pub use options::{Backoff, LockOptions, RetryPolicy};
 pub use set::MAX_RESOURCES_PER_LEASE;
 
-#[cfg(feature = "redis")]
-use crate::node::redis::node_from_url;
+use crate::node::url::node_from_url;
 use crate::node::{MemoryNode, Node, Owner, Resource};
 
 /// A Redlock over one or more independent nodes.
@@ -196,7 +194,6 @@ impl Redlock {
     /// [`connect`](Redlock::connect) minus its check of the servers' identities, for
     /// code that cannot await (one server under two names is then not refused, and
     /// still never votes twice). Refuses the same address twice.
-    #[cfg(feature = "redis")]
     pub fn from_urls<U: AsRef<str>>(
         urls: impl IntoIterator<Item = U>,
         options: LockOptions,
@@ -241,7 +238,6 @@ impl Redlock {
     /// poll. The locker checks again every
     /// [`setup_check_interval`](LockOptions::setup_check_interval) and logs a change
     /// (see [`NodeState::setup_warning`]).
-    #[cfg(feature = "redis")]
     pub async fn connect<U: AsRef<str>>(
         urls: impl IntoIterator<Item = U>,
         options: LockOptions,

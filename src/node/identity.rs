@@ -12,10 +12,8 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-#[cfg(feature = "redis")]
 use std::time::Duration;
 
-#[cfg(feature = "redis")]
 use futures_util::future::join_all;
 
 use crate::error::ConfigError;
@@ -43,8 +41,6 @@ pub(crate) fn check_addresses(nodes: &[Arc<dyn Node>]) -> Result<(), ConfigError
 
 /// Asks every node for its servers' identities (each within `timeout`; a node that
 /// does not answer is not checked) and refuses two nodes that share a server.
-// Only `Redlock::connect` (feature `redis`) asks the servers.
-#[cfg(feature = "redis")]
 pub(crate) async fn check_servers(
     nodes: &[Arc<dyn Node>],
     timeout: Duration,

@@ -61,6 +61,7 @@ pub(crate) mod postgres;
 pub(crate) mod redis;
 pub(crate) mod resource;
 pub(crate) mod token;
+pub(crate) mod url;
 
 mod calls;
 #[cfg(feature = "test-util")]

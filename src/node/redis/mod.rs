@@ -1,6 +1,6 @@
 //! The Redis node kinds: one standalone server ([`RedisNode`]), a Redis Cluster
 //! ([`ClusterNode`]) and a Sentinel-managed group ([`SentinelNode`]), each casting one
-//! vote, and [`node_from_url`] to build one from a URL.
+//! vote, and [`node_from_url`](crate::node_from_url) to build one from a URL.
 //!
 //! What they share lives next to them: the scripts and their calls (`call/`,
 //! `scripts/*.lua`), the record scripts (`records.rs`), the release subscriber
@@ -32,7 +32,7 @@ pub use cluster::ClusterNode;
 #[cfg(feature = "sentinel")]
 pub use sentinel::SentinelNode;
 pub use standalone::RedisNode;
-pub use url::{node_from_url, split_node_urls};
+pub(crate) use url::redis_node;
 
 /// Whole milliseconds, rounded up, as Redis takes them.
 pub(crate) fn millis_ceil(d: Duration) -> u64 {

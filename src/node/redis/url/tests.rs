@@ -3,7 +3,7 @@ use super::*;
 /// Every URL `split_node_urls` cuts out of a list parses on its own.
 #[test]
 fn split_urls_parse() {
-    let split = |s: &str| split_node_urls(s);
+    let split = |s: &str| crate::split_node_urls(s);
     for url in split("redis://a:1/0,redis+cluster://b:1,b:2/,redis+sentinel://c:1,c:2/m") {
         assert!(Url::parse(&url).is_ok(), "{url}");
     }
