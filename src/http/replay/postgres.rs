@@ -22,9 +22,9 @@ const CREATE_RECORDS_TABLE: &str = include_str!("records.sql");
 const READ: &str = "SELECT token, fingerprint, data FROM redlock_records \
      WHERE resource = $1 AND data IS NOT NULL AND expires_at > now()";
 
-/// This lease's pending marker (`$5`: flagged transactional), over an expired row, its own marker, or an earlier
-/// attempt's that left nothing behind (transactional) or whose time as unknown is over;
-/// returns that interrupted attempt's token in the last case.
+/// This lease's pending marker (`$5`: flagged transactional), over an expired row, its
+/// own marker, or an earlier attempt's that left nothing behind (transactional) or whose
+/// time as unknown is over; returns that interrupted attempt's token in the last case.
 const CLAIM: &str = "WITH old AS (SELECT * FROM redlock_records WHERE resource = $1) \
      INSERT INTO redlock_records AS r \
      (resource, token, fingerprint, data, transactional, orphaned_until, expires_at) \
