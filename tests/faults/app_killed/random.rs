@@ -32,14 +32,14 @@ use tokio::task::JoinSet;
 const CLIENTS: usize = 8;
 
 /// Keys each client pays, one after another (times `SOAK`).
-const KEYS_PER_CLIENT: u64 = 40;
+const KEYS_PER_CLIENT: u64 = 60;
 
 /// Kills of the application process (times `SOAK`).
-const KILLS: u64 = 5;
+const KILLS: u64 = 10;
 
 /// The most answers between two kills: all the kills fit in the run's answers with
 /// payments left for the last process, so every kill finds payments in flight.
-const MOST_ANSWERS_BETWEEN_KILLS: u64 = 50;
+const MOST_ANSWERS_BETWEEN_KILLS: u64 = 40;
 
 /// Attempts at one key before its client gives up: the scenario fails rather than hangs.
 const ATTEMPTS_PER_KEY: u32 = 400;
@@ -186,7 +186,9 @@ async fn pay_keys(
     answered: Arc<watch::Sender<u64>>,
     tally: Arc<Tally>,
 ) -> Vec<(String, Reply)> {
-    let mut conn: Option<Conn> = None;
+    // With the number of kills before the process it was opened to: a connection that
+    // breaks waits for that process's successor, which may already be serving.
+    let mut conn: Option<(u64, Conn)> = None;
     let mut answers = Vec::new();
     for k in 0..n(KEYS_PER_CLIENT) {
         let key = format!("c{client}-k{k}");
@@ -199,13 +201,18 @@ async fn pay_keys(
                 attempts <= ATTEMPTS_PER_KEY,
                 "{key}: not paid in {ATTEMPTS_PER_KEY} attempts"
             );
-            let (killed, addr) = *serving.borrow_and_update();
-            let reply = match &mut conn {
-                Some(open) => open.try_send(&request).await,
-                None => match Conn::try_open(addr).await {
-                    Some(open) => conn.insert(open).try_send(&request).await,
-                    None => None,
-                },
+            let (killed, reply) = match &mut conn {
+                Some((killed, open)) => (*killed, open.try_send(&request).await),
+                None => {
+                    let (killed, addr) = *serving.borrow();
+                    match Conn::try_open(addr).await {
+                        Some(open) => (
+                            killed,
+                            conn.insert((killed, open)).1.try_send(&request).await,
+                        ),
+                        None => (killed, None),
+                    }
+                }
             };
             let Some(reply) = reply else {
                 // The process is gone: its successor is the next event to wait for.
