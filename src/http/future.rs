@@ -206,10 +206,10 @@ where
             let resource = step.scope(target.resources.swap_remove(0));
             target.resources.push(resource.clone());
             span.record("resource", resource.as_str());
-            if !step.lookup_under_lock() {
-                if let Some(response) = Box::pin(step.lookup(&settings, &span, &resource)).await {
-                    return answer(response);
-                }
+            if !step.lookup_under_lock()
+                && let Some(response) = Box::pin(step.lookup(&settings, &span, &resource)).await
+            {
+                return answer(response);
             }
             replay = Some(step);
         }
