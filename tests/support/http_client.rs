@@ -152,17 +152,36 @@ pub struct Conn {
 
 impl Conn {
     pub async fn open(addr: SocketAddr) -> Conn {
-        let stream = TcpStream::connect(addr).await.expect("connect");
+        Conn::try_open(addr).await.expect("connect")
+    }
+
+    /// A new connection, or `None` when nothing listens at `addr` (a killed server).
+    pub async fn try_open(addr: SocketAddr) -> Option<Conn> {
+        let stream = tokio::time::timeout(IO_LIMIT, TcpStream::connect(addr))
+            .await
+            .expect("connect timed out")
+            .ok()?;
         stream.set_nodelay(true).expect("nodelay");
-        Conn {
+        Some(Conn {
             reader: BufReader::new(stream),
-        }
+        })
     }
 
     /// Writes `request` and reads the whole response.
     pub async fn send(&mut self, request: Req) -> Reply {
         self.write(&request).await;
         self.read_reply().await
+    }
+
+    /// Writes `request` and reads the whole response; `None` when the connection broke
+    /// first (the server process was killed). Only a hang panics.
+    pub async fn try_send(&mut self, request: &Req) -> Option<Reply> {
+        let bytes = request.encode();
+        tokio::time::timeout(IO_LIMIT, self.reader.get_mut().write_all(&bytes))
+            .await
+            .expect("write timed out")
+            .ok()?;
+        self.try_read_reply().await
     }
 
     /// Writes `request` without reading anything.
@@ -176,8 +195,14 @@ impl Conn {
 
     /// Reads the status line and headers of a response.
     pub async fn read_head(&mut self) -> (u16, HashMap<String, String>) {
+        self.try_read_head()
+            .await
+            .expect("the server closed the connection")
+    }
+
+    async fn try_read_head(&mut self) -> Option<(u16, HashMap<String, String>)> {
         let mut line = String::new();
-        self.read_line(&mut line).await;
+        self.try_read_line(&mut line).await?;
         let status = line
             .split_whitespace()
             .nth(1)
@@ -186,7 +211,7 @@ impl Conn {
         let mut headers = HashMap::new();
         loop {
             line.clear();
-            self.read_line(&mut line).await;
+            self.try_read_line(&mut line).await?;
             let trimmed = line.trim_end();
             if trimmed.is_empty() {
                 break;
@@ -195,36 +220,43 @@ impl Conn {
                 headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
             }
         }
-        (status, headers)
+        Some((status, headers))
     }
 
     /// Reads a whole response.
     pub async fn read_reply(&mut self) -> Reply {
-        let (status, headers) = self.read_head().await;
+        self.try_read_reply()
+            .await
+            .expect("a whole response before the connection closed")
+    }
+
+    /// Reads a whole response; `None` when the connection closed or failed first.
+    pub async fn try_read_reply(&mut self) -> Option<Reply> {
+        let (status, headers) = self.try_read_head().await?;
         let body = if let Some(length) = headers.get("content-length") {
             let mut body = vec![0; length.parse().expect("content-length")];
             tokio::time::timeout(IO_LIMIT, self.reader.read_exact(&mut body))
                 .await
                 .expect("body timed out")
-                .expect("body");
+                .ok()?;
             body
         } else if headers
             .get("transfer-encoding")
             .is_some_and(|v| v.contains("chunked"))
         {
             let mut body = Vec::new();
-            while let Some(chunk) = self.read_chunk().await.expect("complete chunked body") {
+            while let Some(chunk) = self.read_chunk().await.ok()? {
                 body.extend(chunk);
             }
             body
         } else {
             Vec::new()
         };
-        Reply {
+        Some(Reply {
             status,
             headers,
             body,
-        }
+        })
     }
 
     /// The next chunk of a chunked body: `Ok(None)` at the terminating chunk,
@@ -259,12 +291,12 @@ impl Conn {
         matches!(read, Ok(0) | Err(_))
     }
 
-    async fn read_line(&mut self, line: &mut String) {
+    /// `None` at the end of the stream or on an error of the connection.
+    async fn try_read_line(&mut self, line: &mut String) -> Option<()> {
         let read = tokio::time::timeout(IO_LIMIT, self.reader.read_line(line))
             .await
-            .expect("read timed out")
-            .expect("read");
-        assert!(read > 0, "the server closed the connection");
+            .expect("read timed out");
+        matches!(read, Ok(n) if n > 0).then_some(())
     }
 }
 

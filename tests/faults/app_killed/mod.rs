@@ -5,6 +5,10 @@
 //! inserting the payment through `Tx`, the lock node a `PostgresNode` on the same
 //! database. A request's `x-stop-at` header makes the process announce on stdout that
 //! it reached a point and block there; the test then kills it (an event, not a sleep).
+//! [`random`] kills the process at moments chosen by a seeded RNG instead, in both
+//! claim modes ([`ClaimMode`]).
+
+mod random;
 
 use super::*;
 
@@ -33,6 +37,43 @@ const POINTS: [&str; 3] = ["before-write", "written", "committed"];
 
 /// The environment variable that selects the server role, with the database's URL.
 const ROLE: &str = "FAULTS_APP_DATABASE_URL";
+
+/// The environment variable that tells the server role its [`ClaimMode`].
+const CLAIM_MODE: &str = "FAULTS_APP_CLAIM_MODE";
+
+/// Where the application's `PgRecords` claims a key's pending marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClaimMode {
+    /// `PgRecords::new`: committed before the handler, flagged transactional by `Tx`.
+    BeforeHandler,
+    /// `PgRecords::handlers_take_tx`: in the handler's transaction.
+    InHandlersTx,
+}
+
+impl ClaimMode {
+    fn name(self) -> &'static str {
+        match self {
+            ClaimMode::BeforeHandler => "before-handler",
+            ClaimMode::InHandlersTx => "in-handlers-tx",
+        }
+    }
+
+    /// Whether a process killed after a claim can leave a marker `Tx` has not flagged
+    /// yet: committed before the handler runs, the marker is flagged transactional by
+    /// `Tx`'s first statement, a round trip later. A retry then finds an attempt that
+    /// might have written without a transaction, and answers 409 `outcome-unknown`
+    /// until `UnknownOutcome`'s time is over, then runs cleanly (nothing was written).
+    fn unflagged_marker_possible(self) -> bool {
+        self == ClaimMode::BeforeHandler
+    }
+
+    fn records(self, pool: PgPool) -> PgRecords {
+        match self {
+            ClaimMode::BeforeHandler => PgRecords::new(pool),
+            ClaimMode::InHandlersTx => PgRecords::new(pool).handlers_take_tx(),
+        }
+    }
+}
 
 /// Announces `point` for `key` on stdout and blocks until the process is killed.
 async fn reached(point: &str, headers: &HeaderMap, key: &str) {
@@ -88,10 +129,14 @@ async fn app_process() {
         .connect(&url)
         .await
         .expect("pool");
+    let mode = match std::env::var(CLAIM_MODE).as_deref() {
+        Ok("in-handlers-tx") => ClaimMode::InHandlersTx,
+        _ => ClaimMode::BeforeHandler,
+    };
     let node = PostgresNode::new(pool.clone());
     let locker = Redlock::from_nodes(vec![Arc::new(node)], app_options()).expect("locker");
     let layer = LockLayer::new(locker, header("Idempotency-Key"))
-        .replay(Replay::global().records_in(PgRecords::new(pool.clone())));
+        .replay(Replay::global().records_in(mode.records(pool.clone())));
     let app = axum::Router::new()
         .route("/payments", axum::routing::post(pay))
         .route_layer(layer)
@@ -117,7 +162,7 @@ struct App {
 }
 
 impl App {
-    async fn start(url: &str) -> App {
+    async fn start(url: &str, mode: ClaimMode) -> App {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args([
                 "app_killed::app_process",
@@ -126,6 +171,7 @@ impl App {
                 "--nocapture",
             ])
             .env(ROLE, url)
+            .env(CLAIM_MODE, mode.name())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -167,6 +213,25 @@ impl App {
     }
 }
 
+/// A database of its own with the payments, records and lock tables, and a pool on it.
+async fn payments_database() -> (TestDatabase, PgPool) {
+    let db = TestDatabase::create().await;
+    let pool = db.pool(2).await;
+    sqlx::query("CREATE TABLE payments (id bigserial PRIMARY KEY, key text NOT NULL)")
+        .execute(&pool)
+        .await
+        .expect("payments");
+    PgRecords::new(pool.clone())
+        .create()
+        .await
+        .expect("records");
+    PostgresNode::new(pool.clone())
+        .create_tables()
+        .await
+        .expect("lock tables");
+    (db, pool)
+}
+
 fn payment(key: &str) -> Req {
     Req::post("/payments")
         .header("idempotency-key", key)
@@ -185,22 +250,9 @@ fn payment(key: &str) -> Req {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s17_app_process_killed_mid_payment() {
     let _serial = SERIAL.lock().await;
-    let db = TestDatabase::create().await;
-    let pool = db.pool(2).await;
-    sqlx::query("CREATE TABLE payments (id bigserial PRIMARY KEY, key text NOT NULL)")
-        .execute(&pool)
-        .await
-        .expect("payments");
-    PgRecords::new(pool.clone())
-        .create()
-        .await
-        .expect("records");
-    PostgresNode::new(pool.clone())
-        .create_tables()
-        .await
-        .expect("lock tables");
+    let (db, pool) = payments_database().await;
     let started = Instant::now();
-    let mut app = App::start(db.url()).await;
+    let mut app = App::start(db.url(), ClaimMode::BeforeHandler).await;
     let (mut retries, mut replayed) = (0u64, 0u64);
     for round in 0..n(3) {
         let keys: Vec<String> = POINTS.iter().map(|p| format!("r{round}-{p}")).collect();
@@ -218,7 +270,7 @@ async fn s17_app_process_killed_mid_payment() {
                 "a killed process answered"
             );
         }
-        app = App::start(db.url()).await;
+        app = App::start(db.url(), ClaimMode::BeforeHandler).await;
         for (key, point) in keys.iter().zip(POINTS) {
             // The killed process's lease lives until its ttl: until then the retry is
             // told the request is in progress, and tries again.
