@@ -158,7 +158,11 @@ impl PgRecords {
     /// is written in the handler's transaction, begun under the lease, instead of
     /// committed before the handler runs. A request then commits once (the marker, the
     /// handler's writes and the record together) instead of twice, and an attempt that
-    /// dies leaves nothing behind, not even a marker. The record is first looked up by
+    /// dies leaves nothing behind, not even a marker. Without it, an attempt that dies
+    /// after its claim and before its handler took `Tx` (the layer learns that a handler
+    /// takes `Tx` only when it does) leaves an unflagged marker, and the key answers
+    /// `outcome-unknown` for a while although nothing was written (s17 in FAULTS.md
+    /// counts how often). The record is first looked up by
     /// that claim, under the lock (one read fewer for a new key; a retry of a completed
     /// request takes the lock for a moment), and without the lock only when it is not
     /// taken (held, or unavailable).
