@@ -173,7 +173,6 @@ impl Health {
     /// Records what a check of the node's setup found (`None`: nothing), and logs a
     /// change once: at `warn` when a finding appears or changes, at `info` when it is
     /// gone.
-    #[cfg(feature = "redis")]
     pub(crate) fn note_setup(&self, warning: Option<String>) {
         let changed = {
             let mut entry = crate::lock_unpoisoned(&self.entry);

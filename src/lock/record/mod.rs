@@ -127,7 +127,6 @@ impl Redlock {
              store none (Node::records is None)",
         )?;
         // Only servers report their persistence (`MemoryNode` persists nothing by design).
-        #[cfg(feature = "redis")]
         crate::lock::setup::warn_if_records_volatile(&self.shared);
         Ok(())
     }
