@@ -85,7 +85,8 @@ const ACQUIRE: &str = concat!(
 );
 
 /// [`ACQUIRE`] of one key, the common case: the same rule on scalars, planned in a
-/// third of the time (no `unnest`, no joins).
+/// third of the time (no `unnest`, no joins). A refused key's remaining ttl is asked
+/// for by [`PTTL`] afterwards: read here, it would double the planning of every grant.
 const ACQUIRE_ONE: &str = concat!(
     "WITH taken AS (
         INSERT INTO redlock_leases AS l (key, owner, expires_at)
@@ -102,10 +103,12 @@ const ACQUIRE_ONE: &str = concat!(
     fence_step!(),
     " RETURNING counter
     )
-    SELECT EXISTS (SELECT FROM taken), (SELECT counter FROM fenced),
-        (SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::int8
-         FROM redlock_leases WHERE key = $1::text AND NOT EXISTS (SELECT FROM taken))"
+    SELECT EXISTS (SELECT FROM taken), (SELECT counter FROM fenced), NULL::int8"
 );
+
+/// The remaining ttl of the lease on `$1`, after [`ACQUIRE_ONE`] was refused.
+const PTTL: &str = "SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::int8
+    FROM redlock_leases WHERE key = $1::text";
 
 /// Every hold of a renewal at once: `$1` keys, `$2` owners, `$3` each key's hold index,
 /// `$4` ttl ms. Answers the number of keys extended per hold.
@@ -186,9 +189,17 @@ pub(super) async fn create_tables(pool: &PgPool) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// The acquire statement of `request` (its values written in).
-pub(super) fn acquire_sql(request: &Acquire<'_>, prepared: bool) -> Result<Statement, NodeError> {
+/// The acquire statement of `request` (its values written in), and for one key the
+/// statement that reads the holder's remaining ttl when it is refused.
+pub(super) fn acquire_sql(
+    request: &Acquire<'_>,
+    prepared: bool,
+) -> Result<(Statement, Option<Statement>), NodeError> {
     let keys = request.keys;
+    let pttl = match keys {
+        [one] => Some(Sql::with(PTTL, prepared).text(&one.lock).statement()?),
+        _ => None,
+    };
     let sql = match keys {
         [one] => Sql::with(ACQUIRE_ONE, prepared)
             .text(&one.lock)
@@ -204,10 +215,16 @@ pub(super) fn acquire_sql(request: &Acquire<'_>, prepared: bool) -> Result<State
         .number(millis(request.fence_ttl))
         .number(request.seed_only_when_missing)
         .statement()
+        .map(|acquire| (acquire, pttl))
 }
 
-/// Runs an acquire statement of one key, or of a set (`set`).
-pub(super) async fn acquire(pool: &PgPool, query: Statement, set: bool) -> Result<Vote, NodeError> {
+/// Runs an acquire statement of one key (and `pttl` when it is refused), or of a set
+/// (`set`).
+pub(super) async fn acquire(
+    pool: &PgPool,
+    (query, pttl): (Statement, Option<Statement>),
+    set: bool,
+) -> Result<Vote, NodeError> {
     // One key writes nothing when it is held; a set's free members are written before
     // a held one is found, so a set runs in a transaction rolled back when refused.
     let mut tx = None;
@@ -225,14 +242,24 @@ pub(super) async fn acquire(pool: &PgPool, query: Statement, set: bool) -> Resul
         .collect::<Result<Vec<(bool, Option<i64>, Option<i64>)>, sqlx::Error>>()
         .map_err(node_error)?;
     let vote = match rows.iter().position(|(granted, ..)| !granted) {
-        Some(member) => Vote::Held {
-            member,
-            pttl: rows[member]
-                .2
+        Some(member) => {
+            let mut ms = rows[member].2;
+            if let Some(pttl) = pttl {
+                let row = pttl.fetch_all(pool).await.map_err(node_error)?;
+                ms = row
+                    .first()
+                    .map(|r| r.try_get(0))
+                    .transpose()
+                    .map_err(node_error)?;
+            }
+            let pttl = ms
                 .and_then(|ms| u64::try_from(ms).ok())
-                .filter(|&ms| ms > 0)
-                .map(Duration::from_millis),
-        },
+                .filter(|&ms| ms > 0);
+            Vote::Held {
+                member,
+                pttl: pttl.map(Duration::from_millis),
+            }
+        }
         None => Vote::Granted {
             fences: PerKey::map(&rows, |(_, counter, _)| {
                 counter.and_then(|c| u64::try_from(c).ok()).unwrap_or(0)
