@@ -33,12 +33,12 @@ use listener::Listener;
 /// # Mapping onto [`Node`]
 ///
 /// Every call is one statement (a set's acquire: one statement in one transaction), so
-/// it is atomic on the node. Expiry is compared with the database's clock
+/// it is atomic on the node (a refusal reads the holder's ttl after it). Expiry is compared with the database's clock
 /// (`clock_timestamp()`), never the client's.
 ///
 /// | operation | PostgreSQL |
 /// |---|---|
-/// | acquire | `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row has expired, `RETURNING`; in the same statement each granted key's fence counter becomes `max(counter + 1, fence_floor)`. A set is rolled back whole when a member is held. |
+/// | acquire | `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row has expired, `RETURNING`; in the same statement each granted key's fence counter becomes `max(counter + 1, fence_floor)`. A set is rolled back whole when a member is held. A refused resource's remaining ttl is read by a second statement. |
 /// | extend | `UPDATE … SET expires_at = clock_timestamp() + ttl WHERE owner = $owner AND` not expired: compare-and-extend, every hold of a renewal in one statement |
 /// | release | `DELETE … WHERE owner = $owner` and `pg_notify` in the same statement (so the notification is sent when, and only if, the deletion commits) |
 /// | raise the fence | `INSERT … ON CONFLICT DO UPDATE SET counter = greatest(counter, token)` |
