@@ -105,7 +105,7 @@ impl DerefMut for Tx {
 impl Drop for Tx {
     fn drop(&mut self) {
         if let Some(tx) = self.tx.take() {
-            let mut state = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = crate::lock_unpoisoned(&self.slot.state);
             *state = TxState::Returned(tx);
         }
     }
@@ -128,7 +128,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Tx {
         };
         let (slot, handle) = (slot.clone(), handle.clone());
         let begun = {
-            let mut state = slot.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = crate::lock_unpoisoned(&slot.state);
             match std::mem::replace(&mut *state, TxState::Taken) {
                 TxState::Free => None,
                 TxState::Begun { tx, fenced } => Some((tx, fenced)),

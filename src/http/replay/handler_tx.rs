@@ -45,12 +45,12 @@ impl TxSlot {
 
     /// The transaction the marker was claimed in ([`TxState::Begun`]), for the handler's `Tx`.
     pub(crate) fn begun(&self, begun: TxState) {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = begun;
+        *crate::lock_unpoisoned(&self.state) = begun;
     }
 
     /// The slot's state, left `Taken` so that no `Tx` begins after the handler.
     pub(crate) fn close(&self) -> TxState {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = crate::lock_unpoisoned(&self.state);
         std::mem::replace(&mut *state, TxState::Taken)
     }
 }

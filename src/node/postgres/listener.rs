@@ -52,20 +52,17 @@ impl Listener {
         self: &Arc<Self>,
         channel: &str,
     ) -> Result<ReleaseSignal, NodeError> {
-        self.task
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(|| {
-                let task = run(Arc::downgrade(self), self.options.clone());
-                tokio::spawn(task).abort_handle()
-            });
+        crate::lock_unpoisoned(&self.task).get_or_insert_with(|| {
+            let task = run(Arc::downgrade(self), self.options.clone());
+            tokio::spawn(task).abort_handle()
+        });
         let mut listening = self.listening.subscribe();
         listening
             .wait_for(|&on| on)
             .await
             .map_err(|_| NodeError::Connection("the LISTEN task ended".into()))?;
         let hash = super::sql::notified(channel);
-        let mut signals = self.signals.lock().unwrap_or_else(|e| e.into_inner());
+        let mut signals = crate::lock_unpoisoned(&self.signals);
         let sender = match signals.get(&hash).and_then(Weak::upgrade) {
             Some(sender) => sender,
             None => {
@@ -80,7 +77,7 @@ impl Listener {
     }
 
     fn wake(&self, hash: Option<&str>) {
-        let signals = self.signals.lock().unwrap_or_else(|e| e.into_inner());
+        let signals = crate::lock_unpoisoned(&self.signals);
         let bump = |signal: &Weak<watch::Sender<u64>>| {
             if let Some(sender) = signal.upgrade() {
                 sender.send_modify(|n| *n = n.wrapping_add(1));
