@@ -189,15 +189,15 @@ pub(super) async fn create_tables(pool: &PgPool) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// The acquire statement of `request` (its values written in), and for one key the
-/// statement that reads the holder's remaining ttl when it is refused.
-pub(super) fn acquire_sql(
-    request: &Acquire<'_>,
-    prepared: bool,
-) -> Result<(Statement, Option<Statement>), NodeError> {
+/// An acquire's statement (its values written in), and for one key what reads the
+/// holder's remaining ttl if it is refused: the lock key, and whether it is prepared.
+pub(super) type AcquireSql = (Statement, Option<(String, bool)>);
+
+/// The acquire statement of `request`.
+pub(super) fn acquire_sql(request: &Acquire<'_>, prepared: bool) -> Result<AcquireSql, NodeError> {
     let keys = request.keys;
     let pttl = match keys {
-        [one] => Some(Sql::with(PTTL, prepared).text(&one.lock).statement()?),
+        [one] => Some((one.lock.clone(), prepared)),
         _ => None,
     };
     let sql = match keys {
@@ -222,7 +222,7 @@ pub(super) fn acquire_sql(
 /// (`set`).
 pub(super) async fn acquire(
     pool: &PgPool,
-    (query, pttl): (Statement, Option<Statement>),
+    (query, pttl): AcquireSql,
     set: bool,
 ) -> Result<Vote, NodeError> {
     // One key writes nothing when it is held; a set's free members are written before
@@ -244,8 +244,9 @@ pub(super) async fn acquire(
     let vote = match rows.iter().position(|(granted, ..)| !granted) {
         Some(member) => {
             let mut ms = rows[member].2;
-            if let Some(pttl) = pttl {
-                let row = pttl.fetch_all(pool).await.map_err(node_error)?;
+            if let Some((key, prepared)) = pttl {
+                let read = Sql::with(PTTL, prepared).text(&key).statement()?;
+                let row = read.fetch_all(pool).await.map_err(node_error)?;
                 ms = row
                     .first()
                     .map(|r| r.try_get(0))
