@@ -99,8 +99,15 @@ impl Sql {
     }
 
     fn bytea(value: &[u8]) -> String {
-        let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
-        format!("decode('{hex}', 'hex')")
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut literal = String::with_capacity(2 * value.len() + 18);
+        literal.push_str("decode('");
+        for b in value {
+            literal.push(DIGITS[usize::from(b >> 4)].into());
+            literal.push(DIGITS[usize::from(b & 15)].into());
+        }
+        literal.push_str("', 'hex')");
+        literal
     }
 
     pub(crate) fn text(mut self, value: &str) -> Self {
