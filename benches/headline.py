@@ -4,6 +4,7 @@
     python3 benches/headline.py                 # 3 repetitions, ~25 min on 2 cores
     python3 benches/headline.py --reps 1        # one repetition
     python3 benches/headline.py --skip-layer    # only the anchors' scenarios
+    python3 benches/headline.py --extra unbatched=/path/to/anchor   # another build beside
 
 Runs the anchors' harness (`../shared/anchors`: rslock, node-redlock, pottery,
 python-redis-lock and the raw redis-rs limit) with this crate added three times over —
@@ -16,6 +17,10 @@ nodes, every measurement `--reps` times in one run.
 Then `cargo bench --bench layer` (the LockLayer route against the same route doing
 the round trips by hand). Writes `target/headline/headline.md` (the headline table and
 the anchors' full tables) and prints it.
+
+`--extra NAME=BINARY` (repeatable) adds another build of `benches/anchor.rs` (a variant
+built in a second worktree, say) as rows NAME and NAME-nofence on both runtimes, with a
+table of each against the crate's own rows of the same repetition.
 
 The anchors are copied to `target/headline/anchors` and built there once (Rust release
 build, `npm ci`, a Python venv); later runs reuse that build. Redis nodes are started on
@@ -112,21 +117,27 @@ def load_driver(anchors):
     return driver
 
 
-def measure(driver, ours, reps, out_path, only, scenarios):
+def measure(driver, ours, reps, out_path, only, scenarios, extras):
     impls = dict(driver.IMPLS)
-    for name, args, env in (('tower-redlock', [], {}),
-                            ('tower-redlock-nofence', [], {'NO_FENCING': '1'}),
-                            ('tower-redlock-nagle', [], NAGLE),
-                            ('tower-redlock-nofence-nagle', [], {'NO_FENCING': '1', **NAGLE}),
-                            ('raw-fenced', ['--baseline', 'fenced'], {})):
-        impls[name] = ([ours, *args], (1, 3), False, env)
+    variants = [(ours, 'tower-redlock', [], {}),
+                (ours, 'tower-redlock-nofence', [], {'NO_FENCING': '1'}),
+                (ours, 'tower-redlock-nagle', [], NAGLE),
+                (ours, 'tower-redlock-nofence-nagle', [], {'NO_FENCING': '1', **NAGLE}),
+                (ours, 'raw-fenced', ['--baseline', 'fenced'], {})]
+    for extra, binary in extras:
+        variants += [(binary, extra, [], {}), (binary, extra + '-nofence', [], {'NO_FENCING': '1'})]
+    for binary, name, args, env in variants:
+        impls[name] = ([binary, *args], (1, 3), False, env)
         impls[name + '/ct'] = ([ours, *args], (1, 3), False, {**env, **CT})
     driver.IMPLS = impls
     with open(out_path, 'w') as out:
         for rep in range(1, reps + 1):
             for scenario in scenarios:
                 for nodes in (1, 3):
-                    for name, (_, supported, _, _) in impls.items():
+                    names = list(impls.items())
+                    if rep % 2 == 0:
+                        names.reverse()  # no row always right after the same one
+                    for name, (_, supported, _, _) in names:
                         if nodes not in supported or (only and name not in only):
                             continue
                         # The fenced baseline is an uncontended protocol only.
@@ -135,7 +146,7 @@ def measure(driver, ours, reps, out_path, only, scenarios):
                         driver.run_impl(name, scenario, nodes, 'default', rep, out)
 
 
-def headline(recs, reps):
+def headline(recs, reps, extras=()):
     med = statistics.median
     by_run = defaultdict(dict)  # (rep, scenario, nodes) -> impl -> record
     for r in recs:
@@ -174,6 +185,8 @@ def headline(recs, reps):
              'tower-redlock-nagle', 'tower-redlock-nagle/ct', 'tower-redlock-nofence-nagle',
              'tower-redlock-nofence-nagle/ct', 'raw-fenced', 'raw-fenced/ct', 'rslock', 'rslock/ct', 'node-redlock', 'pottery', 'pottery-aio',
              'python-redis-lock', 'raw-redis-rs', 'raw-redis-rs/ct']
+    for extra, _ in extras:
+        order += [extra, extra + '/ct', extra + '-nofence', extra + '-nofence/ct']
     lines = [
         '| implementation | S1 1 node | S1 3 nodes | S2 1 node | S2 3 nodes | S3 1 node | S3 3 nodes |',
         '|---|---|---|---|---|---|---|',
@@ -218,6 +231,14 @@ def headline(recs, reps):
         row('S2 fencing on / hand-written fenced, same transport', 'tower-redlock-nagle', 'S2', 'ops_per_s',
             'raw-fenced')
         row('S2 fencing on / rslock, same transport', 'tower-redlock-nagle', 'S2', 'ops_per_s', 'rslock')
+    if extras:
+        targets += ['', '| build / the crate of this run (S2) | runtime | 1 node | 3 nodes |', '|---|---|---|---|']
+        for extra, _ in extras:
+            for fence in ('', '-nofence'):
+                for suffix, runtime in (('', 'multi-thread'), ('/ct', 'current_thread')):
+                    cells = [fmt(ratio(extra + fence + suffix, 'S2', n, 'ops_per_s',
+                                       'tower-redlock' + fence + suffix, max)) for n in (1, 3)]
+                    targets.append(f'| {extra}{fence} / tower-redlock{fence} | {runtime} | ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines + targets)
 
 
@@ -231,8 +252,13 @@ def main():
     ap.add_argument('--skip-layer', action='store_true', help='leave out benches/layer.rs')
     ap.add_argument('--only', default='', help='comma list of implementations (a smoke run)')
     ap.add_argument('--scenarios', default='S1,S2,S3', help='comma list (default S1,S2,S3)')
+    ap.add_argument('--extra', action='append', default=[], metavar='NAME=BINARY',
+                    help='another build of benches/anchor.rs, measured beside the crate')
     a = ap.parse_args()
     only = [x for x in a.only.split(',') if x]
+    extras = [tuple(x.split('=', 1)) for x in a.extra]
+    if only:
+        only += [f'{e}{f}{s}' for e, _ in extras for f in ('', '-nofence') for s in ('', '/ct')]
 
     anchors = prepare_anchors(os.path.abspath(a.anchors), os.path.abspath(a.workdir))
     ours = build_ours()
@@ -244,7 +270,7 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc)
     start_redis()
     try:
-        measure(driver, ours, a.reps, raw_path, only, a.scenarios.split(','))
+        measure(driver, ours, a.reps, raw_path, only, a.scenarios.split(','), extras)
     finally:
         stop_redis()
     load_after = os.getloadavg()
@@ -268,7 +294,7 @@ def main():
         'Each cell: throughput relative to the best raw redis-rs row of the same repetition (for S3: '
         'raw total time / this total time), median over repetitions; higher is better.',
         '',
-        headline(recs, a.reps),
+        headline(recs, a.reps, extras),
         '',
         '## LockLayer route against the hand-written route (benches/layer.rs)',
         '',
