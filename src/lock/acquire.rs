@@ -201,6 +201,12 @@ impl Redlock {
             if Instant::now() >= deadline {
                 return Err(timeout(held, holder_ttl));
             }
+            // Counted here, whether it subscribes now or a recent wait's subscriptions
+            // let it join the queue at its first attempt.
+            if !waited {
+                waited = true;
+                shared.metrics.waits.inc();
+            }
             if signals.is_none() {
                 // Subscribe, then try once more at once: now joining the queue, or
                 // marking the members' queues first (see `Node::listen_for_release`),
@@ -214,10 +220,6 @@ impl Redlock {
                     }
                     None => shared.nodes.subscribe_broadcast(target.keys()).await,
                 });
-                if !waited {
-                    waited = true;
-                    shared.metrics.waits.inc();
-                }
                 continue;
             }
             let mut delay = shared.options.retry.delay(attempt, holder_ttl);
