@@ -1,6 +1,6 @@
 //! The acquire path of [`Redlock`], for one resource or a set ([`Target`]): the local
 //! places of every member, in canonical order, then rounds (`attempt.rs`) until the
-//! lease is won or the deadline passes, woken by releases (`wait.rs`).
+//! lease is won or the deadline passes, woken by releases (`wait/`).
 
 use std::sync::Arc;
 use std::time::Duration;

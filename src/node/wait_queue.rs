@@ -1,6 +1,6 @@
 //! The cross-process wait queue a node may keep ([`Capabilities::wait_queue`]): with it
 //! a majority of nodes serve waiters in the order they began to contend; the engine's
-//! side (the local FIFO, who joins, when to leave) is in `lock/wait.rs`. Its contract
+//! side (the local FIFO, who joins, when to leave) is in `lock/wait/`. Its contract
 //! is on [`Waiter`].
 
 use std::time::Duration;

@@ -10,7 +10,7 @@ pub struct LeaseHandle {
 }
 
 impl LeaseHandle {
-    /// The lease's state, for the outcome records (`record.rs`).
+    /// The lease's state, for the outcome records (`lock/record/`).
     pub(crate) fn lease_inner(&self) -> &LeaseInner {
         &self.inner
     }

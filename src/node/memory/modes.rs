@@ -1,6 +1,6 @@
 //! Shared and counted holders of a [`MemoryNode`](super::MemoryNode) (see
 //! [`LockMode`]): what the Redis scripts keep in a sorted set, each call atomic under
-//! the store's lock (their acquire is in `lock.rs`).
+//! the store's lock (their acquire is in `calls.rs`).
 //!
 //! A resource's shared holders live beside the store's keys, by lock key: owner →
 //! expiry, as the sorted set a Redis node keeps at the lock key itself. A lock key

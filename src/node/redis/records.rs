@@ -1,4 +1,4 @@
-//! The outcome-record commands of Redis-backed nodes (see `record.rs`): the record
+//! The outcome-record commands of Redis-backed nodes (see `lock/record/`): the record
 //! script (`scripts/record.lua`: claim, store, discard; sent in order, see
 //! [`Call`]) and one `HMGET`, over any connection, so the standalone, cluster and
 //! sentinel nodes run one implementation of the protocol. The record key is a hash

@@ -1,4 +1,4 @@
--- A resource's outcome record (idempotent replay, see `record.rs`), after `held.lua`:
+-- A resource's outcome record (idempotent replay, see `lock/record/`), after `held.lua`:
 -- claim it for the lock holder, store a completed outcome, or discard a pending marker.
 -- KEYS[1] lock key, KEYS[2] record key (a hash: state, token, fp, data, orphan),
 -- KEYS[3] the interrupted attempt's token (one hash tag); ARGV[1] 'claim', 'store' or
