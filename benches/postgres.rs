@@ -4,7 +4,9 @@
 //! - **node**: `try_acquire` + `release` of one resource on a locker over one
 //!   [`PostgresNode`], against the same two statements sent by hand with sqlx (a lease
 //!   row upserted where it expired with its fence counter stepped, in one statement;
-//!   then deleted where it is the owner's, with `pg_notify`), on a pool of one connection.
+//!   then deleted where it is the owner's, with `pg_notify`), on a pool of one connection;
+//!   and against the node's own function calls sent by hand (the same server work: what
+//!   the crate adds on the client).
 //! - **payments**: `POST /pay` with a unique `Idempotency-Key` each, served by
 //!   `axum::serve` to keep-alive clients: the crate's route (`LockLayer` over the
 //!   in-memory lock, `Replay::records_in(PgRecords)`, a handler inserting the payment
@@ -85,9 +87,30 @@ const RAW_RELEASE: &str = "WITH gone AS (
     )
     SELECT count(pg_notify('raw_released', key)) FROM gone";
 
-/// The same two round trips by hand: inline in the simple query protocol (as the node
-/// sends them by default), or `prepared` with bound values.
-async fn node_raw(pool: &PgPool, secs: Duration, prepared: bool) -> f64 {
+/// The node's own calls of its schema's functions (the same server work as the crate's
+/// statements), inline, by hand.
+const CALL_ACQUIRE: &str = "SELECT * FROM redlock_acquire_one('raw-bench', 'raw-bench:fence', \
+     $1::text, 30000, true, $2::int8, 86400000, false)";
+const CALL_RELEASE: &str = "SELECT redlock_release_one('raw-bench', 'raw-bench', $1::text, true)";
+
+/// How the baseline sends its two round trips.
+#[derive(Clone, Copy, PartialEq)]
+enum Raw {
+    /// Hand-written statements inline in the simple query protocol (as the node sends
+    /// its calls by default).
+    Inline,
+    /// The same, prepared, values bound.
+    Prepared,
+    /// The node's function calls, inline.
+    Calls,
+}
+
+/// The same two round trips by hand.
+async fn node_raw(pool: &PgPool, secs: Duration, how: Raw) -> f64 {
+    let (acquire, release, token_at) = match how {
+        Raw::Calls => (CALL_ACQUIRE, CALL_RELEASE, 1),
+        _ => (RAW_ACQUIRE, RAW_RELEASE, 0),
+    };
     let start = Instant::now();
     let mut n = 0u64;
     while start.elapsed() < secs {
@@ -97,25 +120,21 @@ async fn node_raw(pool: &PgPool, secs: Duration, prepared: bool) -> f64 {
             .unwrap()
             .as_millis() as i64)
             << 10;
-        let row = if prepared {
-            let query = sqlx::query(RAW_ACQUIRE).bind(&owner).bind(floor);
+        let row = if how == Raw::Prepared {
+            let query = sqlx::query(acquire).bind(&owner).bind(floor);
             query.fetch_one(pool).await.unwrap()
         } else {
-            let inline = RAW_ACQUIRE
+            let inline = acquire
                 .replace("$1::text", &format!("'{owner}'"))
                 .replace("$2::int8", &floor.to_string());
             pool.fetch_one(inline.as_str()).await.unwrap()
         };
-        let token: Option<i64> = row.try_get(0).unwrap();
+        let token: Option<i64> = row.try_get(token_at).unwrap();
         assert!(token.is_some(), "the raw lease is free");
-        if prepared {
-            sqlx::query(RAW_RELEASE)
-                .bind(&owner)
-                .execute(pool)
-                .await
-                .unwrap();
+        if how == Raw::Prepared {
+            sqlx::query(release).bind(&owner).execute(pool).await.unwrap();
         } else {
-            let inline = RAW_RELEASE.replace("$1::text", &format!("'{owner}'"));
+            let inline = release.replace("$1::text", &format!("'{owner}'"));
             pool.execute(inline.as_str()).await.unwrap();
         }
         n += 1;
@@ -246,23 +265,25 @@ async fn main() {
         .with_state(pool.clone());
     let next = Arc::new(AtomicU64::new(0));
     // Warm-up: connections opened, statements prepared, tables' first pages in.
-    for prepared in [false, true] {
-        node_crate(&lockers[usize::from(prepared)], Duration::from_millis(300)).await;
-        node_raw(&node_pool, Duration::from_millis(300), prepared).await;
+    // Each locker (inline, prepared) against each way of sending the baseline.
+    let node_pairs = [(0, Raw::Inline), (1, Raw::Prepared), (0, Raw::Calls)];
+    for (locker, raw) in node_pairs {
+        node_crate(&lockers[locker], Duration::from_millis(300)).await;
+        node_raw(&node_pool, Duration::from_millis(300), raw).await;
     }
-    let mut node_rows = [Vec::new(), Vec::new()];
+    let mut node_rows = [Vec::new(), Vec::new(), Vec::new()];
     let mut pay_rows = [Vec::new(), Vec::new()];
     for rep in 0..reps {
-        for prepared in [false, true] {
-            let locker = &lockers[usize::from(prepared)];
+        for ((locker, how), rows) in node_pairs.into_iter().zip(&mut node_rows) {
+            let locker = &lockers[locker];
             let (ours, raw) = if rep % 2 == 0 {
                 let ours = node_crate(locker, secs).await;
-                (ours, node_raw(&node_pool, secs, prepared).await)
+                (ours, node_raw(&node_pool, secs, how).await)
             } else {
-                let raw = node_raw(&node_pool, secs, prepared).await;
+                let raw = node_raw(&node_pool, secs, how).await;
                 (node_crate(locker, secs).await, raw)
             };
-            node_rows[usize::from(prepared)].push((ours, raw));
+            rows.push((ours, raw));
         }
         for (app, rows) in crate_apps.iter().zip(&mut pay_rows) {
             let (ours, hand) = if rep % 2 == 0 {
@@ -286,14 +307,18 @@ async fn main() {
             median(rows.iter().map(|r| r.0 / r.1).collect())
         );
     };
-    let [inline, prepared] = &node_rows;
+    let [inline, prepared, calls] = &node_rows;
     row(
-        "acquire + release, PostgresNode vs raw sqlx: inline statements (the default)",
+        "acquire + release, PostgresNode vs raw sqlx: inline (the default) vs statements by hand",
         inline,
     );
     row(
-        "the same, prepared statements (`statements=prepared`)",
+        "the same, prepared (`statements=prepared`) vs statements by hand, prepared",
         prepared,
+    );
+    row(
+        "PostgresNode inline vs its own function calls by hand, inline",
+        calls,
     );
     row(
         &format!("POST /pay, Tx + records vs by hand ({conns} keep-alive clients)"),

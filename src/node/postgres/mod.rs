@@ -263,9 +263,8 @@ impl Node for PostgresNode {
                 "shared and counted leases".into(),
             ))));
         }
-        let prepared = self.inner.prepared;
-        let (query, set) = (sql::acquire_sql(request, prepared), request.keys.len() > 1);
-        call!(self, |inner| sql::acquire(&inner.pool, query?, set))
+        let query = sql::acquire_sql(request, self.inner.prepared);
+        call!(self, |inner| sql::acquire(&inner.pool, query?))
     }
 
     fn extend(

@@ -21,3 +21,163 @@ CREATE TABLE IF NOT EXISTS redlock_node_records (
     orphan boolean NOT NULL DEFAULT false,
     expires_at timestamptz NOT NULL
 );
+-- The lock's calls, one function each: the server plans their statements once per
+-- connection (PL/pgSQL keeps its plans), while a call goes inline in the simple query
+-- protocol, which a pooler in transaction mode passes whole. Expiry is on the database's
+-- clock. An acquire grants every key or (a set, in its transaction) nothing; a granted
+-- key's fence counter becomes max(counter + 1, fence_floor), or the floor over an
+-- expired counter (`seed_only`: the unsafe seed-only rule, a test hook); a refused key
+-- answers its holder's remaining ttl.
+CREATE OR REPLACE FUNCTION redlock_acquire(lock_keys text[], fence_keys text[],
+    lease_owner text, ttl_ms float8, fencing bool, fence_floor bigint, fence_ttl_ms float8,
+    seed_only bool)
+RETURNS TABLE (granted bool, fence bigint, pttl_ms bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    grants bool[];
+    fences bigint[];
+    pttls bigint[];
+BEGIN
+    BEGIN
+        WITH wanted AS (
+            SELECT lock_key, fence_key, idx
+            FROM unnest(lock_keys, fence_keys) WITH ORDINALITY AS w(lock_key, fence_key, idx)
+        ), taken AS (
+            INSERT INTO redlock_leases AS l (key, owner, expires_at)
+            SELECT lock_key, lease_owner, clock_timestamp() + ttl_ms * interval '1 millisecond'
+            FROM wanted ORDER BY idx
+            ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+            WHERE l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner
+            RETURNING key
+        ), fenced AS (
+            INSERT INTO redlock_fence_counters AS c (key, counter, expires_at)
+            SELECT fence_key, fence_floor,
+                   clock_timestamp() + fence_ttl_ms * interval '1 millisecond'
+            FROM wanted
+            WHERE fencing AND (SELECT count(*) FROM taken) = cardinality(lock_keys)
+            ORDER BY idx
+            ON CONFLICT (key) DO UPDATE SET
+                counter = CASE WHEN c.expires_at <= clock_timestamp() THEN EXCLUDED.counter
+                               WHEN seed_only THEN c.counter + 1
+                               ELSE greatest(c.counter + 1, EXCLUDED.counter) END,
+                expires_at = EXCLUDED.expires_at
+            RETURNING key, counter
+        )
+        SELECT array_agg(t.key IS NOT NULL ORDER BY w.idx), array_agg(f.counter ORDER BY w.idx),
+               array_agg((extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::int8
+                         ORDER BY w.idx)
+        INTO grants, fences, pttls
+        FROM wanted w
+        LEFT JOIN taken t ON t.key = w.lock_key
+        LEFT JOIN fenced f ON f.key = w.fence_key
+        LEFT JOIN redlock_leases l ON t.key IS NULL AND l.key = w.lock_key;
+        IF NOT (true = ALL (grants)) THEN
+            -- The free members written before a held one was found are undone.
+            RAISE EXCEPTION USING ERRCODE = 'RLREF';
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'RLREF' THEN
+        NULL;
+    END;
+    RETURN QUERY SELECT * FROM unnest(grants, fences, pttls);
+END $$;
+-- redlock_acquire of one key, the common case, on scalars: one row.
+CREATE OR REPLACE FUNCTION redlock_acquire_one(lock_key text, fence_key text,
+    lease_owner text, ttl_ms float8, fencing bool, fence_floor bigint, fence_ttl_ms float8,
+    seed_only bool)
+RETURNS TABLE (granted bool, fence bigint, pttl_ms bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    WITH taken AS (
+        INSERT INTO redlock_leases AS l (key, owner, expires_at)
+        VALUES (lock_key, lease_owner, clock_timestamp() + ttl_ms * interval '1 millisecond')
+        ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+        WHERE l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner
+        RETURNING key
+    ), fenced AS (
+        INSERT INTO redlock_fence_counters AS c (key, counter, expires_at)
+        SELECT fence_key, fence_floor,
+               clock_timestamp() + fence_ttl_ms * interval '1 millisecond'
+        FROM taken WHERE fencing
+        ON CONFLICT (key) DO UPDATE SET
+            counter = CASE WHEN c.expires_at <= clock_timestamp() THEN EXCLUDED.counter
+                           WHEN seed_only THEN c.counter + 1
+                           ELSE greatest(c.counter + 1, EXCLUDED.counter) END,
+            expires_at = EXCLUDED.expires_at
+        RETURNING counter
+    )
+    SELECT EXISTS (SELECT FROM taken), (SELECT counter FROM fenced) INTO granted, fence;
+    IF NOT granted THEN
+        -- A statement of its own, so a snapshot of its own: a holder that committed
+        -- while the acquire waited for its row is seen.
+        SELECT (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::int8
+        INTO pttl_ms FROM redlock_leases AS l WHERE l.key = lock_key;
+    END IF;
+    RETURN NEXT;
+END $$;
+-- Every hold of a renewal at once (`holds`: each key's hold's index): the number of keys
+-- extended per hold, compare-and-extend.
+CREATE OR REPLACE FUNCTION redlock_extend(lock_keys text[], owners text[], holds bigint[],
+    ttl_ms float8)
+RETURNS TABLE (hold bigint, extended bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY WITH done AS (
+        UPDATE redlock_leases AS l
+        SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond'
+        FROM unnest(lock_keys, owners, holds) AS h(key, owner, hold)
+        WHERE l.key = h.key AND l.owner = h.owner AND l.expires_at > clock_timestamp()
+        RETURNING h.hold
+    )
+    SELECT done.hold, count(*) FROM done GROUP BY done.hold;
+END $$;
+-- Compare-and-delete (`channels`: the keys' channels as notifications name them); each
+-- deleted key's channel notified when, and only if, this commits (`wake`). Answers how
+-- many keys were the owner's and still live.
+CREATE OR REPLACE FUNCTION redlock_release(lock_keys text[], channels text[],
+    lease_owner text, wake bool)
+RETURNS bigint LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    live bigint;
+BEGIN
+    WITH gone AS (
+        DELETE FROM redlock_leases AS l USING unnest(lock_keys, channels) AS r(key, channel)
+        WHERE l.key = r.key AND l.owner = lease_owner
+        RETURNING r.channel, l.expires_at > clock_timestamp() AS live
+    )
+    SELECT count(*) FILTER (WHERE gone.live),
+           count(CASE WHEN wake THEN pg_notify('redlock_released', gone.channel) END)
+    INTO live FROM gone;
+    RETURN live;
+END $$;
+-- redlock_release of one key.
+CREATE OR REPLACE FUNCTION redlock_release_one(lock_key text, channel text,
+    lease_owner text, wake bool)
+RETURNS bigint LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    live bigint;
+BEGIN
+    WITH gone AS (
+        DELETE FROM redlock_leases AS l WHERE l.key = lock_key AND l.owner = lease_owner
+        RETURNING l.expires_at > clock_timestamp() AS live
+    )
+    SELECT count(*) FILTER (WHERE gone.live),
+           count(CASE WHEN wake THEN pg_notify('redlock_released', channel) END)
+    INTO live FROM gone;
+    RETURN live;
+END $$;
+-- Raises each fence counter to at least its token.
+CREATE OR REPLACE FUNCTION redlock_raise(fence_keys text[], tokens bigint[],
+    fence_ttl_ms float8)
+RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    INSERT INTO redlock_fence_counters AS c (key, counter, expires_at)
+    SELECT r.key, r.token, clock_timestamp() + fence_ttl_ms * interval '1 millisecond'
+    FROM unnest(fence_keys, tokens) AS r(key, token)
+    ON CONFLICT (key) DO UPDATE SET
+        counter = CASE WHEN c.expires_at <= clock_timestamp() THEN EXCLUDED.counter
+                       ELSE greatest(c.counter, EXCLUDED.counter) END,
+        expires_at = EXCLUDED.expires_at;
+END $$;
