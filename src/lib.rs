@@ -166,6 +166,17 @@ pub mod node;
 #[cfg(feature = "test-util")]
 pub mod test_util;
 
+/// Appends `bytes` as lowercase hex digits, without a `String` per byte (hashes are
+/// written out on every release and every replayed request).
+pub(crate) fn push_hex(to: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    to.reserve(2 * bytes.len());
+    for b in bytes {
+        to.push(DIGITS[usize::from(b >> 4)].into());
+        to.push(DIGITS[usize::from(b & 15)].into());
+    }
+}
+
 /// Locks `mutex` whether or not a panic poisoned it: every mutex of the crate guards
 /// state that is whole between statements (a value copied in or out, one insert or
 /// remove), so what a panicking holder left behind is still valid.

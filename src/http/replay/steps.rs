@@ -121,7 +121,8 @@ impl ReplayStep {
             None => resource,
             Some(client) => {
                 let digest = Sha256::digest(client.as_bytes());
-                let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+                let mut hex = String::new();
+                crate::push_hex(&mut hex, &digest[..16]);
                 resource.join("client").join(hex)
             }
         }

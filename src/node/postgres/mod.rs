@@ -32,16 +32,18 @@ use listener::Listener;
 ///
 /// # Mapping onto [`Node`]
 ///
-/// Every call is one statement (a set's acquire: one statement in one transaction), so
-/// it is atomic on the node (a refusal reads the holder's ttl after it). Expiry is compared with the database's clock
-/// (`clock_timestamp()`), never the client's.
+/// Every call is one statement calling a function of the node's schema (below), so it
+/// is atomic on the node; the functions' own statements are planned once per server
+/// connection (PL/pgSQL keeps its plans), whether the call goes inline or prepared.
+/// Expiry is compared with the database's clock (`clock_timestamp()`), never the
+/// client's.
 ///
 /// | operation | PostgreSQL |
 /// |---|---|
-/// | acquire | `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row has expired, `RETURNING`; in the same statement each granted key's fence counter becomes `max(counter + 1, fence_floor)`. A set is rolled back whole when a member is held. A refused resource's remaining ttl is read by a second statement. |
-/// | extend | `UPDATE … SET expires_at = clock_timestamp() + ttl WHERE owner = $owner AND` not expired: compare-and-extend, every hold of a renewal in one statement |
-/// | release | `DELETE … WHERE owner = $owner` and `pg_notify` in the same statement (so the notification is sent when, and only if, the deletion commits) |
-/// | raise the fence | `INSERT … ON CONFLICT DO UPDATE SET counter = greatest(counter, token)` |
+/// | acquire | `redlock_acquire_one` (`redlock_acquire` for a set): `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row has expired, `RETURNING`; in the same statement each granted key's fence counter becomes `max(counter + 1, fence_floor)`. A set's members written before a held one was found are rolled back inside the function (an exception block). A refused resource answers its holder's remaining ttl in the same call. |
+/// | extend | `redlock_extend`: `UPDATE … SET expires_at = clock_timestamp() + ttl WHERE owner = $owner AND` not expired: compare-and-extend, every hold of a renewal in one call |
+/// | release | `redlock_release_one` / `redlock_release`: `DELETE … WHERE owner = $owner` and `pg_notify` in the same statement (so the notification is sent when, and only if, the deletion commits) |
+/// | raise the fence | `redlock_raise`: `INSERT … ON CONFLICT DO UPDATE SET counter = greatest(counter, token)` |
 /// | wake-up | `LISTEN` on one channel per node, on a connection of its own (below) |
 /// | outcome records | rows of `redlock_node_records`; a claim and a store are one statement each, after a transaction-scoped advisory lock on the record in the same message (so they never interleave; nothing outlives the statement) |
 ///
@@ -62,9 +64,10 @@ use listener::Listener;
 ///
 /// # The tables
 ///
-/// Created on first use (`CREATE TABLE IF NOT EXISTS`, after checking with
-/// `to_regclass` that they are missing, so a role without `CREATE` works once they
-/// exist), or beforehand by [`PostgresNode::create_tables`] or as a migration:
+/// The tables and the functions are created on first use (`CREATE TABLE IF NOT EXISTS`,
+/// `CREATE OR REPLACE FUNCTION`, after checking with `to_regclass` and `to_regprocedure`
+/// that they are missing, so a role without `CREATE` works once they exist), or
+/// beforehand by [`PostgresNode::create_tables`] or as a migration:
 ///
 /// ```sql
 #[doc = include_str!("tables.sql")]
@@ -178,8 +181,9 @@ impl PostgresNode {
     /// This node with the lock's calls (acquire, extend, release, raising fences) sent as
     /// statements prepared once per connection, their values bound (`statements=prepared`
     /// in the URL), instead of inline in the simple query protocol (the default). The
-    /// server then plans each statement once per connection instead of on every call:
-    /// about 1.5× the acquisitions per second on a local server (BENCHMARKS.md).
+    /// server then parses and plans each call once per connection instead of on every
+    /// call (the functions' statements are planned once either way): about 1.1–1.2× the
+    /// acquisitions per second on a local server (BENCHMARKS.md).
     ///
     /// Only on a direct connection, or a pooler that keeps prepared statements per
     /// client: behind PgBouncer in transaction mode before 1.21 (or without

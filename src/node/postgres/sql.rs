@@ -32,8 +32,7 @@ const ACQUIRE: &str = "SELECT * FROM redlock_acquire($1::text[], $2::text[], $3:
      $4::float8, $5::bool, $6::int8, $7::float8, $8::bool)";
 const ACQUIRE_ONE: &str = "SELECT * FROM redlock_acquire_one($1::text, $2::text, $3::text, \
      $4::float8, $5::bool, $6::int8, $7::float8, $8::bool)";
-const EXTEND: &str =
-    "SELECT * FROM redlock_extend($1::text[], $2::text[], $3::int8[], $4::float8)";
+const EXTEND: &str = "SELECT * FROM redlock_extend($1::text[], $2::text[], $3::int8[], $4::float8)";
 const RELEASE: &str = "SELECT redlock_release($1::text[], $2::text[], $3::text, $4::bool)";
 const RELEASE_ONE: &str = "SELECT redlock_release_one($1::text, $2::text, $3::text, $4::bool)";
 const RAISE: &str = "SELECT redlock_raise($1::text[], $2::int8[], $3::float8)";
@@ -215,10 +214,9 @@ pub(super) async fn execute(pool: &PgPool, query: Statement) -> Result<(), NodeE
 /// A channel's name in a release's notification: its hex SHA-256, since a channel's
 /// name may be longer than a notification's payload (and the listener compares hashes).
 pub(super) fn notified(channel: &str) -> String {
-    Sha256::digest(channel.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let mut hex = String::new();
+    crate::push_hex(&mut hex, &Sha256::digest(channel.as_bytes()));
+    hex
 }
 
 pub(super) fn millis(ttl: Duration) -> f64 {

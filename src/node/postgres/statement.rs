@@ -99,13 +99,9 @@ impl Sql {
     }
 
     fn bytea(value: &[u8]) -> String {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut literal = String::with_capacity(2 * value.len() + 18);
         literal.push_str("decode('");
-        for b in value {
-            literal.push(DIGITS[usize::from(b >> 4)].into());
-            literal.push(DIGITS[usize::from(b & 15)].into());
-        }
+        crate::push_hex(&mut literal, value);
         literal.push_str("', 'hex')");
         literal
     }
