@@ -18,7 +18,8 @@
 //!
 //! `cargo bench --bench postgres --features "postgres axum"` (`$TOWER_REDLOCK_PG`,
 //! default `postgres://postgres@127.0.0.1:5432`; a database of its own, dropped at the
-//! end). Options: `-- --secs N` (2) per row, `-- --reps N` (3), `-- --conns N` (8).
+//! end). Options: `-- --secs N` (2) per row, `-- --reps N` (3), `-- --conns N` (8),
+//! `-- --node-only` (the node's rows alone).
 //! Rows alternate which side goes first; medians of the repetitions.
 
 #[allow(dead_code)]
@@ -228,6 +229,7 @@ async fn main() {
     let secs = Duration::from_secs_f64(flag("--secs", 2.0));
     let reps: usize = flag("--reps", 3);
     let conns: usize = flag("--conns", 8);
+    let node_only = std::env::args().any(|a| a == "--node-only");
     let db = postgres::TestDatabase::create().await;
     let pool = db.pool(16).await;
     let pools = [db.pool(1).await, db.pool(1).await];
@@ -290,7 +292,7 @@ async fn main() {
             rows.push((ours, raw));
         }
         for (app, rows) in crate_apps.iter().zip(&mut pay_rows) {
-            if std::env::var_os("NODE_ONLY").is_some() {
+            if node_only {
                 break;
             }
             let (ours, hand) = if rep % 2 == 0 {
@@ -315,6 +317,13 @@ async fn main() {
         );
     };
     let [inline, prepared, calls] = &node_rows;
+    let pay_rows = pay_rows.map(|rows| {
+        if rows.is_empty() {
+            vec![(f64::NAN, f64::NAN)]
+        } else {
+            rows
+        }
+    });
     row(
         "acquire + release, PostgresNode vs raw sqlx: inline (the default) vs statements by hand",
         inline,
