@@ -13,7 +13,7 @@ use support::eventually_async;
 use support::history::History;
 use support::postgres::TestDatabase;
 use tower_redlock::node::Node;
-use tower_redlock::{node_from_url, LockOptions, PostgresNode, Redlock};
+use tower_redlock::{node_from_url, LockError, LockOptions, PostgresNode, Redlock};
 
 /// Bound on things that happen promptly; only reached when a test fails.
 const PROMPTLY: Duration = Duration::from_secs(30);
@@ -270,6 +270,37 @@ async fn tokens_increase_across_a_restore_of_the_counters() {
         unsafe_rule.windows(2).any(|w| w[0] >= w[1]),
         "the restore went unnoticed: the test cannot fail: {unsafe_rule:?}"
     );
+}
+
+/// A database whose tables an earlier version created, without the functions the lock's
+/// calls are now: the node creates what is missing on first use, and the leases and
+/// counters already there stay in force (the counter goes on from where it was).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_without_the_functions_get_them_on_first_use() {
+    let db = TestDatabase::create().await;
+    let pool = db.pool(2).await;
+    let schema = include_str!("../../src/node/postgres/tables.sql");
+    let tables = schema.split("CREATE OR REPLACE FUNCTION").next().unwrap();
+    sqlx::raw_sql(tables).execute(&pool).await.unwrap();
+    let counter = i64::MAX / 4;
+    sqlx::raw_sql(&format!(
+        "INSERT INTO redlock_leases VALUES ('redlock:{{held}}', 'someone', now() + interval '1 hour'); \
+         INSERT INTO redlock_fence_counters \
+         VALUES ('redlock:{{held}}:fence', {counter}, now() + interval '1 hour')"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let locker = Redlock::new([PostgresNode::new(pool.clone())], options()).unwrap();
+    let refused = locker.try_acquire("held").await.map(drop).expect_err("held");
+    assert!(matches!(refused, LockError::Held { .. }), "{refused:?}");
+    sqlx::raw_sql("DELETE FROM redlock_leases")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let lease = locker.try_acquire("held").await.unwrap();
+    assert!(lease.fencing_token().get() > counter as u64, "{lease:?}");
+    lease.release().await;
 }
 
 /// A database that refuses writes (`default_transaction_read_only`, as a standby's
