@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS redlock_node_records (
 -- clock. An acquire grants every key or (a set, in its transaction) nothing; a granted
 -- key's fence counter becomes max(counter + 1, fence_floor), or the floor over an
 -- expired counter (`seed_only`: the unsafe seed-only rule, a test hook); a refused key
--- answers its holder's remaining ttl.
+-- answers its holder's remaining ttl. A function whose arguments or result change gets a
+-- new name (`CREATE OR REPLACE` cannot change them), which the node's schema check names.
 CREATE OR REPLACE FUNCTION redlock_acquire(lock_keys text[], fence_keys text[],
     lease_owner text, ttl_ms float8, fencing bool, fence_floor bigint, fence_ttl_ms float8,
     seed_only bool)
