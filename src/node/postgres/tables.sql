@@ -24,11 +24,12 @@ CREATE TABLE IF NOT EXISTS redlock_node_records (
 -- The lock's calls, one function each: the server plans their statements once per
 -- connection (PL/pgSQL keeps its plans), while a call goes inline in the simple query
 -- protocol, which a pooler in transaction mode passes whole. Expiry is on the database's
--- clock. An acquire grants every key or (a set, in its transaction) nothing; a granted
--- key's fence counter becomes max(counter + 1, fence_floor), or the floor over an
--- expired counter (`seed_only`: the unsafe seed-only rule, a test hook); a refused key
--- answers its holder's remaining ttl. A function whose arguments or result change gets a
--- new name (`CREATE OR REPLACE` cannot change them), which the node's schema check names.
+-- clock. An acquire grants every key or nothing (a set's members written before a held
+-- one are rolled back by an exception block); a granted key's fence counter becomes
+-- max(counter + 1, fence_floor), or the floor over an expired counter (`seed_only`: the
+-- unsafe seed-only rule, a test hook); a refused key answers its holder's remaining ttl.
+-- A function whose arguments or result change gets a new name (`CREATE OR REPLACE`
+-- cannot change them), which the node's schema check names.
 CREATE OR REPLACE FUNCTION redlock_acquire(lock_keys text[], fence_keys text[],
     lease_owner text, ttl_ms float8, fencing bool, fence_floor bigint, fence_ttl_ms float8,
     seed_only bool)
