@@ -292,7 +292,11 @@ async fn tables_without_the_functions_get_them_on_first_use() {
     .await
     .unwrap();
     let locker = Redlock::new([PostgresNode::new(pool.clone())], options()).unwrap();
-    let refused = locker.try_acquire("held").await.map(drop).expect_err("held");
+    let refused = locker
+        .try_acquire("held")
+        .await
+        .map(drop)
+        .expect_err("held");
     assert!(matches!(refused, LockError::Held { .. }), "{refused:?}");
     sqlx::raw_sql("DELETE FROM redlock_leases")
         .execute(&pool)
