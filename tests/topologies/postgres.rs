@@ -307,6 +307,56 @@ async fn tables_without_the_functions_get_them_on_first_use() {
     lease.release().await;
 }
 
+/// A role that may not create (a database's tables created by an earlier version, the
+/// application's role granted their rows only): its calls fail with an error that names
+/// the migration, and once an owner ran it the same node works, checking nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_may_not_create_is_told_to_run_the_migration() {
+    let db = TestDatabase::create().await;
+    let owner = db.pool(1).await;
+    let schema = include_str!("../../src/node/postgres/tables.sql");
+    let tables = schema.split("CREATE OR REPLACE FUNCTION").next().unwrap();
+    let role = format!("redlock_app_{:08x}", rand::random::<u32>());
+    sqlx::raw_sql(&format!(
+        "{tables}; CREATE ROLE {role} NOLOGIN; \
+         GRANT SELECT, INSERT, UPDATE, DELETE \
+         ON redlock_leases, redlock_fence_counters, redlock_node_records TO {role}"
+    ))
+    .execute(&owner)
+    .await
+    .unwrap();
+    // Signed in as the test's user, acting as the role for every statement.
+    let as_role = db
+        .url()
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .unwrap()
+        .options([("role", role.as_str())]);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(as_role)
+        .await
+        .unwrap();
+    let locker = Redlock::new([PostgresNode::new(pool.clone())], options()).unwrap();
+    let refused = locker.try_acquire("r").await.map(drop);
+    sqlx::raw_sql(schema).execute(&owner).await.unwrap();
+    let after = match locker.try_acquire("r").await {
+        Ok(lease) => Ok(lease.release().await),
+        Err(error) => Err(error),
+    };
+    // The role is the server's, not the database's: gone before anything is asserted.
+    pool.close().await;
+    sqlx::raw_sql(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .execute(&owner)
+        .await
+        .unwrap();
+    let error = refused
+        .expect_err("acquired without the functions")
+        .to_string();
+    assert!(error.contains("run the migration"), "{error}");
+    let released = after.expect("the same node, once the migration ran");
+    assert_eq!(released, tower_redlock::ReleaseOutcome::Released);
+}
+
 /// A database that refuses writes (`default_transaction_read_only`, as a standby's
 /// `transaction_read_only` also reads) is refused at connect, as a Redis replica is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

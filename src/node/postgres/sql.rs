@@ -66,7 +66,18 @@ pub(super) async fn create_tables(pool: &PgPool) -> Result<(), NodeError> {
             "SELECT pg_advisory_xact_lock(7262657265636);",
             include_str!("tables.sql")
         );
-        pool.execute(create).await.map_err(node_error)?;
+        pool.execute(create)
+            .await
+            .map_err(|e| match node_error(e) {
+                NodeError::Server(e) => NodeError::Server(
+                    format!(
+                        "the node's tables or functions are missing and could not be created \
+                     (run the migration `PostgresNode` documents as a role that may): {e}"
+                    )
+                    .into(),
+                ),
+                other => other,
+            })?;
     }
     Ok(())
 }
