@@ -307,6 +307,31 @@ async fn tables_without_the_functions_get_them_on_first_use() {
     lease.release().await;
 }
 
+/// Processes that start together on a fresh database all create the schema on their
+/// first call: each creation waits for the one before (two at once would fail on the
+/// catalogue's unique rows, or on a function replaced concurrently).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_uses_at_once_all_find_the_schema() {
+    let db = TestDatabase::create().await;
+    let mut lockers = Vec::new();
+    for _ in 0..8 {
+        let node = PostgresNode::new(db.pool(1).await);
+        lockers.push(Redlock::new([node], options()).unwrap());
+    }
+    let first = lockers
+        .iter()
+        .enumerate()
+        .map(|(i, locker)| locker.try_acquire(format!("first-{i}")));
+    for (i, taken) in futures_util::future::join_all(first)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        let lease = taken.unwrap_or_else(|e| panic!("locker {i}: {e}"));
+        lease.release().await;
+    }
+}
+
 /// A role that may not create (a database's tables created by an earlier version, the
 /// application's role granted their rows only): its calls fail with an error that names
 /// the migration, and once an owner ran it the same node works, checking nothing more.

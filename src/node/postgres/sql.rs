@@ -66,18 +66,21 @@ pub(super) async fn create_tables(pool: &PgPool) -> Result<(), NodeError> {
             "SELECT pg_advisory_xact_lock(7262657265636);",
             include_str!("tables.sql")
         );
-        pool.execute(create)
-            .await
-            .map_err(|e| match node_error(e) {
-                NodeError::Server(e) => NodeError::Server(
+        pool.execute(create).await.map_err(|e| {
+            let denied =
+                matches!(&e, sqlx::Error::Database(db) if db.code().as_deref() == Some("42501"));
+            match node_error(e) {
+                NodeError::Server(e) if denied => NodeError::Server(
                     format!(
-                        "the node's tables or functions are missing and could not be created \
-                     (run the migration `PostgresNode` documents as a role that may): {e}"
+                        "the node's tables or functions are missing and this role may not \
+                         create them (run the migration `PostgresNode` documents as one that \
+                         may): {e}"
                     )
                     .into(),
                 ),
                 other => other,
-            })?;
+            }
+        })?;
     }
     Ok(())
 }
