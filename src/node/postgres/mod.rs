@@ -45,7 +45,7 @@ use listener::Listener;
 /// | release | `redlock_release_one` / `redlock_release`: `DELETE … WHERE owner = $owner` and `pg_notify` in the same statement (so the notification is sent when, and only if, the deletion commits) |
 /// | raise the fence | `redlock_raise`: `INSERT … ON CONFLICT DO UPDATE SET counter = greatest(counter, token)` |
 /// | wake-up | `LISTEN` on one channel per node, on a connection of its own (below) |
-/// | outcome records | rows of `redlock_node_records`; a claim and a store are one statement each, after a transaction-scoped advisory lock on the record in the same message (so they never interleave; nothing outlives the statement) |
+/// | outcome records | rows of `redlock_node_records`; a claim (`redlock_claim_record`) and a store (`redlock_store_record`) are one call each, which takes a transaction-scoped advisory lock on the record first (so they never interleave; nothing outlives the call) |
 ///
 /// No advisory lock and no session state: every call runs on whatever connection the
 /// pool hands out, so the node works behind PgBouncer in transaction pooling mode.

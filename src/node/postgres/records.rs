@@ -1,7 +1,8 @@
 //! [`PostgresNode`]'s outcome records (idempotent replay): rows of `redlock_node_records`,
-//! each operation one statement (a claim and a store behind a transaction-scoped
-//! advisory lock on the record, in the same message, so two of them never interleave
-//! their read and their write; it ends with the statement, so poolers are no matter).
+//! each operation one statement (a claim and a store call functions of the node's
+//! schema, which take a transaction-scoped advisory lock on the record first, so two of
+//! them never interleave their read and their write; it ends with the call, so poolers
+//! are no matter).
 
 use std::future::Future;
 use std::time::Duration;
@@ -19,86 +20,21 @@ use crate::node::{
     StoreReply, StoreRequest,
 };
 
-/// Serialises the claims and stores of one record (`$1` the record key).
-const SERIALISE: &str = "SELECT pg_advisory_xact_lock(72626, hashtext($1));";
-
 /// `$1` record key.
 const READ: &str = "SELECT token, fingerprint, data FROM redlock_node_records
     WHERE key = $1 AND data IS NOT NULL AND expires_at > clock_timestamp()";
 
-/// Owned by `$3` on lock key `$2`.
-macro_rules! owned {
-    () => {
-        "EXISTS (SELECT 1 FROM redlock_leases WHERE key = $2 AND owner = $3
-            AND expires_at > clock_timestamp())"
-    };
-}
+/// `redlock_claim_record` of the node's schema: `$1` record key, `$2` lock key, `$3`
+/// owner, `$4` token, `$5` fingerprint, `$6` pending ttl ms, `$7` orphan ttl ms or NULL,
+/// `$8` interrupted key, `$9` remember ms or NULL. Answers the case, the record's
+/// columns, its pttl and the interrupted token.
+const CLAIM: &str = "SELECT * FROM redlock_claim_record($1::text, $2::text, $3::text, \
+     $4::int8, $5::bytea, $6::float8, $7::float8, $8::text, $9::float8)";
 
-/// `$1` record key, `$2` lock key, `$3` owner, `$4` token, `$5` fingerprint, `$6`
-/// pending ttl ms, `$7` orphan ttl ms or NULL, `$8` interrupted key, `$9` remember ms
-/// or NULL. Answers the case, the record's columns, its pttl and the interrupted token.
-const CLAIM: &str = concat!(
-    "WITH cur AS (
-        SELECT * FROM redlock_node_records WHERE key = $1 AND expires_at > clock_timestamp()
-    ), state AS (
-        SELECT CASE
-            WHEN EXISTS (SELECT 1 FROM cur WHERE data IS NOT NULL) THEN 'completed'
-            WHEN NOT ",
-    owned!(),
-    " THEN 'not_owner'
-            WHEN EXISTS (SELECT 1 FROM cur WHERE token = $4) THEN 'claimed'
-            WHEN EXISTS (SELECT 1 FROM cur) THEN 'orphaned'
-            ELSE 'claim' END AS s
-    ), orphaned AS (
-        UPDATE redlock_node_records AS r SET orphan = true, expires_at = coalesce(
-            clock_timestamp() + $7::float8 * interval '1 millisecond', r.expires_at)
-        WHERE r.key = $1 AND NOT r.orphan AND (SELECT s FROM state) = 'orphaned'
-        RETURNING r.token, r.expires_at
-    ), remembered AS (
-        INSERT INTO redlock_node_records AS r (key, token, fingerprint, expires_at)
-        SELECT $8, token, '', clock_timestamp() + $9::float8 * interval '1 millisecond'
-        FROM orphaned WHERE $9::float8 IS NOT NULL
-        ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
-    ), claimed AS (
-        INSERT INTO redlock_node_records AS r (key, token, fingerprint, expires_at)
-        SELECT $1, $4, $5, clock_timestamp() + $6::float8 * interval '1 millisecond'
-        WHERE (SELECT s FROM state) = 'claim'
-        ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,
-            fingerprint = EXCLUDED.fingerprint, data = NULL, orphan = false,
-            expires_at = EXCLUDED.expires_at
-    )
-    SELECT (SELECT s FROM state), c.token, c.fingerprint, c.data,
-        (extract(epoch FROM coalesce((SELECT expires_at FROM orphaned), c.expires_at)
-            - clock_timestamp()) * 1000)::int8,
-        (SELECT token FROM redlock_node_records WHERE key = $8 AND expires_at > clock_timestamp())
-    FROM (SELECT 1) AS one LEFT JOIN cur AS c ON true"
-);
-
-/// `$1` record key, `$2` lock key, `$3` owner, `$4` token, `$5` fingerprint, `$6` data,
-/// `$7` retention ms.
-const STORE: &str = concat!(
-    "WITH cur AS (
-        SELECT * FROM redlock_node_records
-        WHERE key = $1 AND data IS NOT NULL AND expires_at > clock_timestamp()
-    ), state AS (
-        SELECT CASE
-            WHEN NOT ",
-    owned!(),
-    " THEN 'not_owner'
-            WHEN EXISTS (SELECT 1 FROM cur WHERE token = $4 AND fingerprint = $5 AND data = $6)
-                THEN 'stored'
-            WHEN EXISTS (SELECT 1 FROM cur WHERE token >= $4) THEN 'superseded'
-            ELSE 'store' END AS s
-    ), stored AS (
-        INSERT INTO redlock_node_records AS r (key, token, fingerprint, data, expires_at)
-        SELECT $1, $4, $5, $6, clock_timestamp() + $7::float8 * interval '1 millisecond'
-        WHERE (SELECT s FROM state) = 'store'
-        ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,
-            fingerprint = EXCLUDED.fingerprint, data = EXCLUDED.data, orphan = false,
-            expires_at = EXCLUDED.expires_at
-    )
-    SELECT s FROM state"
-);
+/// `redlock_store_record`: `$1` record key, `$2` lock key, `$3` owner, `$4` token, `$5`
+/// fingerprint, `$6` data, `$7` retention ms. Answers the case.
+const STORE: &str = "SELECT redlock_store_record($1::text, $2::text, $3::text, $4::int8, \
+     $5::bytea, $6::bytea, $7::float8)";
 
 /// `$1` record key, `$2` token: deletes that token's pending marker.
 const DISCARD: &str = "DELETE FROM redlock_node_records
@@ -157,7 +93,7 @@ impl RecordStore for PostgresNode {
     fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
         let key = request.keys.record();
         let answer = self.answer(bigint(request.token).map(|token| {
-            let claim = Sql::new(CLAIM)
+            Sql::new(CLAIM)
                 .text(&key)
                 .text(&request.keys.lock)
                 .text(request.owner.as_str())
@@ -167,8 +103,7 @@ impl RecordStore for PostgresNode {
                 .maybe(request.orphan_ttl.map(millis))
                 .text(&request.keys.interrupted())
                 .maybe(request.remember_interrupted.map(millis))
-                .done();
-            [Sql::new(SERIALISE).text(&key).done(), claim].concat()
+                .done()
         }));
         Box::pin(async move {
             let row = answer.await?.ok_or_else(|| protocol("claim"))?;
@@ -201,7 +136,7 @@ impl RecordStore for PostgresNode {
         let key = request.keys.record();
         let record = request.record;
         let answer = self.answer(bigint(record.token().get()).map(|token| {
-            let store = Sql::new(STORE)
+            Sql::new(STORE)
                 .text(&key)
                 .text(&request.keys.lock)
                 .text(request.owner.as_str())
@@ -209,8 +144,7 @@ impl RecordStore for PostgresNode {
                 .bytes(record.fingerprint())
                 .bytes(record.data())
                 .number(millis(request.retention))
-                .done();
-            [Sql::new(SERIALISE).text(&key).done(), store].concat()
+                .done()
         }));
         Box::pin(async move {
             let row = answer.await?.ok_or_else(|| protocol("store"))?;

@@ -41,7 +41,8 @@ const RAISE: &str = "SELECT redlock_raise($1::text[], $2::int8[], $3::float8)";
 const EXISTING: &str = "SELECT to_regclass('redlock_leases') IS NOT NULL
     AND to_regclass('redlock_fence_counters') IS NOT NULL
     AND to_regclass('redlock_node_records') IS NOT NULL
-    AND to_regprocedure('redlock_raise(text[], bigint[], float8)') IS NOT NULL";
+    AND to_regprocedure('redlock_store_record(text, text, text, bigint, bytea, bytea, float8)')
+        IS NOT NULL";
 
 /// The server's role for [`ServerSetup::role`](crate::node::ServerSetup::role): a
 /// standby (`pg_is_in_recovery()`) or a database read-only by default

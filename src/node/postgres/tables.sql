@@ -183,3 +183,85 @@ BEGIN
                        ELSE greatest(c.counter, EXCLUDED.counter) END,
         expires_at = EXCLUDED.expires_at;
 END $$;
+-- Whether `lease_owner` holds `lock_key` now.
+CREATE OR REPLACE FUNCTION redlock_owns(lock_key text, lease_owner text)
+RETURNS bool LANGUAGE sql AS $$
+    SELECT EXISTS (SELECT FROM redlock_leases AS l WHERE l.key = lock_key
+        AND l.owner = lease_owner AND l.expires_at > clock_timestamp())
+$$;
+-- Outcome records. A claim and a store of one record wait for each other (a lock held
+-- until the call's transaction ends), and each statement after it reads afresh.
+-- A claim: `$1` record key, `$2` lock key, `$3` owner, `$4` token, `$5` fingerprint, `$6`
+-- pending ttl ms, `$7` orphan ttl ms or NULL, `$8` interrupted key, `$9` remember ms or
+-- NULL. Answers the case, the record's columns, its pttl and the interrupted token.
+CREATE OR REPLACE FUNCTION redlock_claim_record(text, text, text, bigint, bytea, float8,
+    float8, text, float8)
+RETURNS TABLE (outcome text, record_token bigint, record_fingerprint bytea,
+    record_data bytea, pttl_ms bigint, interrupted_token bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pg_advisory_xact_lock(72626, hashtext($1));
+    RETURN QUERY WITH cur AS (
+        SELECT * FROM redlock_node_records WHERE key = $1 AND expires_at > clock_timestamp()
+    ), state AS (
+        SELECT CASE
+            WHEN EXISTS (SELECT 1 FROM cur WHERE data IS NOT NULL) THEN 'completed'
+            WHEN NOT redlock_owns($2, $3) THEN 'not_owner'
+            WHEN EXISTS (SELECT 1 FROM cur WHERE token = $4) THEN 'claimed'
+            WHEN EXISTS (SELECT 1 FROM cur) THEN 'orphaned'
+            ELSE 'claim' END AS s
+    ), orphaned AS (
+        UPDATE redlock_node_records AS r SET orphan = true, expires_at = coalesce(
+            clock_timestamp() + $7 * interval '1 millisecond', r.expires_at)
+        WHERE r.key = $1 AND NOT r.orphan AND (SELECT s FROM state) = 'orphaned'
+        RETURNING r.token, r.expires_at
+    ), remembered AS (
+        INSERT INTO redlock_node_records AS r (key, token, fingerprint, expires_at)
+        SELECT $8, o.token, '', clock_timestamp() + $9 * interval '1 millisecond'
+        FROM orphaned AS o WHERE $9 IS NOT NULL
+        ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+    ), claimed AS (
+        INSERT INTO redlock_node_records AS r (key, token, fingerprint, expires_at)
+        SELECT $1, $4, $5, clock_timestamp() + $6 * interval '1 millisecond'
+        WHERE (SELECT s FROM state) = 'claim'
+        ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,
+            fingerprint = EXCLUDED.fingerprint, data = NULL, orphan = false,
+            expires_at = EXCLUDED.expires_at
+    )
+    SELECT (SELECT s FROM state), c.token, c.fingerprint, c.data,
+        (extract(epoch FROM coalesce((SELECT expires_at FROM orphaned), c.expires_at)
+            - clock_timestamp()) * 1000)::int8,
+        (SELECT i.token FROM redlock_node_records AS i
+         WHERE i.key = $8 AND i.expires_at > clock_timestamp())
+    FROM (SELECT 1) AS one LEFT JOIN cur AS c ON true;
+END $$;
+-- A store: `$1` record key, `$2` lock key, `$3` owner, `$4` token, `$5` fingerprint, `$6`
+-- data, `$7` retention ms. Answers the case.
+CREATE OR REPLACE FUNCTION redlock_store_record(text, text, text, bigint, bytea, bytea,
+    float8)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    outcome text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(72626, hashtext($1));
+    WITH cur AS (
+        SELECT * FROM redlock_node_records
+        WHERE key = $1 AND data IS NOT NULL AND expires_at > clock_timestamp()
+    ), state AS (
+        SELECT CASE
+            WHEN NOT redlock_owns($2, $3) THEN 'not_owner'
+            WHEN EXISTS (SELECT 1 FROM cur WHERE token = $4 AND fingerprint = $5 AND data = $6)
+                THEN 'stored'
+            WHEN EXISTS (SELECT 1 FROM cur WHERE token >= $4) THEN 'superseded'
+            ELSE 'store' END AS s
+    ), stored AS (
+        INSERT INTO redlock_node_records AS r (key, token, fingerprint, data, expires_at)
+        SELECT $1, $4, $5, $6, clock_timestamp() + $7 * interval '1 millisecond'
+        WHERE (SELECT s FROM state) = 'store'
+        ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,
+            fingerprint = EXCLUDED.fingerprint, data = EXCLUDED.data, orphan = false,
+            expires_at = EXCLUDED.expires_at
+    )
+    SELECT s INTO outcome FROM state;
+    RETURN outcome;
+END $$;
