@@ -272,6 +272,14 @@ async fn tokens_increase_across_a_restore_of_the_counters() {
     );
 }
 
+/// The node's schema, as its documentation gives it for a migration.
+const SCHEMA: &str = include_str!("../../src/node/postgres/tables.sql");
+
+/// The part of [`SCHEMA`] an earlier version created: its tables, without the functions.
+fn earlier_tables() -> &'static str {
+    SCHEMA.split("CREATE OR REPLACE FUNCTION").next().unwrap()
+}
+
 /// A database whose tables an earlier version created, without the functions the lock's
 /// calls are now: the node creates what is missing on first use, and the leases and
 /// counters already there stay in force (the counter goes on from where it was).
@@ -279,8 +287,7 @@ async fn tokens_increase_across_a_restore_of_the_counters() {
 async fn tables_without_the_functions_get_them_on_first_use() {
     let db = TestDatabase::create().await;
     let pool = db.pool(2).await;
-    let schema = include_str!("../../src/node/postgres/tables.sql");
-    let tables = schema.split("CREATE OR REPLACE FUNCTION").next().unwrap();
+    let tables = earlier_tables();
     sqlx::raw_sql(tables).execute(&pool).await.unwrap();
     let counter = i64::MAX / 4;
     sqlx::raw_sql(&format!(
@@ -339,8 +346,7 @@ async fn first_uses_at_once_all_find_the_schema() {
 async fn a_role_that_may_not_create_is_told_to_run_the_migration() {
     let db = TestDatabase::create().await;
     let owner = db.pool(1).await;
-    let schema = include_str!("../../src/node/postgres/tables.sql");
-    let tables = schema.split("CREATE OR REPLACE FUNCTION").next().unwrap();
+    let tables = earlier_tables();
     let role = format!("redlock_app_{:08x}", rand::random::<u32>());
     sqlx::raw_sql(&format!(
         "{tables}; CREATE ROLE {role} NOLOGIN; \
@@ -363,7 +369,7 @@ async fn a_role_that_may_not_create_is_told_to_run_the_migration() {
         .unwrap();
     let locker = Redlock::new([PostgresNode::new(pool.clone())], options()).unwrap();
     let refused = locker.try_acquire("r").await.map(drop);
-    sqlx::raw_sql(schema).execute(&owner).await.unwrap();
+    sqlx::raw_sql(SCHEMA).execute(&owner).await.unwrap();
     let after = match locker.try_acquire("r").await {
         Ok(lease) => Ok(lease.release().await),
         Err(error) => Err(error),

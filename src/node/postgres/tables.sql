@@ -25,11 +25,19 @@ CREATE TABLE IF NOT EXISTS redlock_node_records (
 -- connection (PL/pgSQL keeps its plans), while a call goes inline in the simple query
 -- protocol, which a pooler in transaction mode passes whole. Expiry is on the database's
 -- clock. An acquire grants every key or nothing (a set's members written before a held
--- one are rolled back by an exception block); a granted key's fence counter becomes
--- max(counter + 1, fence_floor), or the floor over an expired counter (`seed_only`: the
--- unsafe seed-only rule, a test hook); a refused key answers its holder's remaining ttl.
+-- one are rolled back by an exception block), stepping each granted key's fence
+-- counter; a refused key answers its holder's remaining ttl.
 -- A function whose arguments or result change gets a new name (`CREATE OR REPLACE`
 -- cannot change them), which the node's schema check names.
+-- A granted key's fence counter: max(counter + 1, fence_floor), or the floor over an
+-- expired counter; `seed_only` is the unsafe rule a test uses to show the floor matters.
+CREATE OR REPLACE FUNCTION redlock_fence_step(counter bigint, expires_at timestamptz,
+    fence_floor bigint, seed_only bool)
+RETURNS bigint LANGUAGE sql AS $$
+    SELECT CASE WHEN expires_at <= clock_timestamp() THEN fence_floor
+                WHEN seed_only THEN counter + 1
+                ELSE greatest(counter + 1, fence_floor) END
+$$;
 CREATE OR REPLACE FUNCTION redlock_acquire(lock_keys text[], fence_keys text[],
     lease_owner text, ttl_ms float8, fencing bool, fence_floor bigint, fence_ttl_ms float8,
     seed_only bool)
@@ -59,9 +67,7 @@ BEGIN
             WHERE fencing AND (SELECT count(*) FROM taken) = cardinality(lock_keys)
             ORDER BY idx
             ON CONFLICT (key) DO UPDATE SET
-                counter = CASE WHEN c.expires_at <= clock_timestamp() THEN EXCLUDED.counter
-                               WHEN seed_only THEN c.counter + 1
-                               ELSE greatest(c.counter + 1, EXCLUDED.counter) END,
+                counter = redlock_fence_step(c.counter, c.expires_at, EXCLUDED.counter, seed_only),
                 expires_at = EXCLUDED.expires_at
             RETURNING key, counter
         )
@@ -101,9 +107,7 @@ BEGIN
                clock_timestamp() + fence_ttl_ms * interval '1 millisecond'
         FROM taken WHERE fencing
         ON CONFLICT (key) DO UPDATE SET
-            counter = CASE WHEN c.expires_at <= clock_timestamp() THEN EXCLUDED.counter
-                           WHEN seed_only THEN c.counter + 1
-                           ELSE greatest(c.counter + 1, EXCLUDED.counter) END,
+            counter = redlock_fence_step(c.counter, c.expires_at, EXCLUDED.counter, seed_only),
             expires_at = EXCLUDED.expires_at
         RETURNING counter
     )
