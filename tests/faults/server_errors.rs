@@ -100,9 +100,17 @@ async fn s09_server_errors() {
     // WRONGTYPE inside the scripts. The lease is lost, the release unconfirmed, no panic.
     let lease = acquire_patiently(&locker, "replaced", bound(10)).await;
     let mut section = history.begin("replaced", lease.fencing_token().get(), "replaced holder");
+    // In one step on each server: the acquisition's last node may still be setting the
+    // key in the background (the round was won by the others), and a SET landing
+    // between a DEL and an LPUSH would leave a string there.
     for s in &servers {
-        s.cmd(&["DEL", &key_of("replaced")]);
-        lpush(s, &key_of("replaced"));
+        let reply = s.cmd(&[
+            "EVAL",
+            "redis.call('DEL', KEYS[1]); return redis.call('LPUSH', KEYS[1], 'x')",
+            "1",
+            &key_of("replaced"),
+        ]);
+        assert_eq!(reply.as_int(), Some(1), "replacing the key: {reply:?}");
     }
     let cause = tokio::time::timeout(bound(10), lease.lost())
         .await
