@@ -217,3 +217,17 @@ pub use node::url::{node_from_url, split_node_urls};
 #[cfg(all(doctest, feature = "redis", feature = "axum"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+#[cfg(test)]
+mod tests {
+    /// Names already stored (replay's per-client scope, the PostgreSQL node's release
+    /// channels) were written with `format!("{:02x}")`: a rolling deploy must find them.
+    #[test]
+    fn push_hex_writes_what_format_wrote() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let mut hex = String::from("kept:");
+        super::push_hex(&mut hex, &bytes);
+        let formatted: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, format!("kept:{formatted}"));
+    }
+}

@@ -120,9 +120,8 @@ impl ReplayStep {
         match &self.client {
             None => resource,
             Some(client) => {
-                let digest = Sha256::digest(client.as_bytes());
                 let mut hex = String::new();
-                crate::push_hex(&mut hex, &digest[..16]);
+                crate::push_hex(&mut hex, &Sha256::digest(client.as_bytes())[..16]);
                 resource.join("client").join(hex)
             }
         }
