@@ -133,16 +133,6 @@ pub(crate) struct Taken {
     pub(crate) reused: Vec<LeaseHandle>,
 }
 
-/// Whether one lease of the request with `extensions` (granted by `locker`) holds every
-/// resource of `resources` already.
-pub(crate) fn covered(locker: &Redlock, extensions: &http::Extensions, target: &Target) -> bool {
-    extensions.get::<RequestLeases>().is_some_and(|leases| {
-        leases
-            .covering(locker, &target.resources, target.mode)
-            .is_some()
-    })
-}
-
 /// The leases of the request with `extensions` that already hold some of `resources`
 /// (granted by `locker`), and the resources none of them holds. Per-request
 /// reentrancy is decided here, for the layer and the extractors alike: a request never

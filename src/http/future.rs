@@ -14,10 +14,10 @@ use http_body::Body;
 use tower_service::Service;
 use tracing::{Instrument, Span};
 
-use super::acquire::{covered, missing_key, name, take};
+use super::acquire::{missing_key, name, take};
 use super::body::LeaseBody;
 use super::detach::{BoxFuture, FinishingFuture};
-use super::extensions::Unlocked;
+use super::extensions::{RequestLeases, Unlocked};
 use super::key::{KeyExtractor, Read};
 use super::layer::Settings;
 use super::policy::{MissingKey, OnDisconnect, ScopePrefix, Unavailable};
@@ -202,7 +202,12 @@ where
         };
         // A request that holds its lock already (an outer layer's, whose owner replays)
         // neither looks up nor records.
-        if !covered(&settings.locker, &parts.extensions, &target) {
+        let leases = parts.extensions.get::<RequestLeases>();
+        let mode = target.mode;
+        if !leases.is_some_and(|l| {
+            l.covering(&settings.locker, &target.resources, mode)
+                .is_some()
+        }) {
             let resource = step.scope(target.resources.swap_remove(0));
             target.resources.push(resource.clone());
             span.record("resource", resource.as_str());

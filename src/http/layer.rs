@@ -1,7 +1,6 @@
 //! [`LockLayer`]: the builder of the layer's settings (the policies are in `policy.rs`),
 //! and the settings its services and futures share.
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +12,7 @@ use tower_layer::Layer;
 use super::key::{KeyExtractor, OneKey};
 use super::policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
 use super::problem::{DefaultRenderer, Problem, ProblemKind, ProblemRenderer};
-use super::replay::{Replay, ReplaySettings, Replaying};
+use super::replay::{Replay, Replaying};
 use super::service::LockService;
 use crate::error::ConfigError;
 use crate::{LockMode, Redlock};
@@ -26,7 +25,7 @@ use crate::{LockMode, Redlock};
 /// for the behaviour and an example.
 ///
 /// Cheap to clone: clones share the locker and the settings.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct LockLayer<K> {
     key: K,
     settings: Arc<Settings>,
@@ -277,7 +276,7 @@ impl<K> LockLayer<K> {
         K::Keys: OneKey,
     {
         let ttl = self.settings.locker.options().get_ttl();
-        let replay = Arc::new(ReplaySettings::new(replay, ttl));
+        let replay = Arc::new(replay.resolved(ttl));
         if replay.on_nodes() {
             self.settings.locker.check_records()?;
         } else if !self.settings.locker.options().fencing {
@@ -321,15 +320,6 @@ impl<S, K: Clone> Layer<S> for LockLayer<K> {
     }
 }
 
-impl<K: fmt::Debug> fmt::Debug for LockLayer<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockLayer")
-            .field("key", &self.key)
-            .field("settings", &self.settings)
-            .finish()
-    }
-}
-
 /// The default [`LockLayer::fencing_header`](super::LockLayer::fencing_header):
 /// `Fencing-Token`.
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
@@ -354,7 +344,7 @@ pub(crate) struct Settings {
     /// Set by `problem_renderer`: passed on to the `Locked` extractors behind.
     pub(crate) own_renderer: bool,
     pub(crate) problem_for_rejections: bool,
-    pub(crate) replay: Option<Arc<ReplaySettings>>,
+    pub(crate) replay: Option<Arc<Replay>>,
     pub(crate) modes: Modes,
     pub(crate) sections: Arc<Sections>,
     /// The `layer` label of its metrics.
@@ -440,44 +430,5 @@ impl Sections {
                 problem.with_retry_after(typical.min(holder_ttl))
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[tokio::test]
-    async fn builder_sets_every_option() {
-        let layer = LockLayer::new(Redlock::in_memory(), ())
-            .contention(Contention::Wait {
-                timeout: Duration::from_secs(1),
-            })
-            .fencing_header(None)
-            .missing_key(MissingKey::Bypass)
-            .on_lost(OnLost::Continue)
-            .on_disconnect(OnDisconnect::Cancel)
-            .hold_through_body(false)
-            .scope(Scope::shared("s"))
-            .max_key_len(10)
-            .queue_limit(3)
-            .on_unavailable(Unavailable::FailOpen);
-        let s = &layer.settings;
-        assert_eq!(
-            s.contention,
-            Contention::Wait {
-                timeout: Duration::from_secs(1)
-            }
-        );
-        assert_eq!(s.fencing_header, None);
-        assert_eq!(s.missing_key, MissingKey::Bypass);
-        assert_eq!(s.on_lost, OnLost::Continue);
-        assert_eq!(s.on_disconnect, OnDisconnect::Cancel);
-        assert!(!s.hold_through_body);
-        assert_eq!(s.scope, Scope::shared("s"));
-        assert_eq!(s.max_key_len, 10);
-        assert_eq!(s.on_unavailable, Unavailable::FailOpen);
-        assert!(format!("{layer:?}").contains("LockLayer"));
     }
 }

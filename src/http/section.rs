@@ -45,13 +45,13 @@ where
 /// The critical section of a request that holds its locks, the one path whether or
 /// not the layer replays: with replay the record is claimed under the lease first (a
 /// response recorded meanwhile, or an unknown outcome, answers instead), then the
-/// handler runs under the lease, then its response is recorded before it is sent. It
-/// owns all it needs, so that it can run to its end after the client left
-/// ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
+/// handler runs under the lease (its handle in the request extensions), then its
+/// response is recorded before it is sent. It owns all it needs, so that it can run to
+/// its end after the client left ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
 pub(crate) async fn critical<S, B, RB>(
     settings: Arc<Settings>,
     span: Span,
-    inner: S,
+    mut inner: S,
     mut request: Request<B>,
     taken: Taken,
     replay: Option<ReplayStep>,
@@ -65,8 +65,8 @@ where
     if lease.is_none() {
         tracing::debug!(token = %handle.fencing_token(), "the request holds this lock already: reusing its lease");
     }
+    span.record("token", handle.fencing_token().get());
     if let Some(step) = &replay {
-        span.record("token", handle.fencing_token().get());
         let claimed = step.claim(settings, span, &handle, request.extensions_mut());
         if let Some(answer) = claimed.await {
             if let Some(lease) = lease {
@@ -75,11 +75,34 @@ where
             return Ok(answer);
         }
     }
-    let response = match call_locked(settings, span, inner, request, &handle).await? {
-        Called::Answered(response) => response,
+    tracing::debug!(token = %handle.fencing_token(), "running the handler under the lease");
+    request.extensions_mut().insert(handle.clone());
+    add_request_lease(request.extensions_mut(), &handle);
+    let started = Instant::now();
+    let handler = inner.call(request);
+    // Under `OnLost::Abort` the handler future is dropped as soon as the lease is lost,
+    // before the answer is made.
+    let raced = if settings.on_lost == OnLost::Abort {
+        let mut handler = pin!(handler);
+        let mut lost = pin!(handle.lost());
+        // The handler first: a response that is ready wins over a loss noticed at the
+        // same time (`finish` then marks it as lost).
+        poll_fn(|cx| match handler.as_mut().poll(cx) {
+            Poll::Ready(result) => Poll::Ready(Ok(result)),
+            Poll::Pending => lost.as_mut().poll(cx).map(Err),
+        })
+        .await
+    } else {
+        Ok(handler.await)
+    };
+    let response = match raced {
+        Ok(result) => {
+            settings.sections.record(started.elapsed());
+            result?
+        }
         // The lease drops: lost, released in the background (with replay, the pending
         // marker stays: the outcome is unknown).
-        Called::Stopped(response) => return Ok(response),
+        Err(cause) => return Ok(stopped(settings, span, &handle, cause)),
     };
     match (replay, lease) {
         (Some(step), Some(lease)) if handle.is_held() => {
@@ -108,60 +131,6 @@ where
             Ok(finish(settings, span, response, lease, Some(handle)).await)
         }
     }
-}
-
-/// What [`call_locked`] ended with.
-pub(crate) enum Called<RB: Body> {
-    /// The handler's response.
-    Answered(Response<RB>),
-    /// The lease was lost and the handler stopped ([`OnLost::Abort`]): 503 `lock-lost`.
-    Stopped(Response<LeaseBody<RB>>),
-}
-
-/// Calls the inner service with the lease's handle in the request extensions; under
-/// [`OnLost::Abort`] the handler future is dropped as soon as the lease is lost.
-pub(crate) async fn call_locked<S, B, RB>(
-    settings: &Settings,
-    span: &Span,
-    mut inner: S,
-    mut request: Request<B>,
-    handle: &LeaseHandle,
-) -> Result<Called<RB>, S::Error>
-where
-    S: Service<Request<B>, Response = Response<RB>>,
-    RB: Body,
-{
-    span.record("token", handle.fencing_token().get());
-    tracing::debug!(token = %handle.fencing_token(), "running the handler under the lease");
-    request.extensions_mut().insert(handle.clone());
-    add_request_lease(request.extensions_mut(), handle);
-    let started = Instant::now();
-    let handler = inner.call(request);
-    if settings.on_lost != OnLost::Abort {
-        let result = handler.await;
-        settings.sections.record(started.elapsed());
-        return result.map(Called::Answered);
-    }
-    let cause = {
-        let mut handler = pin!(handler);
-        let mut lost = pin!(handle.lost());
-        // The handler first: a response that is ready wins over a loss noticed at the
-        // same time (`finish` then marks it as lost).
-        let raced = poll_fn(|cx| match handler.as_mut().poll(cx) {
-            Poll::Ready(result) => Poll::Ready(Ok(result)),
-            Poll::Pending => lost.as_mut().poll(cx).map(Err),
-        })
-        .await;
-        match raced {
-            Ok(result) => {
-                settings.sections.record(started.elapsed());
-                return result.map(Called::Answered);
-            }
-            Err(cause) => cause,
-        }
-        // The handler future is dropped here, before the answer is made.
-    };
-    Ok(Called::Stopped(stopped(settings, span, handle, cause)))
 }
 
 /// 503 `lock-lost`: the lease was lost before the response left, under

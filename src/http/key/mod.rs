@@ -381,6 +381,3 @@ pub(crate) fn validate(key: &str, max_len: usize) -> Result<(), String> {
     }
     Ok(())
 }
-
-#[cfg(test)]
-mod tests;

@@ -145,7 +145,7 @@ pub struct Replay {
     fingerprint: Fingerprint,
     unknown: Option<UnknownOutcome>,
     client: Option<(ClientFn, String)>,
-    methods: Vec<Method>,
+    pub(crate) methods: Vec<Method>,
     #[cfg(feature = "postgres")]
     records: Option<PgRecords>,
 }
@@ -358,55 +358,35 @@ pub enum UnknownOutcome {
     Refuse,
 }
 
-/// The replay settings a layer resolved (defaults that depend on the locker filled in).
-pub(crate) struct ReplaySettings {
-    pub(crate) retention: Duration,
-    pub(crate) max_body: usize,
-    pub(crate) headers: Vec<HeaderName>,
-    pub(crate) store_if: Arc<dyn Fn(StatusCode) -> bool + Send + Sync>,
-    /// `Some`: an interrupted attempt blocks its key this long; `None`: until retention.
-    pub(crate) unknown_for: Option<Duration>,
-    pub(super) max_request_body: usize,
-    pub(super) fingerprint: Fingerprint,
-    pub(super) client: Option<(ClientFn, String)>,
-    pub(crate) methods: Vec<Method>,
-    /// `Some`: records in PostgreSQL, not on the lock nodes.
-    #[cfg(feature = "postgres")]
-    pub(crate) records: Option<PgRecords>,
-}
-
-impl ReplaySettings {
-    pub(crate) fn new(replay: Replay, lock_ttl: Duration) -> Self {
-        let unknown_for = match replay
-            .unknown
-            .unwrap_or(UnknownOutcome::ReexecuteAfter(lock_ttl))
-        {
-            UnknownOutcome::ReexecuteAfter(after) => Some(after),
-            UnknownOutcome::Refuse => None,
-        };
-        // Capped where the nodes would be asked to keep something longer than they can
-        // express; `Duration::MAX` means "as long as possible".
+impl Replay {
+    /// This replay with the defaults that depend on the locker filled in, and capped
+    /// where the nodes would be asked to keep something longer than they can express
+    /// (`Duration::MAX` means "as long as possible").
+    pub(crate) fn resolved(mut self, lock_ttl: Duration) -> Self {
         let cap = crate::lock::record::MAX_RECORD_TTL;
-        let unknown_for = unknown_for.map(|after| after.min(cap));
-        ReplaySettings {
-            retention: replay.retention.min(cap),
-            max_body: replay.max_body,
-            headers: replay.headers,
-            store_if: replay.store_if,
-            unknown_for,
-            max_request_body: replay.max_request_body,
-            fingerprint: replay.fingerprint,
-            client: replay.client,
-            methods: replay.methods,
-            #[cfg(feature = "postgres")]
-            records: replay.records,
+        self.retention = self.retention.min(cap);
+        self.unknown = Some(match self.unknown {
+            None => UnknownOutcome::ReexecuteAfter(lock_ttl.min(cap)),
+            Some(UnknownOutcome::ReexecuteAfter(after)) => {
+                UnknownOutcome::ReexecuteAfter(after.min(cap))
+            }
+            Some(UnknownOutcome::Refuse) => UnknownOutcome::Refuse,
+        });
+        self
+    }
+
+    /// `Some`: an interrupted attempt blocks its key this long; `None`: until retention.
+    pub(crate) fn unknown_for(&self) -> Option<Duration> {
+        match self.unknown {
+            Some(UnknownOutcome::ReexecuteAfter(after)) => Some(after),
+            _ => None,
         }
     }
 
     /// How long a pending marker lives: it must outlast the work, and an interrupted
     /// attempt must stay visible until someone finds it.
     pub(crate) fn pending_ttl(&self) -> Duration {
-        self.retention.max(self.unknown_for.unwrap_or_default())
+        self.retention.max(self.unknown_for().unwrap_or_default())
     }
 
     /// The records are kept on the lock nodes (not in PostgreSQL).
@@ -420,19 +400,6 @@ impl ReplaySettings {
     /// Whether a request with `ours` may use a record stored with `stored`.
     pub(crate) fn matches(&self, ours: &[u8], stored: &[u8]) -> bool {
         !self.fingerprint.enabled || ours == stored
-    }
-}
-
-impl fmt::Debug for ReplaySettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Replay")
-            .field("retention", &self.retention)
-            .field("max_body", &self.max_body)
-            .field("headers", &self.headers)
-            .field("unknown_for", &self.unknown_for)
-            .field("fingerprint", &self.fingerprint)
-            .field("client", &self.client.as_ref().map(|(_, d)| d))
-            .finish_non_exhaustive()
     }
 }
 
