@@ -101,19 +101,7 @@ impl<S: Send + Sync> FromRequestParts<S> for LayerLease {
 }
 
 /// `Option<LayerLease>`: `None` when the request carries no lease, for handlers that
-/// also run unlocked ([`MissingKey::Bypass`](crate::http::MissingKey::Bypass),
-/// [`Unavailable::FailOpen`](crate::http::Unavailable::FailOpen)).
-///
-/// ```
-/// use tower_redlock::axum::LayerLease;
-///
-/// async fn handler(lease: Option<LayerLease>) -> String {
-///     match lease {
-///         Some(lease) => format!("locked, token {}", lease.fencing_token()),
-///         None => "unlocked".to_owned(),
-///     }
-/// }
-/// ```
+/// also run unlocked.
 impl<S: Send + Sync> OptionalFromRequestParts<S> for LayerLease {
     type Rejection = Infallible;
 

@@ -1,27 +1,12 @@
 //! axum extractors: take a lease inside a handler ([`Locked`]), or read the lease a
 //! [`LockLayer`](crate::http::LockLayer) took for the request ([`LayerLease`]).
 //!
-//! [`LockLayer`](crate::http::LockLayer) is the usual way to lock a route: the lease is
-//! taken before the handler runs and held until the response body has been sent, and
-//! the handler is stopped if the lease is lost
-//! ([`OnLost::Abort`](crate::http::OnLost::Abort)).
-//! The extractors cover the rest:
-//!
-//! - [`Locked<K>`] takes the lease itself, as the handler's argument. The key comes
-//!   from the request head through the same [`KeyExtractor`](crate::http::key::KeyExtractor)s the layer uses,
-//!   named by a marker type that implements [`LockKey`] (settings in the code) or
-//!   [`LockSpec`] (settings from the state); the locker comes from the
-//!   router's state (`Redlock: FromRef<S>`). The lease is the handler's to use: it is
-//!   released when the handler's future ends (or earlier, with
-//!   [`Lease::release`](crate::Lease::release)), and the handler itself decides what
-//!   to do when the lease is lost ([`LeaseHandle::lost`](crate::LeaseHandle::lost)).
-//! - [`LayerLease`] hands the handler the [`LeaseHandle`](crate::LeaseHandle) that
-//!   [`LockLayer`](crate::http::LockLayer) put in the request extensions, and fails
-//!   loudly (500 `lock-layer-missing`) when there is none, instead of letting a handler
-//!   believe it runs under a lock.
-//!
-//! Refusals are [`LockRejection`]s: the same RFC 9457 problem responses, with the same
-//! status codes, as the layer's (see [`problem`](crate::http::problem)).
+//! [`LockLayer`](crate::http::LockLayer) is the usual way to lock a route. [`Locked<K>`]
+//! takes the lease as the handler's argument, the key found by the same
+//! [`KeyExtractor`](crate::http::key::KeyExtractor)s the layer uses, named by a marker
+//! type ([`LockKey`], or [`LockSpec`] for settings from the state); [`LayerLease`] hands
+//! the handler the layer's lease, and refuses (500 `lock-layer-missing`) when there is
+//! none. Refusals are [`LockRejection`]s: the layer's problem responses.
 //!
 //! Do not build a guard on `axum::middleware::from_extractor::<Locked<K>>`: it drops the
 //! extracted value, and with it the lease, before the handler runs.

@@ -25,12 +25,9 @@ static FINISHING: AtomicUsize = AtomicUsize::new(0);
 /// left ([`OnDisconnect::Finish`](super::OnDisconnect::Finish),
 /// [`FinishOnDisconnectLayer`]); also the `tower_redlock_http_handlers_finishing`
 /// gauge (feature `metrics`). Log it at shutdown, before
-/// [`Redlock::drain`](crate::Redlock::drain) waits for them.
-///
-/// Each one is bounded by its lease: it is stopped when the lease is lost under
-/// [`OnLost::Abort`](super::OnLost::Abort), and
-/// [`LockOptions::max_hold`](crate::LockOptions::max_hold) bounds how long any lease
-/// is renewed.
+/// [`Redlock::drain`](crate::Redlock::drain) waits for them. Each is bounded by its
+/// lease (lost under [`OnLost::Abort`](super::OnLost::Abort), renewed at most for
+/// [`LockOptions::max_hold`](crate::LockOptions::max_hold)).
 pub fn handlers_finishing() -> usize {
     FINISHING.load(Ordering::Relaxed)
 }
@@ -75,12 +72,12 @@ impl Critical {
 /// ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
 ///
 /// hyper drops a request's future when its connection closes: a handler holding a
-/// `Locked` lease would be cut at its next `.await` and its lease released, halfway
-/// through what it protects. Under this layer, once a `Locked` extractor of the
-/// request acquired its lease, a dropped response future is run to its end in a task
-/// of its own (counted in the `tower_redlock_http_handlers_finishing` gauge); before that,
-/// it is dropped as usual. A handler that panics is dropped as the panic unwinds (its
-/// lease released at once), never run on. Put it on the routes that use `Locked`:
+/// `Locked` lease would be cut at its next `.await`, halfway through what it protects.
+/// Under this layer, once a `Locked` extractor of the request acquired its lease, a
+/// dropped response future is run to its end in a task of its own
+/// ([`handlers_finishing`]); before that, it is dropped as usual. A handler that panics
+/// is dropped as the panic unwinds, never run on. Put it on the routes that use
+/// `Locked`:
 ///
 /// ```
 /// use axum::{routing::post, Router};

@@ -35,10 +35,8 @@ impl<K> LockLayer<K> {
     /// A layer locking on the keys `key` finds ([`KeyExtractor`]: one resource per key,
     /// several locked together as one lease), with `locker`.
     ///
-    /// Defaults: [`Contention::Reject`], a `Fencing-Token` response header,
-    /// [`MissingKey::Reject`], [`OnLost::Abort`], [`OnDisconnect::Finish`], the lease held until the response body
-    /// ends, [`Scope::Route`], keys of at most 255 bytes, the locker's own queue limit
-    /// (1000 unless set), [`Unavailable::FailClosed`] and [`DefaultRenderer`](super::problem::DefaultRenderer).
+    /// The defaults are each builder method's (the table of [the
+    /// guide](crate::guide::operations#the-layer)).
     pub fn new(locker: Redlock, key: K) -> Self {
         crate::metrics::http_series(ProblemKind::ALL.map(ProblemKind::code), false, "");
         LockLayer {
@@ -91,12 +89,9 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Keep the lease until the response body has been produced (default `true`), so a
-    /// streamed response is produced under the lock; it is released before the body's
-    /// end is handed on (a short body of known length is read, then released, before
-    /// the response is: see [`LeaseBody`](super::LeaseBody)). With `false` the lease is released as soon as the handler
-    /// returns its response, before the response is sent. Either way a client that has
-    /// read the whole response finds the lock free.
+    /// Keep the lease until the response body has been produced (default `true`; see
+    /// [Lease lifetime](super#lease-lifetime)). With `false` the lease is released as
+    /// soon as the handler returns its response, before the response is sent.
     #[must_use]
     pub fn hold_through_body(mut self, hold: bool) -> Self {
         self.settings().hold_through_body = hold;
@@ -110,18 +105,15 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// How every request shares the lock on its key (default [`LockMode::Exclusive`]):
-    /// [`LockMode::Shared`] lets requests on one key run together,
-    /// [`LockMode::Counted`] lets at most `n` run together (more get 429
-    /// `limit-reached`, or wait under [`Contention::Wait`]). Sets the mode of reads too:
-    /// call [`read_mode`](Self::read_mode) after it to give them another.
+    /// How every request shares the lock on its key (default [`LockMode::Exclusive`];
+    /// [`LockMode::Counted`] refuses with 429 `limit-reached`). Sets the mode of reads
+    /// too: call [`read_mode`](Self::read_mode) after it to give them another.
     ///
     /// # Panics
     ///
-    /// When a node of the locker cannot keep shared or counted leases, or the layer
-    /// replays responses ([`replay`](Self::replay) covers exclusive locks only), as
-    /// [`replay`](Self::replay) panics on a locker it cannot serve: a layer built that way
-    /// would fail every request. [`Redlock::check_mode`] says it beforehand.
+    /// When a node of the locker cannot keep shared or counted leases
+    /// ([`Redlock::check_mode`] says it beforehand), or the layer replays responses
+    /// (exclusive locks only).
     #[must_use]
     #[track_caller]
     pub fn mode(mut self, mode: LockMode) -> Self {
@@ -136,8 +128,7 @@ impl<K> LockLayer<K> {
     /// How requests that only read (`GET`, `HEAD`, `OPTIONS`, `TRACE`) share the lock on
     /// their key; the other methods keep [`mode`](Self::mode)'s (exclusive by default).
     /// With [`LockMode::Shared`], `GET /reports/{id}` runs beside other `GET`s of the
-    /// report and never beside a `PUT` regenerating it; a waiting writer is served before
-    /// readers that come after it (see [`LockMode`]).
+    /// report and never beside a `PUT` regenerating it.
     ///
     /// # Panics
     ///
@@ -214,47 +205,28 @@ impl<K> LockLayer<K> {
     /// Answers the refusals of the handler's own extractors in the layer's format
     /// (default `false`): a handler response with status 400, 415 or 422, a
     /// `Content-Type` of `text/plain` and a body of at most 4 KiB — what axum's
-    /// extractor rejections are (`Json`, `Form`, `Query`, `Path`: malformed JSON,
-    /// missing content type, a field of the wrong type) — is sent as the problem
-    /// `bad-request`, `unsupported-media-type` or `unprocessable-content`, rendered by
-    /// the layer's [`problem_renderer`](Self::problem_renderer), with the text as its
-    /// `detail`. axum's rejections carry no mark of their own, so a handler's own
-    /// `text/plain` answer with those statuses is rewritten too. Not applied to
-    /// replayed layers ([`replay`](Self::replay)), whose responses are recorded as the
-    /// handler made them.
-    ///
-    /// The lock is taken before the handler reads the body: such a request held the
-    /// lock for nothing (its response carries `Fencing-Token`). Where that matters,
-    /// check the body before the lock: in a middleware added outside this layer (with
-    /// `route_layer(lock)` first, then `route_layer(check)`, the check runs first), or
-    /// lock by hand ([`Redlock::try_acquire`]) in the handler once `Json<T>` has parsed
-    /// the body.
+    /// extractor rejections are — is sent as the problem `bad-request`,
+    /// `unsupported-media-type` or `unprocessable-content`, rendered by the layer's
+    /// [`problem_renderer`](Self::problem_renderer), with the text as its `detail`
+    /// (a handler's own `text/plain` answer with those statuses too: axum's rejections
+    /// carry no mark of their own). Not applied to replayed layers, whose responses are
+    /// recorded as the handler made them.
     #[must_use]
     pub fn problem_for_rejections(mut self, on: bool) -> Self {
         self.settings().problem_for_rejections = on;
         self
     }
 
-    /// Turns on idempotent replay: the first response for a key is recorded in the lock
-    /// nodes and replayed, with `Idempotent-Replayed: true`, to later requests with the
-    /// same key; the same key with a different request gets 422. See
-    /// [`replay`](super::replay) for the behaviour and [`Replay`] for the options.
-    ///
-    /// Replay takes one key per request: a multi-key extractor does not compile here.
-    /// The layer reads the request body when the fingerprint covers it, so its request
-    /// bodies are `From<Bytes>` with `Bytes` data, as axum's ([`Replaying`]). Under
-    /// [`Contention::Reject`] a request whose key is in flight gets 409
-    /// `request-in-progress`; under [`Contention::Wait`] it waits and gets the first
-    /// response replayed.
+    /// Turns on idempotent replay (see [`replay`](super::replay) for the behaviour and
+    /// [`Replay`] for the options). Replay takes one key per request: a multi-key
+    /// extractor does not compile here. The layer reads the request body when the
+    /// fingerprint covers it, so its request bodies are `From<Bytes>` with `Bytes` data,
+    /// as axum's ([`Replaying`]).
     ///
     /// # Panics
     ///
-    /// When a node of the locker stores no outcome records ([`Node::records`] is
-    /// `None`), as axum's `Router::route` panics on a route it cannot add: a layer
-    /// built that way would fail every request. [`try_replay`](Self::try_replay) returns
-    /// the error instead. Every node kind of this crate stores records.
-    ///
-    /// [`Node::records`]: crate::node::Node::records
+    /// When [`try_replay`](Self::try_replay) fails, as axum's `Router::route` panics on a
+    /// route it cannot add.
     #[track_caller]
     pub fn replay(self, replay: Replay) -> LockLayer<Replaying<K>>
     where
@@ -267,9 +239,9 @@ impl<K> LockLayer<K> {
         }
     }
 
-    /// [`replay`](Self::replay), refusing a locker with a node that stores no outcome
-    /// records ([`Node::records`](crate::node::Node::records) is `None`) with a
-    /// [`ConfigError`] rather than a panic.
+    /// [`replay`](Self::replay), refusing with a [`ConfigError`] what it cannot serve: a
+    /// node that stores no outcome records ([`Node::records`](crate::node::Node::records)
+    /// is `None`), records in PostgreSQL without fencing tokens, or shared locks.
     pub fn try_replay(self, replay: Replay) -> Result<LockLayer<Replaying<K>>, ConfigError>
     where
         K: KeyExtractor,

@@ -60,14 +60,8 @@ pub enum OnDisconnect {
     /// its own under its lease, renewed as before; with replay its response is recorded,
     /// so the client's retry gets it replayed; then the lease is released. Only the loss
     /// of the lease ([`OnLost::Abort`]) cuts it short. A request still waiting for its
-    /// lock when the client leaves is dropped, as it never started.
-    ///
-    /// Such handlers are counted ([`handlers_finishing`](super::handlers_finishing), and
-    /// the `tower_redlock_http_handlers_finishing` gauge with the feature `metrics`) and
-    /// logged at `debug` when they start and end; each holds its lease, so
-    /// [`Redlock::drain`](crate::Redlock::drain) waits for them at shutdown. Each is
-    /// bounded by its lease: stopped when it is lost under [`OnLost::Abort`], renewed at
-    /// most for [`LockOptions::max_hold`](crate::LockOptions::max_hold).
+    /// lock when the client leaves is dropped, as it never started. Such handlers are
+    /// counted: [`handlers_finishing`](super::handlers_finishing).
     #[default]
     Finish,
     /// Drop the handler with the response future, at its next `.await`, and release the

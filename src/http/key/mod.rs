@@ -14,21 +14,15 @@
 //!   [`normalize`](KeyExtractor::normalize), and every closure
 //!   `Fn(&Parts) -> Option<String>`.
 //! - **Several keys** (`type Keys = Vec<String>`), each a resource of its own, locked
-//!   together as one lease: [`json_fields`], [`each`], [`keys_fn`]. A request with none of
-//!   them has no key; one with some and not others is refused with 400 `key-missing`
-//!   naming the missing ones; keys naming the same resource are one; more distinct keys
-//!   than [`MAX_RESOURCES_PER_LEASE`](crate::MAX_RESOURCES_PER_LEASE) get 400
-//!   `key-invalid`. Nothing is locked for any of these. [Replay](super::replay) takes
-//!   one key per request, and the `Locked` extractor (feature `axum`) a head extractor
-//!   (`type Body = ()`): the compiler refuses the others there.
+//!   together as one lease: [`json_fields`], [`each`], [`keys_fn`]. A request with some
+//!   of them and not others is refused with 400 `key-missing` naming the missing ones;
+//!   more distinct keys than [`MAX_RESOURCES_PER_LEASE`](crate::MAX_RESOURCES_PER_LEASE)
+//!   get 400 `key-invalid`. [Replay](super::replay) takes one key per request, and the
+//!   `Locked` extractor (feature `axum`) a head extractor (`type Body = ()`).
 //!
 //! The layer checks every key: not empty, at most
 //! [`max_key_len`](super::LockLayer::max_key_len) bytes of UTF-8, no control
-//! characters. Anything else is a valid key, including spaces and non-ASCII letters (a
-//! percent-decoded path id such as `/accounts/%C3%A9` gives `é`). A key the server
-//! cannot find because it is configured wrongly — a `path_param` name that the matched
-//! route does not have — is answered with 500 `key-misconfigured` and logged as an
-//! error.
+//! characters.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -162,17 +156,6 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
     /// value lock one resource. `path_param("id").parse::<u64>()` locks `/orders/007` and
     /// `/orders/7` as the same order, as a `Path<u64>` handler sees them; a key that does
     /// not parse gets 400 `key-invalid`, as the handler's extractor would refuse it.
-    ///
-    /// ```
-    /// use tower_redlock::http::{key::{path_param, KeyExtractor}, LockLayer};
-    /// use tower_redlock::Redlock;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = LockLayer::new(Redlock::in_memory(), path_param("id").parse::<u64>());
-    /// # let _ = layer;
-    /// # }
-    /// ```
     #[allow(clippy::type_complexity)]
     fn parse<T>(self) -> Normalized<Self, fn(String) -> Result<String, String>>
     where
@@ -358,12 +341,9 @@ where
 }
 
 /// Checks a key against the layer's rules: not empty, at most `max_len` bytes, no
-/// control characters.
-///
-/// Any other UTF-8 is accepted (a percent-decoded path id such as `é`, a space in a
-/// quoted `Idempotency-Key`): Redis keys are binary-safe, and [`Resource`](crate::Resource) escapes the
-/// parts it joins, so no key can reach into another part. Control characters are
-/// refused because they have no business in an identifier and would corrupt logs.
+/// control characters (they have no business in an identifier and would corrupt logs).
+/// Any other UTF-8 is accepted: Redis keys are binary-safe, and
+/// [`Resource`](crate::Resource) escapes the parts it joins.
 pub(crate) fn validate(key: &str, max_len: usize) -> Result<(), String> {
     if key.is_empty() {
         return Err("the lock key is empty".to_owned());

@@ -30,21 +30,18 @@
 //!
 //! # Problem types
 //!
-//! When each is sent: the [layer's table](https://crates.io/crates/tower-redlock#what-the-client-hears) and [replay's](super::replay).
+//! When each is sent: the [layer's table](https://crates.io/crates/tower-redlock#what-the-client-hears) and [replay's](crate::guide::replay).
 //!
 //! ### key-missing
-//! 400: the request carries no lock key ([`MissingKey::Reject`](super::MissingKey::Reject)),
-//! or one of several, or no client where [`Replay::per_client`](super::replay::Replay::per_client) looks.
+//! 400: no lock key, or one of several, or no client where [`Replay::per_client`](super::replay::Replay::per_client) looks.
 //!
 //! ### key-invalid
-//! 400: the key is empty, too long, not UTF-8, has a control character, is ambiguous (a
-//! header or query parameter twice, a JSON field neither string nor number), or is an
-//! `Idempotency-Key` that opens a quote but is not an RFC 8941 String; or the request
-//! names more resources than a lease takes.
+//! 400: the key is empty, too long, not UTF-8, has a control character or is ambiguous;
+//! or the request names more resources than a lease takes.
 //!
 //! ### key-misconfigured
-//! 500: the server looks for the key where the request cannot have one (a `path_param`
-//! the matched route lacks), or a shared lock is asked for several keys. Logged.
+//! 500: the server looks for the key where the request cannot have one, or a shared lock
+//! is asked for several keys. Logged.
 //!
 //! ### body-too-large
 //! 413: the body is larger than a body key or replay reads. No lock was taken.
@@ -63,12 +60,11 @@
 //! 409: the lock was still held when the wait ran out. `Retry-After` as for `lock-held`.
 //!
 //! ### limit-reached
-//! 429: every permit of a counted lock is taken. Not 409: the resource is in no
-//! conflicting state; not 503: the service is up, and other tenants are served.
+//! 429: every permit of a counted lock is taken.
 //!
 //! ### lock-unavailable
-//! 503: too few lock nodes answered to decide, the locker is draining, or the holders
-//! hold the resource in another mode. `Retry-After: 1`.
+//! 503: too few lock nodes answered, the locker is draining, or the holders hold the
+//! resource in another mode. `Retry-After: 1`.
 //!
 //! ### lock-queue-full
 //! 503: too many requests of this process wait for the resource. `Retry-After: 1`.
@@ -80,12 +76,11 @@
 //! 500: a handler asked for the layer's lease (`LayerLease`) and the request has none.
 //!
 //! ### request-in-progress
-//! 409: a request with the same idempotency key is still being processed: retry after
-//! `Retry-After` to get its response.
+//! 409: a request with the same idempotency key is still being processed.
 //!
 //! ### outcome-unknown
 //! 409: an earlier request with the same key was interrupted before its response was
-//! recorded (or its record cannot be read); `Retry-After` says for how long.
+//! recorded (or its record cannot be read).
 //!
 //! ### idempotency-key-reused
 //! 422: the key was already used for a different request: send a new key.
@@ -94,9 +89,8 @@
 //! 500: the handler's body failed while it was recorded; nothing was recorded.
 //!
 //! ### bad-request
-//! 400: a handler's extractor refused the request (axum's `Json`, `Form`, `Query`,
-//! `Path`), with [`LockLayer::problem_for_rejections`](super::LockLayer::problem_for_rejections);
-//! its text is the `detail`.
+//! 400: a handler's extractor refused the request, with
+//! [`LockLayer::problem_for_rejections`](super::LockLayer::problem_for_rejections).
 //!
 //! ### unsupported-media-type
 //! 415: as `bad-request`, for a body of the wrong content type.
@@ -322,11 +316,9 @@ impl fmt::Display for Problem {
     }
 }
 
-/// Turns a [`Problem`] into a response. Implemented for [`DefaultRenderer`] and for
-/// every closure `Fn(&Problem) -> Response<Bytes>`.
-///
-/// The layer adds `Retry-After` (when the problem has a delay) and
-/// `Cache-Control: no-store` to whatever the renderer returns, unless it set them.
+/// Turns a [`Problem`] into a response (the layer adds `Retry-After` and `Cache-Control`
+/// unless it set them). Implemented for [`DefaultRenderer`] and for every closure
+/// `Fn(&Problem) -> Response<Bytes>`.
 ///
 /// ```
 /// use bytes::Bytes;

@@ -14,15 +14,12 @@ use super::super::policy::matched_path_in;
 /// What makes two requests with the same key "the same request", stored with the
 /// record: a request whose fingerprint differs gets 422 `idempotency-key-reused`.
 ///
-/// Always covers the method, the route (axum's matched path, else the URI path) and the
-/// request's path and query — the same key sent to `/orders/7/pay` and `/orders/8/pay`
-/// names one lock under [`Scope::Route`](crate::http::Scope::Route), but two requests — then,
-/// by default, the SHA-256 of the whole body, read as JSON when the request says it is
-/// JSON (`application/json`, `…+json`): the same parameters are the same request, whatever
-/// the whitespace and the order of the keys ([`exact_body`](Fingerprint::exact_body) for
-/// the bytes as sent). It can instead cover
-/// selected JSON fields, or no body, plus selected request headers — the draft's
-/// "checksum of selected elements".
+/// Always covers the method, the route and the request's path and query (one route,
+/// `/orders/{id}/pay`, serves many orders); then, by default, the SHA-256 of the whole
+/// body, read as JSON when the request says it is JSON (`application/json`, `…+json`):
+/// the same parameters are the same request, whatever the whitespace and the order of
+/// the keys. It can instead cover the exact bytes, selected JSON fields, or no body,
+/// plus selected request headers — the draft's "checksum of selected elements".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fingerprint {
     body: BodyPart,
@@ -58,8 +55,7 @@ impl Fingerprint {
     pub fn json_fields<P: Into<Arc<str>>>(pointers: impl IntoIterator<Item = P>) -> Self {
         Fingerprint {
             body: BodyPart::JsonFields(pointers.into_iter().map(Into::into).collect()),
-            headers: Vec::new(),
-            enabled: true,
+            ..Fingerprint::default()
         }
     }
 
@@ -76,17 +72,15 @@ impl Fingerprint {
     pub fn without_body() -> Self {
         Fingerprint {
             body: BodyPart::Ignored,
-            headers: Vec::new(),
-            enabled: true,
+            ..Fingerprint::default()
         }
     }
 
     /// No check at all: every request with the key gets the recorded response.
     pub fn none() -> Self {
         Fingerprint {
-            body: BodyPart::Ignored,
-            headers: Vec::new(),
             enabled: false,
+            ..Fingerprint::without_body()
         }
     }
 
@@ -177,7 +171,6 @@ impl Fingerprint {
     }
 }
 
-/// Feeds length-prefixed parts, so that no two part lists hash the same input.
 /// The body of a request that says it is JSON, written in one canonical form: no
 /// whitespace, object keys sorted (serde_json's map is ordered by key). `None` when
 /// the request is not JSON or the body does not parse (its bytes count then).
@@ -196,6 +189,7 @@ fn canonical_json(parts: &Parts, body: &[u8]) -> Option<Vec<u8>> {
     serde_json::to_vec(&value).ok()
 }
 
+/// Feeds length-prefixed parts, so that no two part lists hash the same input.
 struct Hasher(Sha256);
 
 impl Hasher {

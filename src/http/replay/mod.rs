@@ -3,30 +3,11 @@
 //! Turned on with [`LockLayer::replay`](super::LockLayer::replay). It follows the IETF
 //! draft *The Idempotency-Key HTTP Header Field* and the behaviour Stripe documents for
 //! its API; [the replay guide](crate::guide::replay) has the table of what each request
-//! gets, what is recorded and how records survive restarts and failovers. In short: the
-//! first response for a key (when [`Replay::store_if`] accepts its status and its body
-//! fits [`Replay::max_body`]) is recorded **before** it is sent; the same request with
-//! the same key later gets it back with `Idempotent-Replayed: true`, without a lock or
-//! the handler; the same key with another request ([`Fingerprint`]) gets 422
-//! `idempotency-key-reused`; a key in flight gets 409 `request-in-progress` (or, under
-//! [`Contention::Wait`](super::Contention::Wait), the first response once it is
-//! recorded); an attempt whose outcome is unknown (lease lost, process gone, handler
-//! panicked) makes the key answer 409 `outcome-unknown` for [`UnknownOutcome`]'s time,
-//! then the handler runs again, told of the attempt
-//! ([`InterruptedAttempt`](super::InterruptedAttempt)). Only [`Replay::methods`]
-//! (default `POST` and `PATCH`) are replayed; a 405 of the router, or a 404 of its
-//! fallback (no `MatchedPath`), is never recorded: apply the layer with `route_layer`.
-//!
-//! Whose keys they are is said when the layer is built: [`Replay::per_client`] scopes
-//! records, locks and executions to the client it finds (hashed into the resource; a
-//! request without one gets 400 `key-missing`), as the draft and Stripe ask, for keys
-//! clients choose; [`Replay::global`] is for keys that name one operation whoever sends
-//! them (a webhook's event id).
-//!
-//! Records live on the lock nodes, or, with `Replay::records_in` (feature `postgres`), in
-//! the application's PostgreSQL, where a handler that writes through `axum::Tx` commits
-//! its writes and its record in one transaction: a crash before the commit leaves
-//! neither, and the retry runs cleanly instead of answering `outcome-unknown`.
+//! gets ([`Fingerprint`], [`UnknownOutcome`], [`Replay::methods`] decide parts of it),
+//! what is recorded, and how records survive restarts and failovers. [`Replay::per_client`]
+//! and [`Replay::global`] say whose keys they are; `Replay::records_in` (feature
+//! `postgres`) keeps the records in the application's PostgreSQL, where a handler's
+//! writes through `axum::Tx` commit with its record.
 //!
 //! # Why it is an option of [`LockLayer`](super::LockLayer)
 //!
@@ -156,11 +137,7 @@ impl Replay {
     /// layer put in the extensions. The same key from two clients names two records. The
     /// value is hashed (SHA-256) before it becomes part of the lock's and record's keys,
     /// so credentials never appear there. A request in which `client` finds nothing gets
-    /// 400 `key-missing`.
-    ///
-    /// The other settings are the defaults: records kept 24 h, bodies up to 1 MiB,
-    /// headers `Content-Type` and `Location`, statuses of [`Replay::stored_by_default`], the
-    /// default [`Fingerprint`], [`UnknownOutcome::ReexecuteAfter`] the lock's ttl.
+    /// 400 `key-missing`. The other settings are each builder method's default.
     pub fn per_client<T>(client: T) -> Self
     where
         T: KeyExtractor<Keys = String>,
@@ -174,7 +151,7 @@ impl Replay {
     /// Replay with keys shared by every client: a request with a key gets the record of
     /// whoever sent that key first. Only for keys that name one operation whoever sends
     /// them (a single sender's delivery ids, a webhook's event id); for keys that clients
-    /// choose, use [`Replay::per_client`]. Defaults as there.
+    /// choose, use [`Replay::per_client`].
     pub fn global() -> Self {
         Replay::with_client(None)
     }
@@ -316,21 +293,11 @@ impl fmt::Debug for Replay {
 }
 
 impl Replay {
-    /// The statuses [`Replay`] records by default: 2xx, 3xx, and 4xx except
-    ///
-    /// - 400 Bad Request, 411 Length Required, 413 Content Too Large, 415 Unsupported Media
-    ///   Type and 422 Unprocessable Content: what axum's extractors answer for a request
-    ///   they refuse (malformed JSON, query, path or form; a missing `Content-Type`; a body
-    ///   too large; a type error) before the handler runs. As Stripe does, a result is
-    ///   saved only once the endpoint started executing: the client's corrected request,
-    ///   with the same key, runs. A handler's own refusals in the same statuses are not
-    ///   recorded either (they are validations, which a retry repeats for free); record
-    ///   them with [`Replay::store_if`].
-    /// - 408 Request Timeout, 409 Conflict and 429 Too Many Requests: they say "try
-    ///   again", and a retry should be able to succeed.
-    ///
-    /// 5xx are not recorded, so a retry after a server error runs the handler again —
-    /// unlike Stripe, which replays 500s too; use [`Replay::store_if`] for that.
+    /// The statuses [`Replay`] records by default: 2xx, 3xx, and 4xx except 400, 411,
+    /// 413, 415 and 422 (what axum's extractors answer before the handler runs: as Stripe
+    /// does, a result is saved only once the endpoint started executing), and 408, 409
+    /// and 429 (they say "try again"). 5xx are not recorded, unlike Stripe's 500s; use
+    /// [`Replay::store_if`] for other choices.
     pub fn stored_by_default(status: StatusCode) -> bool {
         match status.as_u16() {
             200..=399 => true,
@@ -342,9 +309,8 @@ impl Replay {
     }
 }
 
-/// What the key answers after an attempt whose outcome is unknown: its lease was lost
-/// while the handler ran, its response future was dropped (the client went away), or
-/// its record could not be written.
+/// What the key answers after an attempt whose outcome is unknown (its lease lost, its
+/// process gone, its record not written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UnknownOutcome {
