@@ -9,9 +9,7 @@ use std::sync::Arc;
 use super::extensions::{RequestKey, RequestKeys, RequestLeases};
 use super::key::{validate, Found, KeySet};
 use super::policy::Contention;
-use super::problem::{
-    acquisition_problem, counted_error_problem, lock_error_problem, Problem, ProblemKind,
-};
+use super::problem::{acquisition_problem, counted_error_problem, Problem, ProblemKind};
 use crate::LockError;
 use crate::{Lease, LeaseHandle, LockMode, Redlock, Resource, MAX_RESOURCES_PER_LEASE};
 
@@ -115,7 +113,7 @@ impl Target {
             ([resource], false, LockMode::Counted(permits)) => {
                 counted_error_problem(error, permits, resource.clone())
             }
-            ([resource], false, _) => lock_error_problem(error, resource.clone()),
+            ([resource], false, _) => acquisition_problem(error, resource.clone(), None),
             _ => acquisition_problem(error, error.resource().clone(), Some(self.resources.len())),
         }
     }

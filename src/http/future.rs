@@ -33,14 +33,10 @@ type Output<RB, E> = Result<Response<LeaseBody<RB>>, E>;
 /// Extracts the keys and acquires the lease (with [`replay`](super::LockLayer::replay),
 /// a recorded response is answered first); then runs the critical section.
 ///
-/// Dropped before the lease is held (the client left while the request waited), it
-/// leaves nothing behind. Dropped during the critical section, the section goes on in
-/// a task of its own to its end, and the lease is released then
-/// ([`OnDisconnect::Finish`]), or it is dropped with the lease released in the
-/// background ([`OnDisconnect::Cancel`]). A section that panics is over: it is dropped
-/// as the panic unwinds (its lease released at once, nothing recorded; with replay its
-/// pending marker stays, as after a crash: the outcome is unknown) and the panic goes
-/// on to the caller (`CatchPanicLayer` outside turns it into a 500).
+/// Dropped before the lease is held, it leaves nothing behind; dropped during the
+/// critical section, as [`OnDisconnect`] says. A section that panics is dropped as the
+/// panic unwinds (its lease released at once, nothing recorded; with replay its pending
+/// marker stays: the outcome is unknown) and the panic goes on to the caller.
 pub struct ResponseFuture<S, K, B, RB>
 where
     S: Service<Request<B>>,

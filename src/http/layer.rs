@@ -17,6 +17,18 @@ use super::service::LockService;
 use crate::error::ConfigError;
 use crate::{LockMode, Redlock};
 
+/// Builder methods that set the setting of their name.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $type:ty;)+) => {$(
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(mut self, $name: $type) -> Self {
+            self.settings().$name = $name;
+            self
+        }
+    )+};
+}
+
 /// A [`Layer`] that runs each request under a Redlock lease named after its key.
 ///
 /// The lease's time to live, node timeout, watchdog and so on are the locker's
@@ -49,60 +61,52 @@ impl<K> LockLayer<K> {
         Arc::make_mut(&mut self.settings)
     }
 
-    /// Whether to answer or to wait when the lock is held (default [`Contention::Reject`]).
-    #[must_use]
-    pub fn contention(mut self, contention: Contention) -> Self {
-        self.settings().contention = contention;
-        self
-    }
+    setters! {
+        /// Whether to answer or to wait when the lock is held (default [`Contention::Reject`]).
+        contention: Contention;
 
-    /// The response header that carries the lease's fencing token (default
-    /// `Fencing-Token`, in the format of [Several keys per request](super#several-keys-per-request);
-    /// `None` for none). The handler always finds the
-    /// [`LeaseHandle`](crate::LeaseHandle), with the token, in the request extensions.
-    #[must_use]
-    pub fn fencing_header(mut self, name: Option<HeaderName>) -> Self {
-        self.settings().fencing_header = name;
-        self
-    }
+        /// The response header that carries the lease's fencing token (default
+        /// `Fencing-Token`, in the format of [Several keys per request](super#several-keys-per-request);
+        /// `None` for none). The handler always finds the
+        /// [`LeaseHandle`](crate::LeaseHandle), with the token, in the request extensions.
+        fencing_header: Option<HeaderName>;
 
-    /// What requests without a key do (default [`MissingKey::Reject`]).
-    #[must_use]
-    pub fn missing_key(mut self, policy: MissingKey) -> Self {
-        self.settings().missing_key = policy;
-        self
-    }
+        /// What requests without a key do (default [`MissingKey::Reject`]).
+        missing_key: MissingKey;
 
-    /// What happens when the lease is lost while the handler runs (default
-    /// [`OnLost::Abort`]).
-    #[must_use]
-    pub fn on_lost(mut self, policy: OnLost) -> Self {
-        self.settings().on_lost = policy;
-        self
-    }
+        /// What happens when the lease is lost while the handler runs (default
+        /// [`OnLost::Abort`]).
+        on_lost: OnLost;
 
-    /// What happens to a handler holding its lease when the client goes away (default
-    /// [`OnDisconnect::Finish`]: it runs to its end, then the lease is released).
-    #[must_use]
-    pub fn on_disconnect(mut self, policy: OnDisconnect) -> Self {
-        self.settings().on_disconnect = policy;
-        self
-    }
+        /// What happens to a handler holding its lease when the client goes away (default
+        /// [`OnDisconnect::Finish`]: it runs to its end, then the lease is released).
+        on_disconnect: OnDisconnect;
 
-    /// Keep the lease until the response body has been produced (default `true`; see
-    /// [Lease lifetime](super#lease-lifetime)). With `false` the lease is released as
-    /// soon as the handler returns its response, before the response is sent.
-    #[must_use]
-    pub fn hold_through_body(mut self, hold: bool) -> Self {
-        self.settings().hold_through_body = hold;
-        self
-    }
+        /// Keep the lease until the response body has been produced (default `true`; see
+        /// [Lease lifetime](super#lease-lifetime)). With `false` the lease is released as
+        /// soon as the handler returns its response, before the response is sent.
+        hold_through_body: bool;
 
-    /// Which requests share a lock (default [`Scope::Route`]).
-    #[must_use]
-    pub fn scope(mut self, scope: Scope) -> Self {
-        self.settings().scope = scope;
-        self
+        /// Which requests share a lock (default [`Scope::Route`]).
+        scope: Scope;
+
+        /// The longest key accepted, in bytes (default 255); longer keys get 400 `key-invalid`.
+        max_key_len: usize;
+
+        /// What requests do when the lock store cannot decide (default
+        /// [`Unavailable::FailClosed`]).
+        on_unavailable: Unavailable;
+
+        /// Answers the refusals of the handler's own extractors in the layer's format
+        /// (default `false`): a handler response with status 400, 415 or 422, a
+        /// `Content-Type` of `text/plain` and a body of at most 4 KiB — what axum's
+        /// extractor rejections are — is sent as the problem `bad-request`,
+        /// `unsupported-media-type` or `unprocessable-content`, rendered by the layer's
+        /// [`problem_renderer`](Self::problem_renderer), with the text as its `detail`
+        /// (a handler's own `text/plain` answer with those statuses too: axum's rejections
+        /// carry no mark of their own). Not applied to replayed layers, whose responses are
+        /// recorded as the handler made them.
+        problem_for_rejections: bool;
     }
 
     /// How every request shares the lock on its key (default [`LockMode::Exclusive`];
@@ -154,13 +158,6 @@ impl<K> LockLayer<K> {
         }
     }
 
-    /// The longest key accepted, in bytes (default 255); longer keys get 400 `key-invalid`.
-    #[must_use]
-    pub fn max_key_len(mut self, bytes: usize) -> Self {
-        self.settings().max_key_len = bytes;
-        self
-    }
-
     /// How many requests of this process may wait for one resource at once under
     /// [`Contention::Wait`]; more get 503 `lock-queue-full`. Default: the locker's
     /// [`LockOptions::max_waiters`](crate::LockOptions::max_waiters), 1000 unless set.
@@ -168,14 +165,6 @@ impl<K> LockLayer<K> {
     pub fn queue_limit(mut self, limit: usize) -> Self {
         let settings = self.settings();
         settings.locker = settings.locker.with_max_waiters(limit);
-        self
-    }
-
-    /// What requests do when the lock store cannot decide (default
-    /// [`Unavailable::FailClosed`]).
-    #[must_use]
-    pub fn on_unavailable(mut self, policy: Unavailable) -> Self {
-        self.settings().on_unavailable = policy;
         self
     }
 
@@ -199,21 +188,6 @@ impl<K> LockLayer<K> {
         let settings = self.settings();
         settings.renderer = Arc::new(renderer);
         settings.own_renderer = true;
-        self
-    }
-
-    /// Answers the refusals of the handler's own extractors in the layer's format
-    /// (default `false`): a handler response with status 400, 415 or 422, a
-    /// `Content-Type` of `text/plain` and a body of at most 4 KiB — what axum's
-    /// extractor rejections are — is sent as the problem `bad-request`,
-    /// `unsupported-media-type` or `unprocessable-content`, rendered by the layer's
-    /// [`problem_renderer`](Self::problem_renderer), with the text as its `detail`
-    /// (a handler's own `text/plain` answer with those statuses too: axum's rejections
-    /// carry no mark of their own). Not applied to replayed layers, whose responses are
-    /// recorded as the handler made them.
-    #[must_use]
-    pub fn problem_for_rejections(mut self, on: bool) -> Self {
-        self.settings().problem_for_rejections = on;
         self
     }
 

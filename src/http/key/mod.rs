@@ -88,8 +88,8 @@ pub use each::{each, keys_fn, Each, KeysFn};
 pub use head::{header, query_param, Header, QueryParam};
 #[cfg(feature = "axum")]
 pub use head::{path_param, PathParam};
+pub(crate) use json::DEFAULT_BODY_LIMIT;
 pub use json::{json_field, json_fields, JsonField};
-pub(crate) use json::{read_limited, DEFAULT_BODY_LIMIT};
 pub use rejection::KeyRejection;
 pub(crate) use sealed::{Found, HeadOnly, KeySet, OneKey, Read};
 
@@ -198,11 +198,12 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
 mod sealed {
     use std::future::{ready, Future};
 
-    use bytes::Bytes;
+    use bytes::{Bytes, BytesMut};
     use http::Request;
     use http_body::Body;
+    use http_body_util::BodyExt;
 
-    use super::{read_limited, KeyRejection, DEFAULT_BODY_LIMIT};
+    use super::{KeyRejection, DEFAULT_BODY_LIMIT};
 
     /// The keys an extractor found, as the layer takes them.
     #[derive(Debug)]
@@ -304,7 +305,28 @@ mod sealed {
             if declared.is_some_and(too_large) || too_large(body.size_hint().lower()) {
                 return Err(KeyRejection::body_too_large(limit));
             }
-            let bytes = read_limited(body, limit).await?;
+            let mut body = std::pin::pin!(body);
+            let (mut first, mut rest) = (None::<Bytes>, BytesMut::new());
+            while let Some(frame) = body.as_mut().frame().await {
+                let frame = frame.map_err(|e| {
+                    KeyRejection::body_unreadable(format!("reading the body failed: {}", e.into()))
+                })?;
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers
+                };
+                if first.as_ref().map_or(0, Bytes::len) + rest.len() + data.len() > limit {
+                    return Err(KeyRejection::body_too_large(limit));
+                }
+                // The common single-chunk body is passed on without a copy.
+                match first.take() {
+                    None if rest.is_empty() => first = Some(data),
+                    first => {
+                        rest.extend_from_slice(&first.unwrap_or_default());
+                        rest.extend_from_slice(&data);
+                    }
+                }
+            }
+            let bytes = first.unwrap_or_else(|| rest.freeze());
             Ok((Request::from_parts(parts, B::from(bytes.clone())), bytes))
         }
     }

@@ -112,8 +112,8 @@ use crate::Resource;
 
 pub use sent::problem_response;
 pub(crate) use sent::{
-    acquisition_problem, counted_error_problem, in_progress, key_reused, lock_error_problem,
-    lock_lost, outcome_unknown, record_unreadable, rejection, response_failed, rolled_back,
+    acquisition_problem, counted_error_problem, in_progress, key_reused, lock_lost,
+    outcome_unknown, record_unreadable, rejection, response_failed, rolled_back,
 };
 
 /// A layer's own renderer, in the requests it passes on, for the `Locked` extractor's

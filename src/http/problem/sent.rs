@@ -43,17 +43,12 @@ impl From<&LockError> for Problem {
     /// `lock-unavailable`, `lock-queue-full` or `lock-lost`), naming the error's
     /// resource. Node addresses and other details go to the log, not to the client.
     fn from(error: &LockError) -> Self {
-        lock_error_problem(error, error.resource().clone())
+        acquisition_problem(error, error.resource().clone(), None)
     }
 }
 
 /// The problem a failed acquisition of `resource` is answered with, by the layer and by
-/// the axum extractors alike.
-pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Problem {
-    acquisition_problem(error, resource, None)
-}
-
-/// As [`lock_error_problem`]; `set` is how many resources the request locks together,
+/// the axum extractors alike. `set` is how many resources the request locks together,
 /// for a multi-key extractor: a contention problem then names the member that is held
 /// (`resource`, the error's), in its `resource` member and in its detail, and
 /// `Retry-After` is the holders' longest time to live (as the engine reports it).
@@ -137,7 +132,7 @@ pub(crate) fn acquisition_problem(
 
 /// 429 `limit-reached` for a counted lock of `permits` whose acquisition found every
 /// permit taken (`Held`, or `WaitTimeout` after a wait); other errors as
-/// [`lock_error_problem`]'s.
+/// [`acquisition_problem`]'s.
 pub(crate) fn counted_error_problem(
     error: &LockError,
     permits: NonZeroU32,
@@ -147,7 +142,7 @@ pub(crate) fn counted_error_problem(
         LockError::Held { holder_ttl, .. } | LockError::WaitTimeout { holder_ttl, .. } => {
             *holder_ttl
         }
-        _ => return lock_error_problem(error, resource),
+        _ => return acquisition_problem(error, resource, None),
     };
     Problem::new(
         ProblemKind::LimitReached,

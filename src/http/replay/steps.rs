@@ -21,7 +21,7 @@ use crate::http::extensions::{InterruptedAttempt, LeaseLost};
 use crate::http::key::{KeyRejection, Read};
 use crate::http::layer::Settings;
 use crate::http::policy::{matched_path_in, OnLost};
-use crate::http::problem::{self, lock_error_problem, Problem, ProblemKind};
+use crate::http::problem::{self, acquisition_problem, Problem, ProblemKind};
 #[cfg(feature = "postgres")]
 use crate::http::replay::handler_tx::{TxSlot, TxState};
 use crate::http::section::{finish, finish_with, refuse};
@@ -229,7 +229,7 @@ impl ReplayStep {
         );
         claimed
             .await
-            .map_err(|error| lock_error_problem(&error, handle.resource().clone()))
+            .map_err(|error| acquisition_problem(&error, handle.resource().clone(), None))
     }
 
     /// With records in PostgreSQL, the slot a [`Tx`](crate::axum::Tx) takes the
@@ -292,6 +292,30 @@ impl ReplayStep {
         }
     }
 
+    /// A response not recorded: our pending marker removed, the handler's transaction
+    /// rolled back. `Some`: the refusal sent instead of a response too large to record
+    /// whose handler wrote in that transaction.
+    async fn not_recorded<RB: Body>(
+        &self,
+        settings: &Settings,
+        span: &Span,
+        tx: Option<HandlerTx>,
+        too_large: bool,
+        handle: &LeaseHandle,
+    ) -> Option<Response<LeaseBody<RB>>> {
+        if too_large {
+            let limit = self.policy.max_body;
+            tracing::warn!(
+                limit,
+                "response body larger than the replay limit: sent, not recorded"
+            );
+        }
+        let wrote_in_tx = wrote_in(&tx);
+        self.settle(tx, handle).await;
+        let resource = handle.resource().clone();
+        (too_large && wrote_in_tx).then(|| refuse(settings, span, problem::rolled_back(resource)))
+    }
+
     /// Under a live lease, after the handler answered: the response read and recorded
     /// before it is sent, or (a status not worth keeping, a response routing produced,
     /// a body known to be too large) the pending marker removed and the answer made as
@@ -318,20 +342,14 @@ impl ReplayStep {
         if by_routing || !(policy.store_if)(status) || too_large {
             if by_routing {
                 tracing::debug!(%status, "the router's answer, not the handler's: not recorded for replay");
-            } else if too_large {
-                tracing::warn!(
-                    limit = policy.max_body,
-                    "response body larger than the replay limit: sent, not recorded"
-                );
-            } else {
+            } else if !too_large {
                 tracing::debug!(%status, "status not recorded for replay: the next request runs again");
             }
-            let wrote_in_tx = wrote_in(&tx);
-            self.settle(tx, &handle).await;
-            if too_large && wrote_in_tx {
-                drop(lease);
-                let resource = handle.resource().clone();
-                return refuse(settings, span, problem::rolled_back(resource));
+            if let Some(refusal) = self
+                .not_recorded(settings, span, tx, too_large, &handle)
+                .await
+            {
+                return refusal;
             }
             return finish(settings, span, response, Some(lease), Some(handle)).await;
         }
@@ -368,16 +386,8 @@ impl ReplayStep {
             return refuse(settings, span, problem);
         }
         if buffer.len() > policy.max_body {
-            tracing::warn!(
-                limit = policy.max_body,
-                "response body larger than the replay limit: sent, not recorded"
-            );
-            let wrote_in_tx = wrote_in(&tx);
-            self.settle(tx, &handle).await;
-            if wrote_in_tx {
-                drop(lease);
-                let resource = handle.resource().clone();
-                return refuse(settings, span, problem::rolled_back(resource));
+            if let Some(refusal) = self.not_recorded(settings, span, tx, true, &handle).await {
+                return refusal;
             }
             let prefix = buffer.freeze();
             let abort = settings.on_lost == OnLost::Abort;
