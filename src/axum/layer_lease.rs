@@ -25,36 +25,11 @@ use crate::LeaseHandle;
 /// take `Option<LayerLease>`.
 ///
 /// ```
-/// use axum::{routing::post, Router};
-/// use axum::http::{Request, StatusCode};
-/// use tower::ServiceExt;
 /// use tower_redlock::axum::LayerLease;
-/// use tower_redlock::http::{key::header, LockLayer};
-/// use tower_redlock::Redlock;
 ///
 /// async fn pay(lease: LayerLease) -> String {
 ///     format!("paid under token {}", lease.fencing_token())
 /// }
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let app = Router::new()
-///     .route("/pay", post(pay))
-///     .route_layer(LockLayer::new(Redlock::in_memory(), header("Idempotency-Key")));
-///
-/// let request = Request::post("/pay")
-///     .header("Idempotency-Key", "k1")
-///     .body(axum::body::Body::empty())
-///     .unwrap();
-/// let response = app.oneshot(request).await.unwrap();
-/// assert_eq!(response.status(), StatusCode::OK);
-///
-/// // Forgot the layer: 500 `lock-layer-missing`, the handler never runs.
-/// let unlocked = Router::new().route("/pay", post(pay));
-/// let request = Request::post("/pay").body(axum::body::Body::empty()).unwrap();
-/// let response = unlocked.oneshot(request).await.unwrap();
-/// assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-/// # }
 /// ```
 #[derive(Debug, Clone)]
 pub struct LayerLease(pub LeaseHandle);

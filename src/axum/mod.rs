@@ -10,42 +10,6 @@
 //!
 //! Do not build a guard on `axum::middleware::from_extractor::<Locked<K>>`: it drops the
 //! extracted value, and with it the lease, before the handler runs.
-//!
-//! ```
-//! use axum::{extract::State, routing::post, Router};
-//! use axum::http::{Request, StatusCode};
-//! use tower::ServiceExt;
-//! use tower_redlock::axum::{LockKey, Locked};
-//! use tower_redlock::http::key::{path_param, PathParam};
-//! use tower_redlock::Redlock;
-//!
-//! /// One lock per invoice id, per route (the default scope).
-//! struct InvoiceId;
-//!
-//! impl LockKey for InvoiceId {
-//!     type Extractor = PathParam;
-//!
-//!     fn extractor() -> PathParam {
-//!         path_param("id")
-//!     }
-//! }
-//!
-//! async fn send_invoice(invoice: Locked<InvoiceId>) -> String {
-//!     // ... write with the fencing token ...
-//!     format!("sent under token {}", invoice.fencing_token())
-//! } // the lease is released here, in the background
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let app = Router::new()
-//!     .route("/invoices/{id}/send", post(send_invoice))
-//!     .with_state(Redlock::in_memory());
-//!
-//! let request = Request::post("/invoices/7/send").body(axum::body::Body::empty()).unwrap();
-//! let response = app.oneshot(request).await.unwrap();
-//! assert_eq!(response.status(), StatusCode::OK);
-//! # }
-//! ```
 
 mod layer_lease;
 mod locked;

@@ -80,25 +80,17 @@ impl Critical {
 /// `Locked`:
 ///
 /// ```
+/// # use tower_redlock::axum::{LockKey, Locked};
+/// # use tower_redlock::http::key::{header, Header};
+/// # struct PaymentKey;
+/// # impl LockKey for PaymentKey {
+/// #     type Extractor = Header;
+/// #     fn extractor() -> Header { header("Idempotency-Key") }
+/// # }
+/// # async fn pay(lock: Locked<PaymentKey>) {}
 /// use axum::{routing::post, Router};
-/// use tower_redlock::axum::{LockKey, Locked};
-/// use tower_redlock::http::{key::{header, Header}, FinishOnDisconnectLayer};
+/// use tower_redlock::http::FinishOnDisconnectLayer;
 /// use tower_redlock::Redlock;
-///
-/// struct PaymentKey;
-///
-/// impl LockKey for PaymentKey {
-///     type Extractor = Header;
-///
-///     fn extractor() -> Header {
-///         header("Idempotency-Key")
-///     }
-/// }
-///
-/// async fn pay(lock: Locked<PaymentKey>) -> String {
-///     // ... charge, then record: runs whole even if the client hangs up ...
-///     format!("paid under {}", lock.fencing_token())
-/// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {

@@ -154,18 +154,8 @@ impl RequestKeys {
 /// its owner (the layer's when its response ends, the extractor's with the handler).
 /// Resources no lease of the request holds are acquired as usual.
 ///
-/// Handlers read the fencing token of any resource the request holds here.
-///
-/// ```
-/// use axum::Extension;
-/// use tower_redlock::http::RequestLeases;
-/// use tower_redlock::Resource;
-///
-/// async fn handler(Extension(leases): Extension<RequestLeases>) -> String {
-///     let account = Resource::new("account").join("acct-1");
-///     format!("{:?}", leases.fencing_token_of(&account))
-/// }
-/// ```
+/// Handlers read the fencing token of any resource the request holds here
+/// ([`fencing_token_of`](Self::fencing_token_of)).
 #[derive(Clone, Default)]
 pub struct RequestLeases {
     // Most requests hold one lease: it is kept inline, without allocating.

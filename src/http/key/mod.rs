@@ -167,20 +167,8 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
 
     /// This extractor's key passed through `normalize`, which returns the key to lock
     /// (e.g. a UUID in lower case) or why the key is not acceptable (400 `key-invalid`,
-    /// with the reason in the problem's detail).
-    ///
-    /// ```
-    /// use tower_redlock::http::{key::{path_param, KeyExtractor}, LockLayer};
-    /// use tower_redlock::Redlock;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// // One order whatever the case of its UUID.
-    /// let key = path_param("id").normalize(|id: String| Ok(id.to_ascii_lowercase()));
-    /// let layer = LockLayer::new(Redlock::in_memory(), key);
-    /// # let _ = layer;
-    /// # }
-    /// ```
+    /// with the reason in the problem's detail): e.g.
+    /// `path_param("id").normalize(|id: String| Ok(id.to_ascii_lowercase()))`.
     fn normalize<F>(self, normalize: F) -> Normalized<Self, F>
     where
         Self: KeyExtractor<Keys = String>,
@@ -332,24 +320,8 @@ mod sealed {
     }
 }
 
-/// One key, read by a closure from the request head.
-///
-/// ```
-/// use http::request::Parts;
-/// use tower_redlock::http::LockLayer;
-/// use tower_redlock::Redlock;
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let tenant_and_key = |parts: &Parts| {
-///     let tenant = parts.headers.get("x-tenant")?.to_str().ok()?;
-///     let key = parts.headers.get("idempotency-key")?.to_str().ok()?;
-///     Some(format!("{tenant}/{key}"))
-/// };
-/// let layer = LockLayer::new(Redlock::in_memory(), tenant_and_key);
-/// # let _ = layer;
-/// # }
-/// ```
+/// One key, read by a closure from the request head, e.g.
+/// `|parts: &Parts| Some(parts.headers.get("x-tenant")?.to_str().ok()?.to_owned())`.
 impl<F> KeyExtractor for F
 where
     F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,

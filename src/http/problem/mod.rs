@@ -319,27 +319,6 @@ impl fmt::Display for Problem {
 /// Turns a [`Problem`] into a response (the layer adds `Retry-After` and `Cache-Control`
 /// unless it set them). Implemented for [`DefaultRenderer`] and for every closure
 /// `Fn(&Problem) -> Response<Bytes>`.
-///
-/// ```
-/// use bytes::Bytes;
-/// use http::{header, Response};
-/// use tower_redlock::http::{key::header as key_header, LockLayer};
-/// use tower_redlock::{http::problem::Problem, Redlock};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// // Plain text instead of problem+json.
-/// let layer = LockLayer::new(Redlock::in_memory(), key_header("Idempotency-Key"))
-///     .problem_renderer(|problem: &Problem| {
-///         Response::builder()
-///             .status(problem.status())
-///             .header(header::CONTENT_TYPE, "text/plain")
-///             .body(Bytes::from(format!("{}: {}", problem.kind(), problem.detail())))
-///             .unwrap_or_default()
-///     });
-/// # let _ = layer;
-/// # }
-/// ```
 pub trait ProblemRenderer: Send + Sync + 'static {
     /// The response for `problem`.
     fn render(&self, problem: &Problem) -> Response<Bytes>;

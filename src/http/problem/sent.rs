@@ -2,7 +2,6 @@
 //! refusal's detail text is written here.
 
 use std::num::NonZeroU32;
-
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,23 +16,6 @@ use crate::Resource;
 /// code that locks by hand ([`Redlock::acquire`](crate::Redlock::acquire)) and wants
 /// to answer as the layer does; with the `axum` feature, `LockError` and [`Problem`]
 /// also implement axum's `IntoResponse`.
-///
-/// ```
-/// use http::StatusCode;
-/// use tower_redlock::http::problem::problem_response;
-/// use tower_redlock::{Redlock, Resource};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let locker = Redlock::in_memory();
-/// let _held = locker.try_acquire(Resource::new("order").join("7")).await.unwrap();
-/// let error = locker.try_acquire(Resource::new("order").join("7")).await.unwrap_err();
-/// let response = problem_response(&error);
-/// assert_eq!(response.status(), StatusCode::CONFLICT);
-/// assert_eq!(response.headers()["content-type"], "application/problem+json");
-/// assert!(response.headers().contains_key("retry-after"));
-/// # }
-/// ```
 pub fn problem_response(error: &LockError) -> Response<Bytes> {
     render(&DefaultRenderer, &Problem::from(error))
 }

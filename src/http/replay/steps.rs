@@ -67,15 +67,12 @@ impl ReplayStep {
     ) -> Result<(ReplayStep, B), KeyRejection> {
         let client = match &policy.client {
             None => None,
-            Some((find, describe)) => match find(parts)? {
-                Some(client) => Some(client),
-                None => {
-                    return Err(KeyRejection::missing(format!(
-                        "idempotency keys on this route are kept per client, and the request \
+            Some((find, describe)) => Some(find(parts)?.ok_or_else(|| {
+                KeyRejection::missing(format!(
+                    "idempotency keys on this route are kept per client, and the request \
                      names none (expected {describe})"
-                    )))
-                }
-            },
+                ))
+            })?),
         };
         let limit = policy.max_request_body;
         let too_large = || {
