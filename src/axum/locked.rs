@@ -98,7 +98,7 @@ pub trait LockKey: Send + Sync + 'static {
 /// ```
 /// use std::time::Duration;
 /// use axum::extract::FromRef;
-/// use tower_redlock::axum::{LockSpec, Locked};
+/// use tower_redlock::axum::LockSpec;
 /// use tower_redlock::http::{key::{path_param, PathParam}, Contention, Scope};
 /// use tower_redlock::Redlock;
 ///
@@ -131,16 +131,6 @@ pub trait LockKey: Send + Sync + 'static {
 ///         Contention::Wait { timeout: state.transfer_wait }
 ///     }
 /// }
-///
-/// async fn transfer(lock: Locked<AccountId>) -> String {
-///     format!("under token {}", lock.fencing_token())
-/// }
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// # let _: axum::Router = axum::Router::new()
-/// #     .route("/accounts/{id}/transfer", axum::routing::post(transfer))
-/// #     .with_state(AppState { locker: Redlock::in_memory(), transfer_wait: Duration::from_secs(1) });
-/// # }
 /// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not name a lock for the state `{S}`",

@@ -64,39 +64,6 @@
 //! [`keys_fn`](key::keys_fn)) every key names a resource of its own, and the layer locks
 //! them all as **one lease**, all or nothing ([the guide](crate::guide::keys)).
 //!
-//! ```
-//! use axum::{body::Body, routing::post, Extension, Router};
-//! use axum::http::{Request, StatusCode};
-//! use tower::ServiceExt;
-//! use tower_redlock::http::{key::json_fields, LockLayer, RequestKeys, Scope};
-//! use tower_redlock::{LeaseHandle, Redlock};
-//!
-//! async fn transfer(
-//!     Extension(keys): Extension<RequestKeys>,
-//!     Extension(lease): Extension<LeaseHandle>,
-//! ) -> String {
-//!     // Each account's fencing token, by the resource its key names.
-//!     let from = keys.resource("acct-1").and_then(|r| lease.fencing_token_of(r));
-//!     let to = keys.resource("acct-2").and_then(|r| lease.fencing_token_of(r));
-//!     format!("debit under {from:?}, credit under {to:?}")
-//! }
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let app = Router::new().route("/transfers", post(transfer)).route_layer(
-//!     LockLayer::new(Redlock::in_memory(), json_fields(["/from", "/to"]))
-//!         .scope(Scope::shared("account")),
-//! );
-//! let request = Request::post("/transfers")
-//!     .body(Body::from(r#"{"from": "acct-1", "to": "acct-2", "amount": 5}"#))
-//!     .unwrap();
-//! let response = app.oneshot(request).await.unwrap();
-//! assert_eq!(response.status(), StatusCode::OK);
-//! let lines: Vec<_> = response.headers().get_all("fencing-token").iter().collect();
-//! assert_eq!(lines.len(), 2); // `<n>;resource="account:acct-1"`, then `account:acct-2`
-//! # }
-//! ```
-//!
 //! The **`Fencing-Token` header** of a lease on one resource is the token in decimal,
 //! `Fencing-Token: 42`; of a lease on several, one field line per resource, in the
 //! lease's canonical order, each an [RFC 9651](https://www.rfc-editor.org/rfc/rfc9651)

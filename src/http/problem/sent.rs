@@ -49,67 +49,63 @@ pub(crate) fn acquisition_problem(
             " nothing was locked;",
         ),
     };
-    let problem = match error {
-        LockError::Held { holder_ttl, .. } => Problem::new(
+    let soon = Some(RETRY_SOON);
+    let (kind, detail, retry_after) = match error {
+        LockError::Held { holder_ttl, .. } => (
             ProblemKind::LockHeld,
             format!(
                 "another request holds the lock on {};{nothing_locked} retry later",
                 held.trim_end_matches(',')
             ),
-        )
-        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
+            Some(holder_ttl.unwrap_or(RETRY_SOON)),
+        ),
         LockError::WaitTimeout {
             waited, holder_ttl, ..
-        } => Problem::new(
+        } => (
             ProblemKind::LockWaitTimeout,
             format!(
                 "the lock on {held} was still held after waiting {} ms;{nothing_locked} retry later",
                 waited.as_millis()
             ),
-        )
-        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
+            Some(holder_ttl.unwrap_or(RETRY_SOON)),
+        ),
         LockError::Unavailable { .. } | LockError::ValidityExpired { .. } => {
             // The details (node addresses) go to the log, not to the client; the loss
             // of the quorum is logged once by the locker.
             tracing::debug!(%error, "lock store unavailable: request refused");
-            Problem::new(
-                ProblemKind::LockUnavailable,
-                "the lock store could not reach a quorum; the request was not processed",
-            )
-            .with_retry_after(RETRY_SOON)
+            let detail = "the lock store could not reach a quorum; the request was not processed";
+            (ProblemKind::LockUnavailable, detail.to_owned(), soon)
         }
         // Another version of the service holds the resource with another limit (a
         // rolling deploy that changed it without a drain): an operator's to fix.
         LockError::ModeMismatch { .. } => {
             tracing::warn!(%error, "lock mode differs from the holders': request refused");
-            Problem::new(
-                ProblemKind::LockUnavailable,
-                "the resource is held under another limit; the request was not processed",
-            )
-            .with_retry_after(RETRY_SOON)
+            let detail = "the resource is held under another limit; the request was not processed";
+            (ProblemKind::LockUnavailable, detail.to_owned(), soon)
         }
-        LockError::QueueFull { limit, .. } => Problem::new(
-            ProblemKind::LockQueueFull,
-            format!("{limit} requests already wait for this resource"),
-        )
-        .with_retry_after(RETRY_SOON),
-        LockError::Lost { .. } => Problem::new(
-            ProblemKind::LockLost,
-            "the lock was lost while the request was processed",
-        )
-        .with_retry_after(RETRY_SOON),
-        LockError::Draining { .. } => Problem::new(
-            ProblemKind::LockUnavailable,
-            "this instance is shutting down and takes no new locks; retry",
-        )
-        .with_retry_after(RETRY_SOON),
+        LockError::QueueFull { limit, .. } => {
+            let detail = format!("{limit} requests already wait for this resource");
+            (ProblemKind::LockQueueFull, detail, soon)
+        }
+        LockError::Lost { .. } => {
+            let detail = "the lock was lost while the request was processed";
+            (ProblemKind::LockLost, detail.to_owned(), soon)
+        }
+        LockError::Draining { .. } => {
+            let detail = "this instance is shutting down and takes no new locks; retry";
+            (ProblemKind::LockUnavailable, detail.to_owned(), soon)
+        }
         // The request named no lockable resource, or too many: the client's to fix.
-        LockError::ResourceCount { count, limit, .. } => Problem::new(
-            ProblemKind::KeyInvalid,
-            format!("a request locks 1 to {limit} resources; it named {count}"),
-        ),
+        LockError::ResourceCount { count, limit, .. } => {
+            let detail = format!("a request locks 1 to {limit} resources; it named {count}");
+            (ProblemKind::KeyInvalid, detail, None)
+        }
     };
-    problem.with_resource(resource)
+    let problem = Problem::new(kind, detail).with_resource(resource);
+    match retry_after {
+        Some(delay) => problem.with_retry_after(delay),
+        None => problem,
+    }
 }
 
 /// 429 `limit-reached` for a counted lock of `permits` whose acquisition found every

@@ -202,7 +202,6 @@ impl Hasher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::problem::ProblemKind;
     use http::Request;
 
     fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> Parts {
@@ -213,44 +212,21 @@ mod tests {
         builder.body(()).unwrap().into_parts().0
     }
 
+    /// The body, the path and selected fields are tested through the layer
+    /// (`tests/http/replay.rs`); the method, the query and the headers here.
     #[test]
     fn fingerprints() {
-        let default = Fingerprint::default();
-        let p = parts("POST", "/pay", &[]);
-        let a = default.compute(&p, b"{\"a\":1}").unwrap();
+        let (default, body) = (Fingerprint::default(), b"{\"a\":1}");
+        let a = default.compute(&parts("POST", "/pay", &[]), body).unwrap();
         assert_eq!(a.len(), 32);
-        assert_eq!(a, default.compute(&p, b"{\"a\":1}").unwrap());
-        assert_ne!(a, default.compute(&p, b"{\"a\":2}").unwrap());
-        assert_ne!(
-            a,
-            default
-                .compute(&parts("PUT", "/pay", &[]), b"{\"a\":1}")
-                .unwrap()
-        );
-        assert_ne!(
-            a,
-            default
-                .compute(&parts("POST", "/other", &[]), b"{\"a\":1}")
-                .unwrap()
-        );
-        let with_query = parts("POST", "/pay?x=1", &[]);
-        assert_ne!(a, default.compute(&with_query, b"{\"a\":1}").unwrap());
-
+        for other in [parts("PUT", "/pay", &[]), parts("POST", "/pay?x=1", &[])] {
+            assert_ne!(a, default.compute(&other, body).unwrap());
+        }
         let fields = Fingerprint::json_fields(["/amount"]).header("x-currency");
         let eur = parts("POST", "/pay", &[("x-currency", "EUR")]);
-        let one = fields.compute(&eur, br#"{"amount":1,"note":"x"}"#).unwrap();
-        assert_eq!(
-            one,
-            fields.compute(&eur, br#"{"note":"y","amount":1}"#).unwrap()
-        );
-        assert_ne!(one, fields.compute(&eur, br#"{"amount":2}"#).unwrap());
         let usd = parts("POST", "/pay", &[("x-currency", "USD")]);
-        assert_ne!(one, fields.compute(&usd, br#"{"amount":1}"#).unwrap());
-        assert_eq!(
-            fields.compute(&eur, b"nope").unwrap_err().kind(),
-            ProblemKind::BodyNotJson
-        );
-        assert!(Fingerprint::none().compute(&eur, b"x").unwrap().is_empty());
+        let amount = br#"{"amount":1}"#;
+        assert_ne!(fields.compute(&eur, amount), fields.compute(&usd, amount));
         assert!(!Fingerprint::without_body().reads_body());
     }
 
