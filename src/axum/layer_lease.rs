@@ -15,22 +15,11 @@ use crate::LeaseHandle;
 /// An extractor for the lease that [`LockLayer`](crate::http::LockLayer) took for this
 /// request.
 ///
-/// Derefs to the [`LeaseHandle`]: the fencing token, the validity left, the lost
-/// signal. The same as `Extension<LeaseHandle>`, with a rejection that says what is
-/// wrong: without a lease in the request — the route has no
-/// [`LockLayer`](crate::http::LockLayer), or its layer let the request through unlocked
-/// ([`MissingKey::Bypass`](crate::http::MissingKey::Bypass),
-/// [`Unavailable::FailOpen`](crate::http::Unavailable::FailOpen)) — the handler does not
-/// run and the client gets 500 `lock-layer-missing`. Handlers that may run unlocked
+/// Derefs to the [`LeaseHandle`]. The same as `Extension<LeaseHandle>`, with a rejection
+/// that says what is wrong: without a lease in the request (no layer, or one that let
+/// the request through unlocked) the handler does not run and the client gets 500
+/// `lock-layer-missing`. Handlers that may run unlocked
 /// take `Option<LayerLease>`.
-///
-/// ```
-/// use tower_redlock::axum::LayerLease;
-///
-/// async fn pay(lease: LayerLease) -> String {
-///     format!("paid under token {}", lease.fencing_token())
-/// }
-/// ```
 #[derive(Debug, Clone)]
 pub struct LayerLease(pub LeaseHandle);
 

@@ -193,7 +193,8 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// An extractor that holds a lease on the lock named by `K` while the handler runs
 /// ([the guide](crate::guide::keys#taking-the-lock-inside-the-handler)).
 ///
-/// The locker comes from the router's state (`Redlock: FromRef<S>`). The keys are read
+/// The locker comes from the router's state (`Redlock: FromRef<S>`, as in [`LockSpec`]'s
+/// example, or `#[derive(FromRef)]`, axum's `macros` feature). The keys are read
 /// from the request head by `K`'s extractor and checked, named and refused as the layer
 /// does (same resources under the same [`Scope`], same [`LockRejection`] problems,
 /// rendered by the [`problem_renderer`](crate::http::LockLayer::problem_renderer) of a
@@ -207,31 +208,18 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// on the route so that a client hanging up does not cut the handler in half.
 ///
 /// ```
-/// use axum::{extract::{FromRef, State}, http::StatusCode, routing::post, Json, Router};
+/// # use tower_redlock::http::key::{header, Header};
+/// # struct IdempotencyKey;
+/// # impl tower_redlock::axum::LockKey for IdempotencyKey {
+/// #     type Extractor = Header;
+/// #     fn extractor() -> Header { header("Idempotency-Key") }
+/// # }
+/// use axum::{http::StatusCode, routing::post, Json, Router};
 /// use serde_json::{json, Value};
-/// use tower_redlock::axum::{LockKey, Locked};
-/// use tower_redlock::http::key::{header, Header};
+/// use tower_redlock::axum::Locked;
 /// use tower_redlock::{FencingToken, Redlock};
 ///
-/// // `derive(FromRef)` needs axum's `macros` feature.
-/// #[derive(Clone, FromRef)]
-/// struct AppState {
-///     locker: Redlock,
-///     // ... database pool, configuration ...
-/// }
-///
-/// struct IdempotencyKey;
-///
-/// impl LockKey for IdempotencyKey {
-///     type Extractor = Header;
-///
-///     fn extractor() -> Header {
-///         header("Idempotency-Key")
-///     }
-/// }
-///
 /// async fn charge(
-///     State(_state): State<AppState>,
 ///     lock: Locked<IdempotencyKey>,
 /// ) -> Result<(FencingToken, Json<Value>), StatusCode> {
 ///     let token = lock.fencing_token();
@@ -249,7 +237,7 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// # async fn main() {
 /// let app: Router = Router::new()
 ///     .route("/charges", post(charge))
-///     .with_state(AppState { locker: Redlock::in_memory() });
+///     .with_state(Redlock::in_memory());
 /// # let _ = app;
 /// # }
 /// ```

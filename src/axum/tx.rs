@@ -26,13 +26,10 @@ use crate::LeaseHandle;
 /// over-large body is answered 500 `response-failed` instead); a commit that fails is
 /// answered 503 `lock-unavailable`.
 ///
-/// Taking it first advances the write fence ([`fence::postgres::advance`](crate::fence::postgres::advance))
-/// in the transaction with the lease's token (under
-/// [`PgRecords::handlers_take_tx`](crate::http::replay::PgRecords::handlers_take_tx), the
-/// claim already did, in the same statement): a holder whose lease a newer one took is
-/// refused (503 `lock-lost`) before it writes. The handler never commits itself.
-/// Without such a layer on the route the handler does not run: 500
-/// `lock-layer-missing`, naming what is missing.
+/// Taking it advances the write fence ([`fence::postgres::advance`](crate::fence::postgres::advance))
+/// in the transaction: a holder whose lease a newer one took is refused (503
+/// `lock-lost`) before it writes. Without such a layer on the route the handler does
+/// not run: 500 `lock-layer-missing`.
 ///
 /// A holder frozen with its transaction open (a stopped process whose connection stays
 /// up) keeps the rows it wrote locked until PostgreSQL ends its session; a newer holder

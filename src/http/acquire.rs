@@ -1,8 +1,5 @@
-//! The one acquire path of the crate's HTTP front ends: the key a request carries is
-//! checked, the lock it names is taken as the [`Contention`] policy says, and a refusal
-//! becomes the [`Problem`] the client gets. [`LockLayer`](super::LockLayer) and the
-//! axum extractors both go through here, so the same request is refused the same way
-//! (and locks the same resource, [`Scope::resource_of`](super::Scope)) through either.
+//! The one acquire path of the layer and the axum extractors, so that the same request
+//! is checked, locked and refused the same way through either.
 
 use std::sync::Arc;
 

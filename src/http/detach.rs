@@ -1,7 +1,5 @@
-//! A critical section runs whole: what the layer does for its own leases
-//! ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)), and
-//! [`FinishOnDisconnectLayer`] for the leases handlers take themselves (the `Locked`
-//! extractor).
+//! A critical section runs whole: for the layer's leases and, with
+//! [`FinishOnDisconnectLayer`], the `Locked` extractor's.
 
 use std::fmt;
 use std::future::Future;

@@ -121,12 +121,48 @@ impl Scope {
         extensions: &Extensions,
         key: &str,
     ) -> Resource {
+        let (method, route) = self.prefix_parts(method, uri, extensions);
+        self.prefix(method, route).join(key)
+    }
+
+    /// The method and route, or `""` (no route's method) and the shared name.
+    fn prefix_parts<'a>(
+        &'a self,
+        method: &'a Method,
+        uri: &'a Uri,
+        extensions: &'a Extensions,
+    ) -> (&'a str, &'a str) {
         match self {
+            Scope::Shared(name) => ("", name),
             Scope::Route => {
                 let route = matched_path_in(extensions).unwrap_or_else(|| uri.path());
-                Resource::new(method.as_str()).join(route).join(key)
+                (method.as_str(), route)
             }
-            Scope::Shared(name) => Resource::from(&**name).join(key),
+        }
+    }
+
+    fn prefix(&self, method: &str, route: &str) -> Resource {
+        match self {
+            Scope::Shared(_) => Resource::from(route),
+            Scope::Route => Resource::new(method).join(route),
+        }
+    }
+
+    /// [`resource_of`](Scope::resource_of), the prefix from `cache` when it was made
+    /// for the same method and route.
+    pub(crate) fn resource_cached(
+        &self,
+        cache: &ScopePrefix,
+        method: &Method,
+        uri: &Uri,
+        extensions: &Extensions,
+        key: &str,
+    ) -> Resource {
+        let (method, route) = self.prefix_parts(method, uri, extensions);
+        let made = || (method.into(), route.into(), self.prefix(method, route));
+        match cache.0.get_or_init(made) {
+            (m, r, cached) if **m == *method && **r == *route => cached.join(key),
+            _ => self.prefix(method, route).join(key),
         }
     }
 }
@@ -137,40 +173,6 @@ impl Scope {
 /// for each request cost two of the three resource names a request's resource took.
 #[derive(Debug, Default)]
 pub(crate) struct ScopePrefix(OnceLock<(Box<str>, Box<str>, Resource)>);
-
-impl Scope {
-    /// [`resource_of`](Scope::resource_of), the prefix from `cache` when it was made
-    /// for the same method and route (else built here, as `resource_of` does).
-    pub(crate) fn resource_cached(
-        &self,
-        cache: &ScopePrefix,
-        method: &Method,
-        uri: &Uri,
-        extensions: &Extensions,
-        key: &str,
-    ) -> Resource {
-        // A shared scope has no method: `""` is none of a route's.
-        let (method, route) = match self {
-            Scope::Shared(name) => ("", &**name),
-            Scope::Route => (
-                method.as_str(),
-                matched_path_in(extensions).unwrap_or_else(|| uri.path()),
-            ),
-        };
-        let prefix = || match self {
-            Scope::Shared(_) => Resource::from(route),
-            Scope::Route => Resource::new(method).join(route),
-        };
-        let (for_method, for_route, cached) = cache
-            .0
-            .get_or_init(|| (method.into(), route.into(), prefix()));
-        if **for_method == *method && **for_route == *route {
-            cached.join(key)
-        } else {
-            prefix().join(key)
-        }
-    }
-}
 
 /// The route axum matched (`MatchedPath`), when the layer runs after routing.
 #[cfg(feature = "axum")]

@@ -1,7 +1,5 @@
-//! The critical section of a request through the layer, one path for every kind of
-//! request (one key, several, replaying): the handler under the lease, and the layer's
-//! response made from the handler's, with the lease released before the client can have
-//! read it all.
+//! The critical section of a request through the layer: the handler under the lease,
+//! and the layer's response made from the handler's.
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
@@ -190,8 +188,8 @@ pub(crate) async fn finish<RB: Body>(
                     let (lease, handle) = (Some(lease), Some(handle));
                     finish_with(settings, span, parts, lease, handle, false, |_| body).await
                 }
-                Err(Unread::Lost(cause)) => stopped(settings, span, &handle, cause),
-                Err(Unread::Failed) => {
+                Err(Some(cause)) => stopped(settings, span, &handle, cause),
+                Err(None) => {
                     tracing::warn!("the response body failed before it was sent");
                     Box::pin(lease.release()).await;
                     let problem = problem::response_failed(handle.resource().clone());
@@ -216,25 +214,18 @@ pub(crate) async fn finish<RB: Body>(
     .await
 }
 
-/// Why [`read_whole`] read no body.
-enum Unread {
-    /// The body failed.
-    Failed,
-    /// The lease was lost meanwhile, under [`OnLost::Abort`].
-    Lost(LostCause),
-}
-
-/// `body` read to its end; under `abort`, given up as soon as the lease is lost.
+/// `body` read to its end; under `abort`, given up as soon as the lease is lost (`Err`
+/// with the cause; `Err(None)`: the body failed).
 async fn read_whole<RB: Body>(
     body: RB,
     handle: &LeaseHandle,
     abort: bool,
-) -> Result<Collected<RB::Data>, Unread> {
+) -> Result<Collected<RB::Data>, Option<LostCause>> {
     let mut read = pin!(body.collect());
     let mut lost = pin!(handle.lost());
     poll_fn(|cx| match read.as_mut().poll(cx) {
-        Poll::Ready(read) => Poll::Ready(read.map_err(|_| Unread::Failed)),
-        Poll::Pending if abort => lost.as_mut().poll(cx).map(|cause| Err(Unread::Lost(cause))),
+        Poll::Ready(read) => Poll::Ready(read.map_err(|_| None)),
+        Poll::Pending if abort => lost.as_mut().poll(cx).map(|cause| Err(Some(cause))),
         Poll::Pending => Poll::Pending,
     })
     .await

@@ -23,11 +23,9 @@ pub(crate) const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 /// `/data/object/id`) of the JSON body: a string as it is, a number as its decimal text.
 /// `null` or an absent field is no key; any other value is rejected (`key-invalid`).
 ///
-/// The body is buffered up to [`limit`](JsonField::limit) bytes (64 KiB by default;
-/// larger bodies get 413 `body-too-large` before any lock is taken), and the handler
-/// receives the identical bytes, so signatures over the raw body still verify.
-/// Trailers of the request body are not passed on. A body that is not JSON gets 400
-/// `body-not-json`.
+/// The body is buffered up to [`limit`](JsonField::limit) bytes (larger bodies get 413
+/// `body-too-large` before any lock is taken), and the handler receives the identical
+/// bytes, without trailers. A body that is not JSON gets 400 `body-not-json`.
 ///
 /// # Panics
 ///
@@ -116,11 +114,9 @@ pub struct JsonFields {
 }
 
 /// A multi-key extractor: the fields at the JSON Pointers `pointers` of the JSON body,
-/// each key a resource of its own (`{"from": "a", "to": "b"}` with `["/from", "/to"]`
-/// locks the accounts `a` and `b`, as one lease). The body is buffered and parsed once;
-/// each field is read as [`json_field`] reads one (a string, or a number as its decimal
-/// text), with the same limit (64 KiB by default; `.limit(bytes)` on what it returns
-/// sets another) and the same problems.
+/// each key a resource of its own, locked as one lease. The body is buffered and parsed
+/// once; each field is read as [`json_field`] reads one, with the same limit and the
+/// same problems.
 ///
 /// A body with some of the fields and not others gets 400 `key-missing` naming the
 /// missing ones; two fields with the same value name one resource.

@@ -162,14 +162,6 @@ impl Replay {
     /// `PATCH`, the methods the IETF draft is about: `GET`, `HEAD`, `PUT`, `DELETE` and
     /// `OPTIONS` are idempotent by definition). A request with another method is
     /// locked like any other, and neither looked up nor recorded.
-    ///
-    /// ```
-    /// use http::Method;
-    /// use tower_redlock::http::replay::Replay;
-    ///
-    /// let replay = Replay::global().methods([Method::POST, Method::PATCH, Method::DELETE]);
-    /// # let _ = replay;
-    /// ```
     #[must_use]
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.methods = methods.into_iter().collect();

@@ -1,7 +1,5 @@
-//! Replay's steps on the layer's one path, in order: the record looked up before
-//! locking (a completed one is answered at once), claimed under the lease before the
-//! handler runs, and the handler's response recorded under the lease before it is
-//! sent. See the [module documentation](super) for why each step is where it is.
+//! Replay's steps on the layer's one path; see the [module documentation](super) for
+//! why each step is where it is.
 
 use std::sync::Arc;
 
