@@ -332,22 +332,16 @@ where
         let resource_of =
             |key: &str| scope.resource_of(&parts.method, &parts.uri, &parts.extensions, key);
         let describe = |index| extractor.describe_key(index);
-        let (target, _) = name(
-            found,
-            K::max_key_len(state),
-            describe,
-            resource_of,
-            K::mode(state),
-        )
-        .map_err(|problem| refuse(problem, parts))?;
-        let locker = Redlock::from_ref(state);
+        let (max_len, mode) = (K::max_key_len(state), K::mode(state));
+        let (target, _) = name(found, max_len, describe, resource_of, mode)
+            .map_err(|problem| refuse(problem, parts))?;
+        let (locker, contention) = (Redlock::from_ref(state), K::contention(state));
+        let taken = take(&locker, contention, &parts.extensions, &target).await;
         let Taken {
             lease,
             handle,
             reused,
-        } = take(&locker, K::contention(state), &parts.extensions, &target)
-            .await
-            .map_err(|error| refuse(target.problem(&error), parts))?;
+        } = taken.map_err(|error| refuse(target.problem(&error), parts))?;
         match &lease {
             Some(_) => {
                 tracing::debug!(resources = ?target.resources, token = %handle.fencing_token(), "lease acquired by the Locked extractor");

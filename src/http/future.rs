@@ -199,11 +199,11 @@ where
         // A request that holds its lock already (an outer layer's, whose owner replays)
         // neither looks up nor records.
         let leases = parts.extensions.get::<RequestLeases>();
-        let mode = target.mode;
-        if !leases.is_some_and(|l| {
-            l.covering(&settings.locker, &target.resources, mode)
-                .is_some()
-        }) {
+        let (locker, resources) = (&settings.locker, &target.resources);
+        if leases
+            .and_then(|l| l.covering(locker, resources, target.mode))
+            .is_none()
+        {
             let resource = step.scope(target.resources.swap_remove(0));
             target.resources.push(resource.clone());
             span.record("resource", resource.as_str());
@@ -225,13 +225,8 @@ where
 
     // The clock is read only for a span that records the wait.
     let started = (!span.is_disabled()).then(tokio::time::Instant::now);
-    let taken = take(
-        &settings.locker,
-        settings.contention,
-        request.extensions(),
-        &target,
-    )
-    .await;
+    let (locker, contention) = (&settings.locker, settings.contention);
+    let taken = take(locker, contention, request.extensions(), &target).await;
     if let Some(started) = started {
         span.record("wait_ms", started.elapsed().as_millis() as u64);
     }

@@ -174,13 +174,13 @@ pub(crate) async fn finish<RB: Body>(
     let (parts, body) = response.into_parts();
     // A body already complete (empty) is never polled: nothing to hold it through.
     let hold = settings.hold_through_body && !body.is_end_stream();
+    let abort = settings.on_lost == OnLost::Abort;
     let known = body
         .size_hint()
         .exact()
         .is_some_and(|len| len <= READ_AHEAD);
     let (lease, handle) = match (lease, handle) {
         (Some(lease), Some(handle)) if hold && known => {
-            let abort = settings.on_lost == OnLost::Abort;
             return match read_whole(body, &handle, abort).await {
                 Ok(read) => {
                     let trailers = read.trailers().cloned();
@@ -199,19 +199,11 @@ pub(crate) async fn finish<RB: Body>(
         }
         other => other,
     };
-    finish_with(
-        settings,
-        span,
-        parts,
-        lease,
-        handle,
-        hold,
-        |lease| match lease {
-            Some(lease) => LeaseBody::holding(body, lease, settings.on_lost == OnLost::Abort),
-            None => LeaseBody::new(body),
-        },
-    )
-    .await
+    let body = |lease: Option<Lease>| match lease {
+        Some(lease) => LeaseBody::holding(body, lease, abort),
+        None => LeaseBody::new(body),
+    };
+    finish_with(settings, span, parts, lease, handle, hold, body).await
 }
 
 /// `body` read to its end; under `abort`, given up as soon as the lease is lost (`Err`

@@ -384,18 +384,10 @@ impl ReplayStep {
             if let Some(refusal) = self.not_recorded(settings, span, tx, true, &handle).await {
                 return refusal;
             }
-            let prefix = buffer.freeze();
-            let abort = settings.on_lost == OnLost::Abort;
-            return finish_with(
-                settings,
-                span,
-                parts,
-                Some(lease),
-                Some(handle),
-                settings.hold_through_body,
-                |lease| LeaseBody::rest(prefix, body, lease, abort),
-            )
-            .await;
+            let (prefix, abort) = (buffer.freeze(), settings.on_lost == OnLost::Abort);
+            let body = |lease| LeaseBody::rest(prefix, body, lease, abort);
+            let (lease, handle, hold) = (Some(lease), Some(handle), settings.hold_through_body);
+            return finish_with(settings, span, parts, lease, handle, hold, body).await;
         }
         let bytes = buffer.freeze();
         let stored =
@@ -410,19 +402,11 @@ impl ReplayStep {
         if stored.is_ok() {
             tracing::debug!("response recorded for replay");
         }
-        let body = LeaseBody::recorded(bytes, trailers);
+        let body = |_| LeaseBody::recorded(bytes, trailers);
         // Nothing is left to do under the lease: release it now, so a waiter gets the
         // record without waiting for the body to be sent.
-        let mut response = finish_with(
-            settings,
-            span,
-            parts,
-            Some(lease),
-            Some(handle),
-            false,
-            |_| body,
-        )
-        .await;
+        let (lease, handle) = (Some(lease), Some(handle));
+        let mut response = finish_with(settings, span, parts, lease, handle, false, body).await;
         if let Err(Some(cause)) = &stored {
             // The nodes said so before the watchdog did.
             if response.extensions().get::<LeaseLost>().is_none() {
