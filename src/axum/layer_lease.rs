@@ -15,47 +15,11 @@ use crate::LeaseHandle;
 /// An extractor for the lease that [`LockLayer`](crate::http::LockLayer) took for this
 /// request.
 ///
-/// Derefs to the [`LeaseHandle`]: the fencing token, the validity left, the lost
-/// signal. The same as `Extension<LeaseHandle>`, with a rejection that says what is
-/// wrong: without a lease in the request — the route has no
-/// [`LockLayer`](crate::http::LockLayer), or its layer let the request through unlocked
-/// ([`MissingKey::Bypass`](crate::http::MissingKey::Bypass),
-/// [`Unavailable::FailOpen`](crate::http::Unavailable::FailOpen)) — the handler does not
-/// run and the client gets 500 `lock-layer-missing`. Handlers that may run unlocked
+/// Derefs to the [`LeaseHandle`]. The same as `Extension<LeaseHandle>`, with a rejection
+/// that says what is wrong: without a lease in the request (no layer, or one that let
+/// the request through unlocked) the handler does not run and the client gets 500
+/// `lock-layer-missing`. Handlers that may run unlocked
 /// take `Option<LayerLease>`.
-///
-/// ```
-/// use axum::{routing::post, Router};
-/// use axum::http::{Request, StatusCode};
-/// use tower::ServiceExt;
-/// use tower_redlock::axum::LayerLease;
-/// use tower_redlock::http::{key::header, LockLayer};
-/// use tower_redlock::Redlock;
-///
-/// async fn pay(lease: LayerLease) -> String {
-///     format!("paid under token {}", lease.fencing_token())
-/// }
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let app = Router::new()
-///     .route("/pay", post(pay))
-///     .route_layer(LockLayer::new(Redlock::in_memory(), header("Idempotency-Key")));
-///
-/// let request = Request::post("/pay")
-///     .header("Idempotency-Key", "k1")
-///     .body(axum::body::Body::empty())
-///     .unwrap();
-/// let response = app.oneshot(request).await.unwrap();
-/// assert_eq!(response.status(), StatusCode::OK);
-///
-/// // Forgot the layer: 500 `lock-layer-missing`, the handler never runs.
-/// let unlocked = Router::new().route("/pay", post(pay));
-/// let request = Request::post("/pay").body(axum::body::Body::empty()).unwrap();
-/// let response = unlocked.oneshot(request).await.unwrap();
-/// assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-/// # }
-/// ```
 #[derive(Debug, Clone)]
 pub struct LayerLease(pub LeaseHandle);
 
@@ -101,19 +65,7 @@ impl<S: Send + Sync> FromRequestParts<S> for LayerLease {
 }
 
 /// `Option<LayerLease>`: `None` when the request carries no lease, for handlers that
-/// also run unlocked ([`MissingKey::Bypass`](crate::http::MissingKey::Bypass),
-/// [`Unavailable::FailOpen`](crate::http::Unavailable::FailOpen)).
-///
-/// ```
-/// use tower_redlock::axum::LayerLease;
-///
-/// async fn handler(lease: Option<LayerLease>) -> String {
-///     match lease {
-///         Some(lease) => format!("locked, token {}", lease.fencing_token()),
-///         None => "unlocked".to_owned(),
-///     }
-/// }
-/// ```
+/// also run unlocked.
 impl<S: Send + Sync> OptionalFromRequestParts<S> for LayerLease {
     type Rejection = Infallible;
 

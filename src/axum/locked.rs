@@ -57,15 +57,9 @@ use crate::{Lease, LeaseHandle, LockMode, Redlock, Resource};
     note = "see https://docs.rs/tower-redlock/latest/tower_redlock/axum/trait.LockKey.html"
 )]
 pub trait LockKey: Send + Sync + 'static {
-    /// The type of [`extractor`](LockKey::extractor): a built-in such as
-    /// [`Header`](crate::http::key::Header) or [`PathParam`](crate::http::key::PathParam), a
-    /// tuple of them, an [`Or`](crate::http::key::Or), or your own
+    /// The type of [`extractor`](LockKey::extractor): any
     /// [`KeyExtractor`](crate::http::key::KeyExtractor) of the request head
-    /// (`type Body = ()`). Body keys ([`json_field`](crate::http::key::json_field)) need
-    /// the whole request: use [`LockLayer`](crate::http::LockLayer) for them.
-    ///
-    /// A multi-key extractor ([`each`](crate::http::key::each) of head extractors,
-    /// [`keys_fn`](crate::http::key::keys_fn)) locks one resource per key, as one lease.
+    /// (`type Body = ()`); body keys need a [`LockLayer`](crate::http::LockLayer).
     type Extractor: KeyExtractor<Body: HeadOnly>;
 
     /// Finds the key in the request head. Called once per request.
@@ -88,9 +82,8 @@ pub trait LockKey: Send + Sync + 'static {
         DEFAULT_MAX_KEY_LEN
     }
 
-    /// How the lease shares its resource (default [`LockMode::Exclusive`]):
-    /// [`LockMode::Shared`] for readers, [`LockMode::Counted`] for one of `n` permits.
-    /// A multi-key extractor takes exclusive leases only.
+    /// How the lease shares its resource (default [`LockMode::Exclusive`]; a multi-key
+    /// extractor takes exclusive leases only).
     fn mode() -> LockMode {
         LockMode::Exclusive
     }
@@ -100,13 +93,12 @@ pub trait LockKey: Send + Sync + 'static {
 /// run time: the general form of [`LockKey`], whose settings are fixed in the code.
 ///
 /// Every [`LockKey`] is a `LockSpec<S>` for any state. Implement `LockSpec` instead when
-/// the scope, the wait timeout or the key limit come from configuration read at start
-/// (environment, a file): they are read from the state on every request.
+/// the settings come from configuration read at start: they are read on every request.
 ///
 /// ```
 /// use std::time::Duration;
 /// use axum::extract::FromRef;
-/// use tower_redlock::axum::{LockSpec, Locked};
+/// use tower_redlock::axum::LockSpec;
 /// use tower_redlock::http::{key::{path_param, PathParam}, Contention, Scope};
 /// use tower_redlock::Redlock;
 ///
@@ -139,16 +131,6 @@ pub trait LockKey: Send + Sync + 'static {
 ///         Contention::Wait { timeout: state.transfer_wait }
 ///     }
 /// }
-///
-/// async fn transfer(lock: Locked<AccountId>) -> String {
-///     format!("under token {}", lock.fencing_token())
-/// }
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// # let _: axum::Router = axum::Router::new()
-/// #     .route("/accounts/{id}/transfer", axum::routing::post(transfer))
-/// #     .with_state(AppState { locker: Redlock::in_memory(), transfer_wait: Duration::from_secs(1) });
-/// # }
 /// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not name a lock for the state `{S}`",
@@ -157,30 +139,28 @@ pub trait LockKey: Send + Sync + 'static {
     note = "see https://docs.rs/tower-redlock/latest/tower_redlock/axum/trait.LockKey.html"
 )]
 pub trait LockSpec<S>: Send + Sync + 'static {
-    /// The type of [`extractor`](LockSpec::extractor) (see [`LockKey::Extractor`]).
+    /// [`LockKey::Extractor`].
     type Extractor: KeyExtractor<Body: HeadOnly>;
 
-    /// Finds the key in the request head. Called once per request.
+    /// [`LockKey::extractor`].
     fn extractor(state: &S) -> Self::Extractor;
 
-    /// Which requests share a lock (default [`Scope::Route`]).
+    /// [`LockKey::scope`].
     fn scope(_state: &S) -> Scope {
         Scope::Route
     }
 
-    /// Whether to refuse or to wait when the lock is held (default
-    /// [`Contention::Reject`]).
+    /// [`LockKey::contention`].
     fn contention(_state: &S) -> Contention {
         Contention::Reject
     }
 
-    /// The longest key accepted, in bytes (default 255).
+    /// [`LockKey::max_key_len`].
     fn max_key_len(_state: &S) -> usize {
         DEFAULT_MAX_KEY_LEN
     }
 
-    /// How the lease shares its resource (default [`LockMode::Exclusive`], see
-    /// [`LockKey::mode`]).
+    /// [`LockKey::mode`].
     fn mode(_state: &S) -> LockMode {
         LockMode::Exclusive
     }
@@ -210,61 +190,36 @@ impl<K: LockKey, S> LockSpec<S> for K {
     }
 }
 
-/// An extractor that holds a lease on the lock named by `K` while the handler runs.
+/// An extractor that holds a lease on the lock named by `K` while the handler runs
+/// ([the guide](crate::guide::keys#taking-the-lock-inside-the-handler)).
 ///
-/// The locker comes from the router's state (`Redlock: FromRef<S>`: the state is a
-/// [`Redlock`], or a struct with `#[derive(FromRef)]`, which needs axum's `macros`
-/// feature, or a hand-written [`FromRef`] impl as in [`LockSpec`]'s example; a state
-/// without one shows as axum's "`Handler<_, _>` is not satisfied", and
-/// `#[axum::debug_handler]` names the missing `FromRef`). The keys are read from the
-/// request head by `K`'s extractor and checked, named and refused as the layer does
-/// (same resources under the same [`Scope`], same [`LockRejection`] problems, rendered by
-/// the [`problem_renderer`](crate::http::LockLayer::problem_renderer) of a layer the
-/// request passed through).
+/// The locker comes from the router's state (`Redlock: FromRef<S>`, as in [`LockSpec`]'s
+/// example, or `#[derive(FromRef)]`, axum's `macros` feature). The keys are read
+/// from the request head by `K`'s extractor and checked, named and refused as the layer
+/// does (same resources under the same [`Scope`], same [`LockRejection`] problems,
+/// rendered by the [`problem_renderer`](crate::http::LockLayer::problem_renderer) of a
+/// layer the request passed through); resources the request already holds are reused.
 ///
-/// `Locked` derefs to the [`LeaseHandle`]. The lease is the extractor's own, released in
-/// the background when `Locked` drops with the handler's future, or earlier through
-/// [`into_lease`](Locked::into_lease). Unlike the layer, it cannot stop the handler when
-/// the lease is lost: race the critical section against
-/// [`lost`](crate::LeaseHandle::lost), as below, and pass the fencing token to the
-/// storage. Nor does it add a `Fencing-Token` header: return `(lock.fencing_token(),
-/// body)` ([`FencingToken`] implements `IntoResponseParts`). Put
-/// [`FinishOnDisconnectLayer`](crate::http::FinishOnDisconnectLayer) on the route so
-/// that a client hanging up does not cut the handler halfway through what it protects.
-///
-/// Several keys are acquired together as one lease ([`fencing_token_of`](Locked::fencing_token_of)
-/// reads each one's token). Resources the request already holds (a layer's lease, or
-/// another `Locked`'s, from the same locker) are reused rather than waited for:
-/// [`lease`](Locked::lease) is `None` when nothing was left to acquire. The lock is
-/// taken before a body extractor (`Json<T>`, the last argument) reads the body: a
-/// request refused for its body held the lock for nothing.
+/// `Locked` derefs to the [`LeaseHandle`]; the lease is released in the background when
+/// `Locked` drops with the handler's future. Unlike the layer, it cannot stop the
+/// handler when the lease is lost (race [`lost`](crate::LeaseHandle::lost), as below),
+/// nor does it add a `Fencing-Token` header ([`FencingToken`] implements
+/// `IntoResponseParts`). Put [`FinishOnDisconnectLayer`](crate::http::FinishOnDisconnectLayer)
+/// on the route so that a client hanging up does not cut the handler in half.
 ///
 /// ```
-/// use axum::{extract::{FromRef, State}, http::StatusCode, routing::post, Json, Router};
+/// # use tower_redlock::http::key::{header, Header};
+/// # struct IdempotencyKey;
+/// # impl tower_redlock::axum::LockKey for IdempotencyKey {
+/// #     type Extractor = Header;
+/// #     fn extractor() -> Header { header("Idempotency-Key") }
+/// # }
+/// use axum::{http::StatusCode, routing::post, Json, Router};
 /// use serde_json::{json, Value};
-/// use tower_redlock::axum::{LockKey, Locked};
-/// use tower_redlock::http::key::{header, Header};
+/// use tower_redlock::axum::Locked;
 /// use tower_redlock::{FencingToken, Redlock};
 ///
-/// // `derive(FromRef)` needs axum's `macros` feature.
-/// #[derive(Clone, FromRef)]
-/// struct AppState {
-///     locker: Redlock,
-///     // ... database pool, configuration ...
-/// }
-///
-/// struct IdempotencyKey;
-///
-/// impl LockKey for IdempotencyKey {
-///     type Extractor = Header;
-///
-///     fn extractor() -> Header {
-///         header("Idempotency-Key")
-///     }
-/// }
-///
 /// async fn charge(
-///     State(_state): State<AppState>,
 ///     lock: Locked<IdempotencyKey>,
 /// ) -> Result<(FencingToken, Json<Value>), StatusCode> {
 ///     let token = lock.fencing_token();
@@ -282,7 +237,7 @@ impl<K: LockKey, S> LockSpec<S> for K {
 /// # async fn main() {
 /// let app: Router = Router::new()
 ///     .route("/charges", post(charge))
-///     .with_state(AppState { locker: Redlock::in_memory() });
+///     .with_state(Redlock::in_memory());
 /// # let _ = app;
 /// # }
 /// ```
@@ -302,22 +257,6 @@ pub struct Locked<K> {
 impl<K> Locked<K> {
     /// The lease this extractor acquired, or `None` when the request already held all
     /// of its resources (a layer's or another extractor's lease, reused).
-    ///
-    /// ```
-    /// # use tower_redlock::axum::{LockKey, Locked};
-    /// # use tower_redlock::http::key::{header, Header};
-    /// # struct Key;
-    /// # impl LockKey for Key {
-    /// #     type Extractor = Header;
-    /// #     fn extractor() -> Header { header("x-key") }
-    /// # }
-    /// async fn handler(lock: Locked<Key>) -> String {
-    ///     match lock.lease() {
-    ///         Some(lease) => format!("{:?} left", lease.remaining()),
-    ///         None => "the request held this lock already".to_owned(),
-    ///     }
-    /// }
-    /// ```
     pub fn lease(&self) -> Option<&Lease> {
         self.lease.as_ref()
     }
@@ -325,25 +264,6 @@ impl<K> Locked<K> {
     /// The lease this extractor acquired, to keep beyond the handler or to release early
     /// and await the outcome; `None` when it reused the request's lease (see
     /// [`lease`](Locked::lease)), which stays its owner's.
-    ///
-    /// ```
-    /// # use tower_redlock::axum::{LockKey, Locked};
-    /// # use tower_redlock::http::key::{header, Header};
-    /// # struct Key;
-    /// # impl LockKey for Key {
-    /// #     type Extractor = Header;
-    /// #     fn extractor() -> Header { header("x-key") }
-    /// # }
-    /// async fn handler(lock: Locked<Key>) -> &'static str {
-    ///     // ... the critical section ...
-    ///     if let Some(lease) = lock.into_lease() {
-    ///         let outcome = lease.release().await;
-    ///         # let _ = outcome;
-    ///     }
-    ///     // ... work that needs no lock ...
-    ///     "done"
-    /// }
-    /// ```
     pub fn into_lease(self) -> Option<Lease> {
         self.lease
     }
@@ -412,22 +332,16 @@ where
         let resource_of =
             |key: &str| scope.resource_of(&parts.method, &parts.uri, &parts.extensions, key);
         let describe = |index| extractor.describe_key(index);
-        let (target, _) = name(
-            found,
-            K::max_key_len(state),
-            describe,
-            resource_of,
-            K::mode(state),
-        )
-        .map_err(|problem| refuse(problem, parts))?;
-        let locker = Redlock::from_ref(state);
+        let (max_len, mode) = (K::max_key_len(state), K::mode(state));
+        let (target, _) = name(found, max_len, describe, resource_of, mode)
+            .map_err(|problem| refuse(problem, parts))?;
+        let (locker, contention) = (Redlock::from_ref(state), K::contention(state));
+        let taken = take(&locker, contention, &parts.extensions, &target).await;
         let Taken {
             lease,
             handle,
             reused,
-        } = take(&locker, K::contention(state), &parts.extensions, &target)
-            .await
-            .map_err(|error| refuse(target.problem(&error), parts))?;
+        } = taken.map_err(|error| refuse(target.problem(&error), parts))?;
         match &lease {
             Some(_) => {
                 tracing::debug!(resources = ?target.resources, token = %handle.fencing_token(), "lease acquired by the Locked extractor");

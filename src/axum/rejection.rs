@@ -22,17 +22,14 @@ use crate::LockError;
 /// Take `Result<Locked<K>, LockRejection>` in the handler to answer in another format:
 ///
 /// ```
+/// # use tower_redlock::http::key::{header, Header};
+/// # struct Key;
+/// # impl tower_redlock::axum::LockKey for Key {
+/// #     type Extractor = Header;
+/// #     fn extractor() -> Header { header("x-key") }
+/// # }
 /// use axum::http::StatusCode;
-/// use tower_redlock::axum::{LockKey, LockRejection, Locked};
-/// use tower_redlock::http::key::{header, Header};
-///
-/// struct Key;
-/// impl LockKey for Key {
-///     type Extractor = Header;
-///     fn extractor() -> Header {
-///         header("x-key")
-///     }
-/// }
+/// use tower_redlock::axum::{LockRejection, Locked};
 ///
 /// async fn handler(lock: Result<Locked<Key>, LockRejection>) -> (StatusCode, String) {
 ///     match lock {
@@ -105,9 +102,7 @@ impl IntoResponse for Problem {
     /// The problem as the layer sends it: [`DefaultRenderer`]'s
     /// `application/problem+json`, `Retry-After` when known, `Cache-Control: no-store`.
     fn into_response(self) -> Response {
-        problem::render(&DefaultRenderer, &self)
-            .map(Body::from)
-            .into_response()
+        LockRejection::from(self).into_response()
     }
 }
 

@@ -21,26 +21,15 @@ use crate::LeaseHandle;
 /// Derefs to the transaction's connection: write through it. The layer records the
 /// response **in the same transaction** and commits it, after the handler returned and
 /// before the response is sent; so the handler's writes and the record commit
-/// together, or neither does:
+/// together, or neither does (a crash before the commit leaves nothing, and the retry
+/// runs cleanly). A response that is not recorded rolls the handler's writes back (an
+/// over-large body is answered 500 `response-failed` instead); a commit that fails is
+/// answered 503 `lock-unavailable`.
 ///
-/// - a crash (or a panic, a lost lease, a dropped connection) before the commit leaves
-///   nothing: the retry runs the handler cleanly, without `outcome-unknown` and without
-///   reconciliation, for every effect that lives in that database;
-/// - after the commit, the retry is replayed;
-/// - a response that is not recorded ([`Replay::store_if`](crate::http::replay::Replay::store_if)
-///   refuses its status, or its body is over
-///   [`Replay::max_body`](crate::http::replay::Replay::max_body)) **rolls the handler's
-///   writes back**: they never commit without their record (an over-large body is
-///   answered 500 `response-failed` instead);
-/// - a commit that fails is answered 503 `lock-unavailable`, nothing committed.
-///
-/// Taking it first advances the write fence ([`fence::postgres::advance`](crate::fence::postgres::advance))
-/// in the transaction with the lease's token (under
-/// [`PgRecords::handlers_take_tx`](crate::http::replay::PgRecords::handlers_take_tx), the
-/// claim already did, in the same statement): a holder whose lease a newer one took is
-/// refused (503 `lock-lost`) before it writes. The handler never commits itself.
-/// Without such a layer on the route the handler does not run: 500
-/// `lock-layer-missing`, naming what is missing.
+/// Taking it advances the write fence ([`fence::postgres::advance`](crate::fence::postgres::advance))
+/// in the transaction: a holder whose lease a newer one took is refused (503
+/// `lock-lost`) before it writes. Without such a layer on the route the handler does
+/// not run: 500 `lock-layer-missing`.
 ///
 /// A holder frozen with its transaction open (a stopped process whose connection stays
 /// up) keeps the rows it wrote locked until PostgreSQL ends its session; a newer holder

@@ -1,17 +1,12 @@
-//! The one acquire path of the crate's HTTP front ends: the key a request carries is
-//! checked, the lock it names is taken as the [`Contention`] policy says, and a refusal
-//! becomes the [`Problem`] the client gets. [`LockLayer`](super::LockLayer) and the
-//! axum extractors both go through here, so the same request is refused the same way
-//! (and locks the same resource, [`Scope::resource_of`](super::Scope)) through either.
+//! The one acquire path of the layer and the axum extractors, so that the same request
+//! is checked, locked and refused the same way through either.
 
 use std::sync::Arc;
 
 use super::extensions::{RequestKey, RequestKeys, RequestLeases};
 use super::key::{validate, Found, KeySet};
 use super::policy::Contention;
-use super::problem::{
-    acquisition_problem, counted_error_problem, lock_error_problem, Problem, ProblemKind,
-};
+use super::problem::{acquisition_problem, counted_error_problem, Problem, ProblemKind};
 use crate::LockError;
 use crate::{Lease, LeaseHandle, LockMode, Redlock, Resource, MAX_RESOURCES_PER_LEASE};
 
@@ -115,7 +110,7 @@ impl Target {
             ([resource], false, LockMode::Counted(permits)) => {
                 counted_error_problem(error, permits, resource.clone())
             }
-            ([resource], false, _) => lock_error_problem(error, resource.clone()),
+            ([resource], false, _) => acquisition_problem(error, resource.clone(), None),
             _ => acquisition_problem(error, error.resource().clone(), Some(self.resources.len())),
         }
     }
@@ -131,16 +126,6 @@ pub(crate) struct Taken {
     /// extractor hands them to the handler).
     #[cfg(feature = "axum")]
     pub(crate) reused: Vec<LeaseHandle>,
-}
-
-/// Whether one lease of the request with `extensions` (granted by `locker`) holds every
-/// resource of `resources` already.
-pub(crate) fn covered(locker: &Redlock, extensions: &http::Extensions, target: &Target) -> bool {
-    extensions.get::<RequestLeases>().is_some_and(|leases| {
-        leases
-            .covering(locker, &target.resources, target.mode)
-            .is_some()
-    })
 }
 
 /// The leases of the request with `extensions` that already hold some of `resources`

@@ -1,7 +1,5 @@
-//! A critical section runs whole: what the layer does for its own leases
-//! ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)), and
-//! [`FinishOnDisconnectLayer`] for the leases handlers take themselves (the `Locked`
-//! extractor).
+//! A critical section runs whole: for the layer's leases and, with
+//! [`FinishOnDisconnectLayer`], the `Locked` extractor's.
 
 use std::fmt;
 use std::future::Future;
@@ -25,12 +23,9 @@ static FINISHING: AtomicUsize = AtomicUsize::new(0);
 /// left ([`OnDisconnect::Finish`](super::OnDisconnect::Finish),
 /// [`FinishOnDisconnectLayer`]); also the `tower_redlock_http_handlers_finishing`
 /// gauge (feature `metrics`). Log it at shutdown, before
-/// [`Redlock::drain`](crate::Redlock::drain) waits for them.
-///
-/// Each one is bounded by its lease: it is stopped when the lease is lost under
-/// [`OnLost::Abort`](super::OnLost::Abort), and
-/// [`LockOptions::max_hold`](crate::LockOptions::max_hold) bounds how long any lease
-/// is renewed.
+/// [`Redlock::drain`](crate::Redlock::drain) waits for them. Each is bounded by its
+/// lease (lost under [`OnLost::Abort`](super::OnLost::Abort), renewed at most for
+/// [`LockOptions::max_hold`](crate::LockOptions::max_hold)).
 pub fn handlers_finishing() -> usize {
     FINISHING.load(Ordering::Relaxed)
 }
@@ -75,33 +70,25 @@ impl Critical {
 /// ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
 ///
 /// hyper drops a request's future when its connection closes: a handler holding a
-/// `Locked` lease would be cut at its next `.await` and its lease released, halfway
-/// through what it protects. Under this layer, once a `Locked` extractor of the
-/// request acquired its lease, a dropped response future is run to its end in a task
-/// of its own (counted in the `tower_redlock_http_handlers_finishing` gauge); before that,
-/// it is dropped as usual. A handler that panics is dropped as the panic unwinds (its
-/// lease released at once), never run on. Put it on the routes that use `Locked`:
+/// `Locked` lease would be cut at its next `.await`, halfway through what it protects.
+/// Under this layer, once a `Locked` extractor of the request acquired its lease, a
+/// dropped response future is run to its end in a task of its own
+/// ([`handlers_finishing`]); before that, it is dropped as usual. A handler that panics
+/// is dropped as the panic unwinds, never run on. Put it on the routes that use
+/// `Locked`:
 ///
 /// ```
+/// # use tower_redlock::axum::{LockKey, Locked};
+/// # use tower_redlock::http::key::{header, Header};
+/// # struct PaymentKey;
+/// # impl LockKey for PaymentKey {
+/// #     type Extractor = Header;
+/// #     fn extractor() -> Header { header("Idempotency-Key") }
+/// # }
+/// # async fn pay(lock: Locked<PaymentKey>) {}
 /// use axum::{routing::post, Router};
-/// use tower_redlock::axum::{LockKey, Locked};
-/// use tower_redlock::http::{key::{header, Header}, FinishOnDisconnectLayer};
+/// use tower_redlock::http::FinishOnDisconnectLayer;
 /// use tower_redlock::Redlock;
-///
-/// struct PaymentKey;
-///
-/// impl LockKey for PaymentKey {
-///     type Extractor = Header;
-///
-///     fn extractor() -> Header {
-///         header("Idempotency-Key")
-///     }
-/// }
-///
-/// async fn pay(lock: Locked<PaymentKey>) -> String {
-///     // ... charge, then record: runs whole even if the client hangs up ...
-///     format!("paid under {}", lock.fencing_token())
-/// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {

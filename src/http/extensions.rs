@@ -107,27 +107,10 @@ pub enum Unlocked {
 /// layer locked, each with the [`Resource`] it names, in the extractor's order (a key
 /// given twice appears once). A single-key extractor leaves a [`RequestKey`] instead.
 ///
-/// The handler finds each resource's fencing token on the lease: with the layer's
-/// [`LeaseHandle`](crate::LeaseHandle) in the extensions too,
-/// `lease.fencing_token_of(keys.resource("acct-1")?)`. When the request held some of
-/// the resources already (reentrancy: the layer's lease covers only the others),
-/// [`RequestLeases::fencing_token_of`] finds every one.
-///
-/// ```
-/// use axum::Extension;
-/// use tower_redlock::http::RequestKeys;
-/// use tower_redlock::LeaseHandle;
-///
-/// async fn transfer(
-///     Extension(keys): Extension<RequestKeys>,
-///     Extension(lease): Extension<LeaseHandle>,
-/// ) -> String {
-///     keys.iter()
-///         .map(|(key, resource)| format!("{key}: {:?}", lease.fencing_token_of(resource)))
-///         .collect::<Vec<_>>()
-///         .join(", ")
-/// }
-/// ```
+/// The handler finds each resource's fencing token on the lease,
+/// `lease.fencing_token_of(keys.resource("acct-1")?)` (see the [module
+/// documentation](super#several-keys-per-request)), or, for resources the request held
+/// already, with [`RequestLeases::fencing_token_of`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestKeys(Arc<[(Arc<str>, Resource)]>);
 
@@ -171,18 +154,8 @@ impl RequestKeys {
 /// its owner (the layer's when its response ends, the extractor's with the handler).
 /// Resources no lease of the request holds are acquired as usual.
 ///
-/// Handlers read the fencing token of any resource the request holds here.
-///
-/// ```
-/// use axum::Extension;
-/// use tower_redlock::http::RequestLeases;
-/// use tower_redlock::Resource;
-///
-/// async fn handler(Extension(leases): Extension<RequestLeases>) -> String {
-///     let account = Resource::new("account").join("acct-1");
-///     format!("{:?}", leases.fencing_token_of(&account))
-/// }
-/// ```
+/// Handlers read the fencing token of any resource the request holds here
+/// ([`fencing_token_of`](Self::fencing_token_of)).
 #[derive(Clone, Default)]
 pub struct RequestLeases {
     // Most requests hold one lease: it is kept inline, without allocating.
@@ -202,20 +175,31 @@ impl RequestLeases {
             .find_map(|lease| lease.fencing_token_of(resource))
     }
 
+    /// The leases of this request granted by `locker` that serve `mode`: held in it, or
+    /// exclusively (a request holding a reader's lease cannot write under it).
+    fn serving<'a>(
+        &'a self,
+        locker: &'a Redlock,
+        mode: LockMode,
+    ) -> impl Iterator<Item = &'a LeaseHandle> + 'a {
+        let serves = move |lease: &&LeaseHandle| {
+            locker.granted(lease) && (lease.mode().is_exclusive() || lease.mode() == mode)
+        };
+        self.iter().filter(serves)
+    }
+
     /// The lease of this request, granted by `locker`, that holds every resource of
     /// `resources` in `mode` or exclusively, if there is one.
-    pub(crate) fn covering(
-        &self,
-        locker: &Redlock,
+    pub(crate) fn covering<'a>(
+        &'a self,
+        locker: &'a Redlock,
         resources: &[Resource],
         mode: LockMode,
-    ) -> Option<&LeaseHandle> {
-        self.iter().find(|lease| {
-            locker.granted(lease)
-                && covers(lease.mode(), mode)
-                && resources
-                    .iter()
-                    .all(|r| lease.fencing_token_of(r).is_some())
+    ) -> Option<&'a LeaseHandle> {
+        self.serving(locker, mode).find(|lease| {
+            resources
+                .iter()
+                .all(|r| lease.fencing_token_of(r).is_some())
         })
     }
 
@@ -227,12 +211,10 @@ impl RequestLeases {
         resources: &'a [Resource],
         mode: LockMode,
     ) -> impl Iterator<Item = &'a LeaseHandle> + 'a {
-        self.iter().filter(move |lease| {
-            locker.granted(lease)
-                && covers(lease.mode(), mode)
-                && resources
-                    .iter()
-                    .any(|r| lease.fencing_token_of(r).is_some())
+        self.serving(locker, mode).filter(move |lease| {
+            resources
+                .iter()
+                .any(|r| lease.fencing_token_of(r).is_some())
         })
     }
 
@@ -290,11 +272,4 @@ impl crate::fence::Fenced for RequestLeases {
             .find(|mode| !mode.is_exclusive())
             .unwrap_or_default()
     }
-}
-
-/// Whether a lease held in `held` mode serves a request that needs `needed`: an
-/// exclusive lease serves any; a shared or counted one only the same mode (a request
-/// holding a reader's lease cannot write under it).
-fn covers(held: LockMode, needed: LockMode) -> bool {
-    held.is_exclusive() || held == needed
 }

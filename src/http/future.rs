@@ -14,10 +14,10 @@ use http_body::Body;
 use tower_service::Service;
 use tracing::{Instrument, Span};
 
-use super::acquire::{covered, missing_key, name, take};
+use super::acquire::{missing_key, name, take};
 use super::body::LeaseBody;
 use super::detach::{BoxFuture, FinishingFuture};
-use super::extensions::Unlocked;
+use super::extensions::{RequestLeases, Unlocked};
 use super::key::{KeyExtractor, Read};
 use super::layer::Settings;
 use super::policy::{MissingKey, OnDisconnect, ScopePrefix, Unavailable};
@@ -33,14 +33,10 @@ type Output<RB, E> = Result<Response<LeaseBody<RB>>, E>;
 /// Extracts the keys and acquires the lease (with [`replay`](super::LockLayer::replay),
 /// a recorded response is answered first); then runs the critical section.
 ///
-/// Dropped before the lease is held (the client left while the request waited), it
-/// leaves nothing behind. Dropped during the critical section, the section goes on in
-/// a task of its own to its end, and the lease is released then
-/// ([`OnDisconnect::Finish`]), or it is dropped with the lease released in the
-/// background ([`OnDisconnect::Cancel`]). A section that panics is over: it is dropped
-/// as the panic unwinds (its lease released at once, nothing recorded; with replay its
-/// pending marker stays, as after a crash: the outcome is unknown) and the panic goes
-/// on to the caller (`CatchPanicLayer` outside turns it into a 500).
+/// Dropped before the lease is held, it leaves nothing behind; dropped during the
+/// critical section, as [`OnDisconnect`] says. A section that panics is dropped as the
+/// panic unwinds (its lease released at once, nothing recorded; with replay its pending
+/// marker stays: the outcome is unknown) and the panic goes on to the caller.
 pub struct ResponseFuture<S, K, B, RB>
 where
     S: Service<Request<B>>,
@@ -202,7 +198,12 @@ where
         };
         // A request that holds its lock already (an outer layer's, whose owner replays)
         // neither looks up nor records.
-        if !covered(&settings.locker, &parts.extensions, &target) {
+        let leases = parts.extensions.get::<RequestLeases>();
+        let (locker, resources) = (&settings.locker, &target.resources);
+        if leases
+            .and_then(|l| l.covering(locker, resources, target.mode))
+            .is_none()
+        {
             let resource = step.scope(target.resources.swap_remove(0));
             target.resources.push(resource.clone());
             span.record("resource", resource.as_str());
@@ -224,13 +225,8 @@ where
 
     // The clock is read only for a span that records the wait.
     let started = (!span.is_disabled()).then(tokio::time::Instant::now);
-    let taken = take(
-        &settings.locker,
-        settings.contention,
-        request.extensions(),
-        &target,
-    )
-    .await;
+    let (locker, contention) = (&settings.locker, settings.contention);
+    let taken = take(locker, contention, request.extensions(), &target).await;
     if let Some(started) = started {
         span.record("wait_ms", started.elapsed().as_millis() as u64);
     }

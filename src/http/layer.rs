@@ -1,7 +1,6 @@
 //! [`LockLayer`]: the builder of the layer's settings (the policies are in `policy.rs`),
 //! and the settings its services and futures share.
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +12,22 @@ use tower_layer::Layer;
 use super::key::{KeyExtractor, OneKey};
 use super::policy::{Contention, MissingKey, OnDisconnect, OnLost, Scope, Unavailable};
 use super::problem::{DefaultRenderer, Problem, ProblemKind, ProblemRenderer};
-use super::replay::{Replay, ReplaySettings, Replaying};
+use super::replay::{Replay, Replaying};
 use super::service::LockService;
 use crate::error::ConfigError;
 use crate::{LockMode, Redlock};
+
+/// Builder methods that set the setting of their name.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $type:ty;)+) => {$(
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(mut self, $name: $type) -> Self {
+            self.settings().$name = $name;
+            self
+        }
+    )+};
+}
 
 /// A [`Layer`] that runs each request under a Redlock lease named after its key.
 ///
@@ -26,7 +37,7 @@ use crate::{LockMode, Redlock};
 /// for the behaviour and an example.
 ///
 /// Cheap to clone: clones share the locker and the settings.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct LockLayer<K> {
     key: K,
     settings: Arc<Settings>,
@@ -36,10 +47,8 @@ impl<K> LockLayer<K> {
     /// A layer locking on the keys `key` finds ([`KeyExtractor`]: one resource per key,
     /// several locked together as one lease), with `locker`.
     ///
-    /// Defaults: [`Contention::Reject`], a `Fencing-Token` response header,
-    /// [`MissingKey::Reject`], [`OnLost::Abort`], [`OnDisconnect::Finish`], the lease held until the response body
-    /// ends, [`Scope::Route`], keys of at most 255 bytes, the locker's own queue limit
-    /// (1000 unless set), [`Unavailable::FailClosed`] and [`DefaultRenderer`](super::problem::DefaultRenderer).
+    /// The defaults are each builder method's (the table of [the
+    /// guide](crate::guide::operations#the-layer)).
     pub fn new(locker: Redlock, key: K) -> Self {
         crate::metrics::http_series(ProblemKind::ALL.map(ProblemKind::code), false, "");
         LockLayer {
@@ -52,77 +61,63 @@ impl<K> LockLayer<K> {
         Arc::make_mut(&mut self.settings)
     }
 
-    /// Whether to answer or to wait when the lock is held (default [`Contention::Reject`]).
-    #[must_use]
-    pub fn contention(mut self, contention: Contention) -> Self {
-        self.settings().contention = contention;
-        self
+    setters! {
+        /// Whether to answer or to wait when the lock is held (default [`Contention::Reject`]).
+        contention: Contention;
+
+        /// The response header that carries the lease's fencing token (default
+        /// `Fencing-Token`, in the format of [Several keys per request](super#several-keys-per-request);
+        /// `None` for none). The handler always finds the
+        /// [`LeaseHandle`](crate::LeaseHandle), with the token, in the request extensions.
+        fencing_header: Option<HeaderName>;
+
+        /// What requests without a key do (default [`MissingKey::Reject`]).
+        missing_key: MissingKey;
+
+        /// What happens when the lease is lost while the handler runs (default
+        /// [`OnLost::Abort`]).
+        on_lost: OnLost;
+
+        /// What happens to a handler holding its lease when the client goes away (default
+        /// [`OnDisconnect::Finish`]: it runs to its end, then the lease is released).
+        on_disconnect: OnDisconnect;
+
+        /// Keep the lease until the response body has been produced (default `true`; see
+        /// [Lease lifetime](super#lease-lifetime)). With `false` the lease is released as
+        /// soon as the handler returns its response, before the response is sent.
+        hold_through_body: bool;
+
+        /// Which requests share a lock (default [`Scope::Route`]).
+        scope: Scope;
+
+        /// The longest key accepted, in bytes (default 255); longer keys get 400 `key-invalid`.
+        max_key_len: usize;
+
+        /// What requests do when the lock store cannot decide (default
+        /// [`Unavailable::FailClosed`]).
+        on_unavailable: Unavailable;
+
+        /// Answers the refusals of the handler's own extractors in the layer's format
+        /// (default `false`): a handler response with status 400, 415 or 422, a
+        /// `Content-Type` of `text/plain` and a body of at most 4 KiB — what axum's
+        /// extractor rejections are — is sent as the problem `bad-request`,
+        /// `unsupported-media-type` or `unprocessable-content`, rendered by the layer's
+        /// [`problem_renderer`](Self::problem_renderer), with the text as its `detail`
+        /// (a handler's own `text/plain` answer with those statuses too: axum's rejections
+        /// carry no mark of their own). Not applied to replayed layers, whose responses are
+        /// recorded as the handler made them.
+        problem_for_rejections: bool;
     }
 
-    /// The response header that carries the lease's fencing token (default
-    /// `Fencing-Token`, in the format of [Several keys per request](super#several-keys-per-request);
-    /// `None` for none). The handler always finds the
-    /// [`LeaseHandle`](crate::LeaseHandle), with the token, in the request extensions.
-    #[must_use]
-    pub fn fencing_header(mut self, name: Option<HeaderName>) -> Self {
-        self.settings().fencing_header = name;
-        self
-    }
-
-    /// What requests without a key do (default [`MissingKey::Reject`]).
-    #[must_use]
-    pub fn missing_key(mut self, policy: MissingKey) -> Self {
-        self.settings().missing_key = policy;
-        self
-    }
-
-    /// What happens when the lease is lost while the handler runs (default
-    /// [`OnLost::Abort`]).
-    #[must_use]
-    pub fn on_lost(mut self, policy: OnLost) -> Self {
-        self.settings().on_lost = policy;
-        self
-    }
-
-    /// What happens to a handler holding its lease when the client goes away (default
-    /// [`OnDisconnect::Finish`]: it runs to its end, then the lease is released).
-    #[must_use]
-    pub fn on_disconnect(mut self, policy: OnDisconnect) -> Self {
-        self.settings().on_disconnect = policy;
-        self
-    }
-
-    /// Keep the lease until the response body has been produced (default `true`), so a
-    /// streamed response is produced under the lock; it is released before the body's
-    /// end is handed on (a short body of known length is read, then released, before
-    /// the response is: see [`LeaseBody`](super::LeaseBody)). With `false` the lease is released as soon as the handler
-    /// returns its response, before the response is sent. Either way a client that has
-    /// read the whole response finds the lock free.
-    #[must_use]
-    pub fn hold_through_body(mut self, hold: bool) -> Self {
-        self.settings().hold_through_body = hold;
-        self
-    }
-
-    /// Which requests share a lock (default [`Scope::Route`]).
-    #[must_use]
-    pub fn scope(mut self, scope: Scope) -> Self {
-        self.settings().scope = scope;
-        self
-    }
-
-    /// How every request shares the lock on its key (default [`LockMode::Exclusive`]):
-    /// [`LockMode::Shared`] lets requests on one key run together,
-    /// [`LockMode::Counted`] lets at most `n` run together (more get 429
-    /// `limit-reached`, or wait under [`Contention::Wait`]). Sets the mode of reads too:
-    /// call [`read_mode`](Self::read_mode) after it to give them another.
+    /// How every request shares the lock on its key (default [`LockMode::Exclusive`];
+    /// [`LockMode::Counted`] refuses with 429 `limit-reached`). Sets the mode of reads
+    /// too: call [`read_mode`](Self::read_mode) after it to give them another.
     ///
     /// # Panics
     ///
-    /// When a node of the locker cannot keep shared or counted leases, or the layer
-    /// replays responses ([`replay`](Self::replay) covers exclusive locks only), as
-    /// [`replay`](Self::replay) panics on a locker it cannot serve: a layer built that way
-    /// would fail every request. [`Redlock::check_mode`] says it beforehand.
+    /// When a node of the locker cannot keep shared or counted leases
+    /// ([`Redlock::check_mode`] says it beforehand), or the layer replays responses
+    /// (exclusive locks only).
     #[must_use]
     #[track_caller]
     pub fn mode(mut self, mode: LockMode) -> Self {
@@ -137,8 +132,7 @@ impl<K> LockLayer<K> {
     /// How requests that only read (`GET`, `HEAD`, `OPTIONS`, `TRACE`) share the lock on
     /// their key; the other methods keep [`mode`](Self::mode)'s (exclusive by default).
     /// With [`LockMode::Shared`], `GET /reports/{id}` runs beside other `GET`s of the
-    /// report and never beside a `PUT` regenerating it; a waiting writer is served before
-    /// readers that come after it (see [`LockMode`]).
+    /// report and never beside a `PUT` regenerating it.
     ///
     /// # Panics
     ///
@@ -164,13 +158,6 @@ impl<K> LockLayer<K> {
         }
     }
 
-    /// The longest key accepted, in bytes (default 255); longer keys get 400 `key-invalid`.
-    #[must_use]
-    pub fn max_key_len(mut self, bytes: usize) -> Self {
-        self.settings().max_key_len = bytes;
-        self
-    }
-
     /// How many requests of this process may wait for one resource at once under
     /// [`Contention::Wait`]; more get 503 `lock-queue-full`. Default: the locker's
     /// [`LockOptions::max_waiters`](crate::LockOptions::max_waiters), 1000 unless set.
@@ -178,14 +165,6 @@ impl<K> LockLayer<K> {
     pub fn queue_limit(mut self, limit: usize) -> Self {
         let settings = self.settings();
         settings.locker = settings.locker.with_max_waiters(limit);
-        self
-    }
-
-    /// What requests do when the lock store cannot decide (default
-    /// [`Unavailable::FailClosed`]).
-    #[must_use]
-    pub fn on_unavailable(mut self, policy: Unavailable) -> Self {
-        self.settings().on_unavailable = policy;
         self
     }
 
@@ -212,50 +191,16 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Answers the refusals of the handler's own extractors in the layer's format
-    /// (default `false`): a handler response with status 400, 415 or 422, a
-    /// `Content-Type` of `text/plain` and a body of at most 4 KiB — what axum's
-    /// extractor rejections are (`Json`, `Form`, `Query`, `Path`: malformed JSON,
-    /// missing content type, a field of the wrong type) — is sent as the problem
-    /// `bad-request`, `unsupported-media-type` or `unprocessable-content`, rendered by
-    /// the layer's [`problem_renderer`](Self::problem_renderer), with the text as its
-    /// `detail`. axum's rejections carry no mark of their own, so a handler's own
-    /// `text/plain` answer with those statuses is rewritten too. Not applied to
-    /// replayed layers ([`replay`](Self::replay)), whose responses are recorded as the
-    /// handler made them.
-    ///
-    /// The lock is taken before the handler reads the body: such a request held the
-    /// lock for nothing (its response carries `Fencing-Token`). Where that matters,
-    /// check the body before the lock: in a middleware added outside this layer (with
-    /// `route_layer(lock)` first, then `route_layer(check)`, the check runs first), or
-    /// lock by hand ([`Redlock::try_acquire`]) in the handler once `Json<T>` has parsed
-    /// the body.
-    #[must_use]
-    pub fn problem_for_rejections(mut self, on: bool) -> Self {
-        self.settings().problem_for_rejections = on;
-        self
-    }
-
-    /// Turns on idempotent replay: the first response for a key is recorded in the lock
-    /// nodes and replayed, with `Idempotent-Replayed: true`, to later requests with the
-    /// same key; the same key with a different request gets 422. See
-    /// [`replay`](super::replay) for the behaviour and [`Replay`] for the options.
-    ///
-    /// Replay takes one key per request: a multi-key extractor does not compile here.
-    /// The layer reads the request body when the fingerprint covers it, so its request
-    /// bodies are `From<Bytes>` with `Bytes` data, as axum's ([`Replaying`]). Under
-    /// [`Contention::Reject`] a request whose key is in flight gets 409
-    /// `request-in-progress`; under [`Contention::Wait`] it waits and gets the first
-    /// response replayed.
+    /// Turns on idempotent replay (see [`replay`](super::replay) for the behaviour and
+    /// [`Replay`] for the options). Replay takes one key per request: a multi-key
+    /// extractor does not compile here. The layer reads the request body when the
+    /// fingerprint covers it, so its request bodies are `From<Bytes>` with `Bytes` data,
+    /// as axum's ([`Replaying`]).
     ///
     /// # Panics
     ///
-    /// When a node of the locker stores no outcome records ([`Node::records`] is
-    /// `None`), as axum's `Router::route` panics on a route it cannot add: a layer
-    /// built that way would fail every request. [`try_replay`](Self::try_replay) returns
-    /// the error instead. Every node kind of this crate stores records.
-    ///
-    /// [`Node::records`]: crate::node::Node::records
+    /// When [`try_replay`](Self::try_replay) fails, as axum's `Router::route` panics on a
+    /// route it cannot add.
     #[track_caller]
     pub fn replay(self, replay: Replay) -> LockLayer<Replaying<K>>
     where
@@ -268,16 +213,16 @@ impl<K> LockLayer<K> {
         }
     }
 
-    /// [`replay`](Self::replay), refusing a locker with a node that stores no outcome
-    /// records ([`Node::records`](crate::node::Node::records) is `None`) with a
-    /// [`ConfigError`] rather than a panic.
+    /// [`replay`](Self::replay), refusing with a [`ConfigError`] what it cannot serve: a
+    /// node that stores no outcome records ([`Node::records`](crate::node::Node::records)
+    /// is `None`), records in PostgreSQL without fencing tokens, or shared locks.
     pub fn try_replay(self, replay: Replay) -> Result<LockLayer<Replaying<K>>, ConfigError>
     where
         K: KeyExtractor,
         K::Keys: OneKey,
     {
         let ttl = self.settings.locker.options().get_ttl();
-        let replay = Arc::new(ReplaySettings::new(replay, ttl));
+        let replay = Arc::new(replay.resolved(ttl));
         if replay.on_nodes() {
             self.settings.locker.check_records()?;
         } else if !self.settings.locker.options().fencing {
@@ -321,15 +266,6 @@ impl<S, K: Clone> Layer<S> for LockLayer<K> {
     }
 }
 
-impl<K: fmt::Debug> fmt::Debug for LockLayer<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockLayer")
-            .field("key", &self.key)
-            .field("settings", &self.settings)
-            .finish()
-    }
-}
-
 /// The default [`LockLayer::fencing_header`](super::LockLayer::fencing_header):
 /// `Fencing-Token`.
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
@@ -354,7 +290,7 @@ pub(crate) struct Settings {
     /// Set by `problem_renderer`: passed on to the `Locked` extractors behind.
     pub(crate) own_renderer: bool,
     pub(crate) problem_for_rejections: bool,
-    pub(crate) replay: Option<Arc<ReplaySettings>>,
+    pub(crate) replay: Option<Arc<Replay>>,
     pub(crate) modes: Modes,
     pub(crate) sections: Arc<Sections>,
     /// The `layer` label of its metrics.
@@ -440,44 +376,5 @@ impl Sections {
                 problem.with_retry_after(typical.min(holder_ttl))
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[tokio::test]
-    async fn builder_sets_every_option() {
-        let layer = LockLayer::new(Redlock::in_memory(), ())
-            .contention(Contention::Wait {
-                timeout: Duration::from_secs(1),
-            })
-            .fencing_header(None)
-            .missing_key(MissingKey::Bypass)
-            .on_lost(OnLost::Continue)
-            .on_disconnect(OnDisconnect::Cancel)
-            .hold_through_body(false)
-            .scope(Scope::shared("s"))
-            .max_key_len(10)
-            .queue_limit(3)
-            .on_unavailable(Unavailable::FailOpen);
-        let s = &layer.settings;
-        assert_eq!(
-            s.contention,
-            Contention::Wait {
-                timeout: Duration::from_secs(1)
-            }
-        );
-        assert_eq!(s.fencing_header, None);
-        assert_eq!(s.missing_key, MissingKey::Bypass);
-        assert_eq!(s.on_lost, OnLost::Continue);
-        assert_eq!(s.on_disconnect, OnDisconnect::Cancel);
-        assert!(!s.hold_through_body);
-        assert_eq!(s.scope, Scope::shared("s"));
-        assert_eq!(s.max_key_len, 10);
-        assert_eq!(s.on_unavailable, Unavailable::FailOpen);
-        assert!(format!("{layer:?}").contains("LockLayer"));
     }
 }

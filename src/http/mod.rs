@@ -7,13 +7,10 @@
 //! [`Router::layer`], [`MethodRouter::layer`]) and any tower stack
 //! (`ServiceBuilder`).
 //!
-//! Prefer `route_layer` — [`Router::route_layer`], or [`MethodRouter::route_layer`] for
-//! one route: `post(pay).route_layer(layer)`. It wraps only the handlers of the routed
-//! methods, so the router answers a wrong method (405) or an unknown path (404) itself,
-//! without a key and without taking a lock. `layer` wraps the router's answers too:
-//! with [`MethodRouter::layer`] a `GET` on a `POST` route needs a key, takes (or waits
-//! for) the lock and then gets 405; with [`Router::layer`] a request for an unknown path
-//! without a key gets 400 rather than 404. Around a whole router (`ServiceBuilder`),
+//! Prefer `route_layer` ([`Router::route_layer`], or `post(pay).route_layer(layer)` for
+//! one route): the router then answers a wrong method (405) or an unknown path (404)
+//! itself, without a key or a lock; see [Where to apply the
+//! layer](crate::guide::operations#the-layer). Around a whole router (`ServiceBuilder`),
 //! routing has not happened yet: `path_param` finds nothing and [`Scope::Route`] uses
 //! the URI path instead of the route.
 //!
@@ -63,84 +60,22 @@
 //!
 //! # Several keys per request
 //!
-//! A transfer debits one account and credits another: with a multi-key extractor —
-//! [`json_fields`](key::json_fields), [`each`](key::each) of single-key extractors,
-//! [`keys_fn`](key::keys_fn), or your own [`KeyExtractor`](key::KeyExtractor) — every key names a resource of its own (under the layer's
-//! [`Scope`]), and the layer locks them all as **one lease**: all or nothing, in a
-//! canonical order, so two requests naming the same accounts in opposite orders never
-//! deadlock. The same key twice is one resource.
-//!
-//! ```
-//! use axum::{body::Body, routing::post, Extension, Router};
-//! use axum::http::{Request, StatusCode};
-//! use tower::ServiceExt;
-//! use tower_redlock::http::{key::json_fields, LockLayer, RequestKeys, Scope};
-//! use tower_redlock::{LeaseHandle, Redlock};
-//!
-//! async fn transfer(
-//!     Extension(keys): Extension<RequestKeys>,
-//!     Extension(lease): Extension<LeaseHandle>,
-//! ) -> String {
-//!     // Each account's fencing token, by the resource its key names.
-//!     let from = keys.resource("acct-1").and_then(|r| lease.fencing_token_of(r));
-//!     let to = keys.resource("acct-2").and_then(|r| lease.fencing_token_of(r));
-//!     format!("debit under {from:?}, credit under {to:?}")
-//! }
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let app = Router::new().route("/transfers", post(transfer)).route_layer(
-//!     LockLayer::new(Redlock::in_memory(), json_fields(["/from", "/to"]))
-//!         .scope(Scope::shared("account")),
-//! );
-//! let request = Request::post("/transfers")
-//!     .body(Body::from(r#"{"from": "acct-1", "to": "acct-2", "amount": 5}"#))
-//!     .unwrap();
-//! let response = app.oneshot(request).await.unwrap();
-//! assert_eq!(response.status(), StatusCode::OK);
-//! let lines: Vec<_> = response.headers().get_all("fencing-token").iter().collect();
-//! assert_eq!(lines.len(), 2); // `<n>;resource="account:acct-1"`, then `account:acct-2`
-//! # }
-//! ```
+//! With a multi-key extractor ([`json_fields`](key::json_fields), [`each`](key::each),
+//! [`keys_fn`](key::keys_fn)) every key names a resource of its own, and the layer locks
+//! them all as **one lease**, all or nothing ([the guide](crate::guide::keys)).
 //!
 //! The **`Fencing-Token` header** of a lease on one resource is the token in decimal,
-//! `Fencing-Token: 42`. A lease on several resources gets one field line per resource,
-//! in the lease's canonical order, each an [RFC 9651](https://www.rfc-editor.org/rfc/rfc9651)
-//! Integer with a `resource` parameter:
+//! `Fencing-Token: 42`; of a lease on several, one field line per resource, in the
+//! lease's canonical order, each an [RFC 9651](https://www.rfc-editor.org/rfc/rfc9651)
+//! Integer with a `resource` parameter (`Fencing-Token: 17;resource="account:acct-1"`):
+//! a String when the resource is printable ASCII, else a Display String
+//! (`resource=%"caf%c3%a9"`).
 //!
-//! ```text
-//! Fencing-Token: 17;resource="account:acct-1"
-//! Fencing-Token: 9;resource="account:acct-2"
-//! ```
+//! # Reentrancy, replay, which lock
 //!
-//! Joined into one line by a proxy (`17;resource="account:acct-1", 9;resource=...`) it is
-//! the same RFC 9651 List, which any structured-field parser reads. The parameter is a
-//! String (`"` and `\` escaped with `\`) when the resource is printable ASCII, and a
-//! Display String (`resource=%"caf%c3%a9"`, UTF-8 percent-encoded) otherwise.
-//!
-//! # Reentrancy within a request
-//!
-//! A lock on resources the request already holds — taken by an outer layer or by a
-//! `Locked` extractor (feature `axum`), with the same locker (or a clone) and so under
-//! the same resource names — reuses that lease: nothing is acquired, nothing waits for
-//! itself, and the lease is released with its owner. What the request does not hold yet
-//! is acquired as usual. The request's leases are in its extensions, [`RequestLeases`].
-//!
-//! # Idempotent replay
-//!
-//! With [`LockLayer::replay`] the first response for a key is recorded in the lock
-//! nodes and replayed (`Idempotent-Replayed: true`) to later requests with the same key;
-//! the same key with a different request gets 422 `idempotency-key-reused`, and a
-//! request whose key is in flight gets 409 `request-in-progress` (or, waiting, the
-//! first one's response). See [`replay`] for the full table.
-//!
-//! # Which lock
-//!
-//! By default ([`Scope::Route`]) the resource is method, route and key:
-//! `Resource::new("POST").join("/orders/{id}").join(key)`, the route being axum's
-//! `MatchedPath` when the layer runs after routing, else the URI path. The same key
-//! on two routes takes two locks. [`Scope::Shared`] names a lock shared by every route
-//! (and by code calling [`Redlock`](crate::Redlock) directly) that uses the same name.
+//! A lock on resources the request already holds (an outer layer's, a `Locked`
+//! extractor's) reuses that lease: see [`RequestLeases`]. [`LockLayer::replay`] records
+//! and replays responses: see [`replay`]. Which requests share a lock: [`Scope`].
 //!
 //! # Lease lifetime
 //!
@@ -166,7 +101,6 @@
 //! [`Router::route_layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.route_layer
 //! [`Router::layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.layer
 //! [`MethodRouter::layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.layer
-//! [`MethodRouter::route_layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.route_layer
 
 pub(crate) mod acquire;
 pub(crate) mod body;

@@ -60,14 +60,8 @@ pub enum OnDisconnect {
     /// its own under its lease, renewed as before; with replay its response is recorded,
     /// so the client's retry gets it replayed; then the lease is released. Only the loss
     /// of the lease ([`OnLost::Abort`]) cuts it short. A request still waiting for its
-    /// lock when the client leaves is dropped, as it never started.
-    ///
-    /// Such handlers are counted ([`handlers_finishing`](super::handlers_finishing), and
-    /// the `tower_redlock_http_handlers_finishing` gauge with the feature `metrics`) and
-    /// logged at `debug` when they start and end; each holds its lease, so
-    /// [`Redlock::drain`](crate::Redlock::drain) waits for them at shutdown. Each is
-    /// bounded by its lease: stopped when it is lost under [`OnLost::Abort`], renewed at
-    /// most for [`LockOptions::max_hold`](crate::LockOptions::max_hold).
+    /// lock when the client leaves is dropped, as it never started. Such handlers are
+    /// counted: [`handlers_finishing`](super::handlers_finishing).
     #[default]
     Finish,
     /// Drop the handler with the response future, at its next `.await`, and release the
@@ -127,27 +121,35 @@ impl Scope {
         extensions: &Extensions,
         key: &str,
     ) -> Resource {
+        let (method, route) = self.prefix_parts(method, uri, extensions);
+        self.prefix(method, route).join(key)
+    }
+
+    /// The method and route, or `""` (no route's method) and the shared name.
+    fn prefix_parts<'a>(
+        &'a self,
+        method: &'a Method,
+        uri: &'a Uri,
+        extensions: &'a Extensions,
+    ) -> (&'a str, &'a str) {
         match self {
+            Scope::Shared(name) => ("", name),
             Scope::Route => {
                 let route = matched_path_in(extensions).unwrap_or_else(|| uri.path());
-                Resource::new(method.as_str()).join(route).join(key)
+                (method.as_str(), route)
             }
-            Scope::Shared(name) => Resource::from(&**name).join(key),
         }
     }
-}
 
-/// The resource of a [`Scope`] without its last part (the key), kept by a
-/// [`LockService`](super::LockService) for the first route it served: behind
-/// `route_layer` a service serves one method and route, and building the same prefix
-/// for each request cost two of the three resource names (and four of six
-/// allocations) a request's resource took.
-#[derive(Debug, Default)]
-pub(crate) struct ScopePrefix(OnceLock<Resource>);
+    fn prefix(&self, method: &str, route: &str) -> Resource {
+        match self {
+            Scope::Shared(_) => Resource::from(route),
+            Scope::Route => Resource::new(method).join(route),
+        }
+    }
 
-impl Scope {
     /// [`resource_of`](Scope::resource_of), the prefix from `cache` when it was made
-    /// for the same method and route (else built here, as `resource_of` does).
+    /// for the same method and route.
     pub(crate) fn resource_cached(
         &self,
         cache: &ScopePrefix,
@@ -156,58 +158,21 @@ impl Scope {
         extensions: &Extensions,
         key: &str,
     ) -> Resource {
-        let method = method.as_str();
-        let route = match self {
-            Scope::Shared(name) => {
-                let cached = cache.0.get_or_init(|| Resource::from(&**name));
-                // A name without `%`, `{` or `}` is its own spelling: compared in place.
-                let same = cached.as_str() == &**name || *cached == Resource::from(&**name);
-                return if same {
-                    cached.join(key)
-                } else {
-                    Resource::from(&**name).join(key)
-                };
-            }
-            Scope::Route => matched_path_in(extensions).unwrap_or_else(|| uri.path()),
-        };
-        let prefix = || Resource::new(method).join(route);
-        let cached = cache.0.get_or_init(prefix);
-        if is_escaped(cached.as_str(), &[method, route]) {
-            cached.join(key)
-        } else {
-            prefix().join(key)
+        let (method, route) = self.prefix_parts(method, uri, extensions);
+        let made = || (method.into(), route.into(), self.prefix(method, route));
+        match cache.0.get_or_init(made) {
+            (m, r, cached) if **m == *method && **r == *route => cached.join(key),
+            _ => self.prefix(method, route).join(key),
         }
     }
 }
 
-/// Whether `text` is `parts` as [`Resource`] names them: each escaped (`%`, `:`, `{`,
-/// `}` as `%25`, `%3A`, `%7B`, `%7D`), joined by `:`. Compared in place, as building
-/// the name is what the cache saves.
-fn is_escaped(text: &str, parts: &[&str]) -> bool {
-    let mut rest = text.as_bytes();
-    for (index, part) in parts.iter().enumerate() {
-        if index > 0 {
-            match rest.split_first() {
-                Some((b':', tail)) => rest = tail,
-                _ => return false,
-            }
-        }
-        for byte in part.as_bytes() {
-            let escaped: &[u8] = match byte {
-                b'%' => b"%25",
-                b':' => b"%3A",
-                b'{' => b"%7B",
-                b'}' => b"%7D",
-                byte => std::slice::from_ref(byte),
-            };
-            match rest.strip_prefix(escaped) {
-                Some(tail) => rest = tail,
-                None => return false,
-            }
-        }
-    }
-    rest.is_empty()
-}
+/// The resource of a [`Scope`] without its last part (the key), kept by a
+/// [`LockService`](super::LockService) with the method and route it was made for: behind
+/// `route_layer` a service serves one method and route, and building the same prefix
+/// for each request cost two of the three resource names a request's resource took.
+#[derive(Debug, Default)]
+pub(crate) struct ScopePrefix(OnceLock<(Box<str>, Box<str>, Resource)>);
 
 /// The route axum matched (`MatchedPath`), when the layer runs after routing.
 #[cfg(feature = "axum")]
@@ -227,29 +192,6 @@ pub(crate) fn matched_path_in(_extensions: &Extensions) -> Option<&str> {
 mod tests {
     use super::*;
     use http::Method;
-
-    #[test]
-    fn scopes_name_resources() {
-        let request = Request::builder()
-            .method(Method::PUT)
-            .uri("/orders/7?x=1")
-            .body(())
-            .unwrap();
-        assert_eq!(
-            Scope::Route.resource(&request, "k:1"),
-            Resource::new("PUT").join("/orders/7").join("k:1")
-        );
-        assert_eq!(
-            Scope::shared("order").resource(&request, "7"),
-            Resource::new("order").join("7")
-        );
-        // A shared scope never collides with a route scope: different part counts.
-        // (Checked below with the cache too.)
-        assert_ne!(
-            Scope::shared("PUT").resource(&request, "/orders/7"),
-            Scope::Route.resource(&request, "")
-        );
-    }
 
     #[test]
     fn cached_prefixes_name_the_same_resources() {
@@ -322,27 +264,5 @@ mod tests {
             cached(&Scope::shared("PUT"), &cache, &put, "/orders/7"),
             Scope::shared("PUT").resource(&put, "/orders/7")
         );
-    }
-
-    #[test]
-    fn escaped_parts_compare_in_place() {
-        for parts in [
-            &["PUT", "/orders/{id}"][..],
-            &["PUT", "/a%b:c"],
-            &["order"],
-            &["{order}:%"],
-            &["a", "", "b"],
-        ] {
-            let (first, rest) = parts.split_first().unwrap();
-            let resource = rest
-                .iter()
-                .fold(Resource::new(first), |resource, part| resource.join(part));
-            assert!(is_escaped(resource.as_str(), parts), "{parts:?}");
-        }
-        assert!(!is_escaped("PUT/x", &["PUT", "x"]));
-        assert!(!is_escaped("PUT:/x:", &["PUT", "/x"]));
-        assert!(!is_escaped("PUT:/x", &["PUT", "/x", ""]));
-        assert!(!is_escaped("PUT:/x", &["PUT:/x"]));
-        assert!(!is_escaped("a%3A", &["a%3A"]));
     }
 }

@@ -1,7 +1,5 @@
-//! The critical section of a request through the layer, one path for every kind of
-//! request (one key, several, replaying): the handler under the lease, and the layer's
-//! response made from the handler's, with the lease released before the client can have
-//! read it all.
+//! The critical section of a request through the layer: the handler under the lease,
+//! and the layer's response made from the handler's.
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
@@ -45,13 +43,13 @@ where
 /// The critical section of a request that holds its locks, the one path whether or
 /// not the layer replays: with replay the record is claimed under the lease first (a
 /// response recorded meanwhile, or an unknown outcome, answers instead), then the
-/// handler runs under the lease, then its response is recorded before it is sent. It
-/// owns all it needs, so that it can run to its end after the client left
-/// ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
+/// handler runs under the lease (its handle in the request extensions), then its
+/// response is recorded before it is sent. It owns all it needs, so that it can run to
+/// its end after the client left ([`OnDisconnect::Finish`](super::OnDisconnect::Finish)).
 pub(crate) async fn critical<S, B, RB>(
     settings: Arc<Settings>,
     span: Span,
-    inner: S,
+    mut inner: S,
     mut request: Request<B>,
     taken: Taken,
     replay: Option<ReplayStep>,
@@ -65,8 +63,8 @@ where
     if lease.is_none() {
         tracing::debug!(token = %handle.fencing_token(), "the request holds this lock already: reusing its lease");
     }
+    span.record("token", handle.fencing_token().get());
     if let Some(step) = &replay {
-        span.record("token", handle.fencing_token().get());
         let claimed = step.claim(settings, span, &handle, request.extensions_mut());
         if let Some(answer) = claimed.await {
             if let Some(lease) = lease {
@@ -75,11 +73,34 @@ where
             return Ok(answer);
         }
     }
-    let response = match call_locked(settings, span, inner, request, &handle).await? {
-        Called::Answered(response) => response,
+    tracing::debug!(token = %handle.fencing_token(), "running the handler under the lease");
+    request.extensions_mut().insert(handle.clone());
+    add_request_lease(request.extensions_mut(), &handle);
+    let started = Instant::now();
+    let handler = inner.call(request);
+    // Under `OnLost::Abort` the handler future is dropped as soon as the lease is lost,
+    // before the answer is made.
+    let raced = if settings.on_lost == OnLost::Abort {
+        let mut handler = pin!(handler);
+        let mut lost = pin!(handle.lost());
+        // The handler first: a response that is ready wins over a loss noticed at the
+        // same time (`finish` then marks it as lost).
+        poll_fn(|cx| match handler.as_mut().poll(cx) {
+            Poll::Ready(result) => Poll::Ready(Ok(result)),
+            Poll::Pending => lost.as_mut().poll(cx).map(Err),
+        })
+        .await
+    } else {
+        Ok(handler.await)
+    };
+    let response = match raced {
+        Ok(result) => {
+            settings.sections.record(started.elapsed());
+            result?
+        }
         // The lease drops: lost, released in the background (with replay, the pending
         // marker stays: the outcome is unknown).
-        Called::Stopped(response) => return Ok(response),
+        Err(cause) => return Ok(stopped(settings, span, &handle, cause)),
     };
     match (replay, lease) {
         (Some(step), Some(lease)) if handle.is_held() => {
@@ -108,60 +129,6 @@ where
             Ok(finish(settings, span, response, lease, Some(handle)).await)
         }
     }
-}
-
-/// What [`call_locked`] ended with.
-pub(crate) enum Called<RB: Body> {
-    /// The handler's response.
-    Answered(Response<RB>),
-    /// The lease was lost and the handler stopped ([`OnLost::Abort`]): 503 `lock-lost`.
-    Stopped(Response<LeaseBody<RB>>),
-}
-
-/// Calls the inner service with the lease's handle in the request extensions; under
-/// [`OnLost::Abort`] the handler future is dropped as soon as the lease is lost.
-pub(crate) async fn call_locked<S, B, RB>(
-    settings: &Settings,
-    span: &Span,
-    mut inner: S,
-    mut request: Request<B>,
-    handle: &LeaseHandle,
-) -> Result<Called<RB>, S::Error>
-where
-    S: Service<Request<B>, Response = Response<RB>>,
-    RB: Body,
-{
-    span.record("token", handle.fencing_token().get());
-    tracing::debug!(token = %handle.fencing_token(), "running the handler under the lease");
-    request.extensions_mut().insert(handle.clone());
-    add_request_lease(request.extensions_mut(), handle);
-    let started = Instant::now();
-    let handler = inner.call(request);
-    if settings.on_lost != OnLost::Abort {
-        let result = handler.await;
-        settings.sections.record(started.elapsed());
-        return result.map(Called::Answered);
-    }
-    let cause = {
-        let mut handler = pin!(handler);
-        let mut lost = pin!(handle.lost());
-        // The handler first: a response that is ready wins over a loss noticed at the
-        // same time (`finish` then marks it as lost).
-        let raced = poll_fn(|cx| match handler.as_mut().poll(cx) {
-            Poll::Ready(result) => Poll::Ready(Ok(result)),
-            Poll::Pending => lost.as_mut().poll(cx).map(Err),
-        })
-        .await;
-        match raced {
-            Ok(result) => {
-                settings.sections.record(started.elapsed());
-                return result.map(Called::Answered);
-            }
-            Err(cause) => cause,
-        }
-        // The handler future is dropped here, before the answer is made.
-    };
-    Ok(Called::Stopped(stopped(settings, span, handle, cause)))
 }
 
 /// 503 `lock-lost`: the lease was lost before the response left, under
@@ -207,13 +174,13 @@ pub(crate) async fn finish<RB: Body>(
     let (parts, body) = response.into_parts();
     // A body already complete (empty) is never polled: nothing to hold it through.
     let hold = settings.hold_through_body && !body.is_end_stream();
+    let abort = settings.on_lost == OnLost::Abort;
     let known = body
         .size_hint()
         .exact()
         .is_some_and(|len| len <= READ_AHEAD);
     let (lease, handle) = match (lease, handle) {
         (Some(lease), Some(handle)) if hold && known => {
-            let abort = settings.on_lost == OnLost::Abort;
             return match read_whole(body, &handle, abort).await {
                 Ok(read) => {
                     let trailers = read.trailers().cloned();
@@ -221,8 +188,8 @@ pub(crate) async fn finish<RB: Body>(
                     let (lease, handle) = (Some(lease), Some(handle));
                     finish_with(settings, span, parts, lease, handle, false, |_| body).await
                 }
-                Err(Unread::Lost(cause)) => stopped(settings, span, &handle, cause),
-                Err(Unread::Failed) => {
+                Err(Some(cause)) => stopped(settings, span, &handle, cause),
+                Err(None) => {
                     tracing::warn!("the response body failed before it was sent");
                     Box::pin(lease.release()).await;
                     let problem = problem::response_failed(handle.resource().clone());
@@ -232,40 +199,25 @@ pub(crate) async fn finish<RB: Body>(
         }
         other => other,
     };
-    finish_with(
-        settings,
-        span,
-        parts,
-        lease,
-        handle,
-        hold,
-        |lease| match lease {
-            Some(lease) => LeaseBody::holding(body, lease, settings.on_lost == OnLost::Abort),
-            None => LeaseBody::new(body),
-        },
-    )
-    .await
+    let body = |lease: Option<Lease>| match lease {
+        Some(lease) => LeaseBody::holding(body, lease, abort),
+        None => LeaseBody::new(body),
+    };
+    finish_with(settings, span, parts, lease, handle, hold, body).await
 }
 
-/// Why [`read_whole`] read no body.
-enum Unread {
-    /// The body failed.
-    Failed,
-    /// The lease was lost meanwhile, under [`OnLost::Abort`].
-    Lost(LostCause),
-}
-
-/// `body` read to its end; under `abort`, given up as soon as the lease is lost.
+/// `body` read to its end; under `abort`, given up as soon as the lease is lost (`Err`
+/// with the cause; `Err(None)`: the body failed).
 async fn read_whole<RB: Body>(
     body: RB,
     handle: &LeaseHandle,
     abort: bool,
-) -> Result<Collected<RB::Data>, Unread> {
+) -> Result<Collected<RB::Data>, Option<LostCause>> {
     let mut read = pin!(body.collect());
     let mut lost = pin!(handle.lost());
     poll_fn(|cx| match read.as_mut().poll(cx) {
-        Poll::Ready(read) => Poll::Ready(read.map_err(|_| Unread::Failed)),
-        Poll::Pending if abort => lost.as_mut().poll(cx).map(|cause| Err(Unread::Lost(cause))),
+        Poll::Ready(read) => Poll::Ready(read.map_err(|_| None)),
+        Poll::Pending if abort => lost.as_mut().poll(cx).map(|cause| Err(Some(cause))),
         Poll::Pending => Poll::Pending,
     })
     .await

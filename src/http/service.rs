@@ -21,12 +21,10 @@ use crate::Redlock;
 /// Runs each request under a Redlock lease; made by [`LockLayer`](super::LockLayer).
 ///
 /// Generic over the request body (the key extractor must support it) and the response
-/// body (wrapped in [`LeaseBody`]). Refusals are responses, so the error type is the
-/// inner service's: an `Infallible` service stays `Infallible`.
-///
-/// `poll_ready` is the inner service's; the readied service is called once the lease
+/// body (wrapped in [`LeaseBody`]); the error type is the inner service's. `poll_ready` is the inner service's; the readied service is called once the lease
 /// is acquired, so under [`Contention::Wait`](super::Contention::Wait) a capacity the
 /// inner service reserved in `poll_ready` stays reserved while the request waits.
+#[derive(Clone)]
 pub struct LockService<S, K> {
     inner: S,
     key: K,
@@ -65,17 +63,6 @@ impl<S, K> LockService<S, K> {
     /// Consumes `self`, returning the inner service.
     pub fn into_inner(self) -> S {
         self.inner
-    }
-}
-
-impl<S: Clone, K: Clone> Clone for LockService<S, K> {
-    fn clone(&self) -> Self {
-        LockService {
-            inner: self.inner.clone(),
-            key: self.key.clone(),
-            settings: self.settings.clone(),
-            prefix: self.prefix.clone(),
-        }
     }
 }
 

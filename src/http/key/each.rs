@@ -16,25 +16,9 @@ pub struct Each<T> {
 
 /// A multi-key extractor of two to four single-key extractors: each finds one key, and
 /// each key names a resource of its own (unlike a tuple, which joins its parts into one
-/// key). The request is locked on all of them, as one lease. For several fields of one
-/// JSON body, [`json_fields`](super::json_fields) parses it once.
-///
-/// ```
-/// use tower_redlock::http::{key::{each, header, json_field}, LockLayer, Scope};
-/// use tower_redlock::Redlock;
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// // A transfer from the account in the `x-account` header to the one in the body:
-/// // both accounts locked, one lease.
-/// let layer = LockLayer::new(
-///     Redlock::in_memory(),
-///     each((header("x-account"), json_field("/to"))),
-/// )
-/// .scope(Scope::shared("account"));
-/// # let _ = layer;
-/// # }
-/// ```
+/// key). The request is locked on all of them, as one lease: e.g.
+/// `each((header("x-account"), json_field("/to")))`. For several fields of one JSON body,
+/// [`json_fields`](super::json_fields) parses it once.
 pub fn each<T>(members: T) -> Each<T> {
     Each { members }
 }
@@ -85,24 +69,8 @@ pub struct KeysFn {
 
 /// A multi-key extractor from a closure over the request head: each key it returns
 /// names a resource of its own. `None` or an empty list is no key. A key-invalid
-/// problem names a key by its position ("lock key 2").
-///
-/// ```
-/// use http::request::Parts;
-/// use tower_redlock::http::{key::keys_fn, LockLayer, Scope};
-/// use tower_redlock::Redlock;
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// // `x-warehouses: berlin, lyon`: reserve stock in both, one lease.
-/// let warehouses = keys_fn(|parts: &Parts| {
-///     let list = parts.headers.get("x-warehouses")?.to_str().ok()?;
-///     Some(list.split(',').map(|w| w.trim().to_owned()).collect())
-/// });
-/// let layer = LockLayer::new(Redlock::in_memory(), warehouses).scope(Scope::shared("warehouse"));
-/// # let _ = layer;
-/// # }
-/// ```
+/// problem names a key by its position ("lock key 2"). Examples: [the
+/// guide](crate::guide::keys).
 pub fn keys_fn<F>(keys: F) -> KeysFn
 where
     F: Fn(&Parts) -> Option<Vec<String>> + Send + Sync + 'static,

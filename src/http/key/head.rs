@@ -26,18 +26,6 @@ pub struct Header {
 /// rejected (`key-invalid`). [`Header::sf_string`] turns this reading on or off for any
 /// header.
 ///
-/// ```
-/// use tower_redlock::http::key::{header, KeyExtractor};
-///
-/// let request = http::Request::post("/payments")
-///     .header("Idempotency-Key", r#""8e03978e-40d5""#)
-///     .body(())
-///     .unwrap();
-/// let (mut parts, ()) = request.into_parts();
-/// let key = header("Idempotency-Key").keys(&mut parts, &[]).unwrap();
-/// assert_eq!(key.as_deref(), Some("8e03978e-40d5"));
-/// ```
-///
 /// # Panics
 ///
 /// When `name` is not a valid header name.
@@ -220,15 +208,9 @@ pub struct PathParam {
 /// (e.g. `id` in `/orders/{id}`). A matched route without a parameter of that name
 /// is a server mistake: 500 `key-misconfigured`, logged as an error.
 ///
-/// Path parameters exist only after routing: apply the layer with
-/// [`Router::route_layer`](axum::Router::route_layer), [`Router::layer`](axum::Router::layer)
-/// or [`MethodRouter::layer`](axum::routing::MethodRouter::layer), not around the whole
-/// router. Outside a router no key is found (and a warning is logged).
-///
-/// Lock the key as the handler reads it: a `Path<u64>` handler sees `/orders/007` and
-/// `/orders/7` as one order, so lock `path_param("id").parse::<u64>()` (see
-/// [`KeyExtractor::parse`]), and normalise other spellings (a UUID's case) with
-/// [`KeyExtractor::normalize`]; otherwise two requests for one order take two locks.
+/// Path parameters exist only after routing: apply the layer inside the router.
+/// Outside a router no key is found (and a warning is logged). Lock the key as the
+/// handler reads it: [`KeyExtractor::parse`], [`KeyExtractor::normalize`].
 #[cfg(feature = "axum")]
 pub fn path_param(name: impl Into<Arc<str>>) -> PathParam {
     PathParam { name: name.into() }

@@ -3,14 +3,11 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::request::Parts;
-use http_body::Body;
-use http_body_util::BodyExt;
 
 use super::each::gather;
 use super::{KeyExtractor, KeyRejection};
-use crate::http::BoxError;
 
 /// The key is a field of the JSON body; see [`json_field`].
 #[derive(Debug, Clone)]
@@ -26,11 +23,9 @@ pub(crate) const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 /// `/data/object/id`) of the JSON body: a string as it is, a number as its decimal text.
 /// `null` or an absent field is no key; any other value is rejected (`key-invalid`).
 ///
-/// The body is buffered up to [`limit`](JsonField::limit) bytes (64 KiB by default;
-/// larger bodies get 413 `body-too-large` before any lock is taken), and the handler
-/// receives the identical bytes, so signatures over the raw body still verify.
-/// Trailers of the request body are not passed on. A body that is not JSON gets 400
-/// `body-not-json`.
+/// The body is buffered up to [`limit`](JsonField::limit) bytes (larger bodies get 413
+/// `body-too-large` before any lock is taken), and the handler receives the identical
+/// bytes, without trailers. A body that is not JSON gets 400 `body-not-json`.
 ///
 /// # Panics
 ///
@@ -119,30 +114,12 @@ pub struct JsonFields {
 }
 
 /// A multi-key extractor: the fields at the JSON Pointers `pointers` of the JSON body,
-/// each key a resource of its own (`{"from": "a", "to": "b"}` with `["/from", "/to"]`
-/// locks the accounts `a` and `b`, as one lease). The body is buffered and parsed once;
-/// each field is read as [`json_field`] reads one (a string, or a number as its decimal
-/// text), with the same limit (64 KiB by default; `.limit(bytes)` on what it returns
-/// sets another) and the same problems.
+/// each key a resource of its own, locked as one lease. The body is buffered and parsed
+/// once; each field is read as [`json_field`] reads one, with the same limit and the
+/// same problems.
 ///
-/// A body with none of the fields has no key (the layer's
-/// [`MissingKey`](crate::http::MissingKey) decides); one with some and not others gets
-/// 400 `key-missing` naming the missing ones; nothing is locked. Two fields with the
-/// same value name one resource.
-///
-/// ```
-/// use tower_redlock::http::{key::json_fields, Contention, LockLayer, Scope};
-/// use tower_redlock::Redlock;
-/// use std::time::Duration;
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let transfers = LockLayer::new(Redlock::in_memory(), json_fields(["/from", "/to"]))
-///     .scope(Scope::shared("account"))
-///     .contention(Contention::Wait { timeout: Duration::from_secs(5) });
-/// # let _ = transfers;
-/// # }
-/// ```
+/// A body with some of the fields and not others gets 400 `key-missing` naming the
+/// missing ones; two fields with the same value name one resource.
 ///
 /// # Panics
 ///
@@ -203,39 +180,4 @@ impl KeyExtractor for JsonFields {
             None => format!("lock key {}", index + 1),
         }
     }
-}
-
-/// Reads the data of `body`, failing once it exceeds `limit` bytes.
-pub(crate) async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, KeyRejection>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let mut body = std::pin::pin!(body);
-    let mut first: Option<Bytes> = None;
-    let mut rest = BytesMut::new();
-    let mut len = 0usize;
-    while let Some(frame) = body.as_mut().frame().await {
-        let frame = frame.map_err(|e| {
-            KeyRejection::body_unreadable(format!("reading the body failed: {}", e.into()))
-        })?;
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers
-        };
-        len = len.saturating_add(data.len());
-        if len > limit {
-            return Err(KeyRejection::body_too_large(limit));
-        }
-        // The common single-chunk body is passed on without a copy.
-        match &first {
-            None if rest.is_empty() => first = Some(data),
-            _ => {
-                if let Some(first) = first.take() {
-                    rest.extend_from_slice(&first);
-                }
-                rest.extend_from_slice(&data);
-            }
-        }
-    }
-    Ok(first.unwrap_or_else(|| rest.freeze()))
 }

@@ -14,21 +14,15 @@
 //!   [`normalize`](KeyExtractor::normalize), and every closure
 //!   `Fn(&Parts) -> Option<String>`.
 //! - **Several keys** (`type Keys = Vec<String>`), each a resource of its own, locked
-//!   together as one lease: [`json_fields`], [`each`], [`keys_fn`]. A request with none of
-//!   them has no key; one with some and not others is refused with 400 `key-missing`
-//!   naming the missing ones; keys naming the same resource are one; more distinct keys
-//!   than [`MAX_RESOURCES_PER_LEASE`](crate::MAX_RESOURCES_PER_LEASE) get 400
-//!   `key-invalid`. Nothing is locked for any of these. [Replay](super::replay) takes
-//!   one key per request, and the `Locked` extractor (feature `axum`) a head extractor
-//!   (`type Body = ()`): the compiler refuses the others there.
+//!   together as one lease: [`json_fields`], [`each`], [`keys_fn`]. A request with some
+//!   of them and not others is refused with 400 `key-missing` naming the missing ones;
+//!   more distinct keys than [`MAX_RESOURCES_PER_LEASE`](crate::MAX_RESOURCES_PER_LEASE)
+//!   get 400 `key-invalid`. [Replay](super::replay) takes one key per request, and the
+//!   `Locked` extractor (feature `axum`) a head extractor (`type Body = ()`).
 //!
 //! The layer checks every key: not empty, at most
 //! [`max_key_len`](super::LockLayer::max_key_len) bytes of UTF-8, no control
-//! characters. Anything else is a valid key, including spaces and non-ASCII letters (a
-//! percent-decoded path id such as `/accounts/%C3%A9` gives `é`). A key the server
-//! cannot find because it is configured wrongly — a `path_param` name that the matched
-//! route does not have — is answered with 500 `key-misconfigured` and logged as an
-//! error.
+//! characters.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -94,8 +88,8 @@ pub use each::{each, keys_fn, Each, KeysFn};
 pub use head::{header, query_param, Header, QueryParam};
 #[cfg(feature = "axum")]
 pub use head::{path_param, PathParam};
+pub(crate) use json::DEFAULT_BODY_LIMIT;
 pub use json::{json_field, json_fields, JsonField};
-pub(crate) use json::{read_limited, DEFAULT_BODY_LIMIT};
 pub use rejection::KeyRejection;
 pub(crate) use sealed::{Found, HeadOnly, KeySet, OneKey, Read};
 
@@ -162,17 +156,6 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
     /// value lock one resource. `path_param("id").parse::<u64>()` locks `/orders/007` and
     /// `/orders/7` as the same order, as a `Path<u64>` handler sees them; a key that does
     /// not parse gets 400 `key-invalid`, as the handler's extractor would refuse it.
-    ///
-    /// ```
-    /// use tower_redlock::http::{key::{path_param, KeyExtractor}, LockLayer};
-    /// use tower_redlock::Redlock;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = LockLayer::new(Redlock::in_memory(), path_param("id").parse::<u64>());
-    /// # let _ = layer;
-    /// # }
-    /// ```
     #[allow(clippy::type_complexity)]
     fn parse<T>(self) -> Normalized<Self, fn(String) -> Result<String, String>>
     where
@@ -184,20 +167,8 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
 
     /// This extractor's key passed through `normalize`, which returns the key to lock
     /// (e.g. a UUID in lower case) or why the key is not acceptable (400 `key-invalid`,
-    /// with the reason in the problem's detail).
-    ///
-    /// ```
-    /// use tower_redlock::http::{key::{path_param, KeyExtractor}, LockLayer};
-    /// use tower_redlock::Redlock;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// // One order whatever the case of its UUID.
-    /// let key = path_param("id").normalize(|id: String| Ok(id.to_ascii_lowercase()));
-    /// let layer = LockLayer::new(Redlock::in_memory(), key);
-    /// # let _ = layer;
-    /// # }
-    /// ```
+    /// with the reason in the problem's detail): e.g.
+    /// `path_param("id").normalize(|id: String| Ok(id.to_ascii_lowercase()))`.
     fn normalize<F>(self, normalize: F) -> Normalized<Self, F>
     where
         Self: KeyExtractor<Keys = String>,
@@ -215,11 +186,12 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
 mod sealed {
     use std::future::{ready, Future};
 
-    use bytes::Bytes;
+    use bytes::{Bytes, BytesMut};
     use http::Request;
     use http_body::Body;
+    use http_body_util::BodyExt;
 
-    use super::{read_limited, KeyRejection, DEFAULT_BODY_LIMIT};
+    use super::{KeyRejection, DEFAULT_BODY_LIMIT};
 
     /// The keys an extractor found, as the layer takes them.
     #[derive(Debug)]
@@ -321,30 +293,35 @@ mod sealed {
             if declared.is_some_and(too_large) || too_large(body.size_hint().lower()) {
                 return Err(KeyRejection::body_too_large(limit));
             }
-            let bytes = read_limited(body, limit).await?;
+            let mut body = std::pin::pin!(body);
+            let (mut first, mut rest) = (None::<Bytes>, BytesMut::new());
+            while let Some(frame) = body.as_mut().frame().await {
+                let frame = frame.map_err(|e| {
+                    KeyRejection::body_unreadable(format!("reading the body failed: {}", e.into()))
+                })?;
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers
+                };
+                if first.as_ref().map_or(0, Bytes::len) + rest.len() + data.len() > limit {
+                    return Err(KeyRejection::body_too_large(limit));
+                }
+                // The common single-chunk body is passed on without a copy.
+                match first.take() {
+                    None if rest.is_empty() => first = Some(data),
+                    first => {
+                        rest.extend_from_slice(&first.unwrap_or_default());
+                        rest.extend_from_slice(&data);
+                    }
+                }
+            }
+            let bytes = first.unwrap_or_else(|| rest.freeze());
             Ok((Request::from_parts(parts, B::from(bytes.clone())), bytes))
         }
     }
 }
 
-/// One key, read by a closure from the request head.
-///
-/// ```
-/// use http::request::Parts;
-/// use tower_redlock::http::LockLayer;
-/// use tower_redlock::Redlock;
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let tenant_and_key = |parts: &Parts| {
-///     let tenant = parts.headers.get("x-tenant")?.to_str().ok()?;
-///     let key = parts.headers.get("idempotency-key")?.to_str().ok()?;
-///     Some(format!("{tenant}/{key}"))
-/// };
-/// let layer = LockLayer::new(Redlock::in_memory(), tenant_and_key);
-/// # let _ = layer;
-/// # }
-/// ```
+/// One key, read by a closure from the request head, e.g.
+/// `|parts: &Parts| Some(parts.headers.get("x-tenant")?.to_str().ok()?.to_owned())`.
 impl<F> KeyExtractor for F
 where
     F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
@@ -358,12 +335,9 @@ where
 }
 
 /// Checks a key against the layer's rules: not empty, at most `max_len` bytes, no
-/// control characters.
-///
-/// Any other UTF-8 is accepted (a percent-decoded path id such as `é`, a space in a
-/// quoted `Idempotency-Key`): Redis keys are binary-safe, and [`Resource`](crate::Resource) escapes the
-/// parts it joins, so no key can reach into another part. Control characters are
-/// refused because they have no business in an identifier and would corrupt logs.
+/// control characters (they have no business in an identifier and would corrupt logs).
+/// Any other UTF-8 is accepted: Redis keys are binary-safe, and
+/// [`Resource`](crate::Resource) escapes the parts it joins.
 pub(crate) fn validate(key: &str, max_len: usize) -> Result<(), String> {
     if key.is_empty() {
         return Err("the lock key is empty".to_owned());
@@ -381,6 +355,3 @@ pub(crate) fn validate(key: &str, max_len: usize) -> Result<(), String> {
     }
     Ok(())
 }
-
-#[cfg(test)]
-mod tests;

@@ -15,10 +15,7 @@ pub struct KeyRejection {
 impl KeyRejection {
     /// The key is present but unusable (ambiguous, wrong type, not UTF-8): 400 `key-invalid`.
     pub fn invalid(detail: impl Into<String>) -> Self {
-        KeyRejection {
-            kind: ProblemKind::KeyInvalid,
-            detail: detail.into(),
-        }
+        KeyRejection::with_kind(ProblemKind::KeyInvalid, detail)
     }
 
     /// A key the request must carry is absent: 400 `key-missing`. The layer answers a
@@ -26,45 +23,31 @@ impl KeyRejection {
     /// a multi-key extractor that finds some of its keys and not others rejects the
     /// request with this, naming the missing ones.
     pub fn missing(detail: impl Into<String>) -> Self {
-        KeyRejection {
-            kind: ProblemKind::KeyMissing,
-            detail: detail.into(),
-        }
+        KeyRejection::with_kind(ProblemKind::KeyMissing, detail)
     }
 
     /// The server is configured to look for a key where the request cannot have one
     /// (a path parameter the matched route does not have): 500 `key-misconfigured`.
     pub fn misconfigured(detail: impl Into<String>) -> Self {
-        KeyRejection {
-            kind: ProblemKind::KeyMisconfigured,
-            detail: detail.into(),
-        }
+        KeyRejection::with_kind(ProblemKind::KeyMisconfigured, detail)
     }
 
     /// The body exceeds `limit` bytes: 413 `body-too-large`.
     pub fn body_too_large(limit: usize) -> Self {
-        KeyRejection {
-            kind: ProblemKind::BodyTooLarge,
-            detail: format!(
-                "the body is larger than {limit} bytes, the limit for finding its lock key"
-            ),
-        }
+        KeyRejection::with_kind(
+            ProblemKind::BodyTooLarge,
+            format!("the body is larger than {limit} bytes, the limit for finding its lock key"),
+        )
     }
 
     /// The body should be JSON and is not: 400 `body-not-json`.
     pub fn body_not_json(detail: impl Into<String>) -> Self {
-        KeyRejection {
-            kind: ProblemKind::BodyNotJson,
-            detail: detail.into(),
-        }
+        KeyRejection::with_kind(ProblemKind::BodyNotJson, detail)
     }
 
     /// Reading the body failed: 400 `body-unreadable`.
     pub fn body_unreadable(detail: impl Into<String>) -> Self {
-        KeyRejection {
-            kind: ProblemKind::BodyUnreadable,
-            detail: detail.into(),
-        }
+        KeyRejection::with_kind(ProblemKind::BodyUnreadable, detail)
     }
 
     /// A rejection of `kind` explained by `detail` (for the layer's own body readers).

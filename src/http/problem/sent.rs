@@ -2,7 +2,6 @@
 //! refusal's detail text is written here.
 
 use std::num::NonZeroU32;
-
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,23 +16,6 @@ use crate::Resource;
 /// code that locks by hand ([`Redlock::acquire`](crate::Redlock::acquire)) and wants
 /// to answer as the layer does; with the `axum` feature, `LockError` and [`Problem`]
 /// also implement axum's `IntoResponse`.
-///
-/// ```
-/// use http::StatusCode;
-/// use tower_redlock::http::problem::problem_response;
-/// use tower_redlock::{Redlock, Resource};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let locker = Redlock::in_memory();
-/// let _held = locker.try_acquire(Resource::new("order").join("7")).await.unwrap();
-/// let error = locker.try_acquire(Resource::new("order").join("7")).await.unwrap_err();
-/// let response = problem_response(&error);
-/// assert_eq!(response.status(), StatusCode::CONFLICT);
-/// assert_eq!(response.headers()["content-type"], "application/problem+json");
-/// assert!(response.headers().contains_key("retry-after"));
-/// # }
-/// ```
 pub fn problem_response(error: &LockError) -> Response<Bytes> {
     render(&DefaultRenderer, &Problem::from(error))
 }
@@ -43,17 +25,12 @@ impl From<&LockError> for Problem {
     /// `lock-unavailable`, `lock-queue-full` or `lock-lost`), naming the error's
     /// resource. Node addresses and other details go to the log, not to the client.
     fn from(error: &LockError) -> Self {
-        lock_error_problem(error, error.resource().clone())
+        acquisition_problem(error, error.resource().clone(), None)
     }
 }
 
 /// The problem a failed acquisition of `resource` is answered with, by the layer and by
-/// the axum extractors alike.
-pub(crate) fn lock_error_problem(error: &LockError, resource: Resource) -> Problem {
-    acquisition_problem(error, resource, None)
-}
-
-/// As [`lock_error_problem`]; `set` is how many resources the request locks together,
+/// the axum extractors alike. `set` is how many resources the request locks together,
 /// for a multi-key extractor: a contention problem then names the member that is held
 /// (`resource`, the error's), in its `resource` member and in its detail, and
 /// `Retry-After` is the holders' longest time to live (as the engine reports it).
@@ -72,72 +49,68 @@ pub(crate) fn acquisition_problem(
             " nothing was locked;",
         ),
     };
-    let problem = match error {
-        LockError::Held { holder_ttl, .. } => Problem::new(
+    let soon = Some(RETRY_SOON);
+    let (kind, detail, retry_after) = match error {
+        LockError::Held { holder_ttl, .. } => (
             ProblemKind::LockHeld,
             format!(
                 "another request holds the lock on {};{nothing_locked} retry later",
                 held.trim_end_matches(',')
             ),
-        )
-        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
+            Some(holder_ttl.unwrap_or(RETRY_SOON)),
+        ),
         LockError::WaitTimeout {
             waited, holder_ttl, ..
-        } => Problem::new(
+        } => (
             ProblemKind::LockWaitTimeout,
             format!(
                 "the lock on {held} was still held after waiting {} ms;{nothing_locked} retry later",
                 waited.as_millis()
             ),
-        )
-        .with_retry_after(holder_ttl.unwrap_or(RETRY_SOON)),
+            Some(holder_ttl.unwrap_or(RETRY_SOON)),
+        ),
         LockError::Unavailable { .. } | LockError::ValidityExpired { .. } => {
             // The details (node addresses) go to the log, not to the client; the loss
             // of the quorum is logged once by the locker.
             tracing::debug!(%error, "lock store unavailable: request refused");
-            Problem::new(
-                ProblemKind::LockUnavailable,
-                "the lock store could not reach a quorum; the request was not processed",
-            )
-            .with_retry_after(RETRY_SOON)
+            let detail = "the lock store could not reach a quorum; the request was not processed";
+            (ProblemKind::LockUnavailable, detail.to_owned(), soon)
         }
         // Another version of the service holds the resource with another limit (a
         // rolling deploy that changed it without a drain): an operator's to fix.
         LockError::ModeMismatch { .. } => {
             tracing::warn!(%error, "lock mode differs from the holders': request refused");
-            Problem::new(
-                ProblemKind::LockUnavailable,
-                "the resource is held under another limit; the request was not processed",
-            )
-            .with_retry_after(RETRY_SOON)
+            let detail = "the resource is held under another limit; the request was not processed";
+            (ProblemKind::LockUnavailable, detail.to_owned(), soon)
         }
-        LockError::QueueFull { limit, .. } => Problem::new(
-            ProblemKind::LockQueueFull,
-            format!("{limit} requests already wait for this resource"),
-        )
-        .with_retry_after(RETRY_SOON),
-        LockError::Lost { .. } => Problem::new(
-            ProblemKind::LockLost,
-            "the lock was lost while the request was processed",
-        )
-        .with_retry_after(RETRY_SOON),
-        LockError::Draining { .. } => Problem::new(
-            ProblemKind::LockUnavailable,
-            "this instance is shutting down and takes no new locks; retry",
-        )
-        .with_retry_after(RETRY_SOON),
+        LockError::QueueFull { limit, .. } => {
+            let detail = format!("{limit} requests already wait for this resource");
+            (ProblemKind::LockQueueFull, detail, soon)
+        }
+        LockError::Lost { .. } => {
+            let detail = "the lock was lost while the request was processed";
+            (ProblemKind::LockLost, detail.to_owned(), soon)
+        }
+        LockError::Draining { .. } => {
+            let detail = "this instance is shutting down and takes no new locks; retry";
+            (ProblemKind::LockUnavailable, detail.to_owned(), soon)
+        }
         // The request named no lockable resource, or too many: the client's to fix.
-        LockError::ResourceCount { count, limit, .. } => Problem::new(
-            ProblemKind::KeyInvalid,
-            format!("a request locks 1 to {limit} resources; it named {count}"),
-        ),
+        LockError::ResourceCount { count, limit, .. } => {
+            let detail = format!("a request locks 1 to {limit} resources; it named {count}");
+            (ProblemKind::KeyInvalid, detail, None)
+        }
     };
-    problem.with_resource(resource)
+    let problem = Problem::new(kind, detail).with_resource(resource);
+    match retry_after {
+        Some(delay) => problem.with_retry_after(delay),
+        None => problem,
+    }
 }
 
 /// 429 `limit-reached` for a counted lock of `permits` whose acquisition found every
 /// permit taken (`Held`, or `WaitTimeout` after a wait); other errors as
-/// [`lock_error_problem`]'s.
+/// [`acquisition_problem`]'s.
 pub(crate) fn counted_error_problem(
     error: &LockError,
     permits: NonZeroU32,
@@ -147,7 +120,7 @@ pub(crate) fn counted_error_problem(
         LockError::Held { holder_ttl, .. } | LockError::WaitTimeout { holder_ttl, .. } => {
             *holder_ttl
         }
-        _ => return lock_error_problem(error, resource),
+        _ => return acquisition_problem(error, resource, None),
     };
     Problem::new(
         ProblemKind::LimitReached,

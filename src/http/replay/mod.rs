@@ -3,30 +3,11 @@
 //! Turned on with [`LockLayer::replay`](super::LockLayer::replay). It follows the IETF
 //! draft *The Idempotency-Key HTTP Header Field* and the behaviour Stripe documents for
 //! its API; [the replay guide](crate::guide::replay) has the table of what each request
-//! gets, what is recorded and how records survive restarts and failovers. In short: the
-//! first response for a key (when [`Replay::store_if`] accepts its status and its body
-//! fits [`Replay::max_body`]) is recorded **before** it is sent; the same request with
-//! the same key later gets it back with `Idempotent-Replayed: true`, without a lock or
-//! the handler; the same key with another request ([`Fingerprint`]) gets 422
-//! `idempotency-key-reused`; a key in flight gets 409 `request-in-progress` (or, under
-//! [`Contention::Wait`](super::Contention::Wait), the first response once it is
-//! recorded); an attempt whose outcome is unknown (lease lost, process gone, handler
-//! panicked) makes the key answer 409 `outcome-unknown` for [`UnknownOutcome`]'s time,
-//! then the handler runs again, told of the attempt
-//! ([`InterruptedAttempt`](super::InterruptedAttempt)). Only [`Replay::methods`]
-//! (default `POST` and `PATCH`) are replayed; a 405 of the router, or a 404 of its
-//! fallback (no `MatchedPath`), is never recorded: apply the layer with `route_layer`.
-//!
-//! Whose keys they are is said when the layer is built: [`Replay::per_client`] scopes
-//! records, locks and executions to the client it finds (hashed into the resource; a
-//! request without one gets 400 `key-missing`), as the draft and Stripe ask, for keys
-//! clients choose; [`Replay::global`] is for keys that name one operation whoever sends
-//! them (a webhook's event id).
-//!
-//! Records live on the lock nodes, or, with `Replay::records_in` (feature `postgres`), in
-//! the application's PostgreSQL, where a handler that writes through `axum::Tx` commits
-//! its writes and its record in one transaction: a crash before the commit leaves
-//! neither, and the retry runs cleanly instead of answering `outcome-unknown`.
+//! gets ([`Fingerprint`], [`UnknownOutcome`], [`Replay::methods`] decide parts of it),
+//! what is recorded, and how records survive restarts and failovers. [`Replay::per_client`]
+//! and [`Replay::global`] say whose keys they are; `Replay::records_in` (feature
+//! `postgres`) keeps the records in the application's PostgreSQL, where a handler's
+//! writes through `axum::Tx` commit with its record.
 //!
 //! # Why it is an option of [`LockLayer`](super::LockLayer)
 //!
@@ -106,33 +87,19 @@ impl<K: KeyExtractor<Keys = String>> KeyExtractor for Replaying<K> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use axum::{body::Body, routing::post, Router};
-/// use axum::http::{Request, StatusCode};
-/// use tower::ServiceExt;
+/// use axum::{http::StatusCode, routing::post, Router};
 /// use tower_redlock::http::{key::header, replay::Replay, LockLayer};
 /// use tower_redlock::Redlock;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let app = Router::new()
+/// let app: Router = Router::new()
 ///     .route("/payments", post(|| async { (StatusCode::CREATED, "pay_1") }))
 ///     .route_layer(
 ///         LockLayer::new(Redlock::in_memory(), header("Idempotency-Key"))
 ///             .replay(Replay::per_client(header("Authorization")).retention(Duration::from_secs(3600))),
 ///     );
-/// let pay = || {
-///     Request::post("/payments")
-///         .header("Authorization", "Bearer alice")
-///         .header("Idempotency-Key", "k-1")
-///         .body(Body::from(r#"{"amount":100}"#))
-///         .unwrap()
-/// };
-/// let first = app.clone().oneshot(pay()).await.unwrap();
-/// assert_eq!(first.status(), StatusCode::CREATED);
-/// assert!(first.headers().get("idempotent-replayed").is_none());
-/// let again = app.oneshot(pay()).await.unwrap();
-/// assert_eq!(again.status(), StatusCode::CREATED);
-/// assert_eq!(again.headers()["idempotent-replayed"], "true");
+/// # let _ = app;
 /// # }
 /// ```
 #[derive(Clone)]
@@ -145,7 +112,7 @@ pub struct Replay {
     fingerprint: Fingerprint,
     unknown: Option<UnknownOutcome>,
     client: Option<(ClientFn, String)>,
-    methods: Vec<Method>,
+    pub(crate) methods: Vec<Method>,
     #[cfg(feature = "postgres")]
     records: Option<PgRecords>,
 }
@@ -156,11 +123,7 @@ impl Replay {
     /// layer put in the extensions. The same key from two clients names two records. The
     /// value is hashed (SHA-256) before it becomes part of the lock's and record's keys,
     /// so credentials never appear there. A request in which `client` finds nothing gets
-    /// 400 `key-missing`.
-    ///
-    /// The other settings are the defaults: records kept 24 h, bodies up to 1 MiB,
-    /// headers `Content-Type` and `Location`, statuses of [`Replay::stored_by_default`], the
-    /// default [`Fingerprint`], [`UnknownOutcome::ReexecuteAfter`] the lock's ttl.
+    /// 400 `key-missing`. The other settings are each builder method's default.
     pub fn per_client<T>(client: T) -> Self
     where
         T: KeyExtractor<Keys = String>,
@@ -174,7 +137,7 @@ impl Replay {
     /// Replay with keys shared by every client: a request with a key gets the record of
     /// whoever sent that key first. Only for keys that name one operation whoever sends
     /// them (a single sender's delivery ids, a webhook's event id); for keys that clients
-    /// choose, use [`Replay::per_client`]. Defaults as there.
+    /// choose, use [`Replay::per_client`].
     pub fn global() -> Self {
         Replay::with_client(None)
     }
@@ -199,14 +162,6 @@ impl Replay {
     /// `PATCH`, the methods the IETF draft is about: `GET`, `HEAD`, `PUT`, `DELETE` and
     /// `OPTIONS` are idempotent by definition). A request with another method is
     /// locked like any other, and neither looked up nor recorded.
-    ///
-    /// ```
-    /// use http::Method;
-    /// use tower_redlock::http::replay::Replay;
-    ///
-    /// let replay = Replay::global().methods([Method::POST, Method::PATCH, Method::DELETE]);
-    /// # let _ = replay;
-    /// ```
     #[must_use]
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.methods = methods.into_iter().collect();
@@ -316,21 +271,11 @@ impl fmt::Debug for Replay {
 }
 
 impl Replay {
-    /// The statuses [`Replay`] records by default: 2xx, 3xx, and 4xx except
-    ///
-    /// - 400 Bad Request, 411 Length Required, 413 Content Too Large, 415 Unsupported Media
-    ///   Type and 422 Unprocessable Content: what axum's extractors answer for a request
-    ///   they refuse (malformed JSON, query, path or form; a missing `Content-Type`; a body
-    ///   too large; a type error) before the handler runs. As Stripe does, a result is
-    ///   saved only once the endpoint started executing: the client's corrected request,
-    ///   with the same key, runs. A handler's own refusals in the same statuses are not
-    ///   recorded either (they are validations, which a retry repeats for free); record
-    ///   them with [`Replay::store_if`].
-    /// - 408 Request Timeout, 409 Conflict and 429 Too Many Requests: they say "try
-    ///   again", and a retry should be able to succeed.
-    ///
-    /// 5xx are not recorded, so a retry after a server error runs the handler again —
-    /// unlike Stripe, which replays 500s too; use [`Replay::store_if`] for that.
+    /// The statuses [`Replay`] records by default: 2xx, 3xx, and 4xx except 400, 411,
+    /// 413, 415 and 422 (what axum's extractors answer before the handler runs: as Stripe
+    /// does, a result is saved only once the endpoint started executing), and 408, 409
+    /// and 429 (they say "try again"). 5xx are not recorded, unlike Stripe's 500s; use
+    /// [`Replay::store_if`] for other choices.
     pub fn stored_by_default(status: StatusCode) -> bool {
         match status.as_u16() {
             200..=399 => true,
@@ -342,9 +287,8 @@ impl Replay {
     }
 }
 
-/// What the key answers after an attempt whose outcome is unknown: its lease was lost
-/// while the handler ran, its response future was dropped (the client went away), or
-/// its record could not be written.
+/// What the key answers after an attempt whose outcome is unknown (its lease lost, its
+/// process gone, its record not written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UnknownOutcome {
@@ -358,55 +302,35 @@ pub enum UnknownOutcome {
     Refuse,
 }
 
-/// The replay settings a layer resolved (defaults that depend on the locker filled in).
-pub(crate) struct ReplaySettings {
-    pub(crate) retention: Duration,
-    pub(crate) max_body: usize,
-    pub(crate) headers: Vec<HeaderName>,
-    pub(crate) store_if: Arc<dyn Fn(StatusCode) -> bool + Send + Sync>,
-    /// `Some`: an interrupted attempt blocks its key this long; `None`: until retention.
-    pub(crate) unknown_for: Option<Duration>,
-    pub(super) max_request_body: usize,
-    pub(super) fingerprint: Fingerprint,
-    pub(super) client: Option<(ClientFn, String)>,
-    pub(crate) methods: Vec<Method>,
-    /// `Some`: records in PostgreSQL, not on the lock nodes.
-    #[cfg(feature = "postgres")]
-    pub(crate) records: Option<PgRecords>,
-}
-
-impl ReplaySettings {
-    pub(crate) fn new(replay: Replay, lock_ttl: Duration) -> Self {
-        let unknown_for = match replay
-            .unknown
-            .unwrap_or(UnknownOutcome::ReexecuteAfter(lock_ttl))
-        {
-            UnknownOutcome::ReexecuteAfter(after) => Some(after),
-            UnknownOutcome::Refuse => None,
-        };
-        // Capped where the nodes would be asked to keep something longer than they can
-        // express; `Duration::MAX` means "as long as possible".
+impl Replay {
+    /// This replay with the defaults that depend on the locker filled in, and capped
+    /// where the nodes would be asked to keep something longer than they can express
+    /// (`Duration::MAX` means "as long as possible").
+    pub(crate) fn resolved(mut self, lock_ttl: Duration) -> Self {
         let cap = crate::lock::record::MAX_RECORD_TTL;
-        let unknown_for = unknown_for.map(|after| after.min(cap));
-        ReplaySettings {
-            retention: replay.retention.min(cap),
-            max_body: replay.max_body,
-            headers: replay.headers,
-            store_if: replay.store_if,
-            unknown_for,
-            max_request_body: replay.max_request_body,
-            fingerprint: replay.fingerprint,
-            client: replay.client,
-            methods: replay.methods,
-            #[cfg(feature = "postgres")]
-            records: replay.records,
+        self.retention = self.retention.min(cap);
+        self.unknown = Some(match self.unknown {
+            None => UnknownOutcome::ReexecuteAfter(lock_ttl.min(cap)),
+            Some(UnknownOutcome::ReexecuteAfter(after)) => {
+                UnknownOutcome::ReexecuteAfter(after.min(cap))
+            }
+            Some(UnknownOutcome::Refuse) => UnknownOutcome::Refuse,
+        });
+        self
+    }
+
+    /// `Some`: an interrupted attempt blocks its key this long; `None`: until retention.
+    pub(crate) fn unknown_for(&self) -> Option<Duration> {
+        match self.unknown {
+            Some(UnknownOutcome::ReexecuteAfter(after)) => Some(after),
+            _ => None,
         }
     }
 
     /// How long a pending marker lives: it must outlast the work, and an interrupted
     /// attempt must stay visible until someone finds it.
     pub(crate) fn pending_ttl(&self) -> Duration {
-        self.retention.max(self.unknown_for.unwrap_or_default())
+        self.retention.max(self.unknown_for().unwrap_or_default())
     }
 
     /// The records are kept on the lock nodes (not in PostgreSQL).
@@ -420,19 +344,6 @@ impl ReplaySettings {
     /// Whether a request with `ours` may use a record stored with `stored`.
     pub(crate) fn matches(&self, ours: &[u8], stored: &[u8]) -> bool {
         !self.fingerprint.enabled || ours == stored
-    }
-}
-
-impl fmt::Debug for ReplaySettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Replay")
-            .field("retention", &self.retention)
-            .field("max_body", &self.max_body)
-            .field("headers", &self.headers)
-            .field("unknown_for", &self.unknown_for)
-            .field("fingerprint", &self.fingerprint)
-            .field("client", &self.client.as_ref().map(|(_, d)| d))
-            .finish_non_exhaustive()
     }
 }
 

@@ -1,7 +1,5 @@
-//! Replay's steps on the layer's one path, in order: the record looked up before
-//! locking (a completed one is answered at once), claimed under the lease before the
-//! handler runs, and the handler's response recorded under the lease before it is
-//! sent. See the [module documentation](super) for why each step is where it is.
+//! Replay's steps on the layer's one path; see the [module documentation](super) for
+//! why each step is where it is.
 
 use std::sync::Arc;
 
@@ -15,13 +13,13 @@ use sha2::{Digest, Sha256};
 use tracing::Span;
 
 use super::stored::StoredResponse;
-use super::{ReplaySettings, IDEMPOTENT_REPLAYED};
+use super::{Replay, IDEMPOTENT_REPLAYED};
 use crate::http::body::LeaseBody;
 use crate::http::extensions::{InterruptedAttempt, LeaseLost};
 use crate::http::key::{KeyRejection, Read};
 use crate::http::layer::Settings;
 use crate::http::policy::{matched_path_in, OnLost};
-use crate::http::problem::{self, lock_error_problem, Problem, ProblemKind};
+use crate::http::problem::{self, acquisition_problem, Problem, ProblemKind};
 #[cfg(feature = "postgres")]
 use crate::http::replay::handler_tx::{TxSlot, TxState};
 use crate::http::section::{finish, finish_with, refuse};
@@ -35,7 +33,7 @@ use crate::{metrics, Lease, LeaseHandle, LostCause, Resource};
 /// keys, [`lookup`](Self::lookup) before the lock, [`claim`](Self::claim) under the
 /// lease before the handler, [`record`](Self::record) under the lease after it.
 pub(crate) struct ReplayStep {
-    policy: Arc<ReplaySettings>,
+    policy: Arc<Replay>,
     /// What the record must match.
     fingerprint: Bytes,
     /// The client, for [`Replay::per_client`](super::Replay::per_client).
@@ -59,7 +57,7 @@ impl ReplayStep {
     /// the fingerprint of the request, reading its body (413 over the replay's limit)
     /// unless the key extractor read it already (`read`, into `bytes`).
     pub(crate) async fn start<R: Read<B>, B: Send + 'static>(
-        policy: &Arc<ReplaySettings>,
+        policy: &Arc<Replay>,
         parts: &mut Parts,
         body: B,
         bytes: &mut Bytes,
@@ -67,15 +65,12 @@ impl ReplayStep {
     ) -> Result<(ReplayStep, B), KeyRejection> {
         let client = match &policy.client {
             None => None,
-            Some((find, describe)) => match find(parts)? {
-                Some(client) => Some(client),
-                None => {
-                    return Err(KeyRejection::missing(format!(
-                        "idempotency keys on this route are kept per client, and the request \
+            Some((find, describe)) => Some(find(parts)?.ok_or_else(|| {
+                KeyRejection::missing(format!(
+                    "idempotency keys on this route are kept per client, and the request \
                      names none (expected {describe})"
-                    )))
-                }
-            },
+                ))
+            })?),
         };
         let limit = policy.max_request_body;
         let too_large = || {
@@ -213,7 +208,8 @@ impl ReplayStep {
         #[cfg(feature = "postgres")]
         if let Some(records) = &policy.records {
             let (fingerprint, ttl) = (&self.fingerprint, policy.pending_ttl());
-            let (claim, tx) = (records.claim(handle, fingerprint, ttl, policy.unknown_for)).await?;
+            let (claim, tx) =
+                (records.claim(handle, fingerprint, ttl, policy.unknown_for())).await?;
             if let (Some(tx), Some(slot)) = (tx, &self.tx) {
                 slot.begun(tx);
             }
@@ -223,12 +219,12 @@ impl ReplayStep {
             handle.clone(),
             self.fingerprint.clone(),
             policy.pending_ttl(),
-            policy.unknown_for,
+            policy.unknown_for(),
             Some(policy.retention),
         );
         claimed
             .await
-            .map_err(|error| lock_error_problem(&error, handle.resource().clone()))
+            .map_err(|error| acquisition_problem(&error, handle.resource().clone(), None))
     }
 
     /// With records in PostgreSQL, the slot a [`Tx`](crate::axum::Tx) takes the
@@ -291,6 +287,30 @@ impl ReplayStep {
         }
     }
 
+    /// A response not recorded: our pending marker removed, the handler's transaction
+    /// rolled back. `Some`: the refusal sent instead of a response too large to record
+    /// whose handler wrote in that transaction.
+    async fn not_recorded<RB: Body>(
+        &self,
+        settings: &Settings,
+        span: &Span,
+        tx: Option<HandlerTx>,
+        too_large: bool,
+        handle: &LeaseHandle,
+    ) -> Option<Response<LeaseBody<RB>>> {
+        if too_large {
+            let limit = self.policy.max_body;
+            tracing::warn!(
+                limit,
+                "response body larger than the replay limit: sent, not recorded"
+            );
+        }
+        let wrote_in_tx = wrote_in(&tx);
+        self.settle(tx, handle).await;
+        let resource = handle.resource().clone();
+        (too_large && wrote_in_tx).then(|| refuse(settings, span, problem::rolled_back(resource)))
+    }
+
     /// Under a live lease, after the handler answered: the response read and recorded
     /// before it is sent, or (a status not worth keeping, a response routing produced,
     /// a body known to be too large) the pending marker removed and the answer made as
@@ -317,20 +337,14 @@ impl ReplayStep {
         if by_routing || !(policy.store_if)(status) || too_large {
             if by_routing {
                 tracing::debug!(%status, "the router's answer, not the handler's: not recorded for replay");
-            } else if too_large {
-                tracing::warn!(
-                    limit = policy.max_body,
-                    "response body larger than the replay limit: sent, not recorded"
-                );
-            } else {
+            } else if !too_large {
                 tracing::debug!(%status, "status not recorded for replay: the next request runs again");
             }
-            let wrote_in_tx = wrote_in(&tx);
-            self.settle(tx, &handle).await;
-            if too_large && wrote_in_tx {
-                drop(lease);
-                let resource = handle.resource().clone();
-                return refuse(settings, span, problem::rolled_back(resource));
+            if let Some(refusal) = self
+                .not_recorded(settings, span, tx, too_large, &handle)
+                .await
+            {
+                return refusal;
             }
             return finish(settings, span, response, Some(lease), Some(handle)).await;
         }
@@ -367,29 +381,13 @@ impl ReplayStep {
             return refuse(settings, span, problem);
         }
         if buffer.len() > policy.max_body {
-            tracing::warn!(
-                limit = policy.max_body,
-                "response body larger than the replay limit: sent, not recorded"
-            );
-            let wrote_in_tx = wrote_in(&tx);
-            self.settle(tx, &handle).await;
-            if wrote_in_tx {
-                drop(lease);
-                let resource = handle.resource().clone();
-                return refuse(settings, span, problem::rolled_back(resource));
+            if let Some(refusal) = self.not_recorded(settings, span, tx, true, &handle).await {
+                return refusal;
             }
-            let prefix = buffer.freeze();
-            let abort = settings.on_lost == OnLost::Abort;
-            return finish_with(
-                settings,
-                span,
-                parts,
-                Some(lease),
-                Some(handle),
-                settings.hold_through_body,
-                |lease| LeaseBody::rest(prefix, body, lease, abort),
-            )
-            .await;
+            let (prefix, abort) = (buffer.freeze(), settings.on_lost == OnLost::Abort);
+            let body = |lease| LeaseBody::rest(prefix, body, lease, abort);
+            let (lease, handle, hold) = (Some(lease), Some(handle), settings.hold_through_body);
+            return finish_with(settings, span, parts, lease, handle, hold, body).await;
         }
         let bytes = buffer.freeze();
         let stored =
@@ -404,19 +402,11 @@ impl ReplayStep {
         if stored.is_ok() {
             tracing::debug!("response recorded for replay");
         }
-        let body = LeaseBody::recorded(bytes, trailers);
+        let body = |_| LeaseBody::recorded(bytes, trailers);
         // Nothing is left to do under the lease: release it now, so a waiter gets the
         // record without waiting for the body to be sent.
-        let mut response = finish_with(
-            settings,
-            span,
-            parts,
-            Some(lease),
-            Some(handle),
-            false,
-            |_| body,
-        )
-        .await;
+        let (lease, handle) = (Some(lease), Some(handle));
+        let mut response = finish_with(settings, span, parts, lease, handle, false, body).await;
         if let Err(Some(cause)) = &stored {
             // The nodes said so before the watchdog did.
             if response.extensions().get::<LeaseLost>().is_none() {
@@ -471,30 +461,4 @@ fn wrote_in(tx: &Option<HandlerTx>) -> bool {
     return matches!(tx, Some(TxState::Taken | TxState::Returned(_)));
     #[cfg(not(feature = "postgres"))]
     tx.is_some()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn clients_scope_resources_without_revealing_them() {
-        let resource = Resource::new("POST").join("/pay").join("k");
-        let of = |client: Option<&str>| {
-            let policy = ReplaySettings::new(super::super::Replay::global(), Default::default());
-            ReplayStep {
-                policy: Arc::new(policy),
-                fingerprint: Bytes::new(),
-                client: client.map(str::to_owned),
-                routed: true,
-                #[cfg(feature = "postgres")]
-                tx: None,
-            }
-            .scope(resource.clone())
-        };
-        assert_eq!(of(None), resource);
-        let alice = of(Some("Bearer alice"));
-        assert_ne!(alice, of(Some("Bearer bob")));
-        assert!(!alice.as_str().contains("alice"));
-    }
 }

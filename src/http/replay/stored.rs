@@ -114,26 +114,13 @@ impl StoredResponse {
 mod tests {
     use super::*;
 
+    /// What is kept, and its round trip, are tested through the layer
+    /// (`the_first_response_is_replayed_byte_identical`); malformed records here.
     #[test]
-    fn responses_round_trip() {
+    fn truncations_and_garbage_are_refused() {
         let mut all = HeaderMap::new();
         all.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        all.append("x-a", HeaderValue::from_static("1"));
-        all.append("x-a", HeaderValue::from_static("2"));
-        all.insert("x-secret", HeaderValue::from_static("s"));
-        let allowed = [CONTENT_TYPE, HeaderName::from_static("x-a")];
-        let stored = StoredResponse::new(
-            StatusCode::CREATED,
-            &all,
-            &allowed,
-            Bytes::from_static(b"{}\x00\xff"),
-        );
-        assert!(!stored.headers.contains_key("x-secret"));
-        let decoded = StoredResponse::decode(stored.encode()).unwrap();
-        assert_eq!(decoded, stored);
-        let values: Vec<_> = decoded.headers.get_all("x-a").iter().collect();
-        assert_eq!(values, ["1", "2"]);
-        // Truncations and garbage are refused, never misread.
+        let stored = StoredResponse::new(StatusCode::CREATED, &all, &[], Bytes::from("{}"));
         let encoded = stored.encode();
         for cut in 0..encoded.len() - stored.body.len() {
             assert!(
