@@ -128,45 +128,29 @@ pub(crate) struct Taken {
     pub(crate) reused: Vec<LeaseHandle>,
 }
 
-/// The leases of the request with `extensions` that already hold some of `resources`
-/// (granted by `locker`), and the resources none of them holds. Per-request
-/// reentrancy is decided here, for the layer and the extractors alike: a request never
-/// waits for itself.
-pub(crate) fn held_already(
-    locker: &Redlock,
-    extensions: &http::Extensions,
-    target: &Target,
-) -> (Vec<LeaseHandle>, Vec<Resource>) {
-    let (resources, mode) = (&target.resources[..], target.mode);
-    let Some(leases) = extensions.get::<RequestLeases>() else {
-        return (Vec::new(), resources.to_vec());
-    };
-    if let Some(covering) = leases.covering(locker, resources, mode) {
-        return (vec![covering.clone()], Vec::new());
-    }
-    let reused: Vec<LeaseHandle> = leases.holding(locker, resources, mode).cloned().collect();
-    let wanted = resources
-        .iter()
-        .filter(|r| {
-            reused
-                .iter()
-                .all(|lease| lease.fencing_token_of(r).is_none())
-        })
-        .cloned()
-        .collect();
-    (reused, wanted)
-}
-
 /// Takes the locks of `target` for the request with `extensions`, as `contention`
-/// says: what the request holds already is reused ([`held_already`]), the rest is
-/// acquired as one lease (one resource alone, or a set).
+/// says: what a lease of the request (granted by `locker`) holds already is reused, so
+/// that a request never waits for itself; the rest is acquired as one lease (one
+/// resource alone, or a set).
 pub(crate) async fn take(
     locker: &Redlock,
     contention: Contention,
     extensions: &http::Extensions,
     target: &Target,
 ) -> Result<Taken, LockError> {
-    let (reused, mut wanted) = held_already(locker, extensions, target);
+    let (resources, mode) = (&target.resources[..], target.mode);
+    let leases = extensions.get::<RequestLeases>();
+    let (reused, mut wanted) = match leases.map(|l| (l, l.covering(locker, resources, mode))) {
+        None => (Vec::new(), resources.to_vec()),
+        Some((_, Some(covering))) => (vec![covering.clone()], Vec::new()),
+        Some((leases, None)) => {
+            let reused: Vec<LeaseHandle> =
+                leases.holding(locker, resources, mode).cloned().collect();
+            let free = |r: &&Resource| reused.iter().all(|l| l.fencing_token_of(r).is_none());
+            let wanted = resources.iter().filter(free).cloned().collect();
+            (reused, wanted)
+        }
+    };
     if wanted.is_empty()
         && let Some(first) = reused.first()
     {

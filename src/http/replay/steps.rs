@@ -298,13 +298,6 @@ impl ReplayStep {
         too_large: bool,
         handle: &LeaseHandle,
     ) -> Option<Response<LeaseBody<RB>>> {
-        if too_large {
-            let limit = self.policy.max_body;
-            tracing::warn!(
-                limit,
-                "response body larger than the replay limit: sent, not recorded"
-            );
-        }
         let wrote_in_tx = wrote_in(&tx);
         self.settle(tx, handle).await;
         let resource = handle.resource().clone();
@@ -337,7 +330,9 @@ impl ReplayStep {
         if by_routing || !(policy.store_if)(status) || too_large {
             if by_routing {
                 tracing::debug!(%status, "the router's answer, not the handler's: not recorded for replay");
-            } else if !too_large {
+            } else if too_large {
+                too_large_warning(policy.max_body);
+            } else {
                 tracing::debug!(%status, "status not recorded for replay: the next request runs again");
             }
             if let Some(refusal) = self
@@ -381,6 +376,7 @@ impl ReplayStep {
             return refuse(settings, span, problem);
         }
         if buffer.len() > policy.max_body {
+            too_large_warning(policy.max_body);
             if let Some(refusal) = self.not_recorded(settings, span, tx, true, &handle).await {
                 return refusal;
             }
@@ -453,6 +449,13 @@ impl ReplayStep {
         headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
         response
     }
+}
+
+fn too_large_warning(limit: usize) {
+    tracing::warn!(
+        limit,
+        "response body larger than the replay limit: sent, not recorded"
+    );
 }
 
 /// Whether the handler took a transaction (its writes would be rolled back with it).
