@@ -355,3 +355,6 @@ pub(crate) fn validate(key: &str, max_len: usize) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
