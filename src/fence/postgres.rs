@@ -46,12 +46,7 @@
 //! );
 //! ```
 //!
-//! # Token range
-//!
-//! Tokens are `u64`, about `unix_ms × 1024` (see [`fencing`](crate::fencing)): they fit
-//! `bigint` (up to 2⁶³ − 1) until the year ~287,000 with a correct clock. A token above
-//! that (a clock set absurdly far ahead) is refused with [`FenceError::OutOfRange`]
-//! before anything is sent, never wrapped into a negative number.
+//! A token past `bigint` is refused with [`FenceError::OutOfRange`], never wrapped.
 //!
 //! # A row's own fence column
 //!

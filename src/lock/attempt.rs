@@ -17,7 +17,7 @@ use super::health::Health;
 use super::lease::{LeaseInner, StatusCell};
 use super::metrics;
 use super::round::{watched, Nodes};
-use super::target::{Ask, Members, Target, Undo};
+use super::target::{Ask, Target, Undo};
 use super::{fencing, LockError, Redlock, Shared};
 use crate::node::{Node, NodeError, NodeFuture, Owner, PerKey, Vote, Waiter};
 
@@ -81,13 +81,7 @@ impl Redlock {
         };
         let unavailable = |answered, failures| {
             shared.metrics.unavailable.inc();
-            let error = LockError::Unavailable {
-                resource: resource.clone(),
-                nodes: nodes.len(),
-                answered,
-                quorum,
-                failures,
-            };
+            let error = nodes.unavailable(resource, answered, quorum, failures);
             shared.quorum.refused(answered, nodes.len(), quorum, &error);
             Err(error)
         };
@@ -200,10 +194,8 @@ impl Won {
     pub(super) fn into_lease(self, shared: &Arc<Shared>, target: Target) -> Arc<LeaseInner> {
         Arc::new(LeaseInner {
             locker: shared.clone(),
-            members: Members {
-                target,
-                tokens: self.tokens,
-            },
+            target,
+            tokens: self.tokens,
             owner: self.owner,
             acquired_at: self.acquired_at,
             status: StatusCell::new(self.valid_until),
@@ -355,7 +347,13 @@ impl Cleanup {
             return;
         }
         let release = release.unwrap_or_else(|| self.release(index));
-        let _ = watched(self.health[index].clone(), self.timeout, release).await;
+        let _ = watched(
+            self.health[index].clone(),
+            Instant::now(),
+            self.timeout,
+            release,
+        )
+        .await;
     }
 }
 
