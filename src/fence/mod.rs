@@ -220,23 +220,3 @@ impl<E> From<OutOfRange> for FenceError<E> {
         FenceError::OutOfRange { token }
     }
 }
-
-impl<E> FenceError<E> {
-    /// Maps the store's error.
-    pub fn map_store<F>(self, f: impl FnOnce(E) -> F) -> FenceError<F> {
-        match self {
-            FenceError::Stale {
-                fence,
-                token,
-                current,
-            } => FenceError::Stale {
-                fence,
-                token,
-                current,
-            },
-            FenceError::OutOfRange { token } => FenceError::OutOfRange { token },
-            FenceError::NotExclusive { mode } => FenceError::NotExclusive { mode },
-            FenceError::Store(e) => FenceError::Store(f(e)),
-        }
-    }
-}

@@ -164,16 +164,6 @@ impl LockOptions {
         self.ttl
     }
 
-    /// The per-node timeout.
-    pub fn get_node_timeout(&self) -> Duration {
-        self.node_timeout
-    }
-
-    /// The key prefix.
-    pub fn get_key_prefix(&self) -> &str {
-        &self.key_prefix
-    }
-
     /// `ttl × drift_factor + 2 ms`: how much validity is set aside for clock drift.
     pub fn drift(&self) -> Duration {
         drift(self.ttl, self.drift_factor)

@@ -61,7 +61,7 @@ use crate::node::{FencingToken, Resource, ResourceKeys, StoreReply, StoreRequest
 
 mod nodes;
 
-pub(crate) use nodes::discard;
+pub(crate) use nodes::discard_owned;
 use nodes::{bounded_by_validity, discard_in_background, records_of, store_on_nodes, write_back};
 
 /// What [`Lease::claim_record`] found.
@@ -184,12 +184,16 @@ impl Lease {
         pending_ttl: Duration,
         unknown_for: Option<Duration>,
     ) -> Result<Claim, LockError> {
-        claim(
-            self.lease_inner(),
+        let (fingerprint, remember) = (
+            Bytes::copy_from_slice(fingerprint),
+            DEFAULT_REMEMBER_INTERRUPTED,
+        );
+        claim_owned(
+            self.handle(),
             fingerprint,
             pending_ttl,
             unknown_for,
-            Some(DEFAULT_REMEMBER_INTERRUPTED),
+            Some(remember),
         )
         .await
     }
@@ -209,20 +213,15 @@ impl Lease {
         data: Bytes,
         retention: Duration,
     ) -> Result<(), LockError> {
-        store(
-            self.lease_inner(),
-            Bytes::copy_from_slice(fingerprint),
-            data,
-            retention,
-        )
-        .await
+        let fingerprint = Bytes::copy_from_slice(fingerprint);
+        store_owned(self.handle(), fingerprint, data, retention).await
     }
 
     /// Removes this lease's pending marker: the work ended without an outcome worth
     /// keeping, and the next claim may do it again. Leaves other holders' markers and
     /// every completed record alone. Succeeds once a majority answered.
     pub async fn discard_record(&self) -> Result<(), LockError> {
-        discard(self.lease_inner()).await
+        discard_owned(self.handle()).await
     }
 }
 
@@ -266,7 +265,7 @@ pub(crate) struct Found {
     pub(crate) everywhere: bool,
 }
 
-/// [`claim`] for a future that owns what it needs (the HTTP layer's response future).
+/// [`Lease::claim_record`], for a future that owns what it needs (the HTTP layer's).
 pub(crate) async fn claim_owned(
     handle: LeaseHandle,
     fingerprint: Bytes,
@@ -275,38 +274,6 @@ pub(crate) async fn claim_owned(
     remember_interrupted: Option<Duration>,
 ) -> Result<Claim, LockError> {
     let inner = handle.lease_inner();
-    claim(
-        inner,
-        &fingerprint,
-        pending_ttl,
-        unknown_for,
-        remember_interrupted,
-    )
-    .await
-}
-
-/// [`store`] for a future that owns what it needs.
-pub(crate) async fn store_owned(
-    handle: LeaseHandle,
-    fingerprint: Bytes,
-    data: Bytes,
-    retention: Duration,
-) -> Result<(), LockError> {
-    store(handle.lease_inner(), fingerprint, data, retention).await
-}
-
-/// [`discard`] for a future that owns what it needs.
-pub(crate) async fn discard_owned(handle: LeaseHandle) -> Result<(), LockError> {
-    discard(handle.lease_inner()).await
-}
-
-pub(crate) async fn claim(
-    inner: &LeaseInner,
-    fingerprint: &[u8],
-    pending_ttl: Duration,
-    unknown_for: Option<Duration>,
-    remember_interrupted: Option<Duration>,
-) -> Result<Claim, LockError> {
     let nodes = &inner.locker.nodes;
     if !inner.is_held() {
         return Err(lost(inner));
@@ -316,7 +283,7 @@ pub(crate) async fn claim(
         keys: &inner.lock_keys()[0],
         owner: &inner.owner,
         token: inner.token().get(),
-        fingerprint,
+        fingerprint: &fingerprint,
         pending_ttl: record_ttl(pending_ttl),
         orphan_ttl: unknown_for.map(record_ttl),
         remember_interrupted: remember_interrupted.map(record_ttl),
@@ -394,12 +361,14 @@ pub(crate) async fn claim(
     outcome
 }
 
-pub(crate) async fn store(
-    inner: &LeaseInner,
+/// [`Lease::store_record`], for a future that owns what it needs.
+pub(crate) async fn store_owned(
+    handle: LeaseHandle,
     fingerprint: Bytes,
     data: Bytes,
     retention: Duration,
 ) -> Result<(), LockError> {
+    let inner = handle.lease_inner();
     let nodes = &inner.locker.nodes;
     if !inner.is_held() {
         return Err(lost(inner));

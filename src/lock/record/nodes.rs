@@ -43,7 +43,9 @@ pub(super) async fn store_on_nodes(
     nodes.fan_out(0..nodes.len(), timeout, call, decided).await;
 }
 
-pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
+/// [`Lease::discard_record`], for a future that owns what it needs.
+pub(crate) async fn discard_owned(handle: LeaseHandle) -> Result<(), LockError> {
+    let inner = handle.lease_inner();
     let nodes = &inner.locker.nodes;
     let quorum = nodes.quorum();
     let token = inner.token().get();
