@@ -99,9 +99,6 @@ use super::{to_i64, writer_tokens, FenceError, Fenced};
 use crate::error::ConfigError;
 use crate::{FencingToken, Resource};
 
-/// The fence table [`advance`] uses.
-const DEFAULT_TABLE: &str = "redlock_fences";
-
 /// A fence table: where [`FenceTable::advance`] keeps each resource's largest token.
 ///
 /// ```no_run
@@ -133,7 +130,8 @@ pub struct FenceTable {
 
 impl Default for FenceTable {
     fn default() -> Self {
-        FenceTable::quoted(format!("\"{DEFAULT_TABLE}\""))
+        // The table [`advance`] uses.
+        FenceTable::quoted("\"redlock_fences\"".to_owned())
     }
 }
 

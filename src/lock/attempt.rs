@@ -207,11 +207,9 @@ impl Won {
 
 /// Releases an attempt's keys on every node, in the background, when the attempt is
 /// dropped while a round is in flight (a cancelled `acquire`): a `SET` sent before the
-/// drop may land after it, and would otherwise block the resource for a whole ttl. The
-/// calls of the dropped round are dropped with it, and a dropped redis-rs call is never
-/// resent (no `NOSCRIPT` retry), so a release sent now follows on each connection
-/// whatever of them was written; the acquire calls that outlived their own round
-/// (`stragglers`) are still running, and are waited for.
+/// drop may land after it, and would otherwise block the resource for a whole ttl. A
+/// dropped redis-rs call is never resent, so a release sent now follows on each
+/// connection whatever was written; the `stragglers` are waited for.
 struct ReleaseIfDropped<'a> {
     nodes: &'a Nodes,
     target: &'a Target,

@@ -38,6 +38,7 @@ pub(crate) struct Nodes {
 }
 
 /// The per-node answers of one acquire round.
+#[derive(Default)]
 pub(crate) struct AcquireTally {
     /// Nodes that granted every member, with their fence counters.
     pub(crate) won: Vec<(usize, PerKey<u64>)>,
@@ -181,11 +182,7 @@ impl Nodes {
     ) -> (AcquireTally, Stragglers<Vote>) {
         let mut tally = AcquireTally {
             won: Vec::with_capacity(self.list.len()),
-            held: Vec::new(),
-            first_held: None,
-            holder_ttl: None,
-            other_mode: None,
-            failures: Vec::new(),
+            ..AcquireTally::default()
         };
         let quorum = target.quorum(self.list.len());
         let mut stragglers = Stragglers {

@@ -78,10 +78,8 @@ impl Status {
 }
 
 /// A lease's [`Status`], and a wake-up for whoever waits in [`LeaseHandle::lost`] when
-/// it changes. Not a `tokio::sync::watch`: that allocates its state apart from the
-/// lease and, dropped, wakes eight wait lists one lock at a time, on every lease,
-/// although hardly any lease has a `lost()` waiting on it; `Notify` sits inside the
-/// lease and costs nothing until someone waits.
+/// it changes. Not a `tokio::sync::watch`, which allocates apart from the lease and
+/// costs every lease on drop; `Notify` costs nothing until someone waits.
 pub(crate) struct StatusCell {
     status: Mutex<Status>,
     changed: Notify,
