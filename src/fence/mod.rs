@@ -14,13 +14,9 @@
 //!   script sets a value (a string, or hash fields) only if the token is not below the
 //!   one stored for it.
 //!
-//! PostgreSQL's fences are the resources': [`postgres::advance`]
-//! takes whatever holds the tokens through [`Fenced`] — a [`Lease`], a [`LeaseHandle`],
-//! the layer's [`RequestLeases`](crate::http::RequestLeases), the axum extractors
-//! `LayerLease` and `Locked<K>`, or a `(Resource, FencingToken)` pair — and a lease over
-//! a set of resources advances one fence per member, each with its own token. A Redis
-//! value has a fence of its own, beside its key: the write takes the token
-//! (`lease.fencing_token()`, or `fencing_token_of(&resource)` for a member of a set).
+//! PostgreSQL's fences are the resources': [`postgres::advance`] takes whatever holds
+//! the tokens ([`Fenced`]), one fence per member of a set. A Redis value has a fence of
+//! its own, beside its key.
 //!
 //! # The rule
 //!
@@ -48,9 +44,7 @@
 //! [`Fenced::mode`] is not exclusive, before anything is sent. Take the lock
 //! exclusively to write.
 
-use crate::Lease;
-use crate::LeaseHandle;
-use crate::{FencingToken, LockMode, Resource};
+use crate::{FencingToken, Lease, LeaseHandle, LockMode, Resource};
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -224,25 +218,5 @@ pub struct OutOfRange(pub FencingToken);
 impl<E> From<OutOfRange> for FenceError<E> {
     fn from(OutOfRange(token): OutOfRange) -> Self {
         FenceError::OutOfRange { token }
-    }
-}
-
-impl<E> FenceError<E> {
-    /// Maps the store's error.
-    pub fn map_store<F>(self, f: impl FnOnce(E) -> F) -> FenceError<F> {
-        match self {
-            FenceError::Stale {
-                fence,
-                token,
-                current,
-            } => FenceError::Stale {
-                fence,
-                token,
-                current,
-            },
-            FenceError::OutOfRange { token } => FenceError::OutOfRange { token },
-            FenceError::NotExclusive { mode } => FenceError::NotExclusive { mode },
-            FenceError::Store(e) => FenceError::Store(f(e)),
-        }
     }
 }

@@ -46,12 +46,7 @@
 //! );
 //! ```
 //!
-//! # Token range
-//!
-//! Tokens are `u64`, about `unix_ms × 1024` (see [`fencing`](crate::fencing)): they fit
-//! `bigint` (up to 2⁶³ − 1) until the year ~287,000 with a correct clock. A token above
-//! that (a clock set absurdly far ahead) is refused with [`FenceError::OutOfRange`]
-//! before anything is sent, never wrapped into a negative number.
+//! A token past `bigint` is refused with [`FenceError::OutOfRange`], never wrapped.
 //!
 //! # A row's own fence column
 //!
@@ -104,9 +99,6 @@ use super::{to_i64, writer_tokens, FenceError, Fenced};
 use crate::error::ConfigError;
 use crate::{FencingToken, Resource};
 
-/// The fence table [`advance`] uses.
-const DEFAULT_TABLE: &str = "redlock_fences";
-
 /// A fence table: where [`FenceTable::advance`] keeps each resource's largest token.
 ///
 /// ```no_run
@@ -138,7 +130,8 @@ pub struct FenceTable {
 
 impl Default for FenceTable {
     fn default() -> Self {
-        FenceTable::quoted(format!("\"{DEFAULT_TABLE}\""))
+        // The table [`advance`] uses.
+        FenceTable::quoted("\"redlock_fences\"".to_owned())
     }
 }
 

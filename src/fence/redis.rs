@@ -97,13 +97,9 @@ pub fn fence_key(key: &str) -> String {
 
 /// Redis Cluster's rule: the first `{`, then the first `}` after it, something between.
 fn has_hash_tag(key: &str) -> bool {
-    match key.find('{') {
-        Some(open) => match key[open + 1..].find('}') {
-            Some(len) => len > 0,
-            None => false,
-        },
-        None => false,
-    }
+    key.split_once('{')
+        .and_then(|(_, rest)| rest.find('}'))
+        .is_some_and(|len| len > 0)
 }
 
 /// Sets the string `key` to `value` if `held`'s token is not below the token stored for

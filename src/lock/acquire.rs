@@ -12,7 +12,7 @@ use super::lease::LeaseInner;
 use super::round::Nodes;
 use super::target::Target;
 use super::wait::{next_release, QueueRef, Queues, Turn, Waiting, QUEUE_TTL};
-use super::{renewal, Backoff, Lease, LockError, Redlock, RetryPolicy};
+use super::{metrics, renewal, Backoff, Lease, LockError, Redlock, RetryPolicy};
 use crate::node::HANDOFF_TTL;
 use crate::node::{PerKey, ReleaseSignal, Resource, ResourceKeys, Waiter};
 
@@ -30,10 +30,7 @@ impl Redlock {
             *turn = queue.try_turn();
             if turn.is_none() && queue.releasing() {
                 // This process's holder is being released (a lease dropped a moment
-                // ago, as an extractor's is when its handler returns): that is not
-                // contention, and a client whose next request arrives now must not be
-                // refused by its own finished one. The release is bounded by the node
-                // timeout.
+                // ago): not contention, so wait for it (bounded by the node timeout).
                 let bound = shared.options.node_timeout.saturating_mul(2);
                 *turn = tokio::time::timeout(bound, queue.turn())
                     .await
@@ -69,8 +66,7 @@ impl Redlock {
             .await
     }
 
-    /// Turns a won round into a [`Lease`]: records the local holder of every member and
-    /// puts the lease on the renewal schedule.
+    /// Records the local holder of every member and schedules the renewal.
     fn finish(
         &self,
         inner: Arc<LeaseInner>,
@@ -88,12 +84,26 @@ impl Redlock {
         Lease::new(inner, (turns, queues, renewal))
     }
 
+    /// Waits from `started` until `deadline` for `target`, unless a drain begins.
+    pub(super) async fn wait_for(
+        &self,
+        target: Target,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let first = target.resources()[0].clone();
+        let waiting = self.queue_and_acquire(target, started, deadline);
+        let result = self.unless_draining(&first, waiting).await;
+        metrics::acquisition(&result, metrics::Started::at(started));
+        result
+    }
+
     /// Waits until `deadline` for every member of `target`. Inside this process it
     /// queues for each member in canonical order (every caller takes them in the same
     /// order, so none waits for another in a circle); across processes it retries when
     /// a release wakes it or after the retry policy's delay.
     #[tracing::instrument(name = "redlock.wait", level = "debug", skip_all, fields(resource = %target.resources()[0], members = target.resources().len()))]
-    pub(super) async fn queue_and_acquire(
+    async fn queue_and_acquire(
         &self,
         target: Target,
         started: Instant,
@@ -124,8 +134,7 @@ impl Redlock {
         for ((resource, queue), turn) in members.zip(turns.iter_mut()) {
             *turn = queue.try_turn();
             if turn.is_none() {
-                if !waited {
-                    waited = true;
+                if !std::mem::replace(&mut waited, true) {
                     shared.metrics.waits.inc();
                 }
                 match tokio::time::timeout_at(deadline, queue.turn()).await {
@@ -201,17 +210,12 @@ impl Redlock {
             if Instant::now() >= deadline {
                 return Err(timeout(held, holder_ttl));
             }
-            // Counted here, whether it subscribes now or a recent wait's subscriptions
-            // let it join the queue at its first attempt.
-            if !waited {
-                waited = true;
+            if !std::mem::replace(&mut waited, true) {
                 shared.metrics.waits.inc();
             }
             if signals.is_none() {
-                // Subscribe, then try once more at once: now joining the queue, or
-                // marking the members' queues first (see `Node::listen_for_release`),
-                // since a release may have come between our attempt and the
-                // subscriptions.
+                // Subscribe, then try once more at once (joining the queue, or marking
+                // it): a release may have come between our attempt and the subscriptions.
                 signals = Some(match &waiter {
                     Some(waiter) => {
                         first
@@ -225,10 +229,8 @@ impl Redlock {
             let mut delay = shared.options.retry.delay(attempt, holder_ttl);
             if queued_wake {
                 // In the queues, a release hands us the key and wakes us: an attempt
-                // before the key (or another waiter's reservation) runs out, as a
-                // crashed holder's or a frozen waiter's does, would only be refused, as
-                // we are not at the head yet. Still at least every quarter of
-                // `QUEUE_TTL`, which keeps our place alive.
+                // before the key (or a reservation) runs out would only be refused. Still
+                // at least every quarter of `QUEUE_TTL`, which keeps our place alive.
                 let runs_out = holder_ttl
                     .map_or(HANDOFF_TTL, |ttl| {
                         ttl.saturating_add(Duration::from_millis(1))
@@ -248,10 +250,8 @@ impl Redlock {
             };
             if woken {
                 shared.metrics.wakeups.inc();
-                // A wake-up starts a new race: should this waiter lose it (a split vote,
-                // or a node without a queue that woke every waiter), its next try comes
-                // after a short random delay, not after the long one its earlier waiting
-                // had grown to.
+                // A wake-up starts a new race: if lost, the next try comes after a short
+                // random delay, not the long one earlier waiting had grown to.
                 attempt = 0;
             } else if Instant::now() >= deadline {
                 return Err(timeout(held, holder_ttl));
@@ -294,8 +294,10 @@ fn unix_micros() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-pub(super) fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
+/// `timeout` after `from`, or thirty years from now past the clock's end.
+pub(super) fn after(from: Instant, timeout: Duration) -> Instant {
+    from.checked_add(timeout)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365 * 30))
 }
 
 /// Each member's place in this process: the resource's local queue (one holder at a

@@ -17,7 +17,7 @@ use super::health::Health;
 use super::lease::{LeaseInner, StatusCell};
 use super::metrics;
 use super::round::{watched, Nodes};
-use super::target::{Ask, Members, Target, Undo};
+use super::target::{Ask, Target, Undo};
 use super::{fencing, LockError, Redlock, Shared};
 use crate::node::{Node, NodeError, NodeFuture, Owner, PerKey, Vote, Waiter};
 
@@ -81,13 +81,7 @@ impl Redlock {
         };
         let unavailable = |answered, failures| {
             shared.metrics.unavailable.inc();
-            let error = LockError::Unavailable {
-                resource: resource.clone(),
-                nodes: nodes.len(),
-                answered,
-                quorum,
-                failures,
-            };
+            let error = nodes.unavailable(resource, answered, quorum, failures);
             shared.quorum.refused(answered, nodes.len(), quorum, &error);
             Err(error)
         };
@@ -200,10 +194,8 @@ impl Won {
     pub(super) fn into_lease(self, shared: &Arc<Shared>, target: Target) -> Arc<LeaseInner> {
         Arc::new(LeaseInner {
             locker: shared.clone(),
-            members: Members {
-                target,
-                tokens: self.tokens,
-            },
+            target,
+            tokens: self.tokens,
             owner: self.owner,
             acquired_at: self.acquired_at,
             status: StatusCell::new(self.valid_until),
@@ -215,11 +207,9 @@ impl Won {
 
 /// Releases an attempt's keys on every node, in the background, when the attempt is
 /// dropped while a round is in flight (a cancelled `acquire`): a `SET` sent before the
-/// drop may land after it, and would otherwise block the resource for a whole ttl. The
-/// calls of the dropped round are dropped with it, and a dropped redis-rs call is never
-/// resent (no `NOSCRIPT` retry), so a release sent now follows on each connection
-/// whatever of them was written; the acquire calls that outlived their own round
-/// (`stragglers`) are still running, and are waited for.
+/// drop may land after it, and would otherwise block the resource for a whole ttl. A
+/// dropped redis-rs call is never resent, so a release sent now follows on each
+/// connection whatever was written; the `stragglers` are waited for.
 struct ReleaseIfDropped<'a> {
     nodes: &'a Nodes,
     target: &'a Target,
@@ -355,7 +345,13 @@ impl Cleanup {
             return;
         }
         let release = release.unwrap_or_else(|| self.release(index));
-        let _ = watched(self.health[index].clone(), self.timeout, release).await;
+        let _ = watched(
+            self.health[index].clone(),
+            Instant::now(),
+            self.timeout,
+            release,
+        )
+        .await;
     }
 }
 

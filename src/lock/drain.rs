@@ -36,29 +36,13 @@ impl Redlock {
     ///    handler is stopped) and released on the nodes at once, so no key waits out
     ///    its ttl and no other instance answers 409 or waits for it.
     ///
-    /// Composes with axum's graceful shutdown: `axum::serve(..).with_graceful_shutdown(signal)`
-    /// stops taking connections and waits for the responses in flight; then
-    /// `locker.drain(deadline)` waits for what runs on without a client.
-    ///
-    /// ```no_run
-    /// # async fn run(app: axum::Router, locker: tower_redlock::Redlock) -> std::io::Result<()> {
-    /// use std::time::Duration;
-    ///
-    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-    /// axum::serve(listener, app)
-    ///     .with_graceful_shutdown(async { let _ = tokio::signal::ctrl_c().await; })
-    ///     .await?;
-    /// let drained = locker.drain(Duration::from_secs(10)).await;
-    /// tracing::info!(?drained, "locks drained");
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// Call it after axum's graceful shutdown has answered the requests in flight: it
+    /// waits for what runs on without a client (an example:
+    /// [the operations guide](crate::guide::operations#shutting-down-drain)).
     pub async fn drain(&self, deadline: Duration) -> Drained {
         self.shared.draining.store(true, Ordering::Release);
         self.shared.drain_began.notify_waiters();
-        let until = Instant::now()
-            .checked_add(deadline)
-            .unwrap_or_else(super::acquire::far_future);
+        let until = super::acquire::after(Instant::now(), deadline);
         loop {
             // Listening before looking: a release between the two still wakes us.
             let emptied = self.shared.queues.changed.notified();

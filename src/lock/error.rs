@@ -1,12 +1,9 @@
 //! [`LockError`]: why a lock could not be acquired, extended or kept. The HTTP layer
 //! turns it into problem responses.
 
-use std::fmt;
 use std::time::Duration;
 
-use crate::error::NodeFailure;
-use crate::lock::LostCause;
-use crate::Resource;
+use crate::{error::NodeFailure, lock::LostCause, Resource};
 
 /// Why a lock could not be acquired, extended or kept.
 ///
@@ -18,7 +15,7 @@ use crate::Resource;
 #[non_exhaustive]
 pub enum LockError {
     /// Another owner holds the resource on enough nodes that no majority can be won.
-    #[error("`{resource}` is held by another owner{}", RetryHint(*holder_ttl))]
+    #[error("`{resource}` is held by another owner{}", retry_hint(*holder_ttl))]
     Held {
         /// The contended resource.
         resource: Resource,
@@ -27,7 +24,7 @@ pub enum LockError {
     },
     /// A waiting [`acquire`](crate::Redlock::acquire) reached its deadline while the
     /// resource was still held.
-    #[error("gave up waiting for `{resource}` after {waited:?}{}", RetryHint(*holder_ttl))]
+    #[error("gave up waiting for `{resource}` after {waited:?}{}", retry_hint(*holder_ttl))]
     WaitTimeout {
         /// The contended resource.
         resource: Resource,
@@ -40,7 +37,7 @@ pub enum LockError {
     #[error(
         "no quorum for `{resource}`: {} of {nodes} nodes failed ({}), {answered} answered, {quorum} needed",
         failures.len(),
-        NodeFailures(failures)
+        joined(failures)
     )]
     Unavailable {
         /// The resource of the attempt.
@@ -151,27 +148,13 @@ impl LockError {
     }
 }
 
-struct RetryHint(Option<Duration>);
-
-impl fmt::Display for RetryHint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(ttl) => write!(f, " (free in at most {} ms)", ttl.as_millis()),
-            None => Ok(()),
-        }
-    }
+fn retry_hint(holder_ttl: Option<Duration>) -> String {
+    holder_ttl.map_or_else(String::new, |ttl| {
+        format!(" (free in at most {} ms)", ttl.as_millis())
+    })
 }
 
-struct NodeFailures<'a>(&'a [NodeFailure]);
-
-impl fmt::Display for NodeFailures<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, failure) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            write!(f, "{failure}")?;
-        }
-        Ok(())
-    }
+fn joined(failures: &[NodeFailure]) -> String {
+    let failures: Vec<String> = failures.iter().map(ToString::to_string).collect();
+    failures.join("; ")
 }

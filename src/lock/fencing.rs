@@ -18,13 +18,10 @@
 //! 2. Every node runs `SET lock owner NX PX ttl` and the counter's step: the counter
 //!    becomes `max(counter + 1, floor)` (just `floor` when missing), its ttl is
 //!    refreshed to `fence_ttl`, and a node that set the key answers that value; one
-//!    that finds the key held answers the holder's ttl. On Redis a caller that does not
-//!    wait pipelines the `SET` and a small script for the step (plain commands cost the
-//!    server far less than the same commands inside a script), so a refused caller's
-//!    step moves the counter too: only up, and by no more than a grant would, so every
-//!    argument below holds as it is (the "< 1,024 per millisecond" assumption then
-//!    counts attempts, which a Redis server could not serve anyway). Waiters and Redis
-//!    Cluster use one script that steps the counter only for a grant.
+//!    that finds the key held answers the holder's ttl. (On Redis a caller that does
+//!    not wait pipelines the `SET` and the step, so a refused caller's step moves the
+//!    counter too: only up, and by no more than a grant would, so the argument below
+//!    holds as it is.)
 //! 3. The token is the maximum of the values answered by the acquiring majority.
 //! 4. Write-back: the counter of every acquiring node that answered less is raised to
 //!    the token (`raise_fences`), and the lease counts only if a majority holds the token
@@ -32,11 +29,8 @@
 //!    nothing to raise and acquisition stays one round trip.
 //!
 //! A lease over a set of resources ([`Redlock::try_acquire_all`](crate::Redlock::try_acquire_all))
-//! runs the same steps per member, inside one call per node: every member's counter
-//! gets the round's one floor and the `max(counter + 1, floor)` rule, the member's token
-//! is the maximum among the acquiring majority, and the write-back raises each member's
-//! counter. Nothing in the argument below depends on the other members, so it holds
-//! for each member as it does for a single resource.
+//! runs the same steps per member, inside one call per node; nothing in the argument
+//! below depends on the other members, so it holds for each member.
 //!
 //! ## Whose clock, and why a floor
 //!
@@ -115,26 +109,11 @@
 //!
 //! # What each persistence mode guarantees
 //!
-//! *Exclusion*: at most one valid lease per resource at a time. *Fencing*: every token
-//! is larger than every token handed out before it (under the assumptions above), so a
-//! storage that checks tokens rejects the older of two holders. `wait_replicas=N`
-//! ([`RedisNode::wait_for_replicas`](crate::RedisNode::wait_for_replicas), or
-//! `?wait_replicas=N` on a URL) counts a node's vote only once `N` replicas acknowledged
-//! the lock key and the counter. "May vote again" breaks exclusion when that node's vote
-//! was needed for the earlier holder's majority (always with one node; with three nodes,
-//! when the holder had exactly two votes).
-//!
-//! | node persistence | exclusion without `wait_replicas` | exclusion with `wait_replicas` | fencing (with or without) |
-//! |---|---|---|---|
-//! | none (`save ""`, `appendonly no`) | a node restarted within one ttl of a grant comes back empty and may vote again. Holds if a restarted node stays out for one ttl (delayed restart) | the same: replicas resync from the restarted master and lose the keys too | holds: the counter is re-created at the floor |
-//! | RDB snapshots (`save …`, Redis's default); also a restored backup | a restart loads the last snapshot and loses the grants since: the node may vote again. Holds with a delayed restart (one ttl) | the same | holds: the stale counter is overtaken by the floor |
-//! | AOF `everysec` | a process crash loses nothing; a machine crash loses up to ~2 s of grants: the node may vote again. Holds with a delayed restart after a machine crash | the same | holds |
-//! | AOF `always` | holds across crashes and restarts, as long as the disk honours fsync | the same | holds |
-//! | failover to a replica that lagged (Sentinel, Cluster) | grants not yet replicated are lost: the new master may grant again (one vote of N for independent nodes, the whole lock for a single Sentinel group or cluster) | narrowed, not closed: a grant counts only once `N` replicas have it; holds if every replica that can be promoted is among the `N` | holds: the promoted replica's counter is behind or missing, and the floor overtakes it |
-//! | evicting `maxmemory-policy` (any but `noeviction`; refused by `connect` unless `accept_evicting_nodes`) | under memory pressure the server deletes keys it picks, held lock keys among them: the next acquirer gets a lease while the holder's still reports itself held (that node's vote is lost, as with a restart) | the same: the replicas replay the eviction | holds: an evicted counter is re-created at the floor |
-//!
-//! Fencing holding where exclusion may not is the point of the token: when two holders
-//! overlap, the storage accepts the newer one's writes and rejects the older one's.
+//! *Exclusion* (at most one valid lease per resource at a time) depends on the nodes'
+//! persistence; *fencing* (every token larger than every earlier one) holds under every
+//! mode, which is the point of the token: when two holders overlap, the storage accepts
+//! the newer one's writes and rejects the older one's. The table, mode by mode, with and
+//! without `wait_replicas`, is in the [safety guide](crate::guide::safety).
 //!
 //! An etcd node (feature `etcd`, `EtcdNode`) needs none of this: its token is the lock
 //! key's create revision, a cluster-wide counter kept by consensus that never comes back
@@ -144,18 +123,8 @@
 //! # Where the token is checked
 //!
 //! Tokens protect nothing until the store refuses a smaller one: the lock cannot stop a
-//! holder that does not know it lost it. The crate ships that check for the stores
-//! applications write to, in [`fence`](crate::fence):
-//!
-//! - PostgreSQL ([`fence::postgres`](crate::fence::postgres), feature `postgres`): one
-//!   statement in the application's own transaction advances the resource's fence
-//!   (a row of a fence table) to the token, or fails with
-//!   [`FenceError::Stale`](crate::fence::FenceError::Stale) carrying the token already
-//!   there; the transaction that fails it commits nothing;
-//! - Redis ([`fence::redis`](crate::fence::redis)): one script writes a value only if the
-//!   token is not below the one stored beside it.
-//!
-//! ## A paused holder, end to end
+//! holder that does not know it lost it. [`fence`](crate::fence) is that check for
+//! PostgreSQL and Redis, with examples; a paused holder, end to end:
 //!
 //! 1. A acquires `invoice:7` with token 1000, reads, and pauses (GC, swap, a stopped
 //!    VM) for longer than its ttl. Its lease expires; it does not know.
@@ -169,62 +138,6 @@
 //!
 //! Without step 3's check, A's late write would silently overwrite B's: the lock alone
 //! gives exclusion only while every holder stays within its lease.
-//!
-//! ```no_run
-//! # #[cfg(feature = "postgres")]
-//! # mod postgres {
-//! use tower_redlock::fence::{self, FenceError};
-//! use tower_redlock::Redlock;
-//!
-//! async fn send_invoice(locker: &Redlock, pool: &sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//!     let lease = locker.try_acquire("invoice:7").await?;
-//!     let mut tx = pool.begin().await?;
-//!     sqlx::query("UPDATE invoices SET sent = true WHERE id = 7").execute(&mut *tx).await?;
-//!     // In the same transaction: refused if a later holder already wrote.
-//!     match fence::postgres::advance(&mut tx, &lease).await {
-//!         Ok(()) => tx.commit().await?,
-//!         // `tx` is dropped: rolled back, the UPDATE above never lands.
-//!         Err(FenceError::Stale { current, .. }) => return Err(format!("superseded by {current}").into()),
-//!         Err(other) => return Err(other.into()),
-//!     }
-//!     Ok(())
-//! }
-//! # }
-//! ```
-//!
-//! The same with Redis as the store, for a value of its own:
-//!
-//! ```no_run
-//! # #[cfg(feature = "redis")]
-//! # mod redis_store {
-//! use tower_redlock::fence::{self, FenceError};
-//! use tower_redlock::Redlock;
-//!
-//! async fn set_total(
-//!     locker: &Redlock,
-//!     conn: &mut redis::aio::MultiplexedConnection,
-//! ) -> Result<(), Box<dyn std::error::Error>> {
-//!     let lease = locker.try_acquire("invoice:7").await?;
-//!     match fence::redis::set_fields(conn, &lease, "invoice:7", &[("total", "100")]).await {
-//!         Ok(()) => Ok(()),
-//!         Err(FenceError::Stale { current, .. }) => Err(format!("superseded by {current}").into()),
-//!         Err(other) => Err(other.into()),
-//!     }
-//! }
-//! # }
-//! ```
-//!
-//! Behind the layer, the handler's [`LayerLease`](crate::axum::LayerLease), the request's
-//! [`RequestLeases`](crate::http::RequestLeases) and [`Locked`](crate::axum::Locked) are
-//! all [`Fenced`](crate::fence::Fenced): `fence::postgres::advance(&mut tx, &lease)`
-//! takes any of them, and fences every resource they hold (one token per member of a
-//! set). Only an exclusive holder passes a fence: see
-//! [Writers only](crate::fence#writers-only) for what a shared or counted holder's
-//! token orders.
-//!
-//! Tokens are `u64`; PostgreSQL's `bigint` holds them until the year ~287,000, past which
-//! a token is refused ([`FenceError::OutOfRange`](crate::fence::FenceError::OutOfRange)),
-//! never wrapped.
 
 /// The floor one acquisition round sends every node (for one resource or a set): read
 /// once per round, as equal floors keep the nodes' counters equal; 0 without fencing,

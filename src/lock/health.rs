@@ -77,15 +77,6 @@ struct Entry {
     failed: u64,
 }
 
-/// What an answer says about the node.
-enum Seen {
-    Up,
-    Down,
-    /// Nothing: the call was cut by a budget shorter than the node's, or the node
-    /// lacks the operation.
-    Nothing,
-}
-
 impl Health {
     pub(crate) fn new(name: Arc<str>, node_timeout: Duration) -> Self {
         let now = Instant::now();
@@ -110,18 +101,15 @@ impl Health {
 
     /// Records the answer of a call that started at `started`, and logs a change.
     pub(crate) fn observe<T>(&self, started: Instant, answer: &Result<T, NodeError>) {
-        let seen = match answer {
-            Ok(_) => Seen::Up,
-            Err(NodeError::Connection(_)) => Seen::Down,
-            Err(NodeError::Timeout(budget)) if *budget >= self.node_timeout => Seen::Down,
-            Err(NodeError::Timeout(_) | NodeError::Unsupported(_)) => Seen::Nothing,
+        let status = match answer {
+            Ok(_) => NodeStatus::Up,
+            Err(NodeError::Connection(_)) => NodeStatus::Down,
+            Err(NodeError::Timeout(budget)) if *budget >= self.node_timeout => NodeStatus::Down,
+            // Says nothing: cut by a budget shorter than the node's, or the node lacks
+            // the operation.
+            Err(NodeError::Timeout(_) | NodeError::Unsupported(_)) => return,
             // It answered, with an error: reachable, and the error is kept.
-            Err(_) => Seen::Up,
-        };
-        let status = match seen {
-            Seen::Up => NodeStatus::Up,
-            Seen::Down => NodeStatus::Down,
-            Seen::Nothing => return,
+            Err(_) => NodeStatus::Up,
         };
         let error = answer.as_ref().err();
         let previous = {

@@ -35,8 +35,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::NodeError;
-use crate::lock::LockError;
-use crate::lock::LostCause;
+use crate::lock::{LockError, LostCause};
 
 // The names of the table above; private, as tests/engine/metrics.rs reads them back
 // from a recorder by their literal names.

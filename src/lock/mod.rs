@@ -1,22 +1,12 @@
 //! The lock engine: Redlock over N independent nodes. It knows nothing of HTTP.
 //!
-//! # Acquire
-//!
-//! 1. Draw a fresh owner value (152 random bits, plus the node's index on each node:
-//!    see [`Owner::for_node`]) and note the monotonic start time.
-//! 2. Send the acquire (on Redis: `SET NX PX` with the fence counter's step, see
-//!    [`fencing`]) to **all nodes at once**, each call bounded by the per-node
-//!    timeout; stop listening as soon as the outcome is decided.
-//! 3. `validity = ttl − elapsed − (ttl × drift_factor + 2 ms)`.
-//! 4. Success iff a majority (`N/2 + 1`) granted the lock and the validity exceeds
-//!    [`LockOptions::min_validity`]. The fencing token is then made from the nodes'
-//!    counters (see [`fencing`]).
-//! 5. On failure, release in the background on every node that may hold our key,
-//!    including those that did not answer in time: their `SET` may have landed.
-//!
-//! Errors say why: [`LockError::Held`] (contention, with the holder's remaining ttl),
-//! [`LockError::Unavailable`] (too few nodes answered, with each node's cause), or
-//! [`LockError::ValidityExpired`] (a majority granted it too slowly).
+//! An acquire draws a fresh owner value ([`Owner::for_node`]), sends the acquire to
+//! **all nodes at once** (each call bounded by the node timeout, the round decided as
+//! soon as its outcome is), and succeeds iff a majority granted it with more than
+//! [`LockOptions::min_validity`] left of `ttl − elapsed − drift`; the fencing token is
+//! made from the nodes' counters ([`fencing`]). A failed attempt is released in the
+//! background on every node that may hold its key, also those that did not answer in
+//! time: their `SET` may have landed.
 
 mod acquire;
 mod attempt;
@@ -60,8 +50,7 @@ pub use lease::{Lease, LeaseHandle, LostCause, ReleaseOutcome};
 pub use options::{Backoff, LockOptions, RetryPolicy};
 pub use set::MAX_RESOURCES_PER_LEASE;
 
-use crate::node::url::node_from_url;
-use crate::node::{MemoryNode, Node, Owner, Resource};
+use crate::node::{url::node_from_url, MemoryNode, Node, Owner, Resource};
 
 /// A Redlock over one or more independent nodes.
 ///
@@ -184,10 +173,7 @@ impl Redlock {
     ///
     /// Outside a Tokio runtime.
     pub fn in_memory() -> Self {
-        match Self::new([MemoryNode::new()], LockOptions::default()) {
-            Ok(locker) => locker,
-            Err(e) => panic!("{e}"),
-        }
+        Self::new([MemoryNode::new()], LockOptions::default()).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A locker over one node per URL, without connecting: like
@@ -208,34 +194,20 @@ impl Redlock {
     /// A locker over one node per URL: a standalone server, a Redis Cluster or a
     /// Sentinel-managed master, each one vote (see [`node_from_url`] for the forms).
     ///
-    /// One server must cast one vote. The same address twice (also written
-    /// differently: host case, default port, trailing slash, database) is refused
-    /// before connecting; then every node is asked once for its servers' identities
-    /// (Redis's `run_id`, see [`Node::server_ids`]), each within
-    /// `max(node_timeout, 2 s)`, and two nodes reaching the same server (such as
-    /// `redis://localhost:6379` and `redis://127.0.0.1:6379`, or a cluster and one of
-    /// its masters) are refused with a [`ConfigError`] naming both. A node that does not
-    /// answer in time is not checked, so the locker still starts with a minority down;
-    /// and whatever this check misses, now or after later failovers, a server listed
-    /// twice still never votes twice (see [`from_nodes`](Redlock::from_nodes)).
+    /// One server must cast one vote. The same address twice (however written) is
+    /// refused before connecting; then every node is asked for its servers' identities
+    /// ([`Node::server_ids`]), each within `max(node_timeout, 2 s)`, and two nodes
+    /// reaching the same server are refused with a [`ConfigError`] naming both. A node
+    /// that does not answer in time is not checked, so the locker still starts with a
+    /// minority down (a server listed twice still never votes twice, see
+    /// [`from_nodes`](Redlock::from_nodes)).
     ///
-    /// Each node's servers are also asked about their setup ([`Node::server_setup`]),
-    /// and refused with a [`ConfigError`] saying what to change:
-    ///
-    /// - a replica (`INFO replication` role other than `master`), a PostgreSQL standby
-    ///   (`pg_is_in_recovery()`) or a database read-only by default: every lock write
-    ///   would fail;
-    /// - a `maxmemory-policy` other than `noeviction` (`INFO memory`, readable where
-    ///   managed services disable `CONFIG`): it may evict a held lock key, and a second
-    ///   holder gets the lock; accepted, with a warning on every connect, under
-    ///   [`LockOptions::accept_evicting_nodes`];
-    /// - a user refused the scripts (`EVALSHA`, `EVAL`) or the key prefix's keys;
-    /// - a server without a command the locker sends, itself or from its scripts
-    ///   (renamed or removed with `rename-command`, as some managed services and
-    ///   hardening guides do: `COMMAND INFO` does not know it), naming it.
-    ///
-    /// A user refused the wake-up channels is accepted with a warning: waiters then
-    /// poll. The locker checks again every
+    /// Each node's servers are also asked about their setup ([`Node::server_setup`]):
+    /// a replica or standby, an evicting `maxmemory-policy` (unless
+    /// [`LockOptions::accept_evicting_nodes`]), a user refused the scripts or the keys,
+    /// or a missing command is refused with a [`ConfigError`] saying what to change
+    /// (the list, and why: [the operations guide](crate::guide::operations)). The
+    /// locker checks again every
     /// [`setup_check_interval`](LockOptions::setup_check_interval) and logs a change
     /// (see [`NodeState::setup_warning`]).
     pub async fn connect<U: AsRef<str>>(
@@ -302,11 +274,10 @@ impl Redlock {
     }
 
     /// Each node as this locker last saw it, in the order the nodes were given: up or
-    /// down, since when, and its latest error. Every call to a node updates it (the
-    /// calls a round no longer waits for too, as they finish), so a node that went down
-    /// reads [`NodeStatus::Down`] after the next operation that reached for it, even
-    /// while a quorum still grants every lease. Each change is also logged once: at
-    /// `warn` when a node goes down, at `info` when it is back.
+    /// down, since when, and its latest error. Every call to a node updates it, also
+    /// those a round no longer waits for, so a node that went down reads
+    /// [`NodeStatus::Down`] after the next operation that reached for it, even while a
+    /// quorum still grants every lease. Each change is also logged once.
     pub fn node_states(&self) -> Vec<NodeState> {
         self.shared.nodes.states()
     }
@@ -374,25 +345,9 @@ impl Redlock {
         timeout: Duration,
     ) -> Result<Lease, LockError> {
         let started = Instant::now();
-        let deadline = started
-            .checked_add(timeout)
-            .unwrap_or_else(acquire::far_future);
-        self.wait_as(resource.into(), mode, started, deadline).await
-    }
-
-    /// Waits from `started` until `deadline` for `resource` in `mode`.
-    async fn wait_as(
-        &self,
-        resource: Resource,
-        mode: LockMode,
-        started: Instant,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        let target = Target::one(&self.shared.options.key_prefix, resource.clone(), mode);
-        let waiting = self.queue_and_acquire(target, started, deadline);
-        let result = self.unless_draining(&resource, waiting).await;
-        metrics::acquisition(&result, metrics::Started::at(started));
-        result
+        let target = Target::one(&self.shared.options.key_prefix, resource.into(), mode);
+        self.wait_for(target, started, acquire::after(started, timeout))
+            .await
     }
 
     /// Waits up to `timeout` for the resource; see [`acquire_until`](Redlock::acquire_until).
@@ -401,10 +356,8 @@ impl Redlock {
         resource: impl Into<Resource>,
         timeout: Duration,
     ) -> Result<Lease, LockError> {
-        let deadline = Instant::now()
-            .checked_add(timeout)
-            .unwrap_or_else(acquire::far_future);
-        self.acquire_until(resource, deadline).await
+        self.acquire_as(resource, LockMode::Exclusive, timeout)
+            .await
     }
 
     /// Waits until `deadline` for the resource.
@@ -423,9 +376,9 @@ impl Redlock {
         resource: impl Into<Resource>,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        let (resource, exclusive) = (resource.into(), LockMode::Exclusive);
-        self.wait_as(resource, exclusive, Instant::now(), deadline)
-            .await
+        let prefix = &self.shared.options.key_prefix;
+        let target = Target::one(prefix, resource.into(), LockMode::Exclusive);
+        self.wait_for(target, Instant::now(), deadline).await
     }
 }
 

@@ -71,124 +71,83 @@ impl Default for LockOptions {
     }
 }
 
-impl LockOptions {
+/// The setters: each consumes the options, sets one field and returns them.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty) $(=> $field:ident = $value:expr)?;)*) => {
+        impl LockOptions {
+            $($(#[$doc])*
+            pub fn $name(mut self, $arg: $ty) -> Self {
+                setters!(@set self, $name, $arg $(, $field, $value)?);
+                self
+            })*
+        }
+    };
+    (@set $self:ident, $name:ident, $arg:ident) => { $self.$name = $arg };
+    (@set $self:ident, $name:ident, $arg:ident, $field:ident, $value:expr) => { $self.$field = $value };
+}
+
+setters! {
     /// Lease time to live (default 10 s). A holder that crashes blocks the resource for
     /// at most this long; the watchdog renews live leases every `ttl / 4` to `ttl / 3`
     /// (jittered, so leases taken together do not renew together).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
+    ttl(ttl: Duration);
     /// How long one node may take to answer (default 200 ms). A slow or paused node
     /// costs at most this per attempt; it should be small against the ttl. A call cut at
     /// this budget marks the node down (logged), so it should also be well above a
-    /// healthy node's slowest answers: on a loopback Redis over a 2-core machine under a
-    /// load average of 8–9, 16 callers saw p99.9 of 17–30 ms and at most 74 ms in
-    /// 128,000 round trips. On a quiet machine or a low-latency network a shorter
-    /// timeout fails over faster.
-    pub fn node_timeout(mut self, timeout: Duration) -> Self {
-        self.node_timeout = timeout;
-        self
-    }
-
+    /// healthy node's slowest answers (measurements: the operations guide).
+    node_timeout(timeout: Duration);
     /// Clock drift allowance as a fraction of the ttl (default 0.01). The validity of a
     /// lease is `ttl - elapsed - (ttl × drift_factor + 2 ms)`.
-    pub fn drift_factor(mut self, factor: f64) -> Self {
-        self.drift_factor = factor;
-        self
-    }
-
+    drift_factor(factor: f64);
     /// Least validity a fresh lease must have (default 5 ms); a majority won more slowly
     /// counts as [`LockError::ValidityExpired`](crate::LockError::ValidityExpired).
-    pub fn min_validity(mut self, min: Duration) -> Self {
-        self.min_validity = min;
-        self
-    }
-
+    min_validity(min: Duration);
     /// Delay between attempts of a waiting acquire when no wake-up arrives
     /// (default [`Backoff::default`]). A waiter in the nodes' wait queues waits at least
     /// until the key it was refused by runs out (at most 1 s) and at most 2.5 s: a
-    /// release wakes it (see the crate's README, "Waiting across processes").
-    pub fn retry_policy(mut self, policy: impl RetryPolicy) -> Self {
-        self.retry = Arc::new(policy);
-        self
-    }
-
+    /// release wakes it (see [Waiting across processes](crate::guide::stores#waiting-across-processes)).
+    retry_policy(policy: impl RetryPolicy) => retry = Arc::new(policy);
     /// Prefix of every key (default `redlock:`). Must not contain `{` or `}`.
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
+    key_prefix(prefix: impl Into<String>) => key_prefix = prefix.into();
     /// Time to live of the fence counters, from the last acquisition of their resource
     /// (default 1 hour). Each resource locked keeps one small counter key per node this
     /// long; an expired counter is re-created at the clock floor, still above every
     /// earlier token (see [`fencing`](crate::fencing)).
-    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
-        self.fence_ttl = ttl;
-        self
-    }
-
+    fence_ttl(ttl: Duration);
     /// Renew held leases in the background every `ttl / 4` to `ttl / 3` (default on).
     /// One task per locker renews every lease it holds, with one batched call per
     /// node for all the leases due together (see
     /// [`Node::extend`](crate::node::Node::extend)).
-    pub fn watchdog(mut self, enabled: bool) -> Self {
-        self.watchdog = enabled;
-        self
-    }
-
+    watchdog(enabled: bool);
     /// Stop renewing a lease once it has been held this long (default: no limit): no
     /// renewal, by the watchdog or [`Lease::extend`](crate::Lease::extend), may carry it
     /// past this. A limit too long for the clock to express (`Duration::MAX`) is no
     /// limit.
-    pub fn max_hold(mut self, max: Option<Duration>) -> Self {
-        self.max_hold = max;
-        self
-    }
-
+    max_hold(max: Option<Duration>);
     /// Most callers of this process that may wait for one resource at once (default
     /// 1,000), counting the head of the queue while it contends at the nodes; one more
     /// gets [`LockError::QueueFull`](crate::LockError::QueueFull).
-    pub fn max_waiters(mut self, max: usize) -> Self {
-        self.max_waiters = max;
-        self
-    }
-
+    max_waiters(max: usize);
     /// Keep a fence counter per resource and give every lease a fencing token (default
     /// on). Turning it off makes an acquisition one `SET NX PX` per node, the least a
     /// Redlock can do, and every [`FencingToken`](crate::FencingToken) is 0: only for
     /// users that never hand the token to a storage. Without tokens, nothing protects
     /// the storage from a holder paused past its lease (see [`fencing`](crate::fencing)).
-    pub fn fencing(mut self, enabled: bool) -> Self {
-        self.fencing = enabled;
-        self
-    }
-
-    /// Accept nodes whose `maxmemory-policy` evicts keys (default `false`: refused).
-    ///
-    /// Under memory pressure such a server deletes keys it chooses, held lock keys
-    /// among them (they all have a ttl, so the `volatile-*` policies take them too);
-    /// the next acquirer then gets a lease while the first holder's still reports
-    /// itself held. [`Redlock::connect`](crate::Redlock::connect) refuses such a node
-    /// unless this is set, in which case it logs a warning on every connect. Prefer
-    /// `maxmemory-policy noeviction` on the lock servers (a managed service's parameter
-    /// group), or servers of their own for the locks.
-    pub fn accept_evicting_nodes(mut self, accept: bool) -> Self {
-        self.accept_evicting_nodes = accept;
-        self
-    }
-
+    fencing(enabled: bool);
+    /// Accept nodes whose `maxmemory-policy` evicts keys (default `false`: refused by
+    /// [`Redlock::connect`](crate::Redlock::connect); accepted, a warning is logged on
+    /// every connect). Under memory pressure such a server deletes held lock keys too,
+    /// and the next acquirer gets a lease while the first holder's still reports itself
+    /// held: prefer `maxmemory-policy noeviction` on the lock servers.
+    accept_evicting_nodes(accept: bool);
     /// How often a locker built by [`Redlock::connect`](crate::Redlock::connect) checks
     /// its servers' setup again (default 60 s, at least 100 ms): a server that became a
     /// replica, started evicting or lost a permission since is logged at `warn` and
     /// shows in [`NodeState::setup_warning`](crate::NodeState::setup_warning).
-    pub fn setup_check_interval(mut self, interval: Duration) -> Self {
-        self.setup_check_interval = interval;
-        self
-    }
+    setup_check_interval(interval: Duration);
+}
 
+impl LockOptions {
     /// BROKEN on purpose, for the fault suite only: seed a node's fence counter from the
     /// clock only when it is missing, trusting a counter that came back behind (after an
     /// RDB restart, an AOF tail loss, a restored backup or a failover to a lagging
@@ -203,16 +162,6 @@ impl LockOptions {
     /// The lease time to live.
     pub fn get_ttl(&self) -> Duration {
         self.ttl
-    }
-
-    /// The per-node timeout.
-    pub fn get_node_timeout(&self) -> Duration {
-        self.node_timeout
-    }
-
-    /// The key prefix.
-    pub fn get_key_prefix(&self) -> &str {
-        &self.key_prefix
     }
 
     /// `ttl × drift_factor + 2 ms`: how much validity is set aside for clock drift.

@@ -75,42 +75,6 @@ pub(crate) fn count_decided(needed: usize, yes: usize, pending: usize) -> bool {
 mod tests {
     use super::*;
 
-    #[test]
-    fn majorities() {
-        assert_eq!((1..=6).map(of).collect::<Vec<_>>(), [1, 2, 2, 3, 3, 4]);
-    }
-
-    #[test]
-    fn an_acquisition_waits_for_what_can_still_change_its_outcome() {
-        // 3 nodes, quorum 2.
-        assert!(acquisition_decided(2, 2, 2, 1), "won");
-        assert!(!acquisition_decided(2, 1, 1, 2), "one grant, two to come");
-        assert!(acquisition_decided(2, 0, 2, 1), "two refusals: contention");
-        assert!(
-            !acquisition_decided(2, 0, 1, 1),
-            "one refusal, one failure, one to come"
-        );
-        assert!(
-            acquisition_decided(2, 0, 1, 0),
-            "one refusal, two failures: unavailable"
-        );
-    }
-
-    #[test]
-    fn a_tally_is_decided_by_a_majority_or_by_none_being_possible() {
-        assert!(tally_decided(2, 2, 0, 1));
-        assert!(tally_decided(2, 0, 2, 1));
-        assert!(!tally_decided(2, 1, 1, 1));
-        assert!(tally_decided(2, 1, 0, 0), "neither side can reach 2");
-    }
-
-    #[test]
-    fn a_count_is_decided_once_reached_or_out_of_reach() {
-        assert!(count_decided(2, 2, 1));
-        assert!(!count_decided(2, 1, 1));
-        assert!(count_decided(2, 0, 1));
-    }
-
     /// Whether `holders` leases with `votes` grants each can be placed on `nodes` nodes
     /// of `permits` places each: a greedy fill of the emptiest nodes is optimal here.
     fn fit(nodes: usize, permits: usize, holders: usize, votes: usize) -> bool {

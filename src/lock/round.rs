@@ -17,16 +17,15 @@ use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError, NodeFailure};
 use crate::lock::attempt::{NodeSet, Pending, Stragglers};
-use crate::lock::background::Background;
 use crate::lock::health::{Health, NodeState};
-use crate::lock::metrics;
 use crate::lock::target::{Ask, Target};
-use crate::node::{LockMode, Node, NodeFuture, Owner, PerKey, Vote, Waiter};
+use crate::lock::{background::Background, metrics, LockError};
+use crate::node::{LockMode, Node, NodeFuture, Owner, PerKey, Resource, Vote, Waiter};
 
 /// The nodes of a locker and the majority they need.
 pub(crate) struct Nodes {
     pub(crate) list: Box<[Arc<dyn Node>]>,
-    /// Per node, fed by every call made through [`Nodes::watched`].
+    /// Per node, fed by every call made through [`watched`].
     pub(crate) health: Box<[Arc<Health>]>,
     quorum: usize,
     /// Whether a majority keep a wait queue ([`Capabilities::wait_queue`](crate::node::Capabilities::wait_queue)), read once when the
@@ -39,6 +38,7 @@ pub(crate) struct Nodes {
 }
 
 /// The per-node answers of one acquire round.
+#[derive(Default)]
 pub(crate) struct AcquireTally {
     /// Nodes that granted every member, with their fence counters.
     pub(crate) won: Vec<(usize, PerKey<u64>)>,
@@ -141,20 +141,33 @@ impl Nodes {
         self.list[index].name().into()
     }
 
+    /// Too few of the nodes answered for `resource`.
+    pub(crate) fn unavailable(
+        &self,
+        resource: &Resource,
+        answered: usize,
+        quorum: usize,
+        failures: Vec<NodeFailure>,
+    ) -> LockError {
+        LockError::Unavailable {
+            resource: resource.clone(),
+            nodes: self.len(),
+            answered,
+            quorum,
+            failures,
+        }
+    }
+
+    pub(crate) fn failure(&self, index: usize, error: NodeError) -> NodeFailure {
+        NodeFailure {
+            node: self.name(index),
+            error,
+        }
+    }
+
     /// What the locker last saw of each node.
     pub(crate) fn states(&self) -> Vec<NodeState> {
         self.health.iter().map(|h| h.state()).collect()
-    }
-
-    /// `call` to node `index`, bounded by `timeout`, its answer recorded in the node's
-    /// health. Owns what it needs, so it can finish in the background.
-    pub(crate) fn watched<T: Send + 'static>(
-        &self,
-        index: usize,
-        timeout: Duration,
-        call: NodeFuture<T>,
-    ) -> impl Future<Output = Result<T, NodeError>> + Send + 'static {
-        watched(self.health[index].clone(), timeout, call)
     }
 
     /// One acquire round of `target` on every node, started at `started` (the instant
@@ -169,11 +182,7 @@ impl Nodes {
     ) -> (AcquireTally, Stragglers<Vote>) {
         let mut tally = AcquireTally {
             won: Vec::with_capacity(self.list.len()),
-            held: Vec::new(),
-            first_held: None,
-            holder_ttl: None,
-            other_mode: None,
-            failures: Vec::new(),
+            ..AcquireTally::default()
         };
         let quorum = target.quorum(self.list.len());
         let mut stragglers = Stragglers {
@@ -211,10 +220,7 @@ impl Nodes {
                         tally.held.push(index);
                         tally.other_mode = Some(held);
                     }
-                    Err(error) => tally.failures.push(NodeFailure {
-                        node: self.name(index),
-                        error,
-                    }),
+                    Err(error) => tally.failures.push(self.failure(index, error)),
                 }
                 let won = tally.won.len();
                 let answered = won + tally.held.len();
@@ -252,10 +258,7 @@ impl Nodes {
             |index, answer, pending| {
                 match answer {
                     Ok(()) => confirmed += 1,
-                    Err(error) => failures.push(NodeFailure {
-                        node: self.name(index),
-                        error,
-                    }),
+                    Err(error) => failures.push(self.failure(index, error)),
                 }
                 super::quorum::count_decided(needed, confirmed, pending)
             },
@@ -275,7 +278,7 @@ impl Nodes {
         timeout: Duration,
     ) -> OwnerTally {
         let quorum = target.quorum(self.list.len());
-        self.owner_round(quorum, timeout, |index, node| {
+        self.owner_round(Some(quorum), timeout, |index, node| {
             let owner = owner.for_node(index);
             let extended = node.extend(&[target.hold(&owner)], ttl);
             Box::pin(async move {
@@ -304,23 +307,17 @@ impl Nodes {
         owner: &Owner,
         waiter: Option<&Waiter>,
     ) -> OwnerTally {
-        let mut tally = OwnerTally::default();
-        self.fan_out(
-            0..self.list.len(),
-            self.timeout,
-            |index, node| target.release(node, &owner.for_node(index), waiter),
-            |index, answer, _| {
-                tally.add(answer, || self.name(index));
-                false
-            },
-        )
-        .await;
-        tally
+        self.owner_round(None, self.timeout, |index, node| {
+            target.release(node, &owner.for_node(index), waiter)
+        })
+        .await
     }
 
-    pub(crate) async fn owner_round(
+    /// A round of yes/no answers on every node: decided once either side has `quorum`
+    /// or neither can reach it any more; with no quorum, once every node answered.
+    async fn owner_round(
         &self,
-        quorum: usize,
+        quorum: Option<usize>,
         timeout: Duration,
         call: impl FnMut(usize, &dyn Node) -> NodeFuture<bool>,
     ) -> OwnerTally {
@@ -331,7 +328,8 @@ impl Nodes {
             call,
             |index, answer, pending| {
                 tally.add(answer, || self.name(index));
-                super::quorum::tally_decided(quorum, tally.yes, tally.no, pending)
+                quorum
+                    .is_some_and(|q| super::quorum::tally_decided(q, tally.yes, tally.no, pending))
             },
         )
         .await;
@@ -369,7 +367,7 @@ impl Nodes {
             // The single-node lock: nothing to fan out, nothing to leave behind.
             if let Some(only) = targets.next() {
                 let call = call(only, &*self.list[only]);
-                let answer = watched_from(self.health[only].clone(), started, timeout, call).await;
+                let answer = watched(self.health[only].clone(), started, timeout, call).await;
                 decided(only, answer, 0);
             }
             return;
@@ -414,8 +412,7 @@ impl Nodes {
             return;
         }
         let pending = calls.into_iter().map(|(index, call)| {
-            let answer =
-                finish_watched(self.health[index].clone(), started, timeout, deadline, call);
+            let answer = watched(self.health[index].clone(), started, timeout, call);
             Box::pin(async move { (index, answer.await) }) as Pending<T>
         });
         match keep {
@@ -454,38 +451,10 @@ fn observe<T>(health: &Health, started: Instant, answer: &Result<T, NodeError>) 
     }
 }
 
-/// A call of a decided round, left to finish alone: bounded by the round's `deadline`
-/// (its `timeout` from when the round started), its answer recorded as the round's
-/// would have been.
-async fn finish_watched<T>(
-    health: Arc<Health>,
-    started: Instant,
-    timeout: Duration,
-    deadline: Instant,
-    call: NodeFuture<T>,
-) -> Result<T, NodeError> {
-    let answer = match tokio::time::timeout_at(deadline, call).await {
-        Ok(answer) => answer,
-        Err(_) => Err(NodeError::Timeout(timeout)),
-    };
-    observe(&health, started, &answer);
-    answer
-}
-
-/// `call` to a node, bounded by `timeout`, its answer recorded in the node's `health`
-/// (and, when it failed, in the metrics, under the node's name the health keeps).
-pub(crate) async fn watched<T: Send + 'static>(
-    health: Arc<Health>,
-    timeout: Duration,
-    call: NodeFuture<T>,
-) -> Result<T, NodeError> {
-    watched_from(health, Instant::now(), timeout, call).await
-}
-
-/// [`watched`], for a call made at `started`: one reading of the clock serves the
-/// timeout and the node's latency (the clock is read on every call, and reading it is
-/// not free on every machine).
-async fn watched_from<T>(
+/// `call` to a node, made at `started` and bounded by `timeout` from then, its answer
+/// recorded in the node's `health` (and, when it failed, in the metrics). One reading
+/// of the clock serves the timeout and the node's latency.
+pub(crate) async fn watched<T>(
     health: Arc<Health>,
     started: Instant,
     timeout: Duration,

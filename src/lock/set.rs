@@ -1,74 +1,19 @@
-//! One lease over a set of resources: a transfer that debits one account and credits
-//! another, an order that reserves stock in several warehouses.
+//! One lease over a set of resources ([`Redlock::try_acquire_all`],
+//! [`Redlock::acquire_all`]): every member or none, one owner value, validity and
+//! watchdog for the set, one fencing token per member; extended, released and lost as a
+//! whole. What it guarantees and costs per node kind: the guide's "Many resources in
+//! one lease" ([`guide::keys`](crate::guide::keys)).
 //!
-//! [`Redlock::try_acquire_all`] and [`Redlock::acquire_all`] take every member or none,
-//! with one owner value, one validity and one watchdog for the whole set, and one
-//! fencing token per member ([`LeaseHandle::fencing_token_of`]), each following its
-//! resource's own counter exactly as a single-resource lease's token does (see
-//! [`fencing`](crate::fencing)). The lease is extended, released and lost as a whole:
-//! when a majority of nodes no longer holds *every* member, the lease is lost.
-//!
-//! # The set
-//!
-//! The members are put in **canonical order**: sorted by resource, duplicates removed
-//! (`["b", "a", "b"]` is the set `{a, b}`). A set has 1 to
-//! [`MAX_RESOURCES_PER_LEASE`] members; an empty or larger one is refused with
-//! [`LockError::ResourceCount`] before any node is asked. A set of one resource *is* a
-//! single-resource lease: same calls, same scripts, same cost as
-//! [`Redlock::try_acquire`].
-//!
-//! # Why overlapping sets never deadlock
-//!
-//! Two requests that name `{a, b}` in opposite orders must not each end up holding one
-//! member and waiting for the other. Two rules make that impossible:
-//!
-//! - **All or nothing on each node.** A node grants the whole set or nothing of it
-//!   ([`Node::acquire`](crate::node::Node::acquire) with a set): a node that finds one member
-//!   held keeps nothing of the request. A round that misses a majority releases
-//!   whatever it got, as a single-resource round does, and the caller waits or retries
-//!   holding nothing on any node. Nobody ever holds part of a set while waiting for the
-//!   rest, so no cycle of waiters can form at the nodes; the split votes two sets can
-//!   cause (each wins some nodes) end as a single resource's do, with a randomised
-//!   retry.
-//! - **Canonical order in the process.** Inside one process, callers queue for each
-//!   resource ([`LockOptions::max_waiters`](crate::LockOptions::max_waiters)); a set
-//!   takes its members' local places one after the other *in canonical order*, so
-//!   every caller takes them in the same global order and no two wait for each other
-//!   in a circle.
-//!
-//! # One call per node, where the store allows it
-//!
-//! Every node kind takes a set in its calls of [`Node`](crate::node::Node), as well as it can:
-//!
-//! | node | acquire / extend / release of a set |
-//! |---|---|
-//! | [`MemoryNode`](crate::MemoryNode) | one step under its lock |
-//! | [`RedisNode`](crate::RedisNode), [`SentinelNode`](crate::SentinelNode) | one Lua script each (`acquire.lua` checks every member before it writes any, then sets them all, each fence counter by `fence_rule.lua`) |
-//! | `EtcdNode` (feature `etcd`) | one transaction each (`create_revision == 0` compared on every member), the members on one etcd lease |
-//! | `PostgresNode` (feature `postgres`) | one statement each over every member's row; an acquire refused at a member is rolled back whole |
-//! | [`ClusterNode`](crate::ClusterNode) | the per-key scripts, member after member in canonical order |
-//!
-//! A Redis Cluster cannot run one script over the members: each resource is its own
-//! hash tag, so the members live in different slots (on different masters), and a
-//! script may only touch keys of one slot. Grouping the members per slot would make
-//! each group atomic but not the set, which still needs the undo path below, so the
-//! cluster node acquires the members in canonical order and, at the
-//! first one held, releases those it took (without waking anyone) and answers held.
-//! The node's answer is all or nothing all the same; what it loses is atomicity during
-//! the call (another client may see a member taken for a round trip) and one round trip
-//! per member.
-//!
-//! Waiting ([`Redlock::acquire_all`]) subscribes to the release channel of every
-//! member and retries when any of them is released, under the same
-//! [`RetryPolicy`](crate::RetryPolicy) as a single resource.
+//! Overlapping sets never deadlock: a node grants all of a set or nothing of it, so
+//! nobody holds part of a set at the nodes while waiting for the rest (two sets that
+//! split the votes retry as a single resource does); and inside a process a set takes
+//! its members' local places in canonical order (sorted, deduplicated), so no two
+//! callers wait for each other in a circle.
 
 use tokio::time::Instant;
 
-use crate::lock::lease::LeaseHandle;
-use crate::lock::target::Target;
-use crate::lock::{metrics, Lease, LockError, Redlock};
-use crate::node::Resource;
-use crate::FencingToken;
+use crate::lock::{lease::LeaseHandle, metrics, target::Target, Lease, LockError, Redlock};
+use crate::{FencingToken, Resource};
 
 /// The most distinct resources one lease takes (see [`Redlock::try_acquire_all`]).
 ///
@@ -154,9 +99,7 @@ impl Redlock {
         resources: impl IntoIterator<Item = R>,
         timeout: std::time::Duration,
     ) -> Result<Lease, LockError> {
-        let deadline = Instant::now()
-            .checked_add(timeout)
-            .unwrap_or_else(crate::lock::acquire::far_future);
+        let deadline = crate::lock::acquire::after(Instant::now(), timeout);
         self.acquire_all_until(resources, deadline).await
     }
 
@@ -168,27 +111,6 @@ impl Redlock {
     /// [`LockError::WaitTimeout`] names the member found held last.
     ///
     /// Cancellation-safe: dropping the future leaves no queue entry and no lock behind.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use std::time::Duration;
-    /// use tower_redlock::Redlock;
-    ///
-    /// let locker = Redlock::in_memory();
-    /// let first = locker.acquire_all(["stock:a", "stock:b"], Duration::from_secs(1)).await?;
-    /// let waiter = {
-    ///     let locker = locker.clone();
-    ///     tokio::spawn(async move {
-    ///         locker.acquire_all(["stock:b", "stock:c"], Duration::from_secs(5)).await
-    ///     })
-    /// };
-    /// first.release().await; // hands `stock:b` over to the waiter
-    /// let second = waiter.await??;
-    /// assert_eq!(second.resources().len(), 2);
-    /// # Ok(())
-    /// # }
-    /// ```
     pub async fn acquire_all_until<R: Into<Resource>>(
         &self,
         resources: impl IntoIterator<Item = R>,
@@ -198,12 +120,8 @@ impl Redlock {
         if set.len() == 1 {
             return self.acquire_until(set.remove(0), deadline).await;
         }
-        let started = Instant::now();
-        let first = set[0].clone();
-        let waiting = self.queue_and_acquire(self.set_of(set), started, deadline);
-        let result = self.unless_draining(&first, waiting).await;
-        metrics::acquisition(&result, metrics::Started::at(started));
-        result
+        self.wait_for(self.set_of(set), Instant::now(), deadline)
+            .await
     }
 }
 
@@ -231,6 +149,6 @@ impl LeaseHandle {
     }
 
     fn tokens(&self) -> &[u64] {
-        self.lease_inner().members.tokens()
+        &self.lease_inner().tokens
     }
 }

@@ -1,15 +1,6 @@
-//! What [`Redlock::connect`](crate::Redlock::connect) checks of its servers' setup, and
-//! the periodic re-check of a connected locker.
-//!
-//! A lock relies on more than the servers answering: on a master that accepts writes,
-//! on a memory policy that never deletes a held key, and on a user allowed to run the
-//! scripts on the lock keys. Each node reports what its servers say
-//! ([`Node::server_setup`](crate::node::Node::server_setup)); this module decides. At connect, a replica, a missing
-//! permission and (unless [`LockOptions::accept_evicting_nodes`]) an evicting policy
-//! are refused with a [`ConfigError`] saying what to change; a user that may not
-//! publish on the wake-up channels is accepted with a warning (waiters then poll).
-//! Later changes (a failover to a replica address, `CONFIG SET maxmemory-policy`) are
-//! found by the periodic check, logged, and shown in
+//! What [`Redlock::connect`](crate::Redlock::connect) checks of its servers' setup
+//! (each node reports, this module decides; the list and why: the operations guide),
+//! and the periodic re-check of a connected locker, shown in
 //! [`NodeState::setup_warning`](crate::NodeState::setup_warning).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,11 +34,6 @@ impl Findings {
             .collect();
         (!all.is_empty()).then(|| all.join("; "))
     }
-}
-
-/// The keys a node may probe, under the locker's prefix.
-fn probe_keys(options: &LockOptions) -> ResourceKeys {
-    ResourceKeys::new(&options.key_prefix, &Resource::new(PROBE_RESOURCE))
 }
 
 /// What `setups`, one node's servers, mean for a locker with `options`.
@@ -108,12 +94,10 @@ fn judge(options: &LockOptions, setups: &[ServerSetup]) -> Findings {
     findings
 }
 
-/// Asks every node for its servers' setup (each within `timeout`; a node that does not
-/// answer is not checked), records the findings in each node's health, and logs them.
-async fn survey(shared: &Shared, timeout: Duration) -> Vec<Option<Findings>> {
-    let probe = probe_keys(&shared.options);
-    let nodes = &shared.nodes;
-    let answers = join_all(nodes.each().map(|node| {
+/// Every node's servers' setup, each asked within `timeout` (`None`: no answer).
+async fn setups(shared: &Shared, timeout: Duration) -> Vec<Option<Vec<ServerSetup>>> {
+    let probe = ResourceKeys::new(&shared.options.key_prefix, &Resource::new(PROBE_RESOURCE));
+    join_all(shared.nodes.each().map(|node| {
         let call = node.server_setup(&probe);
         async move {
             match tokio::time::timeout(timeout, call).await {
@@ -129,10 +113,16 @@ async fn survey(shared: &Shared, timeout: Duration) -> Vec<Option<Findings>> {
             }
         }
     }))
-    .await;
+    .await
+}
+
+/// Asks every node for its servers' setup (a node that does not answer is not checked),
+/// records the findings in each node's health, and logs them.
+async fn survey(shared: &Shared, timeout: Duration) -> Vec<Option<Findings>> {
+    let answers = setups(shared, timeout).await;
     answers
         .into_iter()
-        .zip(nodes.health.iter())
+        .zip(shared.nodes.health.iter())
         .map(|(setups, health)| {
             let findings = judge(&shared.options, &setups?);
             health.note_setup(findings.warning());
@@ -170,17 +160,11 @@ pub(crate) fn warn_if_records_volatile(shared: &Arc<Shared>) {
     let shared = shared.clone();
     let timeout = shared.options.node_timeout.max(Duration::from_secs(2));
     crate::lock::metrics::spawn(&shared.runtime.clone(), async move {
-        let probe = probe_keys(&shared.options);
-        let setups = join_all(
-            shared
-                .nodes
-                .each()
-                .map(|node| tokio::time::timeout(timeout, node.server_setup(&probe))),
-        )
-        .await;
-        let volatile: Vec<String> = setups
+        let volatile: Vec<String> = setups(&shared, timeout)
+            .await
             .into_iter()
-            .flat_map(|answer| answer.ok().and_then(Result::ok).unwrap_or_default())
+            .flatten()
+            .flatten()
             .filter(|setup| setup.persists == Some(false))
             .map(|setup| setup.server)
             .collect();
@@ -211,47 +195,4 @@ pub(crate) fn spawn_periodic(shared: &Arc<Shared>, timeout: Duration) {
             survey(&shared, timeout).await;
         }
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn setup(policy: &str, role: &str) -> ServerSetup {
-        let mut setup = ServerSetup::new("h:1");
-        setup.maxmemory_policy = Some(policy.to_owned());
-        setup.role = Some(role.to_owned());
-        setup
-    }
-
-    #[test]
-    fn evicting_policies_are_refused_unless_accepted() {
-        let options = LockOptions::default();
-        let found = judge(&options, &[setup("volatile-lru", "master")]);
-        assert!(
-            found.refusals[0].contains("noeviction"),
-            "{:?}",
-            found.refusals
-        );
-        let accepted = judge(
-            &options.clone().accept_evicting_nodes(true),
-            &[setup("allkeys-lru", "master")],
-        );
-        assert!(accepted.refusals.is_empty());
-        assert!(accepted.warnings[0].contains("allkeys-lru"));
-        let fine = judge(&options, &[setup("noeviction", "master")]);
-        assert!(fine.refusals.is_empty() && fine.warnings.is_empty());
-    }
-
-    #[test]
-    fn replicas_and_missing_permissions_are_refused() {
-        let options = LockOptions::default();
-        assert!(judge(&options, &[setup("noeviction", "slave")]).refusals[0].contains("replica"));
-        let mut restricted = setup("noeviction", "master");
-        restricted.refused.push("+evalsha".into());
-        restricted.channels_refused = true;
-        let found = judge(&options, &[restricted]);
-        assert!(found.refusals[0].contains("+evalsha"));
-        assert!(found.warnings[0].contains("&redlock:*"));
-    }
 }

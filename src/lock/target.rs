@@ -174,28 +174,3 @@ impl Undo {
         node.release(&hold, how)
     }
 }
-
-/// What a lease holds: its target and each member's fencing token (a raw value).
-pub(crate) struct Members {
-    pub(crate) target: Target,
-    pub(crate) tokens: PerKey<u64>,
-}
-
-impl Members {
-    /// The votes this lease needs among `nodes` nodes to hold.
-    pub(crate) fn quorum(&self, nodes: usize) -> usize {
-        self.target.quorum(nodes)
-    }
-
-    pub(crate) fn resources(&self) -> &[Resource] {
-        self.target.resources()
-    }
-
-    pub(crate) fn keys(&self) -> &[ResourceKeys] {
-        self.target.keys()
-    }
-
-    pub(crate) fn tokens(&self) -> &[u64] {
-        &self.tokens
-    }
-}

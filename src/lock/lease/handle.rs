@@ -37,7 +37,7 @@ impl LeaseHandle {
     ///
     /// [`Redlock::try_acquire_as`]: crate::Redlock::try_acquire_as
     pub fn mode(&self) -> LockMode {
-        self.inner.mode()
+        self.inner.target.mode()
     }
 
     /// The lease's owner value, as stored in the lock key of the locker's first node;
@@ -55,7 +55,7 @@ impl LeaseHandle {
     /// Check it right before a side effect that must not happen without the lock.
     pub fn remaining(&self) -> Duration {
         let status = self.inner.status();
-        if status.lost.is_some() || status.released {
+        if !status.live() {
             return Duration::ZERO;
         }
         status.valid_until.saturating_duration_since(Instant::now())

@@ -7,15 +7,9 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use crate::lock::metrics;
-use crate::lock::round::OwnerTally;
-use crate::lock::target::Members;
-use crate::lock::LockError;
-use crate::lock::Shared;
-use crate::node::Owner;
-use crate::node::{Resource, ResourceKeys, Waiter};
-use crate::FencingToken;
-use crate::LockMode;
+use crate::lock::{metrics, round::OwnerTally, target::Target, LockError, Shared};
+use crate::node::{Owner, PerKey, Resource, ResourceKeys, Waiter};
+use crate::{FencingToken, LockMode};
 
 mod handle;
 
@@ -76,11 +70,16 @@ pub(crate) struct Status {
     pub(crate) released: bool,
 }
 
+impl Status {
+    /// Neither lost nor released (it may be past its validity).
+    pub(crate) fn live(&self) -> bool {
+        self.lost.is_none() && !self.released
+    }
+}
+
 /// A lease's [`Status`], and a wake-up for whoever waits in [`LeaseHandle::lost`] when
-/// it changes. Not a `tokio::sync::watch`: that allocates its state apart from the
-/// lease and, dropped, wakes eight wait lists one lock at a time, on every lease,
-/// although hardly any lease has a `lost()` waiting on it; `Notify` sits inside the
-/// lease and costs nothing until someone waits.
+/// it changes. Not a `tokio::sync::watch`, which allocates apart from the lease and
+/// costs every lease on drop; `Notify` costs nothing until someone waits.
 pub(crate) struct StatusCell {
     status: Mutex<Status>,
     changed: Notify,
@@ -119,8 +118,10 @@ impl StatusCell {
 
 pub(crate) struct LeaseInner {
     pub(crate) locker: Arc<Shared>,
-    /// The resources, their keys and tokens, in canonical order.
-    pub(crate) members: Members,
+    /// The resources and their keys, in canonical order.
+    pub(crate) target: Target,
+    /// Each member's fencing token (a raw value), in canonical order.
+    pub(crate) tokens: PerKey<u64>,
     pub(crate) owner: Owner,
     pub(crate) acquired_at: Instant,
     pub(crate) status: StatusCell,
@@ -141,24 +142,40 @@ impl LeaseInner {
 
     /// The resource of a single lease; a set's first member.
     pub(crate) fn resource(&self) -> &Resource {
-        &self.members.resources()[0]
+        &self.target.resources()[0]
     }
 
     /// The fencing token of [`resource`](Self::resource).
     pub(crate) fn token(&self) -> FencingToken {
-        FencingToken::new(self.members.tokens()[0])
+        FencingToken::new(self.tokens[0])
     }
 
     /// Every resource of the lease, in canonical order.
     pub(crate) fn resources(&self) -> &[Resource] {
-        self.members.resources()
+        self.target.resources()
+    }
+
+    /// Neither lost, released nor past its validity.
+    pub(crate) fn is_held(&self) -> bool {
+        let status = self.status();
+        status.live() && status.valid_until > Instant::now()
+    }
+
+    /// Marks the lease released, without waking the receivers: they only wait in
+    /// `lost()`, which never resolves for a released lease, so a wake-up would put each
+    /// back to sleep (and costs the release more than the rest of its bookkeeping).
+    fn mark_released(&self) {
+        self.status.send_if_modified(|s| {
+            s.released = true;
+            false
+        });
     }
 
     /// Marks the lease lost unless it already is, or was released. Returns whether
     /// this call marked it.
     pub(crate) fn mark_lost(&self, cause: LostCause) -> bool {
         let marked = self.status.send_if_modified(|s| {
-            if s.lost.is_none() && !s.released {
+            if s.live() {
                 s.lost = Some(cause);
                 // Counted before `lost()` wakes up, so the metrics never lag the signal.
                 self.locker.metrics.lost.inc();
@@ -190,16 +207,12 @@ impl LeaseInner {
 
     /// The lock keys of this lease, one per resource.
     pub(crate) fn lock_keys(&self) -> &[ResourceKeys] {
-        self.members.keys()
+        self.target.keys()
     }
 
     /// The votes this lease needs to hold (a majority but for counted leases).
     pub(crate) fn quorum(&self) -> usize {
-        self.members.quorum(self.locker.nodes.len())
-    }
-
-    pub(crate) fn mode(&self) -> LockMode {
-        self.members.target.mode()
+        self.target.quorum(self.locker.nodes.len())
     }
 
     /// Extends the lease on a majority; see [`Lease::extend`].
@@ -213,9 +226,7 @@ impl LeaseInner {
             .timeout()
             .min(deadline.saturating_duration_since(start));
         let (nodes, owner) = (&locker.nodes, &self.owner);
-        let tally = nodes
-            .extend(&self.members.target, owner, ttl, timeout)
-            .await;
+        let tally = nodes.extend(&self.target, owner, ttl, timeout).await;
         self.settle_extend(start, tally)
     }
 
@@ -235,7 +246,7 @@ impl LeaseInner {
         let valid_until = start + locker.options.ttl - locker.options.drift();
         if tally.yes >= quorum && Instant::now() < valid_until {
             let applied = self.status.send_if_modified(|s| {
-                if s.lost.is_none() && !s.released {
+                if s.live() {
                     s.valid_until = valid_until;
                     true
                 } else {
@@ -297,24 +308,16 @@ pub struct Lease {
 }
 
 /// What a live lease owns besides its handle, dropped when it is released: its place
-/// at the head of the local queue (`wait::Turn` and `wait::QueueRef`; for a set, every
-/// member's) and its place in the renewal schedule (`renewal::Registration`).
-/// Type-erased, so that the lease depends on neither: both depend on the lease (the
-/// queue reads its holder's status, the schedule renews it).
-struct Held {
-    _places: Box<dyn Send + Sync>,
-}
+/// at the head of the local queue (`wait::Turn`, `wait::QueueRef`; for a set, every
+/// member's) and in the renewal schedule (`renewal::Registration`), in that order.
+/// Type-erased, so that the lease depends on neither: both depend on the lease.
+type Held = Box<dyn Send + Sync>;
 
 impl Lease {
-    /// A lease keeping `places` (its turn and queue in this process, or every member's
-    /// for a set, and its place in the renewal schedule) until it is released; they are
-    /// dropped in the order of the tuple given.
     pub(crate) fn new(inner: Arc<LeaseInner>, places: impl Send + Sync + 'static) -> Self {
         Lease {
             handle: LeaseHandle { inner },
-            held: Some(Held {
-                _places: Box::new(places),
-            }),
+            held: Some(Box::new(places)),
         }
     }
 
@@ -357,13 +360,8 @@ impl Lease {
                     inner.mark_lost(LostCause::RenewalFailed);
                     return Err(self.lost_error(LostCause::RenewalFailed));
                 }
-                Err(LockError::Unavailable {
-                    resource: inner.resource().clone(),
-                    nodes: inner.locker.nodes.len(),
-                    answered: 0,
-                    quorum: inner.quorum(),
-                    failures: Vec::new(),
-                })
+                let nodes = &inner.locker.nodes;
+                Err(nodes.unavailable(inner.resource(), 0, inner.quorum(), Vec::new()))
             }
         }
     }
@@ -400,7 +398,8 @@ impl Lease {
 }
 
 /// A release not yet finished: dropped with `inner` still set, it releases in the
-/// background.
+/// background, and keeps `held` (the local queue's permit) until the nodes answered, so
+/// the next local waiter does not find our key. Never blocks.
 struct Unfinished {
     inner: Option<Arc<LeaseInner>>,
     held: Option<Held>,
@@ -422,20 +421,14 @@ impl Drop for Unfinished {
 
 #[tracing::instrument(name = "redlock.release", level = "debug", skip_all, fields(resource = %inner.resource(), token = %inner.token()))]
 pub(crate) async fn release(inner: &LeaseInner) -> ReleaseOutcome {
-    // Marked without waking the receivers: they only wait in `lost()`, which never
-    // resolves for a released lease, so a wake-up would put each back to sleep (and
-    // costs the release more than the rest of its bookkeeping).
-    inner.status.send_if_modified(|s| {
-        s.released = true;
-        false
-    });
+    inner.mark_released();
     let locker = &inner.locker;
     if let Some(mut settled) = inner.stragglers.clone() {
         // Bounded: every straggler is bounded by the node timeout.
         let _ = settled.changed().await;
     }
     let (nodes, owner, waiter) = (&locker.nodes, &inner.owner, inner.waiter.as_ref());
-    let tally = nodes.release(&inner.members.target, owner, waiter).await;
+    let tally = nodes.release(&inner.target, owner, waiter).await;
     let quorum = inner.quorum();
     let outcome = if tally.yes >= quorum {
         ReleaseOutcome::Released
@@ -458,19 +451,12 @@ impl Drop for Lease {
         let Some(held) = self.held.take() else {
             return;
         };
-        let inner = self.handle.inner.clone();
         // Marked now, not when the task runs: a `try_acquire` of this process in
         // between waits for the release instead of finding the resource held.
-        inner.status.send_if_modified(|s| {
-            s.released = true;
-            false
-        });
-        let runtime = inner.locker.runtime.clone();
-        // Never block in drop: release in the background, and keep the local queue's
-        // permit until the nodes answered, so the next local waiter does not find our key.
-        metrics::spawn(&runtime, async move {
-            release(&inner).await;
-            drop(held);
+        self.handle.inner.mark_released();
+        drop(Unfinished {
+            inner: Some(self.handle.inner.clone()),
+            held: Some(held),
         });
     }
 }

@@ -40,47 +40,29 @@
 //!
 //! # Pending markers count at a majority; a completed record anywhere
 //!
-//! A store goes to every node and counts once a majority accepted it; a claim counts
-//! this lease's pending markers, and an earlier holder's, at a majority, as a lock is.
-//!
-//! A completed record is different: it is written only after the work ran, and never
-//! changed after (a later record, with a larger token, only replaces it where it lands).
-//! Any copy of it, on any node that answers, is the outcome of an execution that
-//! happened, so a read and a claim take the newest record **any** node holds, and wait
-//! for every node's answer (within the node timeout) rather than for a majority's: the
-//! one node that still has it may answer last. A copy on a minority (its store failed:
-//! its lease was lost, or nodes did not answer) is an outcome too, the response the
-//! work gave.
-//!
-//! A claim that finds a record on some nodes and not on others writes it back, under its
-//! lease, to every node (best effort: as a store, for the claim's `pending_ttl`, which is
-//! the record's retention for [`Replay`](crate::http::replay::Replay)). So nodes that
-//! restarted empty, one at a time, get the record back from the others as long as one
-//! node that has it answers a claim between the restarts; records are as durable as
-//! the nodes' persistence otherwise (see [`Redlock::read_record`]).
+//! A store and a claim's pending markers count at a majority, as a lock does. A
+//! completed record is written only after the work ran and never changed after, so any
+//! copy of it, on any node, is the outcome of an execution that happened: a read and a
+//! claim take the newest record **any** node holds, waiting for every node's answer
+//! (within the node timeout), and a claim writes it back (as a store, for its
+//! `pending_ttl`) to the nodes that lack it. Records are as durable as the nodes'
+//! persistence otherwise (see [replay's guide](crate::guide::replay)).
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::error::{ConfigError, NodeError, NodeFailure};
+use crate::error::{ConfigError, NodeError};
 use crate::lock::lease::{Lease, LeaseHandle, LeaseInner, LostCause};
-use crate::lock::metrics;
-use crate::lock::quorum;
-use crate::lock::round::Nodes;
-use crate::lock::LockError;
-use crate::lock::Redlock;
-use crate::node::{unsupported, Node, NodeFuture, RecordStore};
-use crate::node::{ClaimReply, ClaimRequest, Record, StoreReply, StoreRequest};
-use crate::node::{FencingToken, Resource, ResourceKeys};
+use crate::lock::{metrics, quorum, LockError, Redlock};
+use crate::node::{unsupported, ClaimReply, ClaimRequest, Node, NodeFuture, Record, RecordStore};
+use crate::node::{FencingToken, Resource, ResourceKeys, StoreReply, StoreRequest};
 
 mod nodes;
 
-pub(crate) use nodes::discard;
-use nodes::{
-    bounded_by_validity, discard_in_background, holds, records_of, store_on_nodes, write_back,
-};
+pub(crate) use nodes::discard_owned;
+use nodes::{bounded_by_validity, discard_in_background, records_of, store_on_nodes, write_back};
 
 /// What [`Lease::claim_record`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,12 +133,36 @@ impl Redlock {
     /// [`read_record`](Self::read_record), telling whether every node that answered
     /// holds the record.
     pub(crate) async fn find_record(&self, resource: Resource) -> Result<Option<Found>, LockError> {
+        let nodes = &self.shared.nodes;
         let keys = ResourceKeys::new(&self.shared.options.key_prefix, &resource);
-        read(&self.shared.nodes, &keys)
-            .await
-            .map_err(|(answered, failures)| {
-                unavailable(&self.shared.nodes, &resource, answered, failures)
-            })
+        let mut seen = Seen::default();
+        let mut answered = 0;
+        let mut failures = Vec::new();
+        nodes
+            .fan_out(
+                0..nodes.len(),
+                nodes.timeout(),
+                |_, node| records_of(node).read_record(&keys),
+                |index, answer, pending| {
+                    match answer {
+                        Ok(found) => {
+                            answered += 1;
+                            found.into_iter().for_each(|found| seen.add(found));
+                        }
+                        Err(error) => failures.push(nodes.failure(index, error)),
+                    }
+                    pending == 0
+                },
+            )
+            .await;
+        if let Some((record, count)) = seen.0 {
+            let everywhere = count == answered;
+            Ok(Some(Found { record, everywhere }))
+        } else if answered >= nodes.quorum() {
+            Ok(None)
+        } else {
+            Err(nodes.unavailable(&resource, answered, nodes.quorum(), failures))
+        }
     }
 }
 
@@ -178,12 +184,16 @@ impl Lease {
         pending_ttl: Duration,
         unknown_for: Option<Duration>,
     ) -> Result<Claim, LockError> {
-        claim(
-            self.lease_inner(),
+        let (fingerprint, remember) = (
+            Bytes::copy_from_slice(fingerprint),
+            DEFAULT_REMEMBER_INTERRUPTED,
+        );
+        claim_owned(
+            self.handle(),
             fingerprint,
             pending_ttl,
             unknown_for,
-            Some(DEFAULT_REMEMBER_INTERRUPTED),
+            Some(remember),
         )
         .await
     }
@@ -203,20 +213,15 @@ impl Lease {
         data: Bytes,
         retention: Duration,
     ) -> Result<(), LockError> {
-        store(
-            self.lease_inner(),
-            Bytes::copy_from_slice(fingerprint),
-            data,
-            retention,
-        )
-        .await
+        let fingerprint = Bytes::copy_from_slice(fingerprint);
+        store_owned(self.handle(), fingerprint, data, retention).await
     }
 
     /// Removes this lease's pending marker: the work ended without an outcome worth
     /// keeping, and the next claim may do it again. Leaves other holders' markers and
     /// every completed record alone. Succeeds once a majority answered.
     pub async fn discard_record(&self) -> Result<(), LockError> {
-        discard(self.lease_inner()).await
+        discard_owned(self.handle()).await
     }
 }
 
@@ -229,21 +234,6 @@ pub(crate) const MAX_RECORD_TTL: Duration = Duration::from_secs(10 * 366 * 24 * 
 /// expiry of 0) to [`MAX_RECORD_TTL`].
 fn record_ttl(ttl: Duration) -> Duration {
     ttl.clamp(Duration::from_millis(1), MAX_RECORD_TTL)
-}
-
-fn unavailable(
-    nodes: &Nodes,
-    resource: &Resource,
-    answered: usize,
-    failures: Vec<NodeFailure>,
-) -> LockError {
-    LockError::Unavailable {
-        resource: resource.clone(),
-        nodes: nodes.len(),
-        answered,
-        quorum: nodes.quorum(),
-        failures,
-    }
 }
 
 fn lost(inner: &LeaseInner) -> LockError {
@@ -275,7 +265,7 @@ pub(crate) struct Found {
     pub(crate) everywhere: bool,
 }
 
-/// [`claim`] for a future that owns what it needs (the HTTP layer's response future).
+/// [`Lease::claim_record`], for a future that owns what it needs (the HTTP layer's).
 pub(crate) async fn claim_owned(
     handle: LeaseHandle,
     fingerprint: Bytes,
@@ -284,82 +274,8 @@ pub(crate) async fn claim_owned(
     remember_interrupted: Option<Duration>,
 ) -> Result<Claim, LockError> {
     let inner = handle.lease_inner();
-    claim(
-        inner,
-        &fingerprint,
-        pending_ttl,
-        unknown_for,
-        remember_interrupted,
-    )
-    .await
-}
-
-/// [`store`] for a future that owns what it needs.
-pub(crate) async fn store_owned(
-    handle: LeaseHandle,
-    fingerprint: Bytes,
-    data: Bytes,
-    retention: Duration,
-) -> Result<(), LockError> {
-    store(handle.lease_inner(), fingerprint, data, retention).await
-}
-
-/// [`discard`] for a future that owns what it needs.
-pub(crate) async fn discard_owned(handle: LeaseHandle) -> Result<(), LockError> {
-    discard(handle.lease_inner()).await
-}
-
-/// Reads the completed record on every node, waiting for each answer: the newest
-/// record any node holds is the outcome (see the module documentation).
-pub(crate) async fn read(
-    nodes: &Nodes,
-    keys: &ResourceKeys,
-) -> Result<Option<Found>, (usize, Vec<NodeFailure>)> {
-    let mut seen = Seen::default();
-    let mut answered = 0;
-    let mut failures = Vec::new();
-    nodes
-        .fan_out(
-            0..nodes.len(),
-            nodes.timeout(),
-            |_, node| records_of(node).read_record(keys),
-            |index, answer, pending| {
-                match answer {
-                    Ok(found) => {
-                        answered += 1;
-                        if let Some(found) = found {
-                            seen.add(found);
-                        }
-                    }
-                    Err(error) => failures.push(NodeFailure {
-                        node: nodes.name(index),
-                        error,
-                    }),
-                }
-                pending == 0
-            },
-        )
-        .await;
-    if let Some((record, count)) = seen.0 {
-        let everywhere = count == answered;
-        return Ok(Some(Found { record, everywhere }));
-    }
-    if answered >= nodes.quorum() {
-        Ok(None)
-    } else {
-        Err((answered, failures))
-    }
-}
-
-pub(crate) async fn claim(
-    inner: &LeaseInner,
-    fingerprint: &[u8],
-    pending_ttl: Duration,
-    unknown_for: Option<Duration>,
-    remember_interrupted: Option<Duration>,
-) -> Result<Claim, LockError> {
     let nodes = &inner.locker.nodes;
-    if !holds(inner) {
+    if !inner.is_held() {
         return Err(lost(inner));
     }
     let quorum = nodes.quorum();
@@ -367,7 +283,7 @@ pub(crate) async fn claim(
         keys: &inner.lock_keys()[0],
         owner: &inner.owner,
         token: inner.token().get(),
-        fingerprint,
+        fingerprint: &fingerprint,
         pending_ttl: record_ttl(pending_ttl),
         orphan_ttl: unknown_for.map(record_ttl),
         remember_interrupted: remember_interrupted.map(record_ttl),
@@ -409,10 +325,7 @@ pub(crate) async fn claim(
                             ClaimReply::NotOwner => not_owner += 1,
                         }
                     }
-                    Err(error) => failures.push(NodeFailure {
-                        node: nodes.name(index),
-                        error,
-                    }),
+                    Err(error) => failures.push(nodes.failure(index, error)),
                 }
                 // A record may be on the one node that answers last: a claim is
                 // decided by every answer (or the timeout), unless a majority says the
@@ -428,18 +341,18 @@ pub(crate) async fn claim(
         Ok(Claim::Completed(record))
     } else if let Some(retry_after) = orphaned {
         Ok(Claim::Unknown { retry_after })
-    } else if claimed >= quorum && holds(inner) {
+    } else if claimed >= quorum && inner.is_held() {
         return Ok(match interrupted {
             Some(token) => Claim::Reclaimed {
                 interrupted: FencingToken::new(token),
             },
             None => Claim::Claimed,
         });
-    } else if not_owner >= quorum || !holds(inner) {
+    } else if not_owner >= quorum || !inner.is_held() {
         Err(lost(inner))
     } else {
         // Too few answers: undecided.
-        Err(unavailable(nodes, inner.resource(), answered, failures))
+        Err(nodes.unavailable(inner.resource(), answered, quorum, failures))
     };
     // Our marker may have landed on some nodes (also on those that answered after the
     // decision): it must not outlive this answer, or it would read as an attempt of
@@ -448,14 +361,16 @@ pub(crate) async fn claim(
     outcome
 }
 
-pub(crate) async fn store(
-    inner: &LeaseInner,
+/// [`Lease::store_record`], for a future that owns what it needs.
+pub(crate) async fn store_owned(
+    handle: LeaseHandle,
     fingerprint: Bytes,
     data: Bytes,
     retention: Duration,
 ) -> Result<(), LockError> {
+    let inner = handle.lease_inner();
     let nodes = &inner.locker.nodes;
-    if !holds(inner) {
+    if !inner.is_held() {
         return Err(lost(inner));
     }
     let quorum = nodes.quorum();
@@ -470,10 +385,7 @@ pub(crate) async fn store(
             Ok(StoreReply::Stored) if Instant::now() < deadline => stored += 1,
             Ok(StoreReply::Stored) => refused += 1,
             Ok(StoreReply::Superseded | StoreReply::NotOwner) => refused += 1,
-            Err(error) => failures.push(NodeFailure {
-                node: nodes.name(index),
-                error,
-            }),
+            Err(error) => failures.push(nodes.failure(index, error)),
         }
         quorum::count_decided(quorum, stored, pending)
     })
@@ -483,13 +395,8 @@ pub(crate) async fn store(
         return Ok(());
     }
     tracing::warn!(resource = %inner.resource(), token = %inner.token(), stored, refused, failures = failures.len(), "outcome not recorded on a majority");
-    if refused >= quorum || !holds(inner) {
+    if refused >= quorum || !inner.is_held() {
         return Err(lost(inner));
     }
-    Err(unavailable(
-        nodes,
-        inner.resource(),
-        stored + refused,
-        failures,
-    ))
+    Err(nodes.unavailable(inner.resource(), stored + refused, quorum, failures))
 }

@@ -43,7 +43,9 @@ pub(super) async fn store_on_nodes(
     nodes.fan_out(0..nodes.len(), timeout, call, decided).await;
 }
 
-pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
+/// [`Lease::discard_record`], for a future that owns what it needs.
+pub(crate) async fn discard_owned(handle: LeaseHandle) -> Result<(), LockError> {
+    let inner = handle.lease_inner();
     let nodes = &inner.locker.nodes;
     let quorum = nodes.quorum();
     let token = inner.token().get();
@@ -57,10 +59,7 @@ pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
             |index, answer, pending| {
                 match answer {
                     Ok(_) => answered += 1,
-                    Err(error) => failures.push(NodeFailure {
-                        node: nodes.name(index),
-                        error,
-                    }),
+                    Err(error) => failures.push(nodes.failure(index, error)),
                 }
                 quorum::count_decided(quorum, answered, pending)
             },
@@ -69,7 +68,7 @@ pub(crate) async fn discard(inner: &LeaseInner) -> Result<(), LockError> {
     if answered >= quorum {
         Ok(())
     } else {
-        Err(unavailable(nodes, inner.resource(), answered, failures))
+        Err(nodes.unavailable(inner.resource(), answered, quorum, failures))
     }
 }
 
@@ -114,12 +113,6 @@ impl RecordStore for NoRecords {
     fn discard_record(&self, _: &ResourceKeys, _: u64) -> NodeFuture<bool> {
         Box::pin(std::future::ready(Err(unsupported())))
     }
-}
-
-/// The lease is neither lost, released nor past its validity.
-pub(super) fn holds(inner: &LeaseInner) -> bool {
-    let status = inner.status();
-    status.lost.is_none() && !status.released && status.valid_until > Instant::now()
 }
 
 /// The per-node timeout, cut to the lease's remaining validity.

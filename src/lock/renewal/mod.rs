@@ -1,18 +1,10 @@
-//! Renewal: one scheduler per locker keeps every held lease alive. Each lease with the
-//! watchdog on registers its next renewal; one task per locker (spawned when the first
-//! lease registers, ended when none is left) sleeps until the earliest one is due,
-//! takes every lease due within a short window, and extends them all with one batched
-//! call per node ([`Node::extend`](crate::node::Node::extend)): ten thousand
-//! leases cost one task and a few scripts per node per tick, not ten thousand tasks
-//! and ten thousand round trips.
-//!
-//! Each lease's outcome is decided as a watchdog of its own would: renewed (next
-//! renewal when a third of the validity is used up, less a random twelfth); its key
-//! lost on a majority ([`LostCause::KeyLost`]); no quorum (retried soon, until its
-//! validity runs out: [`LostCause::RenewalFailed`]); or
-//! [`max_hold`](crate::LockOptions::max_hold) reached (no more renewals, lost at the
-//! end of the last validity). The schedule holds no reference that keeps a lease
-//! alive, and a released or dropped lease leaves it at once.
+//! Renewal: one scheduler task per locker (spawned when the first lease registers,
+//! ended when none is left) sleeps until the earliest lease is due, takes every lease
+//! due within a short window, and extends them all with one batched call per node
+//! ([`Node::extend`](crate::node::Node::extend)): ten thousand leases cost one task and
+//! a few scripts per node per tick. Each lease is decided as a watchdog of its own
+//! would decide it. The schedule keeps no lease alive, and a released or dropped lease
+//! leaves it at once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -292,40 +284,36 @@ impl Drop for Failed<'_> {
         if !self.armed {
             return;
         }
-        let leases: Vec<Weak<LeaseInner>> = {
+        // Nothing is left to renew: a lease that registers from now on starts a new
+        // scheduler, and the `Registration`s of these find nothing to remove (the ids go
+        // on counting, so none of them names a later lease).
+        let old = {
             let mut schedule = self.locker.renewals.lock();
-            let schedule = &mut *schedule;
-            let mut leases = Vec::with_capacity(schedule.registered.len());
-            let steps = schedule
-                .due
-                .values()
-                .chain(schedule.fresh.iter().map(|(_, _, step)| step));
-            leases.extend(steps.map(|step| step.lease.clone()));
-            leases.extend(
-                schedule
-                    .registered
-                    .values()
-                    .filter_map(|place| match place {
-                        Place::Extending(lease) => Some(lease.clone()),
-                        Place::Fresh | Place::Due(_) => None,
-                    }),
-            );
-            // Nothing is left to renew: a lease that registers from now on starts a new
-            // scheduler, and the `Registration`s of these find nothing to remove.
-            schedule.due.clear();
-            schedule.fresh.clear();
-            schedule.fresh_first = None;
-            schedule.registered.clear();
-            schedule.wake_at = None;
-            schedule.running = false;
-            leases
+            let next_id = schedule.next_id;
+            std::mem::replace(
+                &mut *schedule,
+                Schedule {
+                    next_id,
+                    ..Schedule::default()
+                },
+            )
         };
-        let mut lost = 0usize;
-        for lease in leases {
-            if let Some(inner) = lease.upgrade() {
-                lost += usize::from(inner.mark_lost(LostCause::RenewalFailed));
-            }
-        }
+        let steps = old
+            .due
+            .into_values()
+            .chain(old.fresh.into_iter().map(|(.., step)| step));
+        let extending = old
+            .registered
+            .into_values()
+            .filter_map(|place| match place {
+                Place::Extending(lease) => Some(lease),
+                Place::Fresh | Place::Due(_) => None,
+            });
+        let leases = steps.map(|step| step.lease).chain(extending);
+        let lost = leases
+            .filter_map(|lease| lease.upgrade())
+            .filter(|inner| inner.mark_lost(LostCause::RenewalFailed))
+            .count();
         if std::thread::panicking() {
             tracing::error!(
                 leases_lost = lost,
@@ -376,7 +364,7 @@ fn take_due(locker: &Arc<Shared>) -> Option<Round> {
             continue;
         };
         let status = inner.status();
-        if status.lost.is_some() || status.released {
+        if !status.live() {
             forget(locker, id);
             continue;
         }

@@ -2,6 +2,7 @@
 //! decided as a watchdog of its own would decide it.
 
 use super::*;
+use crate::lock::round::watched;
 
 /// One extend round for a batch of leases: one batched call per node, decided once
 /// every lease of the batch is (a majority extended it, or said its key is gone, or
@@ -41,9 +42,10 @@ pub(super) fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -
                 let holds: Vec<Hold<'_>> = leases
                     .iter()
                     .zip(&owners)
-                    .map(|((_, inner), owner)| inner.members.target.hold(owner))
+                    .map(|((_, inner), owner)| inner.target.hold(owner))
                     .collect();
-                let call = nodes.watched(index, timeout, node.extend(&holds, ttl));
+                let health = nodes.health[index].clone();
+                let call = watched(health, Instant::now(), timeout, node.extend(&holds, ttl));
                 Box::pin(async move { (index, call.await) })
             })
             .collect();

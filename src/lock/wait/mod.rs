@@ -1,68 +1,35 @@
-//! Waiting for a held resource without polling, and in arrival order across processes.
+//! Waiting for a held resource without polling, and in arrival order across processes
+//! (the guide: [Waiting across processes](crate::guide::stores#waiting-across-processes)).
 //!
 //! Inside a process, callers that want the same resource queue FIFO on a one-permit
 //! semaphore: only the head of the queue (or the holder) talks to the nodes, and a
 //! release of this process hands the resource to the next local waiter at once.
 //!
-//! Across processes, the head waiter joins the resource's **wait queue** on every node
-//! that keeps one ([`Capabilities::wait_queue`](crate::node::Capabilities::wait_queue): Redis and memory
-//! nodes), so that a release wakes only the next waiter, as ZooKeeper and etcd waiters
-//! watch only their predecessor:
+//! Across processes, the head waiter joins the resource's wait queue on every node that
+//! keeps one ([`Capabilities::wait_queue`](crate::node::Capabilities::wait_queue)), a
+//! sorted set of waiter ids (one per locker) scored by the **ticket**: the wall clock
+//! (µs) when this process's head began to contend. Ticket and id travel with every
+//! attempt to every node, so every node orders the queue the same way (nodes that each
+//! favoured another head would split the votes forever); clock skew only shifts places.
 //!
-//! - The queue is a sorted set per resource (`<lock key>:queue`) of waiter ids, one per
-//!   locker (drawn when it is built), scored by the **ticket**: the wall clock (µs)
-//!   when this process's head began to contend. The ticket and id travel with every
-//!   attempt to every node, so every node orders the queue the same way; nodes that each
-//!   favoured another head would split the votes forever. Clock skew between processes
-//!   only shifts their places, never that agreement.
-//! - An attempt that is refused adds the waiter, or keeps its place (same ticket), and
-//!   keeps the queue alive for [`QUEUE_TTL`] more; a waiter attempts again at least
-//!   every quarter of it, so a queue whose waiters all died expires by itself.
+//! - A refused attempt adds the waiter, or keeps its place, and keeps the queue alive
+//!   for [`QUEUE_TTL`] more; a waiter attempts again at least every quarter of it, so a
+//!   queue whose waiters all died expires by itself.
 //! - A waiter in the queues does not retry on the retry policy's short backoff (a
 //!   release wakes it; an earlier attempt would only be refused), but when the key it
-//!   was refused by runs out: the holder's (a crashed holder) or another waiter's
-//!   reservation (a frozen waiter), at most a second later, at least every quarter of
-//!   [`QUEUE_TTL`].
-//! - A caller finding the lock free is granted only if the queue is empty or it is the
-//!   head; otherwise the lock is handed to the head and the caller refused as held: no
-//!   barging, also for `try_acquire` from another process.
-//! - A release hands the lock to the next waiter: it takes waiters off the queue's head
-//!   until one listens on its own channel (`<channel>:<id>`), **reserves** the lock for
-//!   it for [`HANDOFF_TTL`](crate::node::HANDOFF_TTL) and publishes to it alone. A
-//!   waiter whose process died has no subscription and is skipped at once; one whose
-//!   process is frozen is skipped when its reservation expires; a live waiter skipped
-//!   because its subscription was down joins again at its old place on its next attempt.
-//! - A waiter subscribes to its own channel *before* it joins: a release can then never
-//!   hand it the lock unheard. Its subscriptions outlive the wait by [`LINGER`], so a
-//!   process that waits again soon (the usual case under contention) joins with its
-//!   first attempt and costs no `SUBSCRIBE`.
-//! - A waiter that gives up (timeout, error, cancellation) leaves the queue on every
-//!   node, in the background; a lock reserved for it meanwhile goes to the next waiter.
-//!   A node that missed the leave drops the entry when it reaches the head (nobody
-//!   listens) or when the queue expires.
+//!   was refused by runs out: a crashed holder's, or a frozen waiter's reservation.
+//! - A waiter subscribes to its own channel *before* it joins, so a release never hands
+//!   it the lock unheard. Its subscriptions outlive the wait by [`LINGER`]: a process
+//!   that waits again soon joins with its first attempt and costs no `SUBSCRIBE`.
+//! - Sets and shared holders keep the broadcast wake-up, on each member's own channel;
+//!   on the Redis nodes such a waiter first marks the member's queue
+//!   ([`Node::listen_for_release`](crate::node::Node::listen_for_release)), since a
+//!   release publishes there only when its hand-off reaches the mark: the release of a
+//!   resource nobody waits for publishes nothing.
 //!
-//! The queue decides only who may *try*: a grant is still one node's vote, a lease a
-//! majority of votes, and fencing tokens are untouched, so mutual exclusion and the
-//! token order never depend on it. A node that restarted without its queue orders no
-//! one until the waiters' next attempts add them again; a waiter registered on some
-//! nodes only (a timed-out call) is added by its next attempt. Nodes without a queue
-//! (etcd) keep the broadcast wake-up: every waiter of the resource retries. Waiting for
-//! sets of resources keeps the broadcast wake-up too, on each member's own channel; on
-//! the Redis nodes such a waiter first marks the member's queue
-//! ([`Node::listen_for_release`](crate::node::Node::listen_for_release): a member `*` after
-//! every waiter, as long-lived as a waiter's place), since a release publishes on that
-//! channel only when its hand-off reaches the mark. So the release of a resource nobody
-//! waits for publishes nothing: `GET`, `EXISTS` of the queue and `DEL`.
-//!
-//! Where most nodes keep no queue, a fallback retry with exponential backoff and full
-//! jitter, capped by the holder's remaining ttl, covers lost messages and crashed
-//! holders.
-//!
-//! Cost: an uncontended acquire and release are one command more than without the
-//! queue (its check in the acquire script and `ZPOPMIN` in the release, less a
-//! `PEXPIRE` the fence counter no longer needs); a hand-off across processes costs
-//! about twice one inside a process, a fraction of a broadcast wake-up's (the figures:
-//! BENCHMARKS.md, "Contended hand-off", from `benches/handoff.rs`).
+//! The queue decides only who may *try*: a grant is still one node's vote, so mutual
+//! exclusion and the token order never depend on it. Where most nodes keep no queue,
+//! the retry policy's backoff covers lost messages and crashed holders.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -75,11 +42,8 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::lock::lease::LeaseInner;
-use crate::lock::metrics;
-use crate::lock::round::Nodes;
-use crate::node::ReleaseSignal;
-use crate::node::{Resource, ResourceKeys, Waiter};
+use crate::lock::{lease::LeaseInner, metrics, round::Nodes};
+use crate::node::{ReleaseSignal, Resource, ResourceKeys, Waiter};
 
 /// How long a resource's wait queue lives after a waiter's latest attempt.
 pub(crate) const QUEUE_TTL: Duration = Duration::from_secs(10);
@@ -273,6 +237,17 @@ impl QueueRef {
         self.queue.permit.acquire().await.ok()?.forget();
         Some(Turn(self.queue.clone()))
     }
+
+    /// Joins the waiters unless `limit` already wait.
+    pub(crate) fn enter(&self, limit: usize) -> Option<Waiting> {
+        let waiting = &self.queue.waiting;
+        let enter = |current: usize| (current < limit).then_some(current + 1);
+        waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, enter)
+            .ok()?;
+        metrics::waiters(1.0);
+        Some(Waiting(self.queue.clone()))
+    }
 }
 
 /// Counts one waiting caller for as long as it lives. Keeps the queue rather than a
@@ -286,31 +261,6 @@ impl Drop for Waiting {
     }
 }
 
-impl QueueRef {
-    /// Joins the waiters unless `limit` already wait.
-    pub(crate) fn enter(&self, limit: usize) -> Option<Waiting> {
-        let waiting = &self.queue.waiting;
-        let mut current = waiting.load(Ordering::Acquire);
-        loop {
-            if current >= limit {
-                return None;
-            }
-            match waiting.compare_exchange_weak(
-                current,
-                current + 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    metrics::waiters(1.0);
-                    return Some(Waiting(self.queue.clone()));
-                }
-                Err(actual) => current = actual,
-            }
-        }
-    }
-}
-
 impl LocalQueue {
     /// Remaining validity of the local holder if a lease of this process holds it,
     /// else the remaining ttl of another process's hold as last reported to the head
@@ -318,8 +268,7 @@ impl LocalQueue {
     pub(crate) fn holder_ttl(&self) -> Option<std::time::Duration> {
         let holder = crate::lock_unpoisoned(&self.holder).upgrade();
         if let Some(status) = holder.map(|h| h.status())
-            && !status.released
-            && status.lost.is_none()
+            && status.live()
         {
             return Some(status.valid_until.saturating_duration_since(Instant::now()));
         }
@@ -394,10 +343,7 @@ impl Queues {
         let map = crate::lock_unpoisoned(&self.map);
         map.values()
             .filter_map(|(queue, _)| crate::lock_unpoisoned(&queue.holder).upgrade())
-            .filter(|lease| {
-                let status = lease.status();
-                status.lost.is_none() && !status.released
-            })
+            .filter(|lease| lease.status().live())
             .collect()
     }
 }

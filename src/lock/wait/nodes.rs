@@ -8,17 +8,9 @@ impl Nodes {
     /// background, each call bounded by the node timeout. The calls are made here: a
     /// node may act when called.
     pub(crate) fn leave_all(&self, keys: &ResourceKeys, waiter: &Waiter) {
-        self.leave(self.each(), keys, waiter);
-    }
-
-    fn leave<'a>(
-        &self,
-        nodes: impl Iterator<Item = &'a Arc<dyn crate::node::Node>>,
-        keys: &ResourceKeys,
-        waiter: &Waiter,
-    ) {
         let timeout = self.timeout();
-        let calls: FuturesUnordered<_> = nodes
+        let calls: FuturesUnordered<_> = self
+            .each()
             .filter(|node| node.capabilities().wait_queue)
             .map(|node| tokio::time::timeout(timeout, node.leave_queue(keys, waiter)))
             .collect();
