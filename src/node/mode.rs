@@ -63,12 +63,8 @@ use std::num::NonZeroU32;
 ///   leaves other holders wakes the channel's listeners too, for a waiting permit.
 ///   [`Release::Quiet`] only removes the entry.
 ///
-/// The live holders of a resource hold it in **one** mode: readers, or permits of one
-/// `n`. A shared or counted [`Node::acquire`] in another mode (another `n`,
-/// a reader among permits, a permit among readers) answers
-/// [`Vote::OtherMode`] with theirs, room or not: a holder never holds the
-/// resource beside more holders than its own `n` allows. The mode is decided in the
-/// same atomic step as the admission, so the first holder after none sets it.
+/// A shared or counted [`Node::acquire`] in another mode than the live holders' answers
+/// [`Vote::OtherMode`] with theirs, decided in the same atomic step as the admission.
 ///
 /// ## Writer preference
 ///

@@ -48,25 +48,12 @@ const RECONNECT_INTERVAL: Duration = Duration::from_millis(100);
 ///
 /// # Safety trade-offs
 ///
-/// A cluster is one vote, so it is as safe as its shards' replication: Redis replicates
-/// **asynchronously**. When a shard's master fails and its replica is promoted, a lock
-/// granted (or extended, or a fence counter raised) shortly before the failure may not
-/// have reached the replica: the new master does not know the lock, and a second
-/// client can acquire it while the first still believes it holds it. Its fence counter
-/// may also lag, so the second client's token is not guaranteed to be greater.
-///
-/// * For mutual exclusion that survives the failure of any one machine, prefer several
-///   **independent** masters (3 or 5, each a [`RedisNode`](crate::RedisNode), or even
-///   several independent clusters): Redlock needs a majority of them, and one node
-///   losing a key cannot break it. A single cluster scales throughput, not safety.
-/// * [`wait_for_replicas`](ClusterNode::wait_for_replicas) narrows the window (see
-///   there), and fencing tokens checked by the protected storage turn a lost lock into
-///   a rejected write instead of a corruption whenever the counter survived.
-///
-/// Outcome records (idempotent replay) share the lock key's slot and its trade-off: with
-/// `wait_for_replicas` a record counts only once the shard's replicas have it and
-/// survives a failover to one of them; what a failover to a replica without it loses is
-/// described on [`SentinelNode`](crate::SentinelNode).
+/// A cluster is one vote, as safe as its shards' **asynchronous** replication: a lock (or
+/// fence counter, or outcome record) written shortly before a shard's failover may be
+/// missing on the promoted replica, and a second client can then get the lock. A single
+/// cluster scales throughput, not safety: for that, use several independent nodes,
+/// [`wait_for_replicas`](ClusterNode::wait_for_replicas) and fencing tokens (see the
+/// [stores guide](crate::guide::stores)).
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]

@@ -382,22 +382,21 @@ impl Shared {
         })
     }
 
+    /// The channel a push names, if it still has waiters.
+    fn channel_of<'p>(&self, push: &'p PushInfo) -> Option<(&'p str, Arc<Channel>)> {
+        let Some(Value::BulkString(name)) = push.data.first() else {
+            return None;
+        };
+        let name = std::str::from_utf8(name).ok()?;
+        let channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let channel = channels.get(name).and_then(Weak::upgrade)?;
+        Some((name, channel))
+    }
+
     fn route(&self, generation: u64, push: PushInfo) {
         match push.kind {
             PushKind::Message | PushKind::SMessage => {
-                let Some(Value::BulkString(name)) = push.data.first() else {
-                    return;
-                };
-                let Ok(name) = std::str::from_utf8(name) else {
-                    return;
-                };
-                let channel = self
-                    .channels
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(name)
-                    .and_then(Weak::upgrade);
-                if let Some(channel) = channel {
+                if let Some((_, channel)) = self.channel_of(&push) {
                     channel.wake();
                 }
             }
@@ -409,19 +408,7 @@ impl Shared {
                 if generation != self.generation.load(Ordering::Acquire) {
                     return;
                 }
-                let Some(Value::BulkString(name)) = push.data.first() else {
-                    return;
-                };
-                let Ok(name) = std::str::from_utf8(name) else {
-                    return;
-                };
-                let channel = self
-                    .channels
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(name)
-                    .and_then(Weak::upgrade);
-                if let Some(channel) = channel {
+                if let Some((name, channel)) = self.channel_of(&push) {
                     channel.active.send_replace(false);
                     channel.wake();
                     self.ended

@@ -493,5 +493,3 @@ fn internal(what: &'static str) -> RedisError {
 
 mod send;
 mod solo;
-#[cfg(test)]
-mod tests;

@@ -13,7 +13,7 @@ use crate::error::NodeError;
 use crate::node::redis::conn::SendOne;
 use crate::node::redis::millis_ceil;
 use crate::node::ResourceKeys;
-use crate::node::{Owner, CHANNEL_SUFFIX, DEFAULT_FENCE_TTL, HANDOFF_TTL, QUEUE_SUFFIX};
+use crate::node::{CHANNEL_SUFFIX, DEFAULT_FENCE_TTL, HANDOFF_TTL, QUEUE_SUFFIX};
 
 /// One Lua script: its source (for `EVAL`), its SHA1 (for `EVALSHA`), and whether its
 /// calls go by hash (see [`Call`] for when they may).
@@ -447,6 +447,45 @@ pub(crate) trait Op: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Output, CallError>> + Send + 'a;
 }
 
+/// One script call as an operation: its reply read by `read`. With `wrote`, the node's
+/// `WAIT` is pipelined behind it and checked when `wrote` says the script wrote; without,
+/// the call never waits for replicas (a lost release, mark or discard only delays
+/// someone until a key expires).
+pub(crate) struct ScriptOp<T> {
+    call: Call,
+    wrote: Option<fn(&Value) -> bool>,
+    read: fn(Value) -> Result<T, NodeError>,
+}
+
+impl<T> ScriptOp<T> {
+    pub(crate) fn new(
+        call: Call,
+        wrote: Option<fn(&Value) -> bool>,
+        read: fn(Value) -> Result<T, NodeError>,
+    ) -> Self {
+        ScriptOp { call, wrote, read }
+    }
+}
+
+impl<T: Send + 'static> Op for ScriptOp<T> {
+    type Output = T;
+
+    async fn run<C: SendOne>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<T, CallError> {
+        let wrote = self.wrote.unwrap_or(|_| false);
+        let value = self.call.run(conn, self.wrote.and(wait), wrote).await?;
+        (self.read)(value).map_err(CallError::Reply)
+    }
+}
+
+/// `what returned value`: a reply of an unexpected shape.
+pub(crate) fn returned(what: &str, value: &Value) -> NodeError {
+    NodeError::Protocol(format!("{what} returned {value:?}").into())
+}
+
 pub(crate) fn int(value: &Value) -> Option<i64> {
     match value {
         Value::Int(n) => Some(*n),
@@ -456,14 +495,12 @@ pub(crate) fn int(value: &Value) -> Option<i64> {
     }
 }
 
-/// The reply of the extend, release and raise-fence scripts: 1 or 0.
+/// The reply of the release and discard scripts: 1 or 0.
 pub(crate) fn parse_flag(value: Value) -> Result<bool, NodeError> {
     match int(&value) {
         Some(1) => Ok(true),
         Some(0) => Ok(false),
-        _ => Err(NodeError::Protocol(
-            format!("script returned {value:?}").into(),
-        )),
+        _ => Err(returned("script", &value)),
     }
 }
 
@@ -471,9 +508,7 @@ mod acquire;
 mod extend;
 mod pipelined;
 mod release;
-#[cfg(test)]
-mod tests;
 
-pub(crate) use acquire::{Acquire, Acquisition, RaiseFences};
+pub(crate) use acquire::{raise_fences, Acquire};
 pub(crate) use extend::ExtendCall;
-pub(crate) use release::{Hand, ListenCall, ReleaseCall};
+pub(crate) use release::{leave, listen, release, Hand};
