@@ -139,7 +139,11 @@ macro_rules! pinned {
         let mut answer = None;
         for _ in 0..inner.endpoints.len() {
             let (index, $client) = inner.pinned().await?;
-            let guard = MoveOnFailure::new(inner, index);
+            let guard = MoveOnFailure {
+                inner,
+                index,
+                armed: true,
+            };
             match $body.await {
                 Err(e @ NodeError::Connection(_)) => {
                     drop(guard);
@@ -169,15 +173,7 @@ struct MoveOnFailure<'a> {
     armed: bool,
 }
 
-impl<'a> MoveOnFailure<'a> {
-    fn new(inner: &'a Inner, index: usize) -> Self {
-        MoveOnFailure {
-            inner,
-            index,
-            armed: true,
-        }
-    }
-
+impl MoveOnFailure<'_> {
     fn disarm(mut self) {
         self.armed = false;
     }

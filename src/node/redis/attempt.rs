@@ -2,32 +2,25 @@
 //! master, a cluster connection) and the callers that wait for it, in order: one
 //! primitive for the standalone, Sentinel and Cluster nodes.
 //!
-//! [`Attempts`] holds the current attempt to get that value, shared by every caller
-//! that waits for it and run in a task of its own (it completes, and leaves its value
-//! for the next caller, even when every caller waiting gave up: their per-node timeout
-//! is shorter than an attempt), numbered by a generation, and the earliest time the
-//! next attempt may start (attempts that keep failing are not made in a loop).
+//! [`Attempts`] holds the current attempt to get that value, numbered by a generation
+//! and run in a task of its own (so that it completes for the next caller even when
+//! every caller waiting gave up: their per-node timeout is shorter than an attempt),
+//! and the earliest time the next may start (failing attempts are not made in a loop).
 //!
 //! # The callers' order
 //!
 //! Woken together when an attempt ends, the callers that waited would hand their
-//! commands to the connection in the order the scheduler runs them: a waiter's leave
-//! could overtake the attempt that queued it, and its entry would stay behind in the
-//! wait queue. So a caller that has to wait takes a place in line ([`Place`]), and
-//! hands its command over ([`in_turn`]) only after the callers before it did; while
-//! anyone is in line, later callers join it even when the attempt has ended. The place
-//! is taken at the caller's first poll, so callers keep the order they were polled in
-//! (the batching sends a batch in one such poll, under its lock).
-//!
-//! A caller kept unpolled but not dropped holds up the ones behind it; every call the
-//! engine makes is bounded by its node timeout, which drops it, and a dropped caller
-//! gives up its place (its command is never sent).
+//! commands over in the order the scheduler runs them: a waiter's leave could overtake
+//! the attempt that queued it, leaving its entry in the wait queue. So a caller that
+//! waits takes a place in line ([`Place`], at its first poll) and hands its command over
+//! ([`in_turn`]) only after the callers before it; while anyone is in line, later
+//! callers join it. A dropped caller gives up its place (its command is never sent); one
+//! kept unpolled holds up the ones behind it, which the engine's node timeout bounds.
 //!
 //! # Failures
 //!
-//! A failed attempt fails only the callers that waited for it: a caller that comes
-//! after it failed starts a new one rather than being handed an old refusal (from while
-//! the server was still down, say).
+//! A failed attempt fails only the callers that waited for it: a later caller starts a
+//! new one rather than being handed an old refusal (from while the server was down).
 
 use std::collections::BTreeSet;
 use std::future::{poll_fn, Future};

@@ -35,16 +35,10 @@ const RECONNECT_INTERVAL: Duration = Duration::from_millis(100);
 /// and failover are followed by redis-rs's async cluster client, which also discovers
 /// the topology from the seeds: any reachable node of the cluster is enough to start.
 ///
-/// Release notifications use **sharded pub/sub** (Redis ≥ 7): the release script
-/// `SPUBLISH`es on the resource's channel, and waiters `SSUBSCRIBE` over a second,
-/// RESP3 cluster connection (opened on first use, shared by every waiter), on a node
-/// of the shard that owns the channel's slot (a shard's replicas get its `SPUBLISH`es
-/// too). When the slot moves (resharding, failover) the server ends the subscription,
-/// and when a connection drops it is gone: in both cases the waiters are woken to
-/// retry and the subscription is made again, following the slot. A notification lost
-/// in between is covered by the waiters' fallback retry. One task per node keeps that
-/// connection, every command bounded: a frozen master makes it reconnect rather than
-/// pile up work for the waiters that gave up.
+/// Release notifications use **sharded pub/sub** (Redis ≥ 7: `SPUBLISH`, `SSUBSCRIBE`)
+/// over a second, RESP3 cluster connection, opened on first use; a subscription ended
+/// by a moved slot or a dropped connection wakes its waiters to retry and is made again,
+/// following the slot.
 ///
 /// # Safety trade-offs
 ///
@@ -180,20 +174,14 @@ fn connect(client: ClusterClient, name: Arc<str>) -> Connect<ClusterConnection, 
 }
 
 impl Cluster {
-    /// The cluster connection, for a command that keeps no place in line.
-    async fn connection(&self) -> Result<ClusterConnection, NodeError> {
-        let got = self.connection.get().await;
-        got.value
-    }
-
     /// `INFO section` on every master: each master's name and answer.
     async fn info_of_masters(&self, section: &str) -> Result<Vec<(String, String)>, NodeError> {
         let mut cmd = redis::cmd("INFO");
         cmd.arg(section);
         let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-        let answers = self
-            .connection()
-            .await?
+        // Taken out of line at once: a command that keeps no place in it.
+        let mut conn = self.connection.get().await.value?;
+        let answers = conn
             .route_command(cmd, routing)
             .await
             .map_err(call::node_error)?;
@@ -278,7 +266,7 @@ impl Route for Cluster {
                 }
             }
             let mut permissions = ServerSetup::new(self.name.to_string());
-            let mut conn = self.connection().await?;
+            let mut conn = self.connection.get().await.value?;
             setup::probe_permissions(&mut conn, &probe, true, &mut permissions).await?;
             if !permissions.refused.is_empty()
                 || !permissions.missing.is_empty()

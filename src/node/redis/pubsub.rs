@@ -1,23 +1,18 @@
 //! Release notifications from one Redis server, or from one Redis Cluster (sharded
 //! pub/sub): one RESP3 connection per node, kept by a single upkeep task.
 //!
-//! Waiters never talk to the server themselves. They register a channel (shared by
-//! every waiter of the resource, reference-counted) and wait until the upkeep task has
-//! it subscribed; dropping the last reference makes the task unsubscribe. The task
-//! compares what is wanted with what the connection is subscribed to and sends the
-//! difference, each command bounded by [`COMMAND_TIMEOUT`]. That design answers two
-//! failures:
+//! Waiters never talk to the server themselves: they register a channel (shared by the
+//! resource's waiters, reference-counted) and wait until the upkeep task has it
+//! subscribed; dropping the last reference makes the task unsubscribe. The task sends
+//! the difference between what is wanted and what is subscribed, each command bounded
+//! by [`COMMAND_TIMEOUT`], which answers two failures:
 //!
-//! * **A node restarted** (or any dropped connection): the connection's subscriptions
-//!   are gone with it. The task reconnects, with a capped backoff, for as long as any
-//!   channel is wanted, and subscribes them all again — however long the node was
-//!   down — then wakes their waiters once, since a release may have been published
-//!   in between.
-//! * **A frozen node** (SIGSTOP, a full network buffer): a command that does not
-//!   answer in time makes the task drop the connection (which ends every subscription
-//!   on it, on the server's side too) and start over. Nothing piles up meanwhile:
-//!   there is one task per node whatever the number of waiters, and its state is the
-//!   set of channels still wanted, which shrinks as waiters give up.
+//! * **A node restarted** (or any dropped connection): the task reconnects, with a
+//!   capped backoff, for as long as any channel is wanted, subscribes them all again and
+//!   wakes their waiters once, since a release may have been published in between.
+//! * **A frozen node**: a command that does not answer in time makes the task drop the
+//!   connection (ending its subscriptions on the server too) and start over. Nothing
+//!   piles up meanwhile: one task per node, whose state is the set of channels wanted.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

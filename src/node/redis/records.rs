@@ -13,7 +13,9 @@ use bytes::Bytes;
 use redis::Value;
 
 use crate::error::NodeError;
-use crate::node::redis::call::{int, returned, Call, CallError, Op, ReplicaWait, ScriptOp, RECORD};
+use crate::node::redis::call::{
+    self, int, returned, Call, CallError, Op, ReplicaWait, ScriptOp, RECORD,
+};
 use crate::node::redis::millis_ceil;
 use crate::node::FencingToken;
 use crate::node::ResourceKeys;
@@ -113,9 +115,7 @@ pub(crate) fn claim(request: &ClaimRequest<'_>) -> ScriptOp<ClaimReply> {
                 }
             }
             [tag, pttl] if int(tag) == Some(3) => Ok(ClaimReply::Orphaned {
-                pttl: int(pttl)
-                    .and_then(|ms| u64::try_from(ms).ok())
-                    .map(Duration::from_millis),
+                pttl: call::pttl(pttl),
             }),
             [tag, token, fingerprint, data] if int(tag) == Some(1) => {
                 record_of("claim", token, fingerprint, data).map(ClaimReply::Completed)

@@ -86,12 +86,9 @@ impl RedisNode {
     /// together itself, without Nagle's wait; the trade-off and its measurements are in
     /// the operations guide and BENCHMARKS.md. The lock's safety does not depend on it.
     ///
-    /// Fails outside a Tokio runtime, as [`from_client`](Self::from_client) does.
-    /// The `tcp_nodelay=false` parameter of [`node_from_url`](crate::node_from_url)
-    /// (and so of [`Redlock::connect`](crate::Redlock::connect)) does the same. A
-    /// [`ClusterNode`](crate::ClusterNode) sets `TCP_NODELAY` too, unless its
-    /// [`with_config`](crate::ClusterNode::with_config) says otherwise; a
-    /// [`SentinelNode`](crate::SentinelNode) always does.
+    /// Fails outside a Tokio runtime, as [`from_client`](Self::from_client) does. The
+    /// `tcp_nodelay=false` parameter of [`node_from_url`](crate::node_from_url) does the
+    /// same.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]

@@ -158,9 +158,7 @@ pub(super) fn parse_acquire(value: &Value) -> Result<Vote, NodeError> {
             };
             Ok(Vote::Held {
                 member: usize::try_from(member).map_err(|_| bad())?,
-                pttl: int(n)
-                    .and_then(|ms| u64::try_from(ms).ok())
-                    .map(Duration::from_millis),
+                pttl: pttl(n),
             })
         }
         // Shared holders: their limit, 0 for readers.

@@ -327,20 +327,6 @@ impl Call {
         eval
     }
 
-    /// Its `EVALSHA` command (to be pipelined).
-    fn into_command(self) -> Cmd {
-        self.evalsha
-    }
-
-    /// The command to send: `EVALSHA`, or `EVAL` after `NOSCRIPT`.
-    fn command(&self, by_hash: bool) -> Cmd {
-        if by_hash {
-            self.evalsha.clone()
-        } else {
-            self.eval()
-        }
-    }
-
     /// Runs the script with `EVALSHA`, or with `EVAL` after `NOSCRIPT` (which also caches
     /// it on the server that answered, and needs no `SCRIPT LOAD` on every node of a
     /// cluster); a script sent in order, with `EVAL` at once. With `wait`, `WAIT` is pipelined right behind the script on the same
@@ -484,6 +470,13 @@ impl<T: Send + 'static> Op for ScriptOp<T> {
 /// `what returned value`: a reply of an unexpected shape.
 pub(crate) fn returned(what: &str, value: &Value) -> NodeError {
     NodeError::Protocol(format!("{what} returned {value:?}").into())
+}
+
+/// A `PTTL` in milliseconds as a duration (`None`: negative, no ttl).
+pub(crate) fn pttl(value: &Value) -> Option<Duration> {
+    int(value)
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(Duration::from_millis)
 }
 
 pub(crate) fn int(value: &Value) -> Option<i64> {

@@ -41,7 +41,7 @@ impl Pipelined {
         let mut pipe = redis::Pipeline::with_capacity(3);
         pipe.add_command(set)
             .add_command(exists)
-            .add_command(fence.into_command())
+            .add_command(fence.evalsha)
             .ignore_errors();
         Pipelined { pipe }
     }
@@ -203,9 +203,7 @@ async fn held_by_another<C: SendOne>(
 fn held(pttl: Value) -> Vote {
     Vote::Held {
         member: 0,
-        pttl: int(&pttl)
-            .and_then(|ms| u64::try_from(ms).ok())
-            .map(Duration::from_millis),
+        pttl: super::pttl(&pttl),
     }
 }
 
