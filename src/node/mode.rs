@@ -15,10 +15,9 @@ use std::num::NonZeroU32;
 /// | [`Counted`](LockMode::Counted) | at most `n − 1` other counted holders | at most `n` at once: three exports per tenant, two calls to a rate-limited partner |
 ///
 /// Shared holders are **writer-preferring**: once an exclusive acquisition waits
-/// ([`Redlock::acquire_as`](crate::Redlock::acquire_as)) — from its second attempt, made
-/// as soon as it is subscribed to the releases, a round trip after its first refusal —
-/// new shared holders are refused until it is served or gives up, so a steady stream of
-/// readers cannot starve a writer.
+/// ([`Redlock::acquire_as`](crate::Redlock::acquire_as)), from its second attempt on,
+/// new shared holders are refused until it is served or gives up (see
+/// [Writer preference](#writer-preference)).
 /// A writer's fencing token is above every token an earlier holder had, in any mode;
 /// overlapping shared holders are not ordered (the argument is below).
 ///

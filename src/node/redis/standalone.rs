@@ -46,14 +46,14 @@ use crate::node::{NodeFuture, ReleaseSignal, ResourceKeys, ServerSetup};
 /// ```
 #[derive(Clone)]
 pub struct RedisNode {
-    node: Redis<Direct>,
+    pub(super) node: Redis<Direct>,
 }
 
 /// One server's connection: every call goes to it.
 pub(crate) struct Direct {
     name: Arc<str>,
     address: String,
-    conn: Batching,
+    pub(super) conn: Batching,
     hub: Hub,
     /// What the connections are made from (again by [`RedisNode::tcp_nodelay`]).
     client: Client,
@@ -166,12 +166,6 @@ impl RedisNode {
         self.node.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
         self
     }
-
-    /// The route (for `SentinelNode`, which follows a master with it).
-    #[cfg(feature = "sentinel")]
-    pub(crate) fn route(&self) -> &Arc<Direct> {
-        &self.node.route
-    }
 }
 
 fn connection_config() -> AsyncConnectionConfig {
@@ -221,14 +215,6 @@ impl Route for Direct {
             setup::probe_permissions(&mut conn, &probe, false, &mut found).await?;
             Ok(vec![found])
         })
-    }
-}
-
-/// The command connection, for a `SentinelNode` that found this server its master.
-#[cfg(feature = "sentinel")]
-impl Direct {
-    pub(crate) fn connection(&self) -> Batching {
-        self.conn.clone()
     }
 }
 

@@ -31,24 +31,14 @@ impl Lua {
             by_hash: true,
         }
     }
-
-    /// A script whose calls always go out as `EVAL`, in the order they were made.
-    fn in_order(code: &'static str) -> Self {
-        Lua {
-            by_hash: false,
-            ..Self::new(code)
-        }
-    }
 }
 
-// The scripts, each put together from `scripts/*.lua`: `held.lua` opens every one that
+// The scripts, put together from `scripts/*.lua`: `held.lua` opens every one that
 // compares a lock key with an owner value, `fence_rule.lua` every one that touches a
-// fence counter (the counter's rule lives there alone), `hand_off.lua` those that hand
-// a free lock to the wait queue's next waiter. The acquire and release scripts are in
-// parts: their fast path (the common case: one resource, a caller that does not wait,
-// nobody queued) returns before any of the wait queue's functions is built. Redis
-// charges a script per argument and per `redis.call`, and a Lua closure per call of the
-// script (see BENCHMARKS.md): the fast path has the fewest.
+// fence counter (the rule lives there alone), `hand_off.lua` those that hand a free lock
+// to the next waiter. The acquire and release scripts' fast path (one resource, a caller
+// that does not wait, nobody queued) returns before any of the queue's functions is
+// built: Redis charges per argument, per `redis.call` and per Lua closure (BENCHMARKS.md).
 
 /// Every acquisition: one resource or a set, exclusive or shared (`acquire.lua`).
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
@@ -89,9 +79,11 @@ static RAISE_FENCES: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 static LISTEN: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/listen.lua")));
-/// The outcome records' claim, store and discard (`records.rs`): in order, see [`Call`].
-pub(crate) static RECORD: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::in_order(concat!(
+/// The outcome records' claim, store and discard (`records.rs`): always `EVAL`, in the
+/// order they were made (see [`Call`]).
+pub(crate) static RECORD: LazyLock<Lua> = LazyLock::new(|| Lua {
+    by_hash: false,
+    ..Lua::new(concat!(
         include_str!("../scripts/held.lua"),
         include_str!("../scripts/record.lua")
     ))
@@ -278,7 +270,7 @@ impl redis::ToRedisArgs for Suffixed<'_> {
 /// was sent on that connection meanwhile: a later call may then run before it. That
 /// is harmless unless a call whose effect depends on this one having run can be sent
 /// while it is in flight, and where one can, the script goes out as `EVAL` every time
-/// ([`Lua::in_order`]), which costs the server a SHA1 of the script per call:
+/// (`RECORD`), which costs the server a SHA1 of the script per call:
 ///
 /// * the lock scripts go by hash: the engine sends no release of an attempt to a node
 ///   while that node's acquire call is in flight (a failed attempt releases on each
@@ -328,10 +320,9 @@ impl Call {
     }
 
     /// Runs the script with `EVALSHA`, or with `EVAL` after `NOSCRIPT` (which also caches
-    /// it on the server that answered, and needs no `SCRIPT LOAD` on every node of a
-    /// cluster); a script sent in order, with `EVAL` at once. With `wait`, `WAIT` is pipelined right behind the script on the same
-    /// connection, so it covers the script's writes; its answer is checked only when
-    /// `wrote` says the script wrote.
+    /// it on the server that answered: no `SCRIPT LOAD` on every node of a cluster); a
+    /// script sent in order, with `EVAL` at once. With `wait`, `WAIT` is pipelined right
+    /// behind it, and checked only when `wrote` says the script wrote.
     pub(crate) async fn run<C: SendOne>(
         &self,
         conn: &mut C,
@@ -433,10 +424,9 @@ pub(crate) trait Op: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Output, CallError>> + Send + 'a;
 }
 
-/// One script call as an operation: its reply read by `read`. With `wrote`, the node's
-/// `WAIT` is pipelined behind it and checked when `wrote` says the script wrote; without,
-/// the call never waits for replicas (a lost release, mark or discard only delays
-/// someone until a key expires).
+/// One script call as an operation, its reply read by `read`. With `wrote`, the node's
+/// `WAIT` is checked when `wrote` says the script wrote; without, it never waits for
+/// replicas (a lost release, mark or discard only delays someone until a key expires).
 pub(crate) struct ScriptOp<T> {
     call: Call,
     wrote: Option<fn(&Value) -> bool>,

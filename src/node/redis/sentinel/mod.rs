@@ -328,7 +328,7 @@ impl Route for Sentinels {
                     return Err(e);
                 }
             };
-            let mut conn = master.node.route().connection();
+            let mut conn = master.node.node.route.conn.clone();
             match in_turn(got.place, op.run(&mut conn, wait)).await {
                 Ok(value) => return Ok(value),
                 Err(e) => {
