@@ -4,15 +4,11 @@
 //!
 //! [`TestStore`] is a set of [`MemoryNode`]s and the [`Redlock`] over them. Give
 //! [`TestStore::locker`] to your [`LockLayer`](crate::http::LockLayer) or extractor state,
-//! then steer the store from the test:
-//!
-//! | to test | call | the client hears |
-//! |---|---|---|
-//! | someone else holds the key | [`hold`](TestStore::hold) (undo: [`release`](TestStore::release)) | 409 `lock-held` with `Retry-After` (or, waiting, the handler once released) |
-//! | the lock store is down | [`set_available(false)`](TestStore::set_available) | 503 `lock-unavailable`, or the handler without a lock under [`Unavailable::FailOpen`](crate::http::Unavailable::FailOpen) |
-//! | one node of several is down | [`node(i)`](TestStore::node)`?.set_available(false)` | nothing changes while a majority answers; 503 once it does not |
-//! | the lease is lost mid-handler | [`lose`](TestStore::lose) | 503 `lock-lost` under [`OnLost::Abort`](crate::http::OnLost::Abort); the handler's response with [`LeaseLost`](crate::http::LeaseLost) under `Continue` |
-//! | a slow network | [`set_delay`](TestStore::set_delay), [`node(i)`](TestStore::node)`?.set_delay(d)` | slower answers; 503 once a majority is slower than [`LockOptions::node_timeout`](crate::LockOptions::node_timeout) |
+//! then steer the store from the test: [`hold`](TestStore::hold) a resource as another
+//! owner, take nodes down ([`set_available`](TestStore::set_available), one node:
+//! [`node(i)`](TestStore::node)), slow them ([`set_delay`](TestStore::set_delay)) or
+//! [`lose`](TestStore::lose) a lease mid-handler; the testing guide says what the client
+//! hears in each case.
 //!
 //! With `#[tokio::test(start_paused = true)]` delays and ttls run on Tokio's paused
 //! clock, which jumps ahead whenever every task waits: a test with a 30 s ttl or a

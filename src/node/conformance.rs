@@ -105,8 +105,16 @@ fn ask<'a>(keys: &'a [ResourceKeys], owner: &'a Owner, mode: LockMode) -> Acquir
     }
 }
 
+fn exclusive<'a>(keys: &'a [ResourceKeys], owner: &'a Owner) -> Acquire<'a> {
+    ask(keys, owner, LockMode::Exclusive)
+}
+
 fn hold<'a>(keys: &'a [ResourceKeys], owner: &'a Owner, mode: LockMode) -> Hold<'a> {
     Hold { keys, owner, mode }
+}
+
+fn hold_of<'a>(keys: &'a [ResourceKeys], owner: &'a Owner) -> Hold<'a> {
+    hold(keys, owner, LockMode::Exclusive)
 }
 
 async fn acquire(node: &dyn Node, request: &Acquire<'_>) -> Vote {
@@ -143,11 +151,8 @@ async fn release(node: &dyn Node, hold: Hold<'_>, how: Release<'_>) -> bool {
 async fn acquire_and_held(node: &dyn Node, other: &dyn Node) {
     let keys = [fresh("held")];
     let (mine, theirs) = (Owner::random(), Owner::random());
-    granted(
-        acquire(node, &ask(&keys, &mine, LockMode::Exclusive)).await,
-        "acquire",
-    );
-    match acquire(other, &ask(&keys, &theirs, LockMode::Exclusive)).await {
+    granted(acquire(node, &exclusive(&keys, &mine)).await, "acquire");
+    match acquire(other, &exclusive(&keys, &theirs)).await {
         Vote::Held {
             member: 0,
             pttl: Some(pttl),
@@ -157,21 +162,15 @@ async fn acquire_and_held(node: &dyn Node, other: &dyn Node) {
         ),
         refused => panic!("acquire: a held key must answer Held with its pttl, got {refused:?}"),
     }
-    assert!(release(node, hold(&keys, &mine, LockMode::Exclusive), Release::Wake).await);
+    assert!(release(node, hold_of(&keys, &mine), Release::Wake).await);
 }
 
 /// Compare-and-extend never re-creates a key; compare-and-delete deletes only its own.
 async fn extend_and_release(node: &dyn Node, other: &dyn Node) {
     let keys = [fresh("owned")];
     let (mine, theirs) = (Owner::random(), Owner::random());
-    let (held, stranger) = (
-        hold(&keys, &mine, LockMode::Exclusive),
-        hold(&keys, &theirs, LockMode::Exclusive),
-    );
-    granted(
-        acquire(node, &ask(&keys, &mine, LockMode::Exclusive)).await,
-        "acquire",
-    );
+    let (held, stranger) = (hold_of(&keys, &mine), hold_of(&keys, &theirs));
+    granted(acquire(node, &exclusive(&keys, &mine)).await, "acquire");
     assert!(extend(node, held).await, "extend: the owner extends");
     assert!(
         !extend(other, stranger).await,
@@ -195,7 +194,7 @@ async fn extend_and_release(node: &dyn Node, other: &dyn Node) {
     );
     // Not re-created by that extend: another owner finds the key free.
     granted(
-        acquire(other, &ask(&keys, &theirs, LockMode::Exclusive)).await,
+        acquire(other, &exclusive(&keys, &theirs)).await,
         "free again",
     );
     assert!(release(other, stranger, Release::Quiet).await);
@@ -206,11 +205,11 @@ async fn extend_and_release(node: &dyn Node, other: &dyn Node) {
 async fn fence_rule(node: &dyn Node, contract: Contract) {
     let keys = [fresh("fence")];
     let owner = Owner::random();
-    let held = hold(&keys, &owner, LockMode::Exclusive);
+    let held = hold_of(&keys, &owner);
     let take = |floor: u64| {
         let request = Acquire {
             fence_floor: floor,
-            ..ask(&keys, &owner, LockMode::Exclusive)
+            ..exclusive(&keys, &owner)
         };
         async move {
             let token = granted(acquire(node, &request).await, "fence")[0];
@@ -252,33 +251,20 @@ async fn sets(node: &dyn Node, other: &dyn Node) {
     let members = [fresh("a"), fresh("b"), fresh("c")];
     let (mine, theirs) = (Owner::random(), Owner::random());
     let b = std::slice::from_ref(&members[1]);
-    granted(
-        acquire(other, &ask(b, &theirs, LockMode::Exclusive)).await,
-        "member b",
-    );
-    match acquire(node, &ask(&members, &mine, LockMode::Exclusive)).await {
+    granted(acquire(other, &exclusive(b, &theirs)).await, "member b");
+    match acquire(node, &exclusive(&members, &mine)).await {
         Vote::Held { member: 1, .. } => {}
         refused => panic!("sets: expected member 1 held, got {refused:?}"),
     }
     for free in [&members[0], &members[2]] {
         let free = std::slice::from_ref(free);
-        let taken = acquire(other, &ask(free, &theirs, LockMode::Exclusive)).await;
+        let taken = acquire(other, &exclusive(free, &theirs)).await;
         granted(taken, "sets: a refused set keeps nothing");
-        assert!(
-            release(
-                other,
-                hold(free, &theirs, LockMode::Exclusive),
-                Release::Quiet
-            )
-            .await
-        );
+        assert!(release(other, hold_of(free, &theirs), Release::Quiet).await);
     }
-    assert!(release(other, hold(b, &theirs, LockMode::Exclusive), Release::Wake).await);
-    let set = hold(&members, &mine, LockMode::Exclusive);
-    let tokens = granted(
-        acquire(node, &ask(&members, &mine, LockMode::Exclusive)).await,
-        "set",
-    );
+    assert!(release(other, hold_of(b, &theirs), Release::Wake).await);
+    let set = hold_of(&members, &mine);
+    let tokens = granted(acquire(node, &exclusive(&members, &mine)).await, "set");
     assert_eq!(tokens.len(), 3, "sets: one fence per member");
     assert!(extend(node, set).await, "sets: the owner extends the set");
     assert!(
@@ -299,7 +285,7 @@ async fn shared_modes(node: &dyn Node, other: &dyn Node) {
         acquire(other, &ask(&keys, &r2, read)).await,
         "a second reader",
     );
-    let writer = acquire(node, &ask(&keys, &w, LockMode::Exclusive)).await;
+    let writer = acquire(node, &exclusive(&keys, &w)).await;
     assert!(
         matches!(writer, Vote::Held { .. }),
         "modes: a writer beside readers: {writer:?}"
@@ -350,17 +336,14 @@ async fn wait_queue(node: &dyn Node, other: &dyn Node) {
     };
     let mut woken1 = node.subscribe(&own(&w1)).await.expect("subscribe");
     let mut woken2 = other.subscribe(&own(&w2)).await.expect("subscribe");
-    granted(
-        acquire(node, &ask(&keys, &holder, LockMode::Exclusive)).await,
-        "holder",
-    );
+    granted(acquire(node, &exclusive(&keys, &holder)).await, "holder");
     // The later ticket asks first: the queue orders by ticket, not by arrival.
     for (node, owner, waiter) in [(other, &second, &w2), (node, &first, &w1)] {
         let refused = acquire(node, &queued(&keys, owner, waiter)).await;
         assert!(matches!(refused, Vote::Held { .. }), "queue: {refused:?}");
     }
     woken1.mark_seen();
-    let held = hold(&keys, &holder, LockMode::Exclusive);
+    let held = hold_of(&keys, &holder);
     assert!(release(node, held, Release::Wake).await);
     tokio::time::timeout(PATIENCE, woken1.changed())
         .await
@@ -375,7 +358,7 @@ async fn wait_queue(node: &dyn Node, other: &dyn Node) {
         "queue: the head",
     );
     woken2.mark_seen();
-    let won = hold(&keys, &first, LockMode::Exclusive);
+    let won = hold_of(&keys, &first);
     assert!(release(node, won, Release::AsWaiter(&w1)).await);
     tokio::time::timeout(PATIENCE, woken2.changed())
         .await
@@ -384,14 +367,14 @@ async fn wait_queue(node: &dyn Node, other: &dyn Node) {
         acquire(other, &queued(&keys, &second, &w2)).await,
         "queue: the next",
     );
-    let next = hold(&keys, &second, LockMode::Exclusive);
+    let next = hold_of(&keys, &second);
     assert!(release(other, next, Release::AsWaiter(&w2)).await);
 }
 
 fn queued<'a>(keys: &'a [ResourceKeys], owner: &'a Owner, waiter: &'a Waiter) -> Acquire<'a> {
     Acquire {
         waiter: Some(waiter),
-        ..ask(keys, owner, LockMode::Exclusive)
+        ..exclusive(keys, owner)
     }
 }
 
@@ -401,10 +384,7 @@ async fn records(node: &dyn Node) {
     let records = node.records().expect("records");
     let keys = [fresh("records")];
     let (owner, stranger) = (Owner::random(), Owner::random());
-    let token = granted(
-        acquire(node, &ask(&keys, &owner, LockMode::Exclusive)).await,
-        "lock",
-    )[0];
+    let token = granted(acquire(node, &exclusive(&keys, &owner)).await, "lock")[0];
     let claim = |owner: &Owner| {
         let request = ClaimRequest {
             keys: &keys[0],
@@ -448,12 +428,5 @@ async fn records(node: &dyn Node) {
     assert_eq!(stored, StoreReply::Stored, "records: the owner's store");
     let read = records.read_record(&keys[0]).await.expect("read");
     assert_eq!(read, Some(record), "records: the stored record reads back");
-    assert!(
-        release(
-            node,
-            hold(&keys, &owner, LockMode::Exclusive),
-            Release::Wake
-        )
-        .await
-    );
+    assert!(release(node, hold_of(&keys, &owner), Release::Wake).await);
 }

@@ -1,14 +1,5 @@
-//! One server, one vote: refusing a server listed twice.
-//!
-//! Three layers, from cheapest to most thorough:
-//!
-//! 1. At construction, nodes with the same canonical [`Node::address`] are refused.
-//! 2. [`Redlock::connect`](crate::Redlock::connect) asks every node for the identities
-//!    of its servers ([`Node::server_ids`], Redis's `run_id`) and refuses two nodes that
-//!    share one: the same server under two names.
-//! 3. Whatever both miss (a node down at start-up, a failover or a DNS change later),
-//!    every node gets its own owner value ([`Owner::for_node`](crate::node::Owner::for_node)),
-//!    so a second `SET NX` on the same server reads as held, never as our own grant.
+//! One server, one vote: refusing a server listed twice, by canonical address when a
+//! locker is built and by server identity at connect (see [`Node::server_ids`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -125,18 +116,4 @@ pub(crate) async fn run_id<C: redis::aio::ConnectionLike + Send>(
         .await
         .map_err(crate::node::redis::call::node_error)?;
     Ok(parse_run_id(&info).into_iter().collect())
-}
-
-#[cfg(all(test, feature = "redis"))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_run_id_and_canonical_addresses() {
-        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\ntcp_port:6379\r\n";
-        assert_eq!(parse_run_id(info).as_deref(), Some("abc123"));
-        assert_eq!(parse_run_id("# Server\r\n"), None);
-        let addr = redis::ConnectionAddr::Tcp("LocalHost".into(), 7001);
-        assert_eq!(address(&addr), "localhost:7001");
-    }
 }

@@ -5,27 +5,6 @@
 //! This is level 1 of the crate: the stores. It imports only `crate::error` (the errors); the
 //! engine ([`Redlock`](crate::Redlock)) builds on it, never the other way round.
 //!
-//! | item | what it is |
-//! |---|---|
-//! | [`Node`] | one lock store casting one vote: acquire, extend, release, raise fences, subscribe to releases, the wait queue's calls |
-//! | [`Acquire`] / [`Vote`] | one acquire of one resource or a set, in a [`LockMode`]: granted with each key's fence counter, held (which key, how long), or held in another mode |
-//! | [`Hold`] / [`Release`] | what a lease holds on a node (keys, owner, mode), the argument of extend and release; how a release lets go (wake, quietly, as a waiter, handing back) |
-//! | [`PerKey`] | one value per key of a call, inline for one resource |
-//! | [`Capabilities`] | what a node kind can do besides: a wait queue, shared modes |
-//! | [`NodeFuture`] | the boxed future every operation returns |
-//! | [`Resource`] / [`ResourceKeys`] | a lock's name, and its keys (lock, fence counter, record, wake-up channel) |
-//! | [`Owner`] | the random value that identifies one acquisition |
-//! | [`Waiter`] | one process's place in a resource's cross-process wait queue (and that queue's contract) |
-//! | [`ReleaseSignal`] | what a subscription hands waiters: wakes them when the resource is released |
-//! | [`RecordStore`] | outcome records (idempotent replay); a replaying layer refuses a locker without them when built |
-//! | [`Record`], [`ClaimRequest`] / [`ClaimReply`], [`StoreRequest`] / [`StoreReply`] | outcome records of idempotent replay (see [`lock::record`](crate::record)) |
-//! | [`ServerSetup`] | what a node's servers report about the settings a lock relies on (role, eviction policy, permissions) |
-//! | [`FencingToken`] | the number a fence counter hands out (see [`fencing`](crate::fencing)) |
-//! | [`NodeError`] | how one node's operation failed |
-//! | [`MemoryNode`] | the in-process implementation, a reference for the semantics |
-//! | `PostgresNode` | (feature `postgres`) one PostgreSQL database as a node: rows with an expiry, `LISTEN/NOTIFY` |
-//! | `conformance` | (feature `test-util`) the contract as tests a node kind runs: `conformance::check` |
-//!
 //! # Implementing a node kind
 //!
 //! A new store goes in its own file or folder here (`node/<kind>.rs`, or

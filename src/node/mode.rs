@@ -15,10 +15,9 @@ use std::num::NonZeroU32;
 /// | [`Counted`](LockMode::Counted) | at most `n − 1` other counted holders | at most `n` at once: three exports per tenant, two calls to a rate-limited partner |
 ///
 /// Shared holders are **writer-preferring**: once an exclusive acquisition waits
-/// ([`Redlock::acquire_as`](crate::Redlock::acquire_as)) — from its second attempt, made
-/// as soon as it is subscribed to the releases, a round trip after its first refusal —
-/// new shared holders are refused until it is served or gives up, so a steady stream of
-/// readers cannot starve a writer.
+/// ([`Redlock::acquire_as`](crate::Redlock::acquire_as)), from its second attempt on,
+/// new shared holders are refused until it is served or gives up (see
+/// [Writer preference](#writer-preference)).
 /// A writer's fencing token is above every token an earlier holder had, in any mode;
 /// overlapping shared holders are not ordered (the argument is below).
 ///
@@ -63,12 +62,8 @@ use std::num::NonZeroU32;
 ///   leaves other holders wakes the channel's listeners too, for a waiting permit.
 ///   [`Release::Quiet`] only removes the entry.
 ///
-/// The live holders of a resource hold it in **one** mode: readers, or permits of one
-/// `n`. A shared or counted [`Node::acquire`] in another mode (another `n`,
-/// a reader among permits, a permit among readers) answers
-/// [`Vote::OtherMode`] with theirs, room or not: a holder never holds the
-/// resource beside more holders than its own `n` allows. The mode is decided in the
-/// same atomic step as the admission, so the first holder after none sets it.
+/// A shared or counted [`Node::acquire`] in another mode than the live holders' answers
+/// [`Vote::OtherMode`] with theirs, decided in the same atomic step as the admission.
 ///
 /// ## Writer preference
 ///

@@ -298,16 +298,3 @@ impl ResourceKeys {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_share_one_hash_tag() {
-        let keys = ResourceKeys::new("redlock:", &Resource::new("a}b{").join("c"));
-        assert_eq!(keys.lock, "redlock:{a%7Db%7B:c}");
-        assert_eq!(keys.fence, "redlock:{a%7Db%7B:c}:fence");
-        assert_eq!(keys.channel, "redlock:{a%7Db%7B:c}:released");
-    }
-}

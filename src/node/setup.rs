@@ -80,23 +80,3 @@ pub(crate) fn parse_info(server: impl Into<String>, info: &str) -> ServerSetup {
     }
     setup
 }
-
-#[cfg(all(test, feature = "redis"))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_role_and_policy() {
-        let info = "# Memory\r\nmaxmemory:0\r\nmaxmemory_policy:allkeys-lru\r\n\r\n# Replication\r\nrole:slave\r\n";
-        let setup = parse_info("h:1", info);
-        assert_eq!(setup.role.as_deref(), Some("slave"));
-        assert_eq!(setup.maxmemory_policy.as_deref(), Some("allkeys-lru"));
-        assert!(setup.evicts() && setup.is_replica());
-        let fine = parse_info("h:1", "maxmemory_policy:noeviction\r\nrole:master\r\n");
-        assert!(!fine.evicts() && !fine.is_replica());
-        assert!(!ServerSetup::new("h:1").evicts());
-        assert_eq!(parse_info("h:1", "aof_enabled:1\r\n").persists, Some(true));
-        // Without AOF, the `save` schedule decides (read apart).
-        assert_eq!(parse_info("h:1", "aof_enabled:0\r\n").persists, None);
-    }
-}

@@ -44,8 +44,7 @@ pub const HANDOFF_TTL: Duration = Duration::from_secs(1);
 ///   reserved for it is handed to the next waiter.
 ///
 /// A node without a queue ignores the waiter and wakes every waiter of the resource on
-/// `keys.channel` at each release; [`listen_for_release`](Node::listen_for_release)
-/// is then needless: such a release always wakes the channel's subscribers.
+/// `keys.channel` at each release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Waiter {
     /// The locker's waiter id: 16 hex digits, drawn once per locker.

@@ -32,32 +32,6 @@ impl Inner {
         out
     }
 
-    pub(super) async fn release(
-        &self,
-        mut client: Client,
-        keys: ResourceKeys,
-        owner: Owner,
-    ) -> Result<bool, NodeError> {
-        let key = self.key(&keys.lock);
-        let txn = Txn::new()
-            .when([Compare::value(
-                key.clone(),
-                CompareOp::Equal,
-                owner.as_str(),
-            )])
-            .and_then([TxnOp::get(key.clone(), None), TxnOp::delete(key, None)]);
-        let reply = client.txn(txn).await.map_err(node_error)?;
-        if !reply.succeeded() {
-            return Ok(false);
-        }
-        if let Some((_, lease, _)) = first_kv(&reply) {
-            // The key is gone already; the lease holds nothing else. Revoking it only
-            // tidies up, so a failure here does not undo the release.
-            let _ = client.lease_revoke(lease).await;
-        }
-        Ok(true)
-    }
-
     pub(super) async fn subscribe(
         &self,
         mut client: Client,
@@ -138,21 +112,13 @@ impl Inner {
                         ..stored.clone()
                     };
                     let lease = match orphan_ttl {
-                        Some(ttl) => client
-                            .lease_grant(whole_seconds(ttl), None)
-                            .await
-                            .map_err(node_error)?
-                            .id(),
+                        Some(ttl) => grant(&mut client, ttl).await?,
                         None => *lease,
                     };
                     (Some((orphaned, lease)), Some(lease))
                 }
                 None => {
-                    let lease = client
-                        .lease_grant(whole_seconds(pending_ttl), None)
-                        .await
-                        .map_err(node_error)?
-                        .id();
+                    let lease = grant(&mut client, pending_ttl).await?;
                     let marker = Stored {
                         done: false,
                         orphan: false,
@@ -230,11 +196,7 @@ impl Inner {
                     (None, StoreReply::Superseded)
                 }
                 _ => {
-                    let lease = client
-                        .lease_grant(whole_seconds(retention), None)
-                        .await
-                        .map_err(node_error)?
-                        .id();
+                    let lease = grant(&mut client, retention).await?;
                     (Some((wanted.encode(), lease)), StoreReply::Stored)
                 }
             };
@@ -369,16 +331,26 @@ pub(super) async fn read_stored(
         .transpose()
 }
 
-/// The first key-value of the first range answer of a transaction: value, lease and
-/// create revision.
-pub(super) fn first_kv(reply: &TxnResponse) -> Option<(Vec<u8>, i64, i64)> {
-    reply.op_responses().into_iter().find_map(|op| match op {
+/// The key-value of a transaction's range answer: value, lease and create revision.
+pub(super) fn kv_of(op: TxnOpResponse) -> Option<(Vec<u8>, i64, i64)> {
+    match op {
         TxnOpResponse::Get(get) => get
             .kvs()
             .first()
             .map(|kv| (kv.value().to_vec(), kv.lease(), kv.create_revision())),
         _ => None,
-    })
+    }
+}
+
+/// The key-value of the first range answer of a transaction.
+pub(super) fn first_kv(reply: &TxnResponse) -> Option<(Vec<u8>, i64, i64)> {
+    reply.op_responses().into_iter().find_map(kv_of)
+}
+
+/// A new lease of `ttl` (whole seconds, rounded up).
+pub(super) async fn grant(client: &mut Client, ttl: Duration) -> Result<i64, NodeError> {
+    let reply = client.lease_grant(whole_seconds(ttl), None).await;
+    Ok(reply.map_err(node_error)?.id())
 }
 
 pub(super) async fn lease_ttl(client: &mut Client, lease: i64) -> Result<Duration, NodeError> {

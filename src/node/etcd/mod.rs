@@ -30,29 +30,13 @@ const RECORD_ATTEMPTS: usize = 16;
 
 /// An etcd cluster as one lock node (feature `etcd`): fencing tokens that need no clock.
 ///
-/// # Why etcd
-///
-/// Redlock's safety rests on timing: bounded clock drift, no process pause longer than
-/// the validity, nodes that keep their keys for a whole ttl. Its fencing tokens are
-/// counters a majority agrees on, floored by a clock when a counter comes back behind
-/// (see [`fencing`](crate::fencing)). etcd replaces all of that with consensus:
-///
-/// - **The token is the lock key's create revision.** etcd's revision is one counter
-///   for the whole cluster, advanced by raft for every write and persisted in the
-///   write-ahead log before a write is acknowledged. A later holder creates the key at
-///   a later revision, so tokens increase strictly — across leader changes, members
-///   killed, the whole cluster restarted from its data directories — without a clock,
-///   without a counter ttl and without a write-back.
-/// - **Expiry is the leader's business.** The lock key is attached to an etcd lease;
-///   leases are timed by the leader alone and a new leader extends every lease by an
-///   election timeout, so a key never expires early because clocks disagree.
-/// - **A majority of the cluster is a single vote here**: the quorum lives inside etcd,
-///   so the locker needs exactly one node.
-///
-/// What etcd cannot give either: a holder that is paused past its ttl still believes
-/// it holds the lock until it looks; only the fencing token, checked by the storage it
-/// writes to, stops its late write. That is the point of a token the store makes
-/// monotonic.
+/// The token is the lock key's create revision: one counter for the whole cluster,
+/// advanced by raft and persisted before a write is acknowledged, so tokens increase
+/// strictly without a clock, a counter ttl or a write-back. Leases are timed by the
+/// leader alone. The cluster's quorum is a single vote here: a locker with an etcd node
+/// must have no other node (such a locker is refused with a [`ConfigError`]). What this
+/// buys over Redis, and what it cannot (a paused holder), is in the
+/// [stores guide](crate::guide::stores).
 ///
 /// # Mapping onto [`Node`]
 ///
@@ -83,13 +67,6 @@ const RECORD_ATTEMPTS: usize = 16;
 /// Every write is a raft commit: an fsync on a majority of members. The locker's
 /// default [`node_timeout`](crate::LockOptions::node_timeout) of 200 ms, chosen for
 /// Redis, may be short for that on ordinary disks; give etcd a few hundred milliseconds.
-///
-/// # Mixing with Redis nodes
-///
-/// A locker with an etcd node must have no other node: with other nodes the token
-/// would be the maximum of incomparable numbers (a revision and a Redis counter) and
-/// the quorum argument needs every node of a majority to raise its counter, which a
-/// revision cannot. Such a locker is refused with a [`ConfigError`].
 ///
 /// # Example
 ///
@@ -162,7 +139,11 @@ macro_rules! pinned {
         let mut answer = None;
         for _ in 0..inner.endpoints.len() {
             let (index, $client) = inner.pinned().await?;
-            let guard = MoveOnFailure::new(inner, index);
+            let guard = MoveOnFailure {
+                inner,
+                index,
+                armed: true,
+            };
             match $body.await {
                 Err(e @ NodeError::Connection(_)) => {
                     drop(guard);
@@ -192,15 +173,7 @@ struct MoveOnFailure<'a> {
     armed: bool,
 }
 
-impl<'a> MoveOnFailure<'a> {
-    fn new(inner: &'a Inner, index: usize) -> Self {
-        MoveOnFailure {
-            inner,
-            index,
-            armed: true,
-        }
-    }
-
+impl MoveOnFailure<'_> {
     fn disarm(mut self) {
         self.armed = false;
     }
@@ -368,7 +341,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_and_ttls() {
+    fn urls() {
         let node =
             EtcdNode::from_url("etcd://u:p%40ss@127.0.0.1:2379,127.0.0.1:22379/app").unwrap();
         assert_eq!(node.name(), "etcd://127.0.0.1:2379,127.0.0.1:22379/app/");
@@ -389,19 +362,6 @@ mod tests {
                 .expect_err(url)
                 .to_string();
             assert!(err.contains(says), "{url}: {err}");
-        }
-        assert_eq!(whole_seconds(Duration::from_millis(1)), 1);
-        assert_eq!(whole_seconds(Duration::from_millis(2001)), 3);
-        assert_eq!(whole_seconds(Duration::from_secs(5)), 5);
-        let ok = Duration::from_secs(2);
-        assert!(EtcdNode::check(ok, 1).is_ok());
-        for (ttl, nodes, says) in [
-            (Duration::from_millis(2500), 1, "whole seconds"),
-            (Duration::from_secs(1), 1, "minimum"),
-            (ok, 3, "only node"),
-        ] {
-            let err = EtcdNode::check(ttl, nodes).unwrap_err().to_string();
-            assert!(err.contains(says), "{err}");
         }
     }
 }

@@ -20,11 +20,7 @@ impl Inner {
         fencing: bool,
     ) -> Result<Vote, NodeError> {
         let names: Vec<Vec<u8>> = keys.iter().map(|k| self.key(&k.lock)).collect();
-        let lease = client
-            .lease_grant(whole_seconds(ttl), None)
-            .await
-            .map_err(node_error)?
-            .id();
+        let lease = grant(&mut client, ttl).await?;
         let put = PutOptions::new().with_lease(lease);
         let txn = Txn::new()
             .when(
@@ -63,17 +59,7 @@ impl Inner {
         }
         revoke_in_background(&client, lease);
         // Each member's holder, in the request's order (`None`: free).
-        let holders: Vec<Option<(Vec<u8>, i64, i64)>> = reply
-            .op_responses()
-            .into_iter()
-            .map(|op| match op {
-                TxnOpResponse::Get(get) => get
-                    .kvs()
-                    .first()
-                    .map(|kv| (kv.value().to_vec(), kv.lease(), kv.create_revision())),
-                _ => None,
-            })
-            .collect();
+        let holders: Vec<_> = reply.op_responses().into_iter().map(kv_of).collect();
         let ours = |holder: &Option<(Vec<u8>, i64, i64)>| {
             holder
                 .as_ref()
@@ -138,28 +124,42 @@ impl Inner {
         }
     }
 
-    /// [`if_owned`](Self::if_owned) deleting every member, then revoke the set's lease. When some member is no longer ours, the
-    /// members still ours are released one by one and the answer is no.
+    /// [`if_owned`](Self::if_owned) deleting every member, then revoke the set's lease.
+    /// When some member is no longer ours, the members still ours are released one by
+    /// one and the answer is no.
     pub(super) async fn release_all(
         &self,
         mut client: Client,
         keys: Arc<[ResourceKeys]>,
         owner: Owner,
     ) -> Result<bool, NodeError> {
-        let txn = self.if_owned(&keys, &owner, true);
-        let reply = client.txn(txn).await.map_err(node_error)?;
-        if reply.succeeded() {
-            if let Some((_, lease, _)) = first_kv(&reply) {
-                // Only tidies up: the keys are gone already.
-                let _ = client.lease_revoke(lease).await;
-            }
+        if self.release(&mut client, &keys, &owner).await? {
             return Ok(true);
         }
         for member in keys.iter() {
-            self.release(client.clone(), member.clone(), owner.clone())
+            self.release(&mut client, std::slice::from_ref(member), &owner)
                 .await?;
         }
         Ok(false)
+    }
+
+    async fn release(
+        &self,
+        client: &mut Client,
+        keys: &[ResourceKeys],
+        owner: &Owner,
+    ) -> Result<bool, NodeError> {
+        let reply = client.txn(self.if_owned(keys, owner, true)).await;
+        let reply = reply.map_err(node_error)?;
+        if !reply.succeeded() {
+            return Ok(false);
+        }
+        if let Some((_, lease, _)) = first_kv(&reply) {
+            // The keys are gone already; the lease holds nothing else. Revoking it only
+            // tidies up, so a failure here does not undo the release.
+            let _ = client.lease_revoke(lease).await;
+        }
+        Ok(true)
     }
 }
 

@@ -218,19 +218,20 @@ impl MemoryNode {
         T: Send + 'static,
         F: FnOnce(&Shared) -> Result<T, NodeError> + Send + 'static,
     {
+        let down = || Err(NodeError::Connection("memory node is unavailable".into()));
         let fault = *lock(&self.shared.fault);
+        if fault.unavailable {
+            return Box::pin(std::future::ready(down()));
+        }
         let shared = self.shared.clone();
         let check = move || {
-            if lock(&shared.fault).unavailable {
-                return Err(NodeError::Connection("memory node is unavailable".into()));
+            let unavailable = lock(&shared.fault).unavailable;
+            if unavailable {
+                down()
+            } else {
+                op(&shared)
             }
-            op(&shared)
         };
-        if fault.unavailable {
-            return Box::pin(std::future::ready(Err(NodeError::Connection(
-                "memory node is unavailable".into(),
-            ))));
-        }
         if fault.delay.is_zero() {
             return Box::pin(std::future::ready(check()));
         }

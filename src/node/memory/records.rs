@@ -13,8 +13,6 @@ use tokio::time::Instant;
 use super::{lock, Entry, MemoryNode};
 
 impl RecordStore for MemoryNode {
-    // Outcome records (idempotent replay), stored as text in an ordinary entry of the
-    // record key, so expiry, `clear`, `delete` and the fault injection apply to them.
     fn read_record(&self, keys: &ResourceKeys) -> NodeFuture<Option<Record>> {
         let key = keys.record();
         self.run(move |shared| {

@@ -2,32 +2,25 @@
 //! master, a cluster connection) and the callers that wait for it, in order: one
 //! primitive for the standalone, Sentinel and Cluster nodes.
 //!
-//! [`Attempts`] holds the current attempt to get that value, shared by every caller
-//! that waits for it and run in a task of its own (it completes, and leaves its value
-//! for the next caller, even when every caller waiting gave up: their per-node timeout
-//! is shorter than an attempt), numbered by a generation, and the earliest time the
-//! next attempt may start (attempts that keep failing are not made in a loop).
+//! [`Attempts`] holds the current attempt to get that value, numbered by a generation
+//! and run in a task of its own (so that it completes for the next caller even when
+//! every caller waiting gave up: their per-node timeout is shorter than an attempt),
+//! and the earliest time the next may start (failing attempts are not made in a loop).
 //!
 //! # The callers' order
 //!
 //! Woken together when an attempt ends, the callers that waited would hand their
-//! commands to the connection in the order the scheduler runs them: a waiter's leave
-//! could overtake the attempt that queued it, and its entry would stay behind in the
-//! wait queue. So a caller that has to wait takes a place in line ([`Place`]), and
-//! hands its command over ([`in_turn`]) only after the callers before it did; while
-//! anyone is in line, later callers join it even when the attempt has ended. The place
-//! is taken at the caller's first poll, so callers keep the order they were polled in
-//! (the batching sends a batch in one such poll, under its lock).
-//!
-//! A caller kept unpolled but not dropped holds up the ones behind it; every call the
-//! engine makes is bounded by its node timeout, which drops it, and a dropped caller
-//! gives up its place (its command is never sent).
+//! commands over in the order the scheduler runs them: a waiter's leave could overtake
+//! the attempt that queued it, leaving its entry in the wait queue. So a caller that
+//! waits takes a place in line ([`Place`], at its first poll) and hands its command over
+//! ([`in_turn`]) only after the callers before it; while anyone is in line, later
+//! callers join it. A dropped caller gives up its place (its command is never sent); one
+//! kept unpolled holds up the ones behind it, which the engine's node timeout bounds.
 //!
 //! # Failures
 //!
-//! A failed attempt fails only the callers that waited for it: a caller that comes
-//! after it failed starts a new one rather than being handed an old refusal (from while
-//! the server was still down, say).
+//! A failed attempt fails only the callers that waited for it: a later caller starts a
+//! new one rather than being handed an old refusal (from while the server was down).
 
 use std::collections::BTreeSet;
 use std::future::{poll_fn, Future};
@@ -268,60 +261,5 @@ pub(crate) async fn in_turn<F: Future, T, E>(place: Option<Place<'_, T, E>>, cal
     match first {
         Poll::Ready(output) => output,
         Poll::Pending => call.await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
-    use super::*;
-
-    fn counting(calls: Arc<AtomicUsize>, fail: bool) -> Attempts<usize, String> {
-        let connect: Connect<usize, String> = Box::new(move |_| {
-            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
-            async move {
-                if fail {
-                    Err(format!("attempt {n}"))
-                } else {
-                    Ok(n)
-                }
-            }
-            .boxed()
-        });
-        Attempts::new(tokio::runtime::Handle::current(), Duration::ZERO, connect)
-    }
-
-    #[tokio::test]
-    async fn a_place_given_up_before_its_turn_is_skipped() {
-        let attempts = counting(Arc::default(), false);
-        let first = attempts.get().await;
-        let second = attempts.get().await;
-        let third = attempts.get().await;
-        let [first, second, third] = [first, second, third].map(|got| got.place.unwrap());
-        drop(second);
-        assert_eq!(*first.turn.borrow(), 0);
-        drop(first);
-        assert_eq!(*third.turn.borrow(), 2, "the abandoned place was skipped");
-        drop(third);
-        let got = attempts.get().await;
-        assert!(got.place.is_none(), "the line is empty again: no place");
-        assert_eq!(got.value, Ok(1), "one attempt made it");
-    }
-
-    #[tokio::test]
-    async fn a_failure_is_never_handed_to_a_later_caller() {
-        let calls = Arc::new(AtomicUsize::new(0));
-        let attempts = counting(calls.clone(), true);
-        assert_eq!(attempts.get().await.value, Err("attempt 1".into()));
-        let second = attempts.get().await;
-        assert_eq!(second.value, Err("attempt 2".into()));
-        attempts.renew(second.generation - 1);
-        assert_eq!(
-            calls.load(Ordering::SeqCst),
-            2,
-            "an older generation renews nothing"
-        );
     }
 }

@@ -35,38 +35,19 @@ const RECONNECT_INTERVAL: Duration = Duration::from_millis(100);
 /// and failover are followed by redis-rs's async cluster client, which also discovers
 /// the topology from the seeds: any reachable node of the cluster is enough to start.
 ///
-/// Release notifications use **sharded pub/sub** (Redis ≥ 7): the release script
-/// `SPUBLISH`es on the resource's channel, and waiters `SSUBSCRIBE` over a second,
-/// RESP3 cluster connection (opened on first use, shared by every waiter), on a node
-/// of the shard that owns the channel's slot (a shard's replicas get its `SPUBLISH`es
-/// too). When the slot moves (resharding, failover) the server ends the subscription,
-/// and when a connection drops it is gone: in both cases the waiters are woken to
-/// retry and the subscription is made again, following the slot. A notification lost
-/// in between is covered by the waiters' fallback retry. One task per node keeps that
-/// connection, every command bounded: a frozen master makes it reconnect rather than
-/// pile up work for the waiters that gave up.
+/// Release notifications use **sharded pub/sub** (Redis ≥ 7: `SPUBLISH`, `SSUBSCRIBE`)
+/// over a second, RESP3 cluster connection, opened on first use; a subscription ended
+/// by a moved slot or a dropped connection wakes its waiters to retry and is made again,
+/// following the slot.
 ///
 /// # Safety trade-offs
 ///
-/// A cluster is one vote, so it is as safe as its shards' replication: Redis replicates
-/// **asynchronously**. When a shard's master fails and its replica is promoted, a lock
-/// granted (or extended, or a fence counter raised) shortly before the failure may not
-/// have reached the replica: the new master does not know the lock, and a second
-/// client can acquire it while the first still believes it holds it. Its fence counter
-/// may also lag, so the second client's token is not guaranteed to be greater.
-///
-/// * For mutual exclusion that survives the failure of any one machine, prefer several
-///   **independent** masters (3 or 5, each a [`RedisNode`](crate::RedisNode), or even
-///   several independent clusters): Redlock needs a majority of them, and one node
-///   losing a key cannot break it. A single cluster scales throughput, not safety.
-/// * [`wait_for_replicas`](ClusterNode::wait_for_replicas) narrows the window (see
-///   there), and fencing tokens checked by the protected storage turn a lost lock into
-///   a rejected write instead of a corruption whenever the counter survived.
-///
-/// Outcome records (idempotent replay) share the lock key's slot and its trade-off: with
-/// `wait_for_replicas` a record counts only once the shard's replicas have it and
-/// survives a failover to one of them; what a failover to a replica without it loses is
-/// described on [`SentinelNode`](crate::SentinelNode).
+/// A cluster is one vote, as safe as its shards' **asynchronous** replication: a lock (or
+/// fence counter, or outcome record) written shortly before a shard's failover may be
+/// missing on the promoted replica, and a second client can then get the lock. A single
+/// cluster scales throughput, not safety: for that, use several independent nodes,
+/// [`wait_for_replicas`](ClusterNode::wait_for_replicas) and fencing tokens (see the
+/// [stores guide](crate::guide::stores)).
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]
@@ -193,20 +174,14 @@ fn connect(client: ClusterClient, name: Arc<str>) -> Connect<ClusterConnection, 
 }
 
 impl Cluster {
-    /// The cluster connection, for a command that keeps no place in line.
-    async fn connection(&self) -> Result<ClusterConnection, NodeError> {
-        let got = self.connection.get().await;
-        got.value
-    }
-
     /// `INFO section` on every master: each master's name and answer.
     async fn info_of_masters(&self, section: &str) -> Result<Vec<(String, String)>, NodeError> {
         let mut cmd = redis::cmd("INFO");
         cmd.arg(section);
         let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-        let answers = self
-            .connection()
-            .await?
+        // Taken out of line at once: a command that keeps no place in it.
+        let mut conn = self.connection.get().await.value?;
+        let answers = conn
             .route_command(cmd, routing)
             .await
             .map_err(call::node_error)?;
@@ -291,7 +266,7 @@ impl Route for Cluster {
                 }
             }
             let mut permissions = ServerSetup::new(self.name.to_string());
-            let mut conn = self.connection().await?;
+            let mut conn = self.connection.get().await.value?;
             setup::probe_permissions(&mut conn, &probe, true, &mut permissions).await?;
             if !permissions.refused.is_empty()
                 || !permissions.missing.is_empty()

@@ -5,13 +5,9 @@
 //!
 //! # Why not redis-rs's `ConnectionManager`
 //!
-//! It does the same reconnecting, and every command paid for its generality (an
-//! `ArcSwap` load, a clone of a shared future and a poll of it; `BENCHMARKS.md`). Here
-//! a command takes a lock held only to clone the connection. Two of its behaviours
-//! were wrong for a lock, and [`Attempts`] (`attempt.rs`) does them otherwise: commands
-//! given while it (re)connected went out in the order the scheduler woke them, not the
-//! order given; and it handed the next caller the outcome of its last attempt, a
-//! refusal possibly from while the server was still down.
+//! Its generality cost every command (`BENCHMARKS.md`), it sent commands given while it
+//! reconnected in the order the scheduler woke them, and it handed the next caller its
+//! last attempt's refusal; [`Attempts`] (`attempt.rs`) does both otherwise.
 //!
 //! # Why a resend
 //!
@@ -301,38 +297,5 @@ impl SendOne for ClusterConnection {
         pipe: &'a Pipeline,
     ) -> impl Future<Output = RedisResult<Vec<RedisResult<Value>>>> + Send + 'a {
         pipe.query_async(self)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::io;
-
-    use super::*;
-
-    #[test]
-    fn only_broken_connections_are_resent() {
-        for kind in [
-            io::ErrorKind::BrokenPipe,
-            io::ErrorKind::ConnectionReset,
-            io::ErrorKind::ConnectionAborted,
-            io::ErrorKind::ConnectionRefused,
-            io::ErrorKind::UnexpectedEof,
-        ] {
-            assert!(
-                found_broken(&RedisError::from(io::Error::from(kind))),
-                "{kind:?}"
-            );
-        }
-        assert!(!found_broken(&RedisError::from(io::Error::from(
-            io::ErrorKind::TimedOut
-        ))));
-        let oom = RedisError::from((
-            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-            "OOM command not allowed",
-        ));
-        assert!(!found_broken(&oom));
-        let auth = RedisError::from((redis::ErrorKind::AuthenticationFailed, "WRONGPASS"));
-        assert!(!found_broken(&auth));
     }
 }

@@ -1,12 +1,6 @@
 //! The Redis node kinds: one standalone server ([`RedisNode`]), a Redis Cluster
 //! ([`ClusterNode`]) and a Sentinel-managed group ([`SentinelNode`]), each casting one
 //! vote, and [`node_from_url`](crate::node_from_url) to build one from a URL.
-//!
-//! What they share lives next to them: the scripts and their calls (`call/`,
-//! `scripts/*.lua`), the record scripts (`records.rs`), the release subscriber
-//! (`pubsub.rs`), the connection that re-sends after a reconnect (`conn.rs`), the
-//! batching of concurrent callers' commands on it (`batching/`) and URL
-//! parsing (`url/`, which builds the nodes; `seeds.rs`, which the multi-server nodes use).
 
 mod attempt;
 mod batching;

@@ -10,11 +10,8 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::error::NodeError;
-use crate::node::redis::call::{
-    Acquire as AcquireCall, Acquisition, ExtendCall, Hand, ListenCall, Op, RaiseFences,
-    ReleaseCall, ReplicaWait,
-};
-use crate::node::redis::records::{ClaimCall, DiscardCall, ReadCall, StoreCall};
+use crate::node::redis::call::{self, Acquire as AcquireCall, ExtendCall, Hand, Op, ReplicaWait};
+use crate::node::redis::records::{self, ReadCall};
 use crate::node::{
     Acquire, Capabilities, ClaimReply, ClaimRequest, Hold, Node, NodeFuture, Owner, Record,
     RecordStore, Release, ReleaseSignal, ResourceKeys, ServerSetup, StoreReply, StoreRequest, Vote,
@@ -107,23 +104,23 @@ impl<R: Route> Node for Redis<R> {
 
     fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
         match request.keys {
-            [_] => self.call(AcquireCall::new(&request.into(), R::SHARDED)),
+            [_] => self.call(AcquireCall::new(request, R::SHARDED)),
             _ if !request.mode.is_exclusive() => unsupported_set(),
             // A Cluster cannot run one script over keys of several slots.
             keys if R::SHARDED => {
                 let calls: Vec<_> = keys
                     .iter()
                     .map(|keys| {
-                        let one = Acquisition {
+                        let one = Acquire {
                             keys: std::slice::from_ref(keys),
-                            ..request.into()
+                            ..*request
                         };
                         self.call(AcquireCall::new(&one, true))
                     })
                     .collect();
                 acquire_each(self.clone(), request, calls)
             }
-            _ => self.call(AcquireCall::new(&request.into(), false)),
+            _ => self.call(AcquireCall::new(request, false)),
         }
     }
 
@@ -145,7 +142,7 @@ impl<R: Route> Node for Redis<R> {
             .flat_map(|hold| hold.keys.iter().map(|keys| (keys, hold.owner)));
         let exclusive: NodeFuture<Vec<Result<bool, NodeError>>> = if R::SHARDED {
             let calls: Vec<_> = exclusive
-                .map(|hold| self.call_map(ExtendCall::new([hold], ttl, false), all_extended))
+                .map(|hold| self.call_map(ExtendCall::new([hold], ttl, false), every))
                 .collect();
             Box::pin(async move { Ok(join_all(calls).await) })
         } else {
@@ -221,7 +218,7 @@ impl<R: Route> Node for Redis<R> {
                 .zip(tokens)
                 .map(|(keys, token)| {
                     let keys = std::slice::from_ref(keys);
-                    self.call(RaiseFences::new(
+                    self.call(call::raise_fences(
                         keys,
                         std::slice::from_ref(token),
                         fence_ttl,
@@ -230,7 +227,7 @@ impl<R: Route> Node for Redis<R> {
                 .collect();
             return Box::pin(async move { join_all(calls).await.into_iter().collect() });
         }
-        self.call(RaiseFences::new(keys, tokens, fence_ttl))
+        self.call(call::raise_fences(keys, tokens, fence_ttl))
     }
 
     fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
@@ -238,12 +235,12 @@ impl<R: Route> Node for Redis<R> {
     }
 
     fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let leave = self.call(ReleaseCall::leave(keys, waiter, R::SHARDED));
+        let leave = self.call(call::leave(keys, waiter, R::SHARDED));
         Box::pin(async move { leave.await.map(|_| ()) })
     }
 
     fn listen_for_release(&self, keys: &ResourceKeys, ttl: Duration) -> NodeFuture<()> {
-        self.call(ListenCall::new(keys, ttl))
+        self.call(call::listen(keys, ttl))
     }
 
     fn records(&self) -> Option<&dyn RecordStore> {
@@ -258,11 +255,11 @@ impl<R: Route> Redis<R> {
         let each = hold.keys.iter().map(|keys| (keys, hold.owner));
         if R::SHARDED && hold.keys.len() > 1 {
             let calls: Vec<_> = each
-                .map(|hold| self.call_map(ExtendCall::new([hold], ttl, shared), all_extended))
+                .map(|hold| self.call_map(ExtendCall::new([hold], ttl, shared), every))
                 .collect();
             return Box::pin(async move { every(join_all(calls).await) });
         }
-        self.call_map(ExtendCall::new(each, ttl, shared), all_extended)
+        self.call_map(ExtendCall::new(each, ttl, shared), every)
     }
 
     /// One release script over `keys`, with what it does for a waiter.
@@ -273,7 +270,7 @@ impl<R: Route> Redis<R> {
         hand: Hand<'_>,
         shared: bool,
     ) -> NodeFuture<bool> {
-        self.call(ReleaseCall::new(
+        self.call(call::release(
             keys,
             owner.as_str(),
             hand,
@@ -291,11 +288,6 @@ impl<R: Route> Redis<R> {
         let (route, wait) = (self.route.clone(), self.wait);
         Box::pin(async move { route.run(&op, wait).await.and_then(f) })
     }
-}
-
-/// Yes only if every hold was still ours (and so extended).
-fn all_extended(answers: Vec<Result<bool, NodeError>>) -> Result<bool, NodeError> {
-    every(answers)
 }
 
 /// `true` only if every answer is; a `false` wins over a failure (that key is not
@@ -382,15 +374,15 @@ impl<R: Route> RecordStore for Redis<R> {
     }
 
     fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
-        self.call(ClaimCall::new(request))
+        self.call(records::claim(request))
     }
 
     fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
-        self.call(StoreCall::new(request))
+        self.call(records::store(request))
     }
 
     fn discard_record(&self, keys: &ResourceKeys, token: u64) -> NodeFuture<bool> {
-        self.call(DiscardCall::new(keys, token))
+        self.call(records::discard(keys, token))
     }
 }
 

@@ -1,23 +1,18 @@
 //! Release notifications from one Redis server, or from one Redis Cluster (sharded
 //! pub/sub): one RESP3 connection per node, kept by a single upkeep task.
 //!
-//! Waiters never talk to the server themselves. They register a channel (shared by
-//! every waiter of the resource, reference-counted) and wait until the upkeep task has
-//! it subscribed; dropping the last reference makes the task unsubscribe. The task
-//! compares what is wanted with what the connection is subscribed to and sends the
-//! difference, each command bounded by [`COMMAND_TIMEOUT`]. That design answers two
-//! failures:
+//! Waiters never talk to the server themselves: they register a channel (shared by the
+//! resource's waiters, reference-counted) and wait until the upkeep task has it
+//! subscribed; dropping the last reference makes the task unsubscribe. The task sends
+//! the difference between what is wanted and what is subscribed, each command bounded
+//! by [`COMMAND_TIMEOUT`], which answers two failures:
 //!
-//! * **A node restarted** (or any dropped connection): the connection's subscriptions
-//!   are gone with it. The task reconnects, with a capped backoff, for as long as any
-//!   channel is wanted, and subscribes them all again — however long the node was
-//!   down — then wakes their waiters once, since a release may have been published
-//!   in between.
-//! * **A frozen node** (SIGSTOP, a full network buffer): a command that does not
-//!   answer in time makes the task drop the connection (which ends every subscription
-//!   on it, on the server's side too) and start over. Nothing piles up meanwhile:
-//!   there is one task per node whatever the number of waiters, and its state is the
-//!   set of channels still wanted, which shrinks as waiters give up.
+//! * **A node restarted** (or any dropped connection): the task reconnects, with a
+//!   capped backoff, for as long as any channel is wanted, subscribes them all again and
+//!   wakes their waiters once, since a release may have been published in between.
+//! * **A frozen node**: a command that does not answer in time makes the task drop the
+//!   connection (ending its subscriptions on the server too) and start over. Nothing
+//!   piles up meanwhile: one task per node, whose state is the set of channels wanted.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -382,22 +377,21 @@ impl Shared {
         })
     }
 
+    /// The channel a push names, if it still has waiters.
+    fn channel_of<'p>(&self, push: &'p PushInfo) -> Option<(&'p str, Arc<Channel>)> {
+        let Some(Value::BulkString(name)) = push.data.first() else {
+            return None;
+        };
+        let name = std::str::from_utf8(name).ok()?;
+        let channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let channel = channels.get(name).and_then(Weak::upgrade)?;
+        Some((name, channel))
+    }
+
     fn route(&self, generation: u64, push: PushInfo) {
         match push.kind {
             PushKind::Message | PushKind::SMessage => {
-                let Some(Value::BulkString(name)) = push.data.first() else {
-                    return;
-                };
-                let Ok(name) = std::str::from_utf8(name) else {
-                    return;
-                };
-                let channel = self
-                    .channels
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(name)
-                    .and_then(Weak::upgrade);
-                if let Some(channel) = channel {
+                if let Some((_, channel)) = self.channel_of(&push) {
                     channel.wake();
                 }
             }
@@ -409,19 +403,7 @@ impl Shared {
                 if generation != self.generation.load(Ordering::Acquire) {
                     return;
                 }
-                let Some(Value::BulkString(name)) = push.data.first() else {
-                    return;
-                };
-                let Ok(name) = std::str::from_utf8(name) else {
-                    return;
-                };
-                let channel = self
-                    .channels
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(name)
-                    .and_then(Weak::upgrade);
-                if let Some(channel) = channel {
+                if let Some((name, channel)) = self.channel_of(&push) {
                     channel.active.send_replace(false);
                     channel.wake();
                     self.ended

@@ -13,7 +13,9 @@ use bytes::Bytes;
 use redis::Value;
 
 use crate::error::NodeError;
-use crate::node::redis::call::{int, Call, CallError, Op, ReplicaWait, RECORD};
+use crate::node::redis::call::{
+    self, int, returned, Call, CallError, Op, ReplicaWait, ScriptOp, RECORD,
+};
 use crate::node::redis::millis_ceil;
 use crate::node::FencingToken;
 use crate::node::ResourceKeys;
@@ -29,12 +31,6 @@ fn record_call(keys: &ResourceKeys, op: &'static str) -> Call {
         .arg(op)
 }
 
-fn protocol(what: &str, value: &Value) -> CallError {
-    CallError::Reply(NodeError::Protocol(
-        format!("{what} returned {value:?}").into(),
-    ))
-}
-
 fn bytes_of(value: &Value) -> Option<Bytes> {
     match value {
         Value::BulkString(b) => Some(Bytes::copy_from_slice(b)),
@@ -44,23 +40,20 @@ fn bytes_of(value: &Value) -> Option<Bytes> {
     }
 }
 
-fn token_of(value: &Value) -> Option<FencingToken> {
-    int(value)
-        .and_then(|n| u64::try_from(n).ok())
-        .map(FencingToken::new)
-}
-
 fn record_of(
     what: &str,
     token: &Value,
     fingerprint: &Value,
     data: &Value,
-) -> Result<Record, CallError> {
-    match (token_of(token), bytes_of(fingerprint), bytes_of(data)) {
-        (Some(token), Some(fingerprint), Some(data)) => Ok(Record::new(token, fingerprint, data)),
-        _ => Err(CallError::Reply(NodeError::Protocol(
+) -> Result<Record, NodeError> {
+    let token_of = int(token).and_then(|n| u64::try_from(n).ok());
+    match (token_of, bytes_of(fingerprint), bytes_of(data)) {
+        (Some(token), Some(fingerprint), Some(data)) => {
+            Ok(Record::new(FencingToken::new(token), fingerprint, data))
+        }
+        _ => Err(NodeError::Protocol(
             format!("{what}: malformed record (token {token:?})").into(),
-        ))),
+        )),
     }
 }
 
@@ -75,67 +68,42 @@ impl Op for ReadCall {
         conn: &mut C,
         _: Option<ReplicaWait>,
     ) -> Result<Option<Record>, CallError> {
-        read(conn, &self.0).await
-    }
-}
-
-async fn read<C: SendOne>(conn: &mut C, keys: &ResourceKeys) -> Result<Option<Record>, CallError> {
-    let value: Value = redis::cmd("HMGET")
-        .arg(keys.record())
-        .arg(&["state", "token", "fp", "data"])
-        .query_async(conn)
-        .await?;
-    let Value::Array(fields) = &value else {
-        return Err(protocol("HMGET", &value));
-    };
-    match fields.as_slice() {
-        [Value::BulkString(state), token, fingerprint, data] if state.as_slice() == b"done" => {
-            record_of("HMGET", token, fingerprint, data).map(Some)
-        }
-        [_, _, _, _] => Ok(None),
-        _ => Err(protocol("HMGET", &value)),
-    }
-}
-
-/// The owned arguments of one claim call.
-pub(crate) struct ClaimCall(Call);
-
-impl ClaimCall {
-    pub(crate) fn new(request: &ClaimRequest<'_>) -> Self {
-        let ms = |ttl: Option<Duration>| ttl.map(|ttl| millis_ceil(ttl).to_string());
-        ClaimCall(
-            record_call(request.keys, "claim")
-                .arg(request.owner.as_str())
-                .arg(request.token)
-                .arg(request.fingerprint)
-                .arg(millis_ceil(request.pending_ttl))
-                .arg(ms(request.orphan_ttl).unwrap_or_default())
-                .arg(ms(request.remember_interrupted).unwrap_or_default()),
-        )
-    }
-}
-
-/// The record script's claim. With `wait`, a stored marker counts only once enough replicas
-/// acknowledged it.
-impl Op for ClaimCall {
-    type Output = ClaimReply;
-
-    async fn run<C: SendOne>(
-        &self,
-        conn: &mut C,
-        wait: Option<ReplicaWait>,
-    ) -> Result<ClaimReply, CallError> {
-        let call = self;
-        let value = call
-            .0
-            .run(
-                conn,
-                wait,
-                |v| matches!(v, Value::Array(a) if matches!(a.first().and_then(int), Some(2 | 4))),
-            )
+        let value: Value = redis::cmd("HMGET")
+            .arg(self.0.record())
+            .arg(&["state", "token", "fp", "data"])
+            .query_async(conn)
             .await?;
+        let Value::Array(fields) = &value else {
+            return Err(CallError::Reply(returned("HMGET", &value)));
+        };
+        match fields.as_slice() {
+            [Value::BulkString(state), token, fingerprint, data] if state.as_slice() == b"done" => {
+                record_of("HMGET", token, fingerprint, data)
+                    .map(Some)
+                    .map_err(CallError::Reply)
+            }
+            [_, _, _, _] => Ok(None),
+            _ => Err(CallError::Reply(returned("HMGET", &value))),
+        }
+    }
+}
+
+/// The record script's claim. With `wait`, a stored marker counts only once enough
+/// replicas acknowledged it.
+pub(crate) fn claim(request: &ClaimRequest<'_>) -> ScriptOp<ClaimReply> {
+    let ms = |ttl: Option<Duration>| ttl.map(|ttl| millis_ceil(ttl).to_string());
+    let call = record_call(request.keys, "claim")
+        .arg(request.owner.as_str())
+        .arg(request.token)
+        .arg(request.fingerprint)
+        .arg(millis_ceil(request.pending_ttl))
+        .arg(ms(request.orphan_ttl).unwrap_or_default())
+        .arg(ms(request.remember_interrupted).unwrap_or_default());
+    let wrote: fn(&Value) -> bool =
+        |v| matches!(v, Value::Array(a) if matches!(a.first().and_then(int), Some(2 | 4)));
+    ScriptOp::new(call, Some(wrote), |value| {
         let Value::Array(items) = &value else {
-            return Err(protocol("claim", &value));
+            return Err(returned("claim", &value));
         };
         match items.as_slice() {
             [tag] if int(tag) == Some(0) => Ok(ClaimReply::NotOwner),
@@ -143,84 +111,46 @@ impl Op for ClaimCall {
             [tag, Value::BulkString(token)] if int(tag) == Some(4) => {
                 match std::str::from_utf8(token).ok().and_then(|t| t.parse().ok()) {
                     Some(interrupted) => Ok(ClaimReply::ClaimedAfter { interrupted }),
-                    None => Err(protocol("claim", &value)),
+                    None => Err(returned("claim", &value)),
                 }
             }
             [tag, pttl] if int(tag) == Some(3) => Ok(ClaimReply::Orphaned {
-                pttl: int(pttl)
-                    .and_then(|ms| u64::try_from(ms).ok())
-                    .map(Duration::from_millis),
+                pttl: call::pttl(pttl),
             }),
             [tag, token, fingerprint, data] if int(tag) == Some(1) => {
                 record_of("claim", token, fingerprint, data).map(ClaimReply::Completed)
             }
-            _ => Err(protocol("claim", &value)),
+            _ => Err(returned("claim", &value)),
         }
-    }
+    })
 }
 
-/// The owned arguments of one store call.
-pub(crate) struct StoreCall(Call);
-
-impl StoreCall {
-    pub(crate) fn new(request: &StoreRequest<'_>) -> Self {
-        StoreCall(
-            record_call(request.keys, "store")
-                .arg(request.owner.as_str())
-                .arg(request.record.token().get())
-                .arg(request.record.fingerprint().as_ref())
-                .arg(request.record.data().as_ref())
-                .arg(millis_ceil(request.retention)),
-        )
-    }
-}
-
-/// The record script's store. With `wait`, a stored record counts only once enough replicas
-/// acknowledged it.
-impl Op for StoreCall {
-    type Output = StoreReply;
-
-    async fn run<C: SendOne>(
-        &self,
-        conn: &mut C,
-        wait: Option<ReplicaWait>,
-    ) -> Result<StoreReply, CallError> {
-        let call = self;
-        let value = call.0.run(conn, wait, |v| int(v) == Some(1)).await?;
+/// The record script's store. With `wait`, a stored record counts only once enough
+/// replicas acknowledged it.
+pub(crate) fn store(request: &StoreRequest<'_>) -> ScriptOp<StoreReply> {
+    let call = record_call(request.keys, "store")
+        .arg(request.owner.as_str())
+        .arg(request.record.token().get())
+        .arg(request.record.fingerprint().as_ref())
+        .arg(request.record.data().as_ref())
+        .arg(millis_ceil(request.retention));
+    ScriptOp::new(call, Some(|v| int(v) == Some(1)), |value| {
         match int(&value) {
             Some(1) => Ok(StoreReply::Stored),
             Some(0) => Ok(StoreReply::NotOwner),
             Some(2) => Ok(StoreReply::Superseded),
-            _ => Err(protocol("store", &value)),
+            _ => Err(returned("store", &value)),
         }
-    }
+    })
 }
 
-/// The owned arguments of one discard call.
-pub(crate) struct DiscardCall(Call);
-
-impl DiscardCall {
-    pub(crate) fn new(keys: &ResourceKeys, token: u64) -> Self {
-        DiscardCall(record_call(keys, "discard").arg(token))
-    }
-}
-
-/// The record script's discard. Never waits for replicas: a lost discard only makes a later
-/// claim report an unknown outcome.
-impl Op for DiscardCall {
-    type Output = bool;
-
-    async fn run<C: SendOne>(
-        &self,
-        conn: &mut C,
-        _: Option<ReplicaWait>,
-    ) -> Result<bool, CallError> {
-        let call = self;
-        let value = call.0.run(conn, None, |_| false).await?;
-        match int(&value) {
-            Some(1) => Ok(true),
-            Some(0) => Ok(false),
-            _ => Err(protocol("discard", &value)),
-        }
-    }
+/// The record script's discard. Never waits for replicas: a lost discard only makes a
+/// later claim report an unknown outcome.
+pub(crate) fn discard(keys: &ResourceKeys, token: u64) -> ScriptOp<bool> {
+    let call = record_call(keys, "discard").arg(token);
+    ScriptOp::new(call, None, |value| match int(&value) {
+        Some(1) => Ok(true),
+        Some(0) => Ok(false),
+        _ => Err(returned("discard", &value)),
+    })
 }

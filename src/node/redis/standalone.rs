@@ -18,20 +18,14 @@ use crate::node::{NodeFuture, ReleaseSignal, ResourceKeys, ServerSetup};
 
 /// One Redis server (standalone master) as a lock node.
 ///
-/// Commands go over one multiplexed connection (redis-rs's `MultiplexedConnection`,
-/// made again by the node when found broken), shared by every lease and every task: ten
-/// thousand leases renew over one connection. Under Tokio's multi-thread runtime the
-/// commands that concurrent tasks send while an earlier batch is on its way go out
-/// together, as one pipeline in the order they were given (one write and one packet,
-/// not one each); a command with nothing ahead of it goes out at once. A command that finds the connection
-/// broken (the server restarted while the locker was idle) is sent once more on the
-/// new connection, within the per-node timeout, so the first request after a restart
-/// does not fail; every command is safe to run twice (see the owner checks). Scripts run with `EVALSHA` and are
-/// loaded again when the server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
-/// Release notifications arrive over a second, RESP3 connection, opened on first use
-/// and shared by every waiter of the process; a single task per node keeps its
-/// subscriptions, re-establishing them after the server restarts, however long it was
-/// down, with every command bounded in time so a frozen server piles nothing up.
+/// Commands go over one multiplexed connection shared by every lease and task, made
+/// again when found broken: concurrent callers' commands go out together under Tokio's
+/// multi-thread runtime, and a command that finds the connection broken (the server
+/// restarted while the locker was idle) is sent once more on the new one, within the
+/// per-node timeout; every command is safe to run twice (see the owner checks). Scripts
+/// run with `EVALSHA`, loaded again after `NOSCRIPT`. Release notifications arrive over
+/// a second, RESP3 connection, opened on first use and kept by one task per node across
+/// server restarts, every command bounded in time.
 ///
 /// Create it inside a Tokio runtime. It connects lazily, so a locker starts even while
 /// a minority of its nodes is down.
@@ -52,14 +46,14 @@ use crate::node::{NodeFuture, ReleaseSignal, ResourceKeys, ServerSetup};
 /// ```
 #[derive(Clone)]
 pub struct RedisNode {
-    node: Redis<Direct>,
+    pub(super) node: Redis<Direct>,
 }
 
 /// One server's connection: every call goes to it.
 pub(crate) struct Direct {
     name: Arc<str>,
     address: String,
-    conn: Batching,
+    pub(super) conn: Batching,
     hub: Hub,
     /// What the connections are made from (again by [`RedisNode::tcp_nodelay`]).
     client: Client,
@@ -88,26 +82,13 @@ impl RedisNode {
     /// (Nagle's algorithm, `false`: redis-rs's own default, and rslock's). Returns the
     /// node with a new connection, for this handle and its later clones.
     ///
-    /// With a single command in flight at a time the two are the same: nothing is
-    /// held back. With many concurrent acquisitions over the node's one multiplexed
-    /// connection, `false` turns the commands written while a reply is on its way into
-    /// one packet: each command may wait up to one network round trip longer, and the
-    /// client and the server spend less CPU per command. Under Tokio's multi-thread
-    /// runtime the node already sends concurrent commands together itself, without
-    /// that wait (see above), and the two measure close; under the current-thread
-    /// runtime `false` measured more acquisitions per second (`benches/headline.py`,
-    /// BENCHMARKS.md).
-    /// Over a real network the added wait is a real round trip, so keep the default
-    /// unless throughput per process is what limits you. The lock's safety does not
-    /// depend on it: a held-back command only leaves less of the validity it is
-    /// measured against.
+    /// Under Tokio's multi-thread runtime the node already sends concurrent commands
+    /// together itself, without Nagle's wait; the trade-off and its measurements are in
+    /// the operations guide and BENCHMARKS.md. The lock's safety does not depend on it.
     ///
-    /// Fails outside a Tokio runtime, as [`from_client`](Self::from_client) does.
-    /// The `tcp_nodelay=false` parameter of [`node_from_url`](crate::node_from_url)
-    /// (and so of [`Redlock::connect`](crate::Redlock::connect)) does the same. A
-    /// [`ClusterNode`](crate::ClusterNode) sets `TCP_NODELAY` too, unless its
-    /// [`with_config`](crate::ClusterNode::with_config) says otherwise; a
-    /// [`SentinelNode`](crate::SentinelNode) always does.
+    /// Fails outside a Tokio runtime, as [`from_client`](Self::from_client) does. The
+    /// `tcp_nodelay=false` parameter of [`node_from_url`](crate::node_from_url) does the
+    /// same.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]
@@ -161,17 +142,12 @@ impl RedisNode {
     /// as after any failed attempt. Releases never wait: a lost release only delays the
     /// next holder until the key expires.
     ///
-    /// What it buys: a lock granted by a replicated master (a [`SentinelNode`](crate::SentinelNode),
-    /// a [`ClusterNode`](crate::ClusterNode) shard, or a server with replicas) survives
-    /// a failover to one of the replicas that acknowledged it, with its fence counter,
-    /// instead of silently vanishing with the asynchronous replication backlog. What it
-    /// does not buy: `WAIT` is not consensus. The failover may promote a replica that
-    /// did not acknowledge (fewer acknowledgements than replicas, or a stale replica
-    /// chosen by the failover), a replica may still lose the write if it restarts
-    /// without persistence, and a write that timed out on `WAIT` may still have reached
-    /// some replicas. Nor does it close the split-brain window of a failover (see
-    /// [`SentinelNode`](crate::SentinelNode)). For safety against any single failure,
-    /// use several independent nodes and check fencing tokens.
+    /// What it buys: a lock granted by a replicated master survives a failover to one of
+    /// the replicas that acknowledged it, with its fence counter. `WAIT` is not
+    /// consensus, though: a failover may still promote a replica that did not
+    /// acknowledge, and it does not close a failover's split-brain window (see
+    /// [`SentinelNode`](crate::SentinelNode)). Use several independent nodes and check
+    /// fencing tokens.
     ///
     /// What it costs: every grant and renewal waits for a replication round trip, and a
     /// blocked `WAIT` holds back every command queued behind it on this node's single
@@ -189,12 +165,6 @@ impl RedisNode {
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.node.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
         self
-    }
-
-    /// The route (for `SentinelNode`, which follows a master with it).
-    #[cfg(feature = "sentinel")]
-    pub(crate) fn route(&self) -> &Arc<Direct> {
-        &self.node.route
     }
 }
 
@@ -248,14 +218,6 @@ impl Route for Direct {
     }
 }
 
-/// The command connection, for a `SentinelNode` that found this server its master.
-#[cfg(feature = "sentinel")]
-impl Direct {
-    pub(crate) fn connection(&self) -> Batching {
-        self.conn.clone()
-    }
-}
-
 forward_node!(RedisNode);
 
 impl fmt::Debug for RedisNode {
@@ -270,32 +232,6 @@ impl fmt::Debug for RedisNode {
 mod tests {
     use super::*;
     use crate::node::{Acquire, Hold, LockMode, Node, Owner, Release, Resource};
-
-    #[tokio::test]
-    async fn commands_go_out_at_once_unless_told_otherwise() {
-        let nodelay = |node: &RedisNode| {
-            node.node
-                .route
-                .client
-                .get_connection_info()
-                .tcp_settings()
-                .nodelay()
-        };
-        // redis-rs's own default is Nagle's algorithm: a client as it comes is overridden.
-        let client = Client::open("redis://127.0.0.1:1/0").unwrap();
-        assert!(!client.get_connection_info().tcp_settings().nodelay());
-        let node = RedisNode::from_client(client).unwrap();
-        assert!(nodelay(&node));
-        let wait = Duration::from_millis(5);
-        let node = node.wait_for_replicas(1, wait).tcp_nodelay(false).unwrap();
-        assert!(!nodelay(&node));
-        assert_eq!(
-            node.node.wait.map(|w| (w.replicas, w.timeout)),
-            Some((1, wait))
-        );
-        assert_eq!(node.name(), "redis://127.0.0.1:1/0");
-        assert!(nodelay(&node.tcp_nodelay(true).unwrap()));
-    }
 
     /// A node call's boxed future stays within the allocator's fast path (glibc's
     /// per-thread cache serves blocks up to 1,032 B): it holds a batch's place, or

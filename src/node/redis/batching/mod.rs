@@ -2,37 +2,29 @@
 //!
 //! # Why
 //!
-//! A node's commands share one multiplexed connection, and redis-rs writes each to the
-//! socket as it comes (under Tokio's multi-thread runtime its connection task runs right
-//! after each caller). With `TCP_NODELAY` every write is a packet, and on the server a
-//! read and a reply write of its own: with 64 tasks acquiring and releasing, most of the
-//! client's and the server's time went to system calls (measured in `BENCHMARKS.md`,
-//! "the transport, not the client"). Nagle's algorithm would coalesce them, at the price of up to a round
-//! trip per command on a real network. Batching here coalesces them without that wait:
-//! commands are held back only while the caller that sends them yields once to the
-//! scheduler, and only when an earlier command or batch of the node still waits for its
-//! replies (with nothing in flight, a command goes out at once).
+//! A node's commands share one multiplexed connection, which redis-rs writes to the
+//! socket one by one: with `TCP_NODELAY` every write is a packet, and a read and a reply
+//! write on the server, and with 64 tasks acquiring and releasing most of the time went
+//! to system calls ("the transport, not the client", BENCHMARKS.md). Nagle's algorithm
+//! would coalesce them at up to a round trip per command; here commands are held back
+//! only while their caller yields once to the scheduler, and only when an earlier
+//! command or batch of the node still waits for its replies.
 //!
 //! # How
 //!
 //! A caller that finds nothing of its node in flight and no batch open sends its command
 //! alone, at once. Otherwise the first caller to find no batch open opens one and
-//! *leads* it; callers that come while it is open join it. The leader sends it (as one
-//! pipeline, the callers' commands in the order they joined), or the caller that makes it
-//! [`MOST_CALLERS`] strong does, at once; the batch closes and the next caller opens the
-//! next one. When the replies arrive, one caller is woken, the first still
-//! waiting in the order they joined; it collects them, hands each of the others its own
-//! and wakes them. (Waking every caller at once, so that whichever runs first collects,
-//! measured slower: they contend for the batch on both threads; BENCHMARKS.md.) No task
-//! is spawned per batch: a batch whose callers all gave up (a frozen server) costs
-//! nothing more. So, as with a
-//! queue of Tokio's own fair primitives, a caller woken but not polled again, a future
-//! kept unpolled in a `select!` loop, holds up the others of its batch until it is
-//! polled or dropped; dropped, it hands the duty on.
+//! *leads* it; callers that come while it is open join it. The leader sends it (one
+//! pipeline, in the order they joined), or the caller that makes it [`MOST_CALLERS`]
+//! strong does, at once. When the replies arrive, the first caller still waiting is
+//! woken; it collects them, hands each of the others its own and wakes them (waking all
+//! at once measured slower: they contend for the batch). No task is spawned per batch,
+//! so a caller woken but not polled again holds up the others of its batch until it is
+//! polled or dropped, as in a queue of Tokio's own fair primitives.
 //!
-//! Under Tokio's current-thread runtime nothing is batched: there redis-rs's connection
-//! task runs only after every ready caller has handed it its command and writes them all
-//! at once by itself, and holding a leader back only delayed the batch (BENCHMARKS.md).
+//! Under Tokio's current-thread runtime nothing is batched: redis-rs's connection task
+//! already writes every ready caller's command at once, and holding a leader back only
+//! delayed the batch (BENCHMARKS.md).
 //!
 //! # Order and cancellation
 //!
@@ -493,5 +485,3 @@ fn internal(what: &'static str) -> RedisError {
 
 mod send;
 mod solo;
-#[cfg(test)]
-mod tests;

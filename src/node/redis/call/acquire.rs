@@ -1,46 +1,10 @@
-//! The acquire call of every lock shape: one resource or a set of them, exclusive or
-//! shared, as the plain `SET NX PX` or the pipelined fenced acquire of a standalone
-//! server (`pipelined.rs`), or the acquire script; and the raise-fences call that
-//! follows a fenced acquisition.
+//! The acquire call of every lock shape (the plain `SET NX PX` or the pipelined fenced
+//! acquire of `pipelined.rs`, or the acquire script), and the raise-fences call.
 
 use super::pipelined::{acquire_plain, Pipelined};
 use super::*;
 use crate::node::resource::LIMIT_SUFFIX;
-use crate::node::{Acquire as Request, LockMode, PerKey, Vote, Waiter};
-
-/// What one acquisition asks of a node: the keys of one resource or of a set (all or
-/// nothing), how it holds them, and the fence settings (see [`AcquireRequest`]).
-#[derive(Clone, Copy)]
-pub(crate) struct Acquisition<'a> {
-    /// One resource, or a set's members in its canonical order; never empty.
-    pub(crate) keys: &'a [ResourceKeys],
-    pub(crate) owner: &'a Owner,
-    pub(crate) ttl: Duration,
-    /// A shared holder's mode is for one resource only.
-    pub(crate) mode: LockMode,
-    pub(crate) fencing: bool,
-    pub(crate) fence_floor: u64,
-    pub(crate) fence_ttl: Duration,
-    pub(crate) seed_only_when_missing: bool,
-    /// The waiting caller's place in one resource's wait queue (exclusive only).
-    pub(crate) waiter: Option<&'a Waiter>,
-}
-
-impl<'a> From<&Request<'a>> for Acquisition<'a> {
-    fn from(request: &Request<'a>) -> Self {
-        Acquisition {
-            keys: request.keys,
-            owner: request.owner,
-            ttl: request.ttl,
-            mode: request.mode,
-            fencing: request.fencing,
-            fence_floor: request.fence_floor,
-            fence_ttl: request.fence_ttl,
-            seed_only_when_missing: request.seed_only_when_missing,
-            waiter: request.waiter,
-        }
-    }
-}
+use crate::node::{Acquire as Request, LockMode, PerKey, Vote};
 
 /// The owned arguments of one acquire call (the call outlives the request).
 pub(crate) enum Acquire {
@@ -57,15 +21,15 @@ pub(crate) enum Acquire {
     Pipelined(Pipelined),
     /// The acquire script (`acquire.lua`): the lock keys behind the wait queue and,
     /// with fencing, the floored fence counters, atomically.
-    Script(Call),
+    Script(ScriptOp<Vote>),
 }
 
 impl Acquire {
     /// `sharded`: the node publishes on sharded channels (Redis Cluster).
-    pub(crate) fn new(acq: &Acquisition<'_>, sharded: bool) -> Self {
+    pub(crate) fn new(acq: &Request<'_>, sharded: bool) -> Self {
         let ttl_ms = millis_ceil(acq.ttl);
         let [keys] = acq.keys else {
-            return Acquire::Script(script(acq, ttl_ms, sharded));
+            return Acquire::Script(acquire_script(script(acq, ttl_ms, sharded)));
         };
         let common = !acq.seed_only_when_missing && acq.waiter.is_none() && acq.mode.is_exclusive();
         if common && !acq.fencing {
@@ -79,12 +43,18 @@ impl Acquire {
         if common && !sharded {
             return Acquire::Pipelined(Pipelined::new(acq, keys, ttl_ms));
         }
-        Acquire::Script(script(acq, ttl_ms, sharded))
+        Acquire::Script(acquire_script(script(acq, ttl_ms, sharded)))
     }
 }
 
+/// The acquire script's call as an operation: with `wait`, a grant counts only once
+/// enough replicas acknowledged the key and the counter.
+pub(super) fn acquire_script(call: Call) -> ScriptOp<Vote> {
+    ScriptOp::new(call, Some(acquire_granted), |value| parse_acquire(&value))
+}
+
 /// The acquire script's call (see `acquire.lua` for its arguments).
-fn script(acq: &Acquisition<'_>, ttl_ms: u64, sharded: bool) -> Call {
+fn script(acq: &Request<'_>, ttl_ms: u64, sharded: bool) -> Call {
     let fence_mode = match (acq.fencing, acq.seed_only_when_missing) {
         (false, _) => "0",
         (true, false) => "1",
@@ -133,8 +103,6 @@ fn script(acq: &Acquisition<'_>, ttl_ms: u64, sharded: bool) -> Call {
     }
 }
 
-/// With `wait`, a grant counts only once enough replicas acknowledged the key and the
-/// counter.
 impl Op for Acquire {
     type Output = Vote;
 
@@ -150,10 +118,7 @@ impl Op for Acquire {
                 ttl_ms,
             } => acquire_plain(conn, lock, owner, *ttl_ms, wait).await,
             Acquire::Pipelined(pipelined) => pipelined.run(conn, wait).await,
-            Acquire::Script(call) => {
-                let value = call.run(conn, wait, acquire_granted).await?;
-                parse_acquire(&value).map_err(CallError::Reply)
-            }
+            Acquire::Script(script) => script.run(conn, wait).await,
         }
     }
 }
@@ -193,9 +158,7 @@ pub(super) fn parse_acquire(value: &Value) -> Result<Vote, NodeError> {
             };
             Ok(Vote::Held {
                 member: usize::try_from(member).map_err(|_| bad())?,
-                pttl: int(n)
-                    .and_then(|ms| u64::try_from(ms).ok())
-                    .map(Duration::from_millis),
+                pttl: pttl(n),
             })
         }
         // Shared holders: their limit, 0 for readers.
@@ -212,36 +175,23 @@ pub(super) fn parse_acquire(value: &Value) -> Result<Vote, NodeError> {
 /// The raise-fences script: each resource's counter to at least its token (the one the
 /// quorum agreed on). With `wait`, a raised counter counts only once enough replicas
 /// acknowledged it.
-pub(crate) struct RaiseFences(Call);
-
-impl RaiseFences {
-    pub(crate) fn new(keys: &[ResourceKeys], tokens: &[u64], fence_ttl: Duration) -> Self {
-        let mut call = Call::new(&RAISE_FENCES, keys.len());
-        for member in keys {
-            call = call.arg(&member.fence);
-        }
-        call = call.arg(millis_ceil(fence_ttl));
-        for token in tokens {
-            call = call.arg(*token);
-        }
-        RaiseFences(call)
+pub(crate) fn raise_fences(
+    keys: &[ResourceKeys],
+    tokens: &[u64],
+    fence_ttl: Duration,
+) -> ScriptOp<()> {
+    let mut call = Call::new(&RAISE_FENCES, keys.len());
+    for member in keys {
+        call = call.arg(&member.fence);
     }
-}
-
-impl Op for RaiseFences {
-    type Output = ();
-
-    async fn run<C: SendOne>(
-        &self,
-        conn: &mut C,
-        wait: Option<ReplicaWait>,
-    ) -> Result<(), CallError> {
-        let wrote = |value: &Value| int(value).is_some_and(|raised| raised > 0);
-        let value = self.0.run(conn, wait, wrote).await?;
-        int(&value).map(drop).ok_or_else(|| {
-            CallError::Reply(NodeError::Protocol(
-                format!("raise-fences script returned {value:?}").into(),
-            ))
-        })
+    call = call.arg(millis_ceil(fence_ttl));
+    for token in tokens {
+        call = call.arg(*token);
     }
+    let wrote: fn(&Value) -> bool = |value| int(value).is_some_and(|raised| raised > 0);
+    ScriptOp::new(call, Some(wrote), |value| {
+        int(&value)
+            .map(drop)
+            .ok_or_else(|| returned("raise-fences script", &value))
+    })
 }

@@ -100,7 +100,12 @@ async fn extend_many<C: SendOne>(
         }
         let mut pipe = redis::pipe();
         for &i in &pending {
-            pipe.add_command(call.chunks[i].0.command(by_hash));
+            let chunk = &call.chunks[i].0;
+            pipe.add_command(if by_hash {
+                chunk.evalsha.clone()
+            } else {
+                chunk.eval()
+            });
         }
         let mut replies = query(conn, pipe, pending.len(), wait).await?;
         let acks = wait.and_then(|_| replies.pop());
@@ -125,7 +130,7 @@ fn answers(
 ) -> Vec<Result<bool, NodeError>> {
     let mut answers = Vec::with_capacity(call.holds);
     for (&(_, size), value) in call.chunks.iter().zip(values) {
-        match value {
+        let error = match value {
             Some(Ok(Value::Array(flags))) if flags.len() == size => {
                 answers.extend(flags.iter().map(|flag| match int(flag) {
                     Some(1) => Ok(true),
@@ -134,16 +139,12 @@ fn answers(
                         format!("extend script returned {flag:?}").into(),
                     )),
                 }));
+                continue;
             }
-            Some(Err(e)) => {
-                let error = node_error(e);
-                answers.extend(std::iter::repeat_n(Err(error), size));
-            }
-            other => {
-                let error = NodeError::Protocol(format!("extend script returned {other:?}").into());
-                answers.extend(std::iter::repeat_n(Err(error), size));
-            }
-        }
+            Some(Err(e)) => node_error(e),
+            other => NodeError::Protocol(format!("extend script returned {other:?}").into()),
+        };
+        answers.extend(std::iter::repeat_n(Err(error), size));
     }
     answers
 }

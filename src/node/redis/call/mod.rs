@@ -13,7 +13,7 @@ use crate::error::NodeError;
 use crate::node::redis::conn::SendOne;
 use crate::node::redis::millis_ceil;
 use crate::node::ResourceKeys;
-use crate::node::{Owner, CHANNEL_SUFFIX, DEFAULT_FENCE_TTL, HANDOFF_TTL, QUEUE_SUFFIX};
+use crate::node::{CHANNEL_SUFFIX, DEFAULT_FENCE_TTL, HANDOFF_TTL, QUEUE_SUFFIX};
 
 /// One Lua script: its source (for `EVAL`), its SHA1 (for `EVALSHA`), and whether its
 /// calls go by hash (see [`Call`] for when they may).
@@ -31,24 +31,14 @@ impl Lua {
             by_hash: true,
         }
     }
-
-    /// A script whose calls always go out as `EVAL`, in the order they were made.
-    fn in_order(code: &'static str) -> Self {
-        Lua {
-            by_hash: false,
-            ..Self::new(code)
-        }
-    }
 }
 
-// The scripts, each put together from `scripts/*.lua`: `held.lua` opens every one that
+// The scripts, put together from `scripts/*.lua`: `held.lua` opens every one that
 // compares a lock key with an owner value, `fence_rule.lua` every one that touches a
-// fence counter (the counter's rule lives there alone), `hand_off.lua` those that hand
-// a free lock to the wait queue's next waiter. The acquire and release scripts are in
-// parts: their fast path (the common case: one resource, a caller that does not wait,
-// nobody queued) returns before any of the wait queue's functions is built. Redis
-// charges a script per argument and per `redis.call`, and a Lua closure per call of the
-// script (see BENCHMARKS.md): the fast path has the fewest.
+// fence counter (the rule lives there alone), `hand_off.lua` those that hand a free lock
+// to the next waiter. The acquire and release scripts' fast path (one resource, a caller
+// that does not wait, nobody queued) returns before any of the queue's functions is
+// built: Redis charges per argument, per `redis.call` and per Lua closure (BENCHMARKS.md).
 
 /// Every acquisition: one resource or a set, exclusive or shared (`acquire.lua`).
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
@@ -89,9 +79,11 @@ static RAISE_FENCES: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 static LISTEN: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/listen.lua")));
-/// The outcome records' claim, store and discard (`records.rs`): in order, see [`Call`].
-pub(crate) static RECORD: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::in_order(concat!(
+/// The outcome records' claim, store and discard (`records.rs`): always `EVAL`, in the
+/// order they were made (see [`Call`]).
+pub(crate) static RECORD: LazyLock<Lua> = LazyLock::new(|| Lua {
+    by_hash: false,
+    ..Lua::new(concat!(
         include_str!("../scripts/held.lua"),
         include_str!("../scripts/record.lua")
     ))
@@ -278,7 +270,7 @@ impl redis::ToRedisArgs for Suffixed<'_> {
 /// was sent on that connection meanwhile: a later call may then run before it. That
 /// is harmless unless a call whose effect depends on this one having run can be sent
 /// while it is in flight, and where one can, the script goes out as `EVAL` every time
-/// ([`Lua::in_order`]), which costs the server a SHA1 of the script per call:
+/// (`RECORD`), which costs the server a SHA1 of the script per call:
 ///
 /// * the lock scripts go by hash: the engine sends no release of an attempt to a node
 ///   while that node's acquire call is in flight (a failed attempt releases on each
@@ -327,25 +319,10 @@ impl Call {
         eval
     }
 
-    /// Its `EVALSHA` command (to be pipelined).
-    fn into_command(self) -> Cmd {
-        self.evalsha
-    }
-
-    /// The command to send: `EVALSHA`, or `EVAL` after `NOSCRIPT`.
-    fn command(&self, by_hash: bool) -> Cmd {
-        if by_hash {
-            self.evalsha.clone()
-        } else {
-            self.eval()
-        }
-    }
-
     /// Runs the script with `EVALSHA`, or with `EVAL` after `NOSCRIPT` (which also caches
-    /// it on the server that answered, and needs no `SCRIPT LOAD` on every node of a
-    /// cluster); a script sent in order, with `EVAL` at once. With `wait`, `WAIT` is pipelined right behind the script on the same
-    /// connection, so it covers the script's writes; its answer is checked only when
-    /// `wrote` says the script wrote.
+    /// it on the server that answered: no `SCRIPT LOAD` on every node of a cluster); a
+    /// script sent in order, with `EVAL` at once. With `wait`, `WAIT` is pipelined right
+    /// behind it, and checked only when `wrote` says the script wrote.
     pub(crate) async fn run<C: SendOne>(
         &self,
         conn: &mut C,
@@ -447,6 +424,51 @@ pub(crate) trait Op: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Output, CallError>> + Send + 'a;
 }
 
+/// One script call as an operation, its reply read by `read`. With `wrote`, the node's
+/// `WAIT` is checked when `wrote` says the script wrote; without, it never waits for
+/// replicas (a lost release, mark or discard only delays someone until a key expires).
+pub(crate) struct ScriptOp<T> {
+    call: Call,
+    wrote: Option<fn(&Value) -> bool>,
+    read: fn(Value) -> Result<T, NodeError>,
+}
+
+impl<T> ScriptOp<T> {
+    pub(crate) fn new(
+        call: Call,
+        wrote: Option<fn(&Value) -> bool>,
+        read: fn(Value) -> Result<T, NodeError>,
+    ) -> Self {
+        ScriptOp { call, wrote, read }
+    }
+}
+
+impl<T: Send + 'static> Op for ScriptOp<T> {
+    type Output = T;
+
+    async fn run<C: SendOne>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<T, CallError> {
+        let wrote = self.wrote.unwrap_or(|_| false);
+        let value = self.call.run(conn, self.wrote.and(wait), wrote).await?;
+        (self.read)(value).map_err(CallError::Reply)
+    }
+}
+
+/// `what returned value`: a reply of an unexpected shape.
+pub(crate) fn returned(what: &str, value: &Value) -> NodeError {
+    NodeError::Protocol(format!("{what} returned {value:?}").into())
+}
+
+/// A `PTTL` in milliseconds as a duration (`None`: negative, no ttl).
+pub(crate) fn pttl(value: &Value) -> Option<Duration> {
+    int(value)
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(Duration::from_millis)
+}
+
 pub(crate) fn int(value: &Value) -> Option<i64> {
     match value {
         Value::Int(n) => Some(*n),
@@ -456,14 +478,12 @@ pub(crate) fn int(value: &Value) -> Option<i64> {
     }
 }
 
-/// The reply of the extend, release and raise-fence scripts: 1 or 0.
+/// The reply of the release and discard scripts: 1 or 0.
 pub(crate) fn parse_flag(value: Value) -> Result<bool, NodeError> {
     match int(&value) {
         Some(1) => Ok(true),
         Some(0) => Ok(false),
-        _ => Err(NodeError::Protocol(
-            format!("script returned {value:?}").into(),
-        )),
+        _ => Err(returned("script", &value)),
     }
 }
 
@@ -471,9 +491,7 @@ mod acquire;
 mod extend;
 mod pipelined;
 mod release;
-#[cfg(test)]
-mod tests;
 
-pub(crate) use acquire::{Acquire, Acquisition, RaiseFences};
+pub(crate) use acquire::{raise_fences, Acquire};
 pub(crate) use extend::ExtendCall;
-pub(crate) use release::{Hand, ListenCall, ReleaseCall};
+pub(crate) use release::{leave, listen, release, Hand};

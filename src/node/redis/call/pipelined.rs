@@ -1,10 +1,9 @@
 //! The acquire calls that need no script for one exclusive resource: the plain
 //! `SET NX PX` without fencing, and the pipelined fenced acquire of a standalone server.
 
-use super::acquire::{acquire_granted, parse_acquire};
+use super::acquire::acquire_script;
 use super::*;
-use crate::node::redis::call::acquire::Acquisition;
-use crate::node::{PerKey, Vote};
+use crate::node::{Acquire as Request, PerKey, Vote};
 
 /// A fenced caller that does not wait, on a standalone server (or a Sentinel's master):
 /// the lock's `SET NX PX`, an `EXISTS` of its wait queue and the fence script
@@ -25,7 +24,7 @@ pub(crate) struct Pipelined {
 }
 
 impl Pipelined {
-    pub(super) fn new(acq: &Acquisition<'_>, keys: &ResourceKeys, ttl_ms: u64) -> Self {
+    pub(super) fn new(acq: &Request<'_>, keys: &ResourceKeys, ttl_ms: u64) -> Self {
         let (lock, owner) = (&keys.lock, acq.owner.as_str());
         // Each command sized up front (numbers: at most 20 digits), so that building
         // it never reallocates: growing three empty commands cost more than the rest
@@ -42,7 +41,7 @@ impl Pipelined {
         let mut pipe = redis::Pipeline::with_capacity(3);
         pipe.add_command(set)
             .add_command(exists)
-            .add_command(fence.into_command())
+            .add_command(fence.evalsha)
             .ignore_errors();
         Pipelined { pipe }
     }
@@ -138,9 +137,14 @@ impl Pipelined {
         call.run(conn, None, |_| false).await.map(drop)
     }
 
-    /// The acquire script's call for [`Self::behind_the_queue`]: this call's arguments,
-    /// a caller that does not wait, and `ARGV[12]`.
-    pub(super) fn queued_call(&self) -> Call {
+    /// The `SET` took a free key while waiters are queued: the acquire script decides
+    /// (the queue's head first), with this call's arguments, as a caller that does not
+    /// wait, and `ARGV[12]`.
+    async fn behind_the_queue<C: SendOne>(
+        &self,
+        conn: &mut C,
+        wait: Option<ReplicaWait>,
+    ) -> Result<Vote, CallError> {
         let lock = self.arg(0, 1);
         // The fence script's ttl, left out when it is the default.
         let default_fence_ttl = millis_ceil(DEFAULT_FENCE_TTL).to_string();
@@ -148,7 +152,7 @@ impl Pipelined {
             [] => default_fence_ttl.as_bytes(),
             sent => sent,
         };
-        Call::new(&ACQUIRE, 3)
+        let call = Call::new(&ACQUIRE, 3)
             .arg(lock)
             .arg(self.arg(2, 3))
             .arg(self.arg(1, 1))
@@ -163,19 +167,8 @@ impl Pipelined {
             .arg("")
             .arg(0)
             .arg(0)
-            .arg("1")
-    }
-
-    /// The `SET` took a free key while waiters are queued: the acquire script decides
-    /// (the queue's head first), with this call's arguments.
-    async fn behind_the_queue<C: SendOne>(
-        &self,
-        conn: &mut C,
-        wait: Option<ReplicaWait>,
-    ) -> Result<Vote, CallError> {
-        let call = self.queued_call();
-        let value = call.run(conn, wait, acquire_granted).await?;
-        parse_acquire(&value).map_err(CallError::Reply)
+            .arg("1");
+        acquire_script(call).run(conn, wait).await
     }
 }
 
@@ -210,9 +203,7 @@ async fn held_by_another<C: SendOne>(
 fn held(pttl: Value) -> Vote {
     Vote::Held {
         member: 0,
-        pttl: int(&pttl)
-            .and_then(|ms| u64::try_from(ms).ok())
-            .map(Duration::from_millis),
+        pttl: super::pttl(&pttl),
     }
 }
 

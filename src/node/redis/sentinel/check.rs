@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
 
-use super::{millis, Sentinels, DEFAULT_CHECK_INTERVAL, RESOLVE_TIMEOUT};
+use super::{millis, Sentinels, DEFAULT_CHECK_INTERVAL};
 
 /// Asks the sentinels every `check_interval` whether the master changed.
 pub(super) async fn check_task(inner: Weak<Sentinels>) {
@@ -32,14 +32,7 @@ pub(super) async fn check_task(inner: Weak<Sentinels>) {
             // The last lookup failed and no command asked again since: retry.
             Some(Err(_)) => inner.master.renew(generation),
             Some(Ok(master)) => {
-                let found = tokio::time::timeout(RESOLVE_TIMEOUT, async {
-                    let mut sentinel = inner.sentinel.lock().await;
-                    sentinel
-                        .async_master_for(&inner.service, Some(&inner.master_info))
-                        .await
-                })
-                .await;
-                if let Ok(Ok(client)) = found
+                if let Ok(Ok(client)) = inner.ask_sentinels().await
                     && client.get_connection_info().addr().to_string() != master.addr
                 {
                     inner.master.renew(generation);

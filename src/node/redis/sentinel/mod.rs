@@ -10,6 +10,7 @@ use futures_util::future::FutureExt;
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::IntoConnectionInfo;
 use tokio::sync::{watch, Mutex as AsyncMutex};
+use tokio::time::error::Elapsed;
 
 mod channel;
 mod check;
@@ -56,33 +57,14 @@ const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 ///
 /// # Safety trade-offs
 ///
-/// Redis replicates **asynchronously**. A lock granted, extended or fenced on the
-/// master shortly before a failover may be missing on the promoted replica: a second
-/// client then acquires the "free" resource while the first still believes it holds
-/// it, and the second token may equal the first (the promoted replica's fence counter
-/// may lag too). During the failover itself, until the old master is reconfigured as
-/// a replica, clients that still talk to it and clients that already follow the new
-/// master can both be granted the lock (split brain); the background check shortens,
-/// but cannot close, that window. Sentinel buys availability, not safety:
-///
-/// * For mutual exclusion that survives the failure of any one machine, use **several
-///   independent masters** (3 or 5 [`RedisNode`](crate::RedisNode)s, or several
-///   independent Sentinel groups as separate nodes): Redlock needs a majority of
-///   them, so one node losing a key or a failover inside one group cannot break it.
-/// * [`wait_for_replicas`](SentinelNode::wait_for_replicas) makes a vote count only
-///   once the write reached the replicas, which closes the "not yet replicated" window
-///   for failovers that promote an acknowledged replica (see there for what it does not
-///   cover).
-/// * Check fencing tokens in the protected storage.
-///
-/// Outcome records (idempotent replay, [`crate::lock::record`]) follow the master like
-/// the locks, and carry the same trade-off: with `wait_for_replicas` a claim or a store
-/// counts only once the replicas have it, so a failover to one of them keeps the record
-/// and the retry is replayed from the new master. When the promoted replica had not
-/// received the store, it holds the claim's pending marker (the key answers "outcome
-/// unknown" until the marker expires, then the work runs again); when it had not
-/// received the claim either, the work runs again at once. A stale replica never
-/// answers with another request's outcome.
+/// Redis replicates **asynchronously**: a lock (or fence counter, or outcome record)
+/// written shortly before a failover may be missing on the promoted replica, and until
+/// the old master is demoted, clients on either side can both be granted the lock; the
+/// background check shortens that window but cannot close it. Sentinel buys
+/// availability, not safety: use several independent nodes,
+/// [`wait_for_replicas`](SentinelNode::wait_for_replicas) and fencing tokens (see the
+/// [stores guide](crate::guide::stores), and the [replay guide](crate::guide::replay)
+/// for records).
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]
@@ -244,14 +226,7 @@ impl Sentinels {
     /// Asks the sentinels for the master (checked with `ROLE`) and connects to it,
     /// keeping the previous connection when the address did not change.
     async fn find_master(&self, previous: Option<Master>) -> Result<Master, NodeError> {
-        let found = tokio::time::timeout(RESOLVE_TIMEOUT, async {
-            let mut sentinel = self.sentinel.lock().await;
-            sentinel
-                .async_master_for(&self.service, Some(&self.master_info))
-                .await
-        })
-        .await;
-        let client = match found {
+        let client = match self.ask_sentinels().await {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
                 let e = call::node_error(e);
@@ -287,6 +262,16 @@ impl Sentinels {
             addr,
             node,
         })
+    }
+
+    /// The master the sentinels name (not checked yet), within [`RESOLVE_TIMEOUT`].
+    async fn ask_sentinels(&self) -> Result<redis::RedisResult<redis::Client>, Elapsed> {
+        tokio::time::timeout(RESOLVE_TIMEOUT, async {
+            let mut sentinel = self.sentinel.lock().await;
+            let info = Some(&self.master_info);
+            sentinel.async_master_for(&self.service, info).await
+        })
+        .await
     }
 
     /// Moves the waiters' subscriptions to a newly found master.
@@ -343,7 +328,7 @@ impl Route for Sentinels {
                     return Err(e);
                 }
             };
-            let mut conn = master.node.route().connection();
+            let mut conn = master.node.node.route.conn.clone();
             match in_turn(got.place, op.run(&mut conn, wait)).await {
                 Ok(value) => return Ok(value),
                 Err(e) => {

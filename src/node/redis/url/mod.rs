@@ -365,6 +365,3 @@ impl<'a> Url<'a> {
         out
     }
 }
-
-#[cfg(test)]
-mod tests;
