@@ -233,6 +233,32 @@ mod tests {
     use super::*;
     use crate::node::{Acquire, Hold, LockMode, Node, Owner, Release, Resource};
 
+    #[tokio::test]
+    async fn commands_go_out_at_once_unless_told_otherwise() {
+        let nodelay = |node: &RedisNode| {
+            node.node
+                .route
+                .client
+                .get_connection_info()
+                .tcp_settings()
+                .nodelay()
+        };
+        // redis-rs's own default is Nagle's algorithm: a client as it comes is overridden.
+        let client = Client::open("redis://127.0.0.1:1/0").unwrap();
+        assert!(!client.get_connection_info().tcp_settings().nodelay());
+        let node = RedisNode::from_client(client).unwrap();
+        assert!(nodelay(&node));
+        let wait = Duration::from_millis(5);
+        let node = node.wait_for_replicas(1, wait).tcp_nodelay(false).unwrap();
+        assert!(!nodelay(&node));
+        assert_eq!(
+            node.node.wait.map(|w| (w.replicas, w.timeout)),
+            Some((1, wait))
+        );
+        assert_eq!(node.name(), "redis://127.0.0.1:1/0");
+        assert!(nodelay(&node.tcp_nodelay(true).unwrap()));
+    }
+
     /// A node call's boxed future stays within the allocator's fast path (glibc's
     /// per-thread cache serves blocks up to 1,032 B): it holds a batch's place, or
     /// redis-rs's send future in a box of its own, never that future inline, and the
