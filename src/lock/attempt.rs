@@ -257,12 +257,9 @@ impl Nodes {
     /// Releases `target` on the given nodes in the background (cleanup of a failed
     /// attempt), each only after that node's acquire among `stragglers` has finished: a
     /// release that overtook it would find nothing, and the late acquire would then
-    /// hold the keys until their ttl. One task per attempt; every step is bounded by
-    /// the node timeout, so a frozen node keeps it for two timeouts at most.
-    ///
-    /// `waiter`: the attempt was a waiter's, which keeps its turn: its key goes back to
-    /// it ([`Release::HandBack`](crate::node::Release::HandBack)) rather than on to the
-    /// next waiter.
+    /// hold the keys until their ttl. Every step is bounded by the node timeout.
+    /// `waiter`: the attempt was a waiter's, whose key goes back to it
+    /// ([`Release::HandBack`](crate::node::Release::HandBack)).
     pub(crate) fn release_after(
         &self,
         mut stragglers: Stragglers<Vote>,

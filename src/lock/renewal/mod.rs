@@ -200,11 +200,9 @@ pub(crate) fn register(inner: &Arc<LeaseInner>) -> Registration {
 }
 
 /// When a lease valid until `deadline` is renewed: once a third of its validity is used
-/// up, less a random twelfth, so that leases taken together (a burst of requests) do
-/// not stay in lockstep forever. That is never before the round that set `deadline`
-/// started, and may already be past when the round was slow: the scheduler takes
-/// anything past as due at once, so the clock need not be read here (on every
-/// registration).
+/// up, less a random twelfth, so that leases taken together do not stay in lockstep.
+/// It may already be past (a slow round): the scheduler takes that as due at once, so
+/// the clock need not be read here.
 fn renew_at(locker: &Shared, deadline: Instant) -> Instant {
     let options = &locker.options;
     let validity = options.ttl.saturating_sub(options.drift());
