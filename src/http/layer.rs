@@ -17,18 +17,6 @@ use super::service::LockService;
 use crate::error::ConfigError;
 use crate::{LockMode, Redlock};
 
-/// Builder methods that set the setting of their name.
-macro_rules! setters {
-    ($($(#[$doc:meta])* $name:ident: $type:ty;)+) => {$(
-        $(#[$doc])*
-        #[must_use]
-        pub fn $name(mut self, $name: $type) -> Self {
-            self.settings().$name = $name;
-            self
-        }
-    )+};
-}
-
 /// A [`Layer`] that runs each request under a Redlock lease named after its key.
 ///
 /// The lease's time to live, node timeout, watchdog and so on are the locker's
@@ -61,7 +49,7 @@ impl<K> LockLayer<K> {
         Arc::make_mut(&mut self.settings)
     }
 
-    setters! {
+    setters!(settings {
         /// Whether to answer or to wait when the lock is held (default [`Contention::Reject`]).
         contention: Contention;
 
@@ -107,7 +95,7 @@ impl<K> LockLayer<K> {
         /// carry no mark of their own). Not applied to replayed layers, whose responses are
         /// recorded as the handler made them.
         problem_for_rejections: bool;
-    }
+    });
 
     /// How every request shares the lock on its key (default [`LockMode::Exclusive`];
     /// [`LockMode::Counted`] refuses with 429 `limit-reached`). Sets the mode of reads

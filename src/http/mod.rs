@@ -102,6 +102,21 @@
 //! [`Router::layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.layer
 //! [`MethodRouter::layer`]: https://docs.rs/axum/0.8/axum/routing/method_routing/struct.MethodRouter.html#method.layer
 
+/// Builder methods that set the setting of their name (in `self`, or in what
+/// `self.$via()` gives).
+macro_rules! setters {
+    ($($via:ident)? {}) => {};
+    ($($via:ident)? { $(#[$doc:meta])* $name:ident: $type:ty; $($rest:tt)* }) => {
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(mut self, $name: $type) -> Self {
+            self$(.$via())?.$name = $name;
+            self
+        }
+        setters!($($via)? { $($rest)* });
+    };
+}
+
 pub(crate) mod acquire;
 pub(crate) mod body;
 pub(crate) mod detach;

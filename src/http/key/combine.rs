@@ -106,26 +106,22 @@ macro_rules! reads {
 pub(crate) use reads;
 
 macro_rules! tuple_key {
-    ($($name:ident),+) => {
+    ($($name:ident $index:tt),+) => {
         /// All parts are required; they are joined with [`Resource`] escaping, so
         /// different part lists never give the same key. An empty part is rejected.
         impl<$($name: KeyExtractor<Keys = String>),+> KeyExtractor for ($($name,)+) {
             type Keys = String;
             type Body = reads!($($name),+);
 
-            #[allow(non_snake_case)]
             fn keys(&self, parts: &mut Parts, body: &[u8]) -> Result<Option<String>, KeyRejection> {
-                let ($($name,)+) = self;
                 let mut joined: Option<Resource> = None;
                 let mut missing = false;
                 $(
-                    match $name.keys(parts, body)? {
+                    match self.$index.keys(parts, body)? {
                         None => missing = true,
                         Some(part) if part.is_empty() => {
-                            return Err(KeyRejection::invalid(format!(
-                                "{} is empty",
-                                $name.describe()
-                            )));
+                            let detail = format!("{} is empty", self.$index.describe());
+                            return Err(KeyRejection::invalid(detail));
                         }
                         Some(part) => {
                             joined = Some(match joined {
@@ -135,27 +131,20 @@ macro_rules! tuple_key {
                         }
                     }
                 )+
-                if missing {
-                    return Ok(None);
-                }
-                Ok(joined.map(|r| r.as_str().to_owned()))
+                Ok(joined.filter(|_| !missing).map(|r| r.as_str().to_owned()))
             }
 
-            #[allow(non_snake_case)]
             fn body_limit(&self) -> Option<usize> {
-                let ($($name,)+) = self;
-                [$($name.body_limit()),+].into_iter().max().flatten()
+                [$(self.$index.body_limit()),+].into_iter().max().flatten()
             }
 
-            #[allow(non_snake_case)]
             fn describe(&self) -> String {
-                let ($($name,)+) = self;
-                [$($name.describe()),+].join(" and ")
+                [$(self.$index.describe()),+].join(" and ")
             }
         }
     };
 }
 
-tuple_key!(K1, K2);
-tuple_key!(K1, K2, K3);
-tuple_key!(K1, K2, K3, K4);
+tuple_key!(K1 0, K2 1);
+tuple_key!(K1 0, K2 1, K3 2);
+tuple_key!(K1 0, K2 1, K3 2, K4 3);

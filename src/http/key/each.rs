@@ -34,12 +34,13 @@ macro_rules! each_of {
                 gather(found, |index| self.describe_key(index))
             }
 
+            // The tuple's: the largest limit, the parts' descriptions joined.
             fn body_limit(&self) -> Option<usize> {
-                [$(self.members.$index.body_limit()),+].into_iter().max().flatten()
+                self.members.body_limit()
             }
 
             fn describe(&self) -> String {
-                [$(self.members.$index.describe()),+].join(" and ")
+                self.members.describe()
             }
 
             fn describe_key(&self, index: usize) -> String {

@@ -52,13 +52,11 @@ impl Header {
         &self.name
     }
 
-    /// Reads the value as an RFC 8941 String when it starts with a double quote, else
-    /// as it is (default: on for `Idempotency-Key`, off for other headers).
-    #[must_use]
-    pub fn sf_string(mut self, on: bool) -> Self {
-        self.sf_string = on;
-        self
-    }
+    setters!({
+        /// Reads the value as an RFC 8941 String when it starts with a double quote, else
+        /// as it is (default: on for `Idempotency-Key`, off for other headers).
+        sf_string: bool;
+    });
 }
 
 /// The content of the RFC 8941 String `value` (which starts with `"`), or why it is

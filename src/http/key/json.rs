@@ -43,12 +43,10 @@ pub fn json_field(pointer: impl Into<Arc<str>>) -> JsonField {
 }
 
 impl JsonField {
-    /// Buffers at most `bytes` of body (default 64 KiB).
-    #[must_use]
-    pub fn limit(mut self, bytes: usize) -> Self {
-        self.limit = bytes;
-        self
-    }
+    setters!({
+        /// Buffers at most `limit` bytes of body (default 64 KiB).
+        limit: usize;
+    });
 
     /// The JSON Pointer of the field.
     pub fn pointer(&self) -> &str {
@@ -140,12 +138,10 @@ pub fn json_fields<P: Into<Arc<str>>>(pointers: impl IntoIterator<Item = P>) -> 
 }
 
 impl JsonFields {
-    /// Buffers at most `bytes` of body (default 64 KiB).
-    #[must_use]
-    pub fn limit(mut self, bytes: usize) -> Self {
-        self.limit = bytes;
-        self
-    }
+    setters!({
+        /// Buffers at most `limit` bytes of body (default 64 KiB).
+        limit: usize;
+    });
 }
 
 impl KeyExtractor for JsonFields {

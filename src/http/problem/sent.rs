@@ -102,9 +102,9 @@ pub(crate) fn acquisition_problem(
         }
     };
     let problem = Problem::new(kind, detail).with_resource(resource);
-    match retry_after {
-        Some(delay) => problem.with_retry_after(delay),
-        None => problem,
+    Problem {
+        retry_after,
+        ..problem
     }
 }
 
@@ -159,11 +159,10 @@ pub(crate) fn outcome_unknown(retry_after: Option<Duration>, resource: Resource)
     let problem = Problem::new(
         ProblemKind::OutcomeUnknown,
         "an earlier request with this key was interrupted before its response was recorded; whether it took effect is unknown",
-    )
-    .with_resource(resource);
-    match retry_after {
-        Some(delay) => problem.with_retry_after(delay),
-        None => problem,
+    );
+    Problem {
+        retry_after,
+        ..problem.with_resource(resource)
     }
 }
 

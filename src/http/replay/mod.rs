@@ -168,31 +168,25 @@ impl Replay {
         self
     }
 
-    /// How long a record is kept (default 24 h); after that the key is new again.
-    /// Longer than ten years (up to `Duration::MAX`) is taken as ten years, shorter than
-    /// 1 ms as 1 ms.
-    #[must_use]
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
-        self
-    }
+    setters!({
+        /// How long a record is kept (default 24 h); after that the key is new again.
+        /// Longer than ten years (up to `Duration::MAX`) is taken as ten years, shorter
+        /// than 1 ms as 1 ms.
+        retention: Duration;
 
-    /// The largest response body recorded (default 1 MiB). Larger responses are sent but
-    /// not recorded (a warning is logged), and a retry runs the handler again.
-    #[must_use]
-    pub fn max_body(mut self, bytes: usize) -> Self {
-        self.max_body = bytes;
-        self
-    }
+        /// The largest response body recorded (default 1 MiB). Larger responses are sent
+        /// but not recorded (a warning is logged), and a retry runs the handler again.
+        max_body: usize;
 
-    /// The largest request body read for the fingerprint (default 1 MiB); larger
-    /// requests get 413 `body-too-large` before any lock is taken. Not used when the
-    /// fingerprint ignores the body.
-    #[must_use]
-    pub fn max_request_body(mut self, bytes: usize) -> Self {
-        self.max_request_body = bytes;
-        self
-    }
+        /// The largest request body read for the fingerprint (default 1 MiB); larger
+        /// requests get 413 `body-too-large` before any lock is taken. Not used when the
+        /// fingerprint ignores the body.
+        max_request_body: usize;
+
+        /// What makes two requests with the same key "the same request" (default
+        /// [`Fingerprint::default`]: method, route, path and query, and the body's SHA-256).
+        fingerprint: Fingerprint;
+    });
 
     /// Also records and replays the response header `name` (`Content-Type` and
     /// `Location` are always included). Every value of a repeated header is kept.
@@ -221,14 +215,6 @@ impl Replay {
     #[must_use]
     pub fn store_if(mut self, policy: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
         self.store_if = Arc::new(policy);
-        self
-    }
-
-    /// What makes two requests with the same key "the same request" (default
-    /// [`Fingerprint::default`]: method, route, path and query, and the body's SHA-256).
-    #[must_use]
-    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
-        self.fingerprint = fingerprint;
         self
     }
 
