@@ -333,37 +333,10 @@ impl PgRecords {
         ))
     }
 
-    /// The completed record of this lease, in `tx` when the handler wrote through one
-    /// (then flagged `transactional`), else on its own. `Ok(false)`: a newer holder's
-    /// marker or record is there, nothing written.
-    pub(crate) async fn store(
-        &self,
-        tx: Option<&mut Transaction<'static, Postgres>>,
-        handle: &LeaseHandle,
-        fingerprint: &[u8],
-        data: &[u8],
-        retention: Duration,
-    ) -> Result<bool, Problem> {
-        let query = sqlx::query(STORE)
-            .bind(handle.resource().as_str())
-            .bind(token_of(handle)?)
-            .bind(fingerprint)
-            .bind(data)
-            .bind(tx.is_some())
-            .bind(retention.as_secs_f64());
-        let done = match tx {
-            Some(tx) => query.execute(&mut **tx).await,
-            None => query.execute(&self.pool).await,
-        };
-        match done {
-            Ok(done) => Ok(done.rows_affected() == 1),
-            Err(error) => Err(database_problem(&error, handle.resource())),
-        }
-    }
-
-    /// The response recorded after the handler: in the handler's transaction, then
-    /// committed, when it took one (see [`Tx`](crate::axum::Tx)); else on its own.
-    /// Answers as `ReplayStep::store`.
+    /// The response recorded after the handler, guarded by the lease's token: in the
+    /// handler's transaction (flagged `transactional`), then committed, when it took one
+    /// (see [`Tx`](crate::axum::Tx)); else on its own. Answers as `ReplayStep::store`
+    /// (a newer holder's marker or record there: nothing written, lost).
     pub(crate) async fn record(
         &self,
         tx: Option<TxState>,
@@ -374,31 +347,45 @@ impl PgRecords {
     ) -> Result<Result<(), Option<LostCause>>, Problem> {
         let resource = handle.resource();
         let mut tx = match tx {
-            Some(TxState::Returned(tx)) => tx,
+            Some(TxState::Returned(tx)) => Some(tx),
             Some(TxState::Begun { tx, .. }) => {
                 tracing::error!(
                     "PgRecords::handlers_take_tx, but the handler did not take Tx: it ran \
                      without a committed pending marker (a crash would have run it again)"
                 );
-                tx
+                Some(tx)
             }
             // Still held by the handler (moved into a task): never committed.
             Some(_) => return Err(problem::rolled_back(resource.clone())),
-            None => {
-                return Ok(
-                    match self.store(None, handle, fingerprint, data, retention).await {
-                        Ok(true) => Ok(()),
-                        Ok(false) => Err(Some(handle.lost_cause().unwrap_or(LostCause::KeyLost))),
-                        Err(_) => Err(None),
-                    },
-                );
-            }
+            None => None,
         };
-        let stored = self.store(Some(&mut tx), handle, fingerprint, data, retention);
+        let stored: Result<bool, Problem> = async {
+            let query = sqlx::query(STORE)
+                .bind(resource.as_str())
+                .bind(token_of(handle)?)
+                .bind(fingerprint)
+                .bind(data)
+                .bind(tx.is_some())
+                .bind(retention.as_secs_f64());
+            let done = match &mut tx {
+                Some(tx) => query.execute(&mut **tx).await,
+                None => query.execute(&self.pool).await,
+            };
+            let done = done.map_err(|error| database_problem(&error, resource))?;
+            Ok(done.rows_affected() == 1)
+        }
+        .await;
+        let Some(tx) = tx else {
+            return Ok(match stored {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(Some(handle.lost_cause().unwrap_or(LostCause::KeyLost))),
+                Err(_) => Err(None),
+            });
+        };
         // A newer holder's marker, or the lease lost meanwhile: `tx` rolls back when
         // dropped. Once the record row is written, a newer holder's claim waits for
         // this commit and finds the record.
-        if !stored.await? || !handle.is_held() {
+        if !stored? || !handle.is_held() {
             tracing::warn!(
                 "lease lost before the commit: the handler's transaction is rolled back"
             );
