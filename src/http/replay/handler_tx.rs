@@ -43,11 +43,6 @@ impl TxSlot {
         }
     }
 
-    /// The transaction the marker was claimed in ([`TxState::Begun`]), for the handler's `Tx`.
-    pub(crate) fn begun(&self, begun: TxState) {
-        *crate::lock_unpoisoned(&self.state) = begun;
-    }
-
     /// The slot's state, left `Taken` so that no `Tx` begins after the handler.
     pub(crate) fn close(&self) -> TxState {
         let mut state = crate::lock_unpoisoned(&self.state);

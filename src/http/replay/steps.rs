@@ -140,28 +140,25 @@ impl ReplayStep {
         span: &Span,
         resource: &Resource,
     ) -> Option<Response<LeaseBody<RB>>> {
+        let failed = |error: &dyn std::fmt::Display| {
+            tracing::debug!(%error, "record lookup failed; locking");
+        };
         #[cfg(feature = "postgres")]
         if let Some(records) = &self.policy.records {
-            return match records.read(resource).await {
-                Ok(found) => found.map(|record| self.answer(settings, span, &record, resource)),
-                Err(error) => {
-                    tracing::debug!(%error, "record lookup failed; locking");
-                    None
-                }
-            };
+            let found = records
+                .read(resource)
+                .await
+                .inspect_err(|e| failed(e))
+                .ok()?;
+            return found.map(|record| self.answer(settings, span, &record, resource));
         }
-        match settings.locker.find_record(resource.clone()).await {
-            Ok(Some(found)) if found.everywhere => {
-                Some(self.answer(settings, span, &found.record, resource))
-            }
-            // A node lacks it (restarted empty): the claim under the lock finds it on
-            // the others, writes it back, and answers it.
-            Ok(_) => None,
-            Err(error) => {
-                tracing::debug!(%error, "record lookup failed; locking");
-                None
-            }
-        }
+        // A node lacking it (restarted empty): the claim under the lock finds it on the
+        // others, writes it back, and answers it.
+        let found = settings.locker.find_record(resource.clone()).await;
+        let found = found.inspect_err(|e| failed(e)).ok()??;
+        found
+            .everywhere
+            .then(|| self.answer(settings, span, &found.record, resource))
     }
 
     /// Under the lease, before the handler: the record claimed. `None`: the handler
@@ -211,7 +208,7 @@ impl ReplayStep {
             let (claim, tx) =
                 (records.claim(handle, fingerprint, ttl, policy.unknown_for())).await?;
             if let (Some(tx), Some(slot)) = (tx, &self.tx) {
-                slot.begun(tx);
+                *crate::lock_unpoisoned(&slot.state) = tx;
             }
             return Ok(claim);
         }
