@@ -28,6 +28,7 @@ use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind, Value};
 use tokio::sync::{watch, Notify};
 
 use crate::error::NodeError;
+use crate::lock_unpoisoned as lock;
 use crate::node::redis::call::node_error;
 use crate::node::ReleaseSignal;
 
@@ -148,7 +149,7 @@ impl Hub {
     pub(crate) async fn subscribe(&self, name: String) -> Result<ReleaseSignal, NodeError> {
         let shared = &self.shared;
         let channel = {
-            let mut channels = shared.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let mut channels = lock(&shared.channels);
             match channels.get(&name).and_then(Weak::upgrade) {
                 Some(channel) => channel,
                 None => {
@@ -171,11 +172,7 @@ impl Hub {
     }
 
     fn start(&self) {
-        let mut started = self
-            .shared
-            .started
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut started = lock(&self.shared.started);
         if !*started {
             *started = true;
             tokio::spawn(upkeep(
@@ -211,8 +208,7 @@ async fn upkeep(hub: Weak<Shared>, work: Arc<Notify>) {
                 resumed.extend(current.subscribed.iter().cloned());
                 link = None;
             } else {
-                let ended =
-                    std::mem::take(&mut *shared.ended.lock().unwrap_or_else(|p| p.into_inner()));
+                let ended = std::mem::take(&mut *lock(&shared.ended));
                 for name in ended {
                     if current.subscribed.remove(&name) {
                         resumed.insert(name);
@@ -284,7 +280,7 @@ async fn upkeep(hub: Weak<Shared>, work: Arc<Notify>) {
 impl Shared {
     /// The channels that still have waiters; forgets the others.
     fn wanted(&self) -> HashMap<String, Arc<Channel>> {
-        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut channels = lock(&self.channels);
         channels.retain(|_, channel| channel.strong_count() > 0);
         channels
             .iter()
@@ -383,7 +379,7 @@ impl Shared {
             return None;
         };
         let name = std::str::from_utf8(name).ok()?;
-        let channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let channels = lock(&self.channels);
         let channel = channels.get(name).and_then(Weak::upgrade)?;
         Some((name, channel))
     }
@@ -406,10 +402,7 @@ impl Shared {
                 if let Some((name, channel)) = self.channel_of(&push) {
                     channel.active.send_replace(false);
                     channel.wake();
-                    self.ended
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(name.to_owned());
+                    lock(&self.ended).insert(name.to_owned());
                     self.work.notify_one();
                 }
             }
@@ -420,14 +413,7 @@ impl Shared {
                 }
                 // Messages may have been lost: wake every waiter to retry, and have the
                 // task subscribe them again on a new connection.
-                let channels: Vec<Arc<Channel>> = self
-                    .channels
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .values()
-                    .filter_map(Weak::upgrade)
-                    .collect();
-                for channel in channels {
+                for channel in live(&self.channels) {
                     channel.active.send_replace(false);
                     channel.wake();
                 }
@@ -437,6 +423,11 @@ impl Shared {
             _ => {}
         }
     }
+}
+
+/// The channels of `channels` that still have waiters.
+pub(super) fn live<T>(channels: &Mutex<HashMap<String, Weak<T>>>) -> Vec<Arc<T>> {
+    lock(channels).values().filter_map(Weak::upgrade).collect()
 }
 
 async fn bounded<T>(
