@@ -15,7 +15,7 @@
 //!   piles up meanwhile: one task per node, whose state is the set of channels wanted.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -77,7 +77,7 @@ struct Shared {
     broken: AtomicU64,
     /// Channels whose subscription the server ended (a cluster slot that moved).
     ended: Mutex<HashSet<String>>,
-    started: Mutex<bool>,
+    started: AtomicBool,
 }
 
 struct Channel {
@@ -138,7 +138,7 @@ impl Hub {
                 generation: AtomicU64::new(0),
                 broken: AtomicU64::new(0),
                 ended: Mutex::default(),
-                started: Mutex::new(false),
+                started: AtomicBool::new(false),
             }),
         }
     }
@@ -172,9 +172,7 @@ impl Hub {
     }
 
     fn start(&self) {
-        let mut started = lock(&self.shared.started);
-        if !*started {
-            *started = true;
+        if !self.shared.started.swap(true, Ordering::AcqRel) {
             tokio::spawn(upkeep(
                 Arc::downgrade(&self.shared),
                 self.shared.work.clone(),

@@ -135,13 +135,7 @@ impl CallError {
     #[cfg(feature = "sentinel")]
     pub(crate) fn master_may_have_moved(&self) -> bool {
         match self {
-            CallError::Redis(e) => {
-                is_connection_error(e)
-                    || matches!(
-                        e.kind(),
-                        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-                    )
-            }
+            CallError::Redis(e) => is_connection_error(e) || refused_write(e),
             CallError::Replicas { .. } => true,
             CallError::Reply(_) => false,
         }
@@ -152,13 +146,7 @@ impl CallError {
     #[cfg(feature = "sentinel")]
     pub(crate) fn certainly_not_run(&self) -> bool {
         match self {
-            CallError::Redis(e) => {
-                e.is_connection_refusal()
-                    || matches!(
-                        e.kind(),
-                        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-                    )
-            }
+            CallError::Redis(e) => e.is_connection_refusal() || refused_write(e),
             _ => false,
         }
     }
@@ -188,6 +176,15 @@ impl CallError {
             CallError::Reply(e) => e,
         }
     }
+}
+
+/// The server refused every write: a replica, or a master that lost its replicas.
+#[cfg(feature = "sentinel")]
+fn refused_write(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+    )
 }
 
 fn is_connection_error(e: &RedisError) -> bool {
