@@ -122,7 +122,8 @@ impl Inner {
     }
 }
 
-/// Runs one node operation on the pinned member, moving on to the next member when it
+/// Runs one node operation, `call(cloned…; copied…)` of the node's `Inner` (each
+/// attempt given its own clones), in a boxed future on the pinned member, moving on to the next member when it
 /// cannot be reached (at most once round all members).
 ///
 /// etcd-client balances over all endpoints but keeps sending to a member that is down
@@ -133,33 +134,31 @@ impl Inner {
 /// that running it twice answers as running it once (an acquire that finds its own
 /// owner value in the key reports it acquired).
 macro_rules! pinned {
-    ($inner:expr, |$client:ident| $body:expr) => {{
-        let inner: &Inner = &$inner;
-        let mut last = None;
-        let mut answer = None;
-        for _ in 0..inner.endpoints.len() {
-            let (index, $client) = inner.pinned().await?;
-            let guard = MoveOnFailure {
-                inner,
-                index,
-                armed: true,
-            };
-            match $body.await {
-                Err(e @ NodeError::Connection(_)) => {
-                    drop(guard);
-                    last = Some(e);
-                }
-                other => {
-                    guard.disarm();
-                    answer = Some(other);
-                    break;
+    ($node:expr, $call:ident($($cloned:ident),*; $($copied:ident),*)) => {{
+        let inner = $node.inner.clone();
+        Box::pin(async move {
+            let inner: &Inner = &inner;
+            let mut last = None;
+            for _ in 0..inner.endpoints.len() {
+                let (index, client) = inner.pinned().await?;
+                let guard = MoveOnFailure {
+                    inner,
+                    index,
+                    armed: true,
+                };
+                match inner.$call(client, $($cloned.clone(),)* $($copied),*).await {
+                    Err(e @ NodeError::Connection(_)) => {
+                        drop(guard);
+                        last = Some(e);
+                    }
+                    answer => {
+                        guard.disarm();
+                        return answer;
+                    }
                 }
             }
-        }
-        match answer {
-            Some(answer) => answer,
-            None => Err(last.unwrap_or_else(|| NodeError::Connection("no etcd endpoint".into()))),
-        }
+            Err(last.unwrap_or_else(|| NodeError::Connection("no etcd endpoint".into())))
+        })
     }};
 }
 

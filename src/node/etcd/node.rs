@@ -175,7 +175,6 @@ impl Node for EtcdNode {
     /// One transaction, one resource or a set (the members on one lease, `set.rs`);
     /// exclusive only (the node has no shared holders).
     fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
-        let inner = self.inner.clone();
         let (keys, owner): (Arc<[ResourceKeys]>, _) = (request.keys.into(), request.owner.clone());
         let (ttl, fencing) = (request.ttl, request.fencing);
         if !request.mode.is_exclusive() {
@@ -183,15 +182,7 @@ impl Node for EtcdNode {
                 "shared and counted leases".into(),
             ))));
         }
-        Box::pin(async move {
-            pinned!(inner, |client| inner.acquire(
-                client,
-                keys.clone(),
-                owner.clone(),
-                ttl,
-                fencing
-            ))
-        })
+        pinned!(self, acquire(keys, owner; ttl, fencing))
     }
 
     fn extend(
@@ -204,16 +195,9 @@ impl Node for EtcdNode {
         let calls: Vec<_> = holds
             .iter()
             .map(|hold| {
-                let inner = self.inner.clone();
                 let (keys, owner): (Arc<[ResourceKeys]>, _) =
                     (hold.keys.into(), hold.owner.clone());
-                async move {
-                    pinned!(inner, |client| inner.extend(
-                        client,
-                        keys.clone(),
-                        owner.clone()
-                    ))
-                }
+                pinned!(self, extend(keys, owner;))
             })
             .collect();
         Box::pin(async move { Ok(futures_util::future::join_all(calls).await) })
@@ -222,15 +206,8 @@ impl Node for EtcdNode {
     fn release(&self, hold: &Hold<'_>, _how: Release<'_>) -> NodeFuture<bool> {
         // Without a wait queue every release is the same: the watchers of each key see
         // it deleted.
-        let inner = self.inner.clone();
         let (keys, owner): (Arc<[ResourceKeys]>, _) = (hold.keys.into(), hold.owner.clone());
-        Box::pin(async move {
-            pinned!(inner, |client| inner.release_all(
-                client,
-                keys.clone(),
-                owner.clone()
-            ))
-        })
+        pinned!(self, release_all(keys, owner;))
     }
 
     fn raise_fences(
@@ -245,9 +222,8 @@ impl Node for EtcdNode {
     }
 
     fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
-        let inner = self.inner.clone();
         let keys = keys.clone();
-        Box::pin(async move { pinned!(inner, |client| inner.subscribe(client, keys.clone())) })
+        pinned!(self, subscribe(keys;))
     }
 
     fn records(&self) -> Option<&dyn RecordStore> {
@@ -257,55 +233,25 @@ impl Node for EtcdNode {
 
 impl RecordStore for EtcdNode {
     fn read_record(&self, keys: &ResourceKeys) -> NodeFuture<Option<Record>> {
-        let inner = self.inner.clone();
         let keys = keys.clone();
-        Box::pin(async move { pinned!(inner, |client| inner.read_record(client, keys.clone())) })
+        pinned!(self, read_record(keys;))
     }
 
     fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
-        let inner = self.inner.clone();
-        let keys = request.keys.clone();
-        let owner = request.owner.clone();
-        let token = request.token;
-        let fingerprint = Bytes::copy_from_slice(request.fingerprint);
-        let (pending_ttl, orphan_ttl) = (request.pending_ttl, request.orphan_ttl);
-        Box::pin(async move {
-            pinned!(inner, |client| inner.claim_record(
-                client,
-                keys.clone(),
-                owner.clone(),
-                (token, fingerprint.clone()),
-                (pending_ttl, orphan_ttl)
-            ))
-        })
+        let (keys, owner) = (request.keys.clone(), request.owner.clone());
+        let marker = (request.token, Bytes::copy_from_slice(request.fingerprint));
+        let ttls = (request.pending_ttl, request.orphan_ttl);
+        pinned!(self, claim_record(keys, owner, marker; ttls))
     }
 
     fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
-        let inner = self.inner.clone();
-        let keys = request.keys.clone();
-        let owner = request.owner.clone();
-        let record = request.record.clone();
-        let retention = request.retention;
-        Box::pin(async move {
-            pinned!(inner, |client| inner.store_record(
-                client,
-                keys.clone(),
-                owner.clone(),
-                record.clone(),
-                retention
-            ))
-        })
+        let (keys, owner) = (request.keys.clone(), request.owner.clone());
+        let (record, retention) = (request.record.clone(), request.retention);
+        pinned!(self, store_record(keys, owner, record; retention))
     }
 
     fn discard_record(&self, keys: &ResourceKeys, token: u64) -> NodeFuture<bool> {
-        let inner = self.inner.clone();
         let keys = keys.clone();
-        Box::pin(async move {
-            pinned!(inner, |client| inner.discard_record(
-                client,
-                keys.clone(),
-                token
-            ))
-        })
+        pinned!(self, discard_record(keys; token))
     }
 }

@@ -15,7 +15,7 @@
 //!   piles up meanwhile: one task per node, whose state is the set of channels wanted.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -28,6 +28,7 @@ use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind, Value};
 use tokio::sync::{watch, Notify};
 
 use crate::error::NodeError;
+use crate::lock_unpoisoned as lock;
 use crate::node::redis::call::node_error;
 use crate::node::ReleaseSignal;
 
@@ -76,7 +77,7 @@ struct Shared {
     broken: AtomicU64,
     /// Channels whose subscription the server ended (a cluster slot that moved).
     ended: Mutex<HashSet<String>>,
-    started: Mutex<bool>,
+    started: AtomicBool,
 }
 
 struct Channel {
@@ -137,7 +138,7 @@ impl Hub {
                 generation: AtomicU64::new(0),
                 broken: AtomicU64::new(0),
                 ended: Mutex::default(),
-                started: Mutex::new(false),
+                started: AtomicBool::new(false),
             }),
         }
     }
@@ -148,7 +149,7 @@ impl Hub {
     pub(crate) async fn subscribe(&self, name: String) -> Result<ReleaseSignal, NodeError> {
         let shared = &self.shared;
         let channel = {
-            let mut channels = shared.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let mut channels = lock(&shared.channels);
             match channels.get(&name).and_then(Weak::upgrade) {
                 Some(channel) => channel,
                 None => {
@@ -171,13 +172,7 @@ impl Hub {
     }
 
     fn start(&self) {
-        let mut started = self
-            .shared
-            .started
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if !*started {
-            *started = true;
+        if !self.shared.started.swap(true, Ordering::AcqRel) {
             tokio::spawn(upkeep(
                 Arc::downgrade(&self.shared),
                 self.shared.work.clone(),
@@ -211,8 +206,7 @@ async fn upkeep(hub: Weak<Shared>, work: Arc<Notify>) {
                 resumed.extend(current.subscribed.iter().cloned());
                 link = None;
             } else {
-                let ended =
-                    std::mem::take(&mut *shared.ended.lock().unwrap_or_else(|p| p.into_inner()));
+                let ended = std::mem::take(&mut *lock(&shared.ended));
                 for name in ended {
                     if current.subscribed.remove(&name) {
                         resumed.insert(name);
@@ -284,7 +278,7 @@ async fn upkeep(hub: Weak<Shared>, work: Arc<Notify>) {
 impl Shared {
     /// The channels that still have waiters; forgets the others.
     fn wanted(&self) -> HashMap<String, Arc<Channel>> {
-        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut channels = lock(&self.channels);
         channels.retain(|_, channel| channel.strong_count() > 0);
         channels
             .iter()
@@ -383,7 +377,7 @@ impl Shared {
             return None;
         };
         let name = std::str::from_utf8(name).ok()?;
-        let channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let channels = lock(&self.channels);
         let channel = channels.get(name).and_then(Weak::upgrade)?;
         Some((name, channel))
     }
@@ -406,10 +400,7 @@ impl Shared {
                 if let Some((name, channel)) = self.channel_of(&push) {
                     channel.active.send_replace(false);
                     channel.wake();
-                    self.ended
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(name.to_owned());
+                    lock(&self.ended).insert(name.to_owned());
                     self.work.notify_one();
                 }
             }
@@ -420,14 +411,7 @@ impl Shared {
                 }
                 // Messages may have been lost: wake every waiter to retry, and have the
                 // task subscribe them again on a new connection.
-                let channels: Vec<Arc<Channel>> = self
-                    .channels
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .values()
-                    .filter_map(Weak::upgrade)
-                    .collect();
-                for channel in channels {
+                for channel in live(&self.channels) {
                     channel.active.send_replace(false);
                     channel.wake();
                 }
@@ -437,6 +421,11 @@ impl Shared {
             _ => {}
         }
     }
+}
+
+/// The channels of `channels` that still have waiters.
+pub(super) fn live<T>(channels: &Mutex<HashMap<String, Weak<T>>>) -> Vec<Arc<T>> {
+    lock(channels).values().filter_map(Weak::upgrade).collect()
 }
 
 async fn bounded<T>(

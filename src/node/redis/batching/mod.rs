@@ -330,9 +330,7 @@ impl Batch {
             }
         }
         if sent == 0 {
-            state.stage = Stage::Done;
-            state.outcome = Some(Err(internal("batch sent without commands")));
-            state.wake_all();
+            state.finish(node, Err(internal("batch sent without commands")));
             return;
         }
         node.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -355,11 +353,8 @@ impl Batch {
     fn close_unsent(self: &Arc<Self>, open: &mut MutexGuard<'_, Option<Arc<Batch>>>) {
         let was_open = open.take();
         let mut state = self.lock();
-        state.stage = Stage::Done;
-        state.outcome = Some(Err(internal(
-            "the caller leading this batch was dropped outside a Tokio runtime",
-        )));
-        state.wake_all();
+        let why = "the caller leading this batch was dropped outside a Tokio runtime";
+        state.finish(&self.node, Err(internal(why)));
         drop(state);
         drop(was_open);
     }

@@ -40,45 +40,28 @@ impl Lua {
 // that does not wait, nobody queued) returns before any of the queue's functions is
 // built: Redis charges per argument, per `redis.call` and per Lua closure (BENCHMARKS.md).
 
+/// A [`Lua`] put together from `scripts/*.lua`, in the order named.
+macro_rules! lua {
+    ($($file:literal),+) => {
+        LazyLock::new(|| Lua::new(concat!($(include_str!(concat!("../scripts/", $file, ".lua"))),+)))
+    };
+}
+
 /// Every acquisition: one resource or a set, exclusive or shared (`acquire.lua`).
-pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("../scripts/held.lua"),
-        include_str!("../scripts/fence_rule.lua"),
-        include_str!("../scripts/acquire.lua"),
-        include_str!("../scripts/hand_off.lua"),
-        include_str!("../scripts/acquire_queued.lua")
-    ))
-});
+pub(crate) static ACQUIRE: LazyLock<Lua> = lua!(
+    "held",
+    "fence_rule",
+    "acquire",
+    "hand_off",
+    "acquire_queued"
+);
 /// The fence counter's rule alone, pipelined behind a plain `SET NX PX` (see
 /// [`Acquire::Pipelined`]).
-static FENCE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("../scripts/fence_rule.lua"),
-        include_str!("../scripts/fence.lua")
-    ))
-});
-static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("../scripts/held.lua"),
-        include_str!("../scripts/extend.lua")
-    ))
-});
-static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("../scripts/held.lua"),
-        include_str!("../scripts/release.lua"),
-        include_str!("../scripts/hand_off.lua"),
-        include_str!("../scripts/release_queued.lua")
-    ))
-});
-static RAISE_FENCES: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("../scripts/fence_rule.lua"),
-        include_str!("../scripts/raise_fences.lua")
-    ))
-});
-static LISTEN: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/listen.lua")));
+static FENCE: LazyLock<Lua> = lua!("fence_rule", "fence");
+static EXTEND: LazyLock<Lua> = lua!("held", "extend");
+static RELEASE: LazyLock<Lua> = lua!("held", "release", "hand_off", "release_queued");
+static RAISE_FENCES: LazyLock<Lua> = lua!("fence_rule", "raise_fences");
+static LISTEN: LazyLock<Lua> = lua!("listen");
 /// The outcome records' claim, store and discard (`records.rs`): always `EVAL`, in the
 /// order they were made (see [`Call`]).
 pub(crate) static RECORD: LazyLock<Lua> = LazyLock::new(|| Lua {
@@ -152,13 +135,7 @@ impl CallError {
     #[cfg(feature = "sentinel")]
     pub(crate) fn master_may_have_moved(&self) -> bool {
         match self {
-            CallError::Redis(e) => {
-                is_connection_error(e)
-                    || matches!(
-                        e.kind(),
-                        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-                    )
-            }
+            CallError::Redis(e) => is_connection_error(e) || refused_write(e),
             CallError::Replicas { .. } => true,
             CallError::Reply(_) => false,
         }
@@ -169,13 +146,7 @@ impl CallError {
     #[cfg(feature = "sentinel")]
     pub(crate) fn certainly_not_run(&self) -> bool {
         match self {
-            CallError::Redis(e) => {
-                e.is_connection_refusal()
-                    || matches!(
-                        e.kind(),
-                        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-                    )
-            }
+            CallError::Redis(e) => e.is_connection_refusal() || refused_write(e),
             _ => false,
         }
     }
@@ -205,6 +176,15 @@ impl CallError {
             CallError::Reply(e) => e,
         }
     }
+}
+
+/// The server refused every write: a replica, or a master that lost its replicas.
+#[cfg(feature = "sentinel")]
+fn refused_write(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+    )
 }
 
 fn is_connection_error(e: &RedisError) -> bool {

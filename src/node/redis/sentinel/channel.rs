@@ -8,6 +8,7 @@ use tokio::task::AbortHandle;
 
 use super::Master;
 use crate::error::NodeError;
+use crate::lock_unpoisoned;
 use crate::node::{Node, ResourceKeys};
 
 /// One resource's release notifications as the waiters see them, fed by a subscription
@@ -30,11 +31,7 @@ impl HubChannel {
     }
 
     pub(super) fn epoch(&self) -> Option<u64> {
-        self.upstream
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|u| u.epoch)
+        lock_unpoisoned(&self.upstream).as_ref().map(|u| u.epoch)
     }
 
     /// Subscribes on `master` (unless already subscribed there) and forwards its
@@ -54,14 +51,10 @@ impl HubChannel {
                 }
             }
         });
-        let previous = self
-            .upstream
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(Upstream {
-                epoch: master.epoch,
-                forward: forward.abort_handle(),
-            });
+        let previous = lock_unpoisoned(&self.upstream).replace(Upstream {
+            epoch: master.epoch,
+            forward: forward.abort_handle(),
+        });
         if let Some(previous) = previous {
             previous.forward.abort();
         }

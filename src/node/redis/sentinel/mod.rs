@@ -16,10 +16,12 @@ mod channel;
 mod check;
 
 use crate::error::{ConfigError, NodeError};
+use crate::lock_unpoisoned;
 use crate::node::identity;
 use crate::node::redis::attempt::{in_turn, Attempts};
 use crate::node::redis::call::{self, Op, ReplicaWait};
 use crate::node::redis::node::{forward_node, Redis, Route};
+use crate::node::redis::pubsub::live;
 use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
 use crate::node::{Node, NodeFuture, ReleaseSignal, ResourceKeys, ServerSetup};
@@ -276,14 +278,7 @@ impl Sentinels {
 
     /// Moves the waiters' subscriptions to a newly found master.
     fn follow(self: &Arc<Self>, master: &Master) {
-        let channels: Vec<Arc<HubChannel>> = self
-            .channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for channel in channels {
+        for channel in live(&self.channels) {
             if channel.epoch() == Some(master.epoch) {
                 continue;
             }
@@ -352,7 +347,7 @@ impl Route for Sentinels {
         Box::pin(async move {
             let master = route.master.get().await.value?;
             let channel = {
-                let mut channels = route.channels.lock().unwrap_or_else(|p| p.into_inner());
+                let mut channels = lock_unpoisoned(&route.channels);
                 match channels.get(&keys.channel).and_then(Weak::upgrade) {
                     Some(channel) => channel,
                     None => {
