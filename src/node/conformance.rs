@@ -408,6 +408,22 @@ async fn records(node: &dyn Node) {
         .expect("discard"));
     let claimed = claim(&owner).await.expect("claim");
     assert_eq!(claimed, ClaimReply::Claimed, "records: claimed again");
+    // A claim sent again (its answer lost) finds its own marker and leaves it there.
+    let claimed = claim(&owner).await.expect("claim");
+    assert_eq!(claimed, ClaimReply::Claimed, "records: a claim sent again");
+    assert!(
+        records
+            .discard_record(&keys[0], token)
+            .await
+            .expect("discard"),
+        "records: the marker a claim sent again found is still there"
+    );
+    let claimed = claim(&owner).await.expect("claim");
+    assert_eq!(
+        claimed,
+        ClaimReply::Claimed,
+        "records: claimed after the discard"
+    );
     let record = Record::new(
         FencingToken::new(token),
         Bytes::from_static(b"fp"),

@@ -141,9 +141,12 @@ impl Inner {
             .await?;
             let old_lease = current.as_ref().map(|(_, lease, _)| *lease);
             match outcome {
+                // Only a marker written on a lease of its own frees the old one: a
+                // claim that wrote nothing (sent again, or the marker already orphaned)
+                // keeps it, or revoking it would delete the marker.
                 Guarded::Written => {
-                    if new_lease != old_lease
-                        && let Some(old) = old_lease
+                    if let (Some(new), Some(old)) = (new_lease, old_lease)
+                        && new != old
                     {
                         revoke_in_background(&client, old);
                     }
