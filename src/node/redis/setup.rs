@@ -135,46 +135,31 @@ pub(crate) async fn probe_permissions<C: ConnectionLike + Send>(
         // The probes below would fail on them; the refusal names them already.
         return Ok(());
     }
-    let evalsha = redis::cmd("EVALSHA")
-        .arg(UNKNOWN_SHA)
-        .arg(1)
-        .arg(&probe.lock)
-        .query_async::<Value>(conn)
-        .await;
-    if let Err(error) = &evalsha {
-        if refused(error) {
-            setup.refused.push(missing(error, "evalsha", probe));
-        } else if unknown_command(error) {
-            setup.missing.push("EVALSHA".into());
-        }
-    }
-    let eval = redis::cmd("EVAL")
-        .arg("return 0")
-        .arg(1)
-        .arg(&probe.lock)
-        .query_async::<Value>(conn)
-        .await;
-    match eval {
-        Err(error) if refused(&error) => {
-            let permission = missing(&error, "eval", probe);
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha.arg(UNKNOWN_SHA).arg(1).arg(&probe.lock);
+    let mut eval = redis::cmd("EVAL");
+    eval.arg("return 0").arg(1).arg(&probe.lock);
+    let mut publish = redis::cmd("PUBLISH");
+    publish.arg(&probe.channel).arg("");
+    for (name, cmd) in [("EVALSHA", evalsha), ("EVAL", eval), ("PUBLISH", publish)] {
+        let Err(error) = cmd.query_async::<Value>(conn).await else {
+            continue;
+        };
+        if unknown_command(&error) {
+            setup.missing.push(name.into());
+        } else if !refused(&error) {
+            // `EVALSHA`'s `NOSCRIPT`: allowed.
+            if name != "EVALSHA" {
+                return Err(node_error(error));
+            }
+        } else if name == "PUBLISH" {
+            setup.channels_refused = true;
+        } else {
+            let permission = missing(&error, &name.to_lowercase(), probe);
             if !setup.refused.contains(&permission) {
                 setup.refused.push(permission);
             }
         }
-        Err(error) if unknown_command(&error) => setup.missing.push("EVAL".into()),
-        Err(error) => return Err(node_error(error)),
-        Ok(_) => {}
-    }
-    let publish = redis::cmd("PUBLISH")
-        .arg(&probe.channel)
-        .arg("")
-        .query_async::<Value>(conn)
-        .await;
-    match publish {
-        Err(error) if refused(&error) => setup.channels_refused = true,
-        Err(error) if unknown_command(&error) => setup.missing.push("PUBLISH".into()),
-        Err(error) => return Err(node_error(error)),
-        Ok(_) => {}
     }
     Ok(())
 }
