@@ -56,8 +56,6 @@ use std::time::Duration;
 
 use futures_util::future::FutureExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-#[cfg(feature = "cluster")]
-use redis::cluster_async::ClusterConnection;
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value,
 };
@@ -217,7 +215,7 @@ fn found_broken(e: &RedisError) -> bool {
 /// A connection that sends one command, or one pipeline, as `query_async` does,
 /// without boxing the call where the connection allows it: `ConnectionLike` boxes
 /// every call, and every lock call is one command or one pipeline.
-pub(crate) trait SendOne: ConnectionLike + Send {
+pub(crate) trait SendOne: Send {
     /// The reply to `cmd`, as a `Value` (the reply's errors become the `Err`).
     fn send_one<'a>(
         &'a mut self,
@@ -244,28 +242,9 @@ pub(crate) fn one_result_each(replies: Vec<Value>) -> Vec<RedisResult<Value>> {
         .collect()
 }
 
-/// Any redis-rs connection (an application's own, for `fence::redis`), sending as
-/// `query_async` does.
+/// Any redis-rs connection (an application's own, for `fence::redis`; the cluster
+/// connection), sending as `query_async` does.
 pub(crate) struct Any<'a, C>(pub(crate) &'a mut C);
-
-impl<C: ConnectionLike + Send> ConnectionLike for Any<'_, C> {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
-        self.0.req_packed_command(cmd)
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<Value>> {
-        self.0.req_packed_commands(pipeline, offset, count)
-    }
-
-    fn get_db(&self) -> i64 {
-        self.0.get_db()
-    }
-}
 
 impl<C: ConnectionLike + Send> SendOne for Any<'_, C> {
     fn send_one<'a>(
@@ -280,22 +259,5 @@ impl<C: ConnectionLike + Send> SendOne for Any<'_, C> {
         pipe: &'a Pipeline,
     ) -> impl Future<Output = RedisResult<Vec<RedisResult<Value>>>> + Send + 'a {
         pipe.query_async(self.0)
-    }
-}
-
-#[cfg(feature = "cluster")]
-impl SendOne for ClusterConnection {
-    fn send_one<'a>(
-        &'a mut self,
-        cmd: &'a Cmd,
-    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
-        cmd.query_async(self)
-    }
-
-    fn send_pipeline<'a>(
-        &'a mut self,
-        pipe: &'a Pipeline,
-    ) -> impl Future<Output = RedisResult<Vec<RedisResult<Value>>>> + Send + 'a {
-        pipe.query_async(self)
     }
 }

@@ -68,11 +68,11 @@ impl Op for ReadCall {
         conn: &mut C,
         _: Option<ReplicaWait>,
     ) -> Result<Option<Record>, CallError> {
-        let value: Value = redis::cmd("HMGET")
+        let mut hmget = redis::cmd("HMGET");
+        hmget
             .arg(self.0.record())
-            .arg(&["state", "token", "fp", "data"])
-            .query_async(conn)
-            .await?;
+            .arg(&["state", "token", "fp", "data"]);
+        let value = conn.send_one(&hmget).await?;
         let Value::Array(fields) = &value else {
             return Err(CallError::Reply(returned("HMGET", &value)));
         };

@@ -217,7 +217,8 @@ async fn held_by_shared_holders<C: SendOne>(
     error: RedisError,
     pttl: RedisResult<Value>,
 ) -> Result<Option<Vote>, CallError> {
-    let kind: String = redis::cmd("TYPE").arg(lock).query_async(conn).await?;
+    let kind = conn.send_one(redis::cmd("TYPE").arg(lock)).await?;
+    let kind: String = redis::from_redis_value(kind).map_err(RedisError::from)?;
     if !matches!(kind.as_str(), "zset" | "string" | "none") {
         return Err(error.into());
     }
