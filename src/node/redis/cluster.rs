@@ -15,7 +15,8 @@ use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
 use crate::node::redis::attempt::{in_turn, Attempts, Connect};
 use crate::node::redis::call::{self, Op, ReplicaWait};
-use crate::node::redis::node::{forward_node, Redis, Route};
+use crate::node::redis::conn::Any;
+use crate::node::redis::node::{redis_node, Redis, Route};
 use crate::node::redis::pubsub::{ClusterBuilder, Hub};
 use crate::node::redis::seeds;
 use crate::node::redis::setup;
@@ -224,7 +225,7 @@ impl Route for Cluster {
     async fn run<O: Op>(&self, op: &O, wait: Option<ReplicaWait>) -> Result<O::Output, NodeError> {
         let got = self.connection.get().await;
         let mut conn = got.value?;
-        in_turn(got.place, op.run(&mut conn, wait))
+        in_turn(got.place, op.run(&mut Any(&mut conn), wait))
             .await
             .map_err(call::CallError::into_node_error)
     }
@@ -279,7 +280,7 @@ impl Route for Cluster {
     }
 }
 
-forward_node!(ClusterNode);
+redis_node!(ClusterNode, Cluster);
 
 impl fmt::Debug for ClusterNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -10,12 +10,9 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::error::NodeError;
-use crate::node::redis::call::{self, Acquire as AcquireCall, ExtendCall, Hand, Op, ReplicaWait};
-use crate::node::redis::records::{self, ReadCall};
+use crate::node::redis::call::{ExtendCall, Hand, Op, ReplicaWait};
 use crate::node::{
-    Acquire, Capabilities, ClaimReply, ClaimRequest, Hold, Node, NodeFuture, Owner, Record,
-    RecordStore, Release, ReleaseSignal, ResourceKeys, ServerSetup, StoreReply, StoreRequest, Vote,
-    Waiter,
+    Acquire, Hold, NodeFuture, Owner, ReleaseSignal, ResourceKeys, ServerSetup, Vote,
 };
 
 /// How a Redis node's calls reach a server.
@@ -36,13 +33,13 @@ pub(crate) trait Route: Send + Sync + 'static {
         wait: Option<ReplicaWait>,
     ) -> impl Future<Output = Result<O::Output, NodeError>> + Send + 'a;
 
-    /// See [`Node::subscribe`].
+    /// As `Node::subscribe`.
     fn subscribe(self: &Arc<Self>, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal>;
 
-    /// See [`Node::server_ids`].
+    /// As `Node::server_ids`.
     fn server_ids(self: Arc<Self>) -> NodeFuture<Vec<String>>;
 
-    /// See [`Node::server_setup`].
+    /// As `Node::server_setup`.
     fn server_setup(self: Arc<Self>, probe: ResourceKeys) -> NodeFuture<Vec<ServerSetup>>;
 }
 
@@ -72,185 +69,13 @@ impl<R: Route> Redis<R> {
 
     /// One operation, as every call makes it: the box owns the operation and borrows it
     /// to the route's future, so it holds it once.
-    fn call<O: Op>(&self, op: O) -> NodeFuture<O::Output> {
+    pub(super) fn call<O: Op>(&self, op: O) -> NodeFuture<O::Output> {
         let (route, wait) = (self.route.clone(), self.wait);
         Box::pin(async move { route.run(&op, wait).await })
     }
-}
 
-/// The node calls, mapped onto the operations of `call/`: one acquire, extend, release
-/// and raise-fences script each, over the keys of one resource or a set and a mode (key by
-/// key on a Cluster, where a set's members live in different slots).
-impl<R: Route> Node for Redis<R> {
-    fn name(&self) -> &str {
-        self.route.name()
-    }
-
-    fn address(&self) -> Option<&str> {
-        Some(self.route.address())
-    }
-
-    fn server_ids(&self) -> NodeFuture<Vec<String>> {
-        self.route.clone().server_ids()
-    }
-
-    fn server_setup(&self, probe: &ResourceKeys) -> NodeFuture<Vec<ServerSetup>> {
-        self.route.clone().server_setup(probe.clone())
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::ALL
-    }
-
-    fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
-        match request.keys {
-            [_] => self.call(AcquireCall::new(request, R::SHARDED)),
-            _ if !request.mode.is_exclusive() => unsupported_set(),
-            // A Cluster cannot run one script over keys of several slots.
-            keys if R::SHARDED => {
-                let calls: Vec<_> = keys
-                    .iter()
-                    .map(|keys| {
-                        let one = Acquire {
-                            keys: std::slice::from_ref(keys),
-                            ..*request
-                        };
-                        self.call(AcquireCall::new(&one, true))
-                    })
-                    .collect();
-                acquire_each(self.clone(), request, calls)
-            }
-            _ => self.call(AcquireCall::new(request, false)),
-        }
-    }
-
-    fn extend(
-        &self,
-        holds: &[Hold<'_>],
-        ttl: Duration,
-    ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-        if let [hold] = holds {
-            // A lease's own extend: the one script for its shape.
-            let call = self.extend_one(hold, ttl);
-            return Box::pin(async move { Ok(vec![call.await]) });
-        }
-        // A renewal batch: the exclusive keys in one script (key by key on a Cluster),
-        // the shared holders beside it, then one answer per hold.
-        let exclusive = holds
-            .iter()
-            .filter(|hold| hold.mode.is_exclusive())
-            .flat_map(|hold| hold.keys.iter().map(|keys| (keys, hold.owner)));
-        let exclusive: NodeFuture<Vec<Result<bool, NodeError>>> = if R::SHARDED {
-            let calls: Vec<_> = exclusive
-                .map(|hold| self.call_map(ExtendCall::new([hold], ttl, false), every))
-                .collect();
-            Box::pin(async move { Ok(join_all(calls).await) })
-        } else {
-            let exclusive: Vec<_> = exclusive.collect();
-            match exclusive.is_empty() {
-                true => Box::pin(std::future::ready(Ok(Vec::new()))),
-                false => self.call(ExtendCall::new(exclusive, ttl, false)),
-            }
-        };
-        let shared: Vec<_> = holds
-            .iter()
-            .filter(|hold| !hold.mode.is_exclusive())
-            .map(|hold| self.extend_one(hold, ttl))
-            .collect();
-        let sizes: Vec<Option<usize>> = holds
-            .iter()
-            .map(|hold| hold.mode.is_exclusive().then_some(hold.keys.len()))
-            .collect();
-        Box::pin(async move {
-            let (exclusive, shared) = futures_util::future::join(exclusive, join_all(shared)).await;
-            let (mut exclusive, mut shared) = (exclusive?.into_iter(), shared.into_iter());
-            Ok(sizes
-                .into_iter()
-                .map(|size| match size {
-                    None => shared.next().unwrap_or(Ok(false)),
-                    Some(keys) => every((&mut exclusive).take(keys)),
-                })
-                .collect())
-        })
-    }
-
-    fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
-        let quiet;
-        let keys = match how {
-            Release::Quiet => {
-                // A release that wakes nobody: the scripts' empty channel.
-                quiet = hold.keys.iter().map(silent).collect::<Vec<_>>();
-                &quiet[..]
-            }
-            _ => hold.keys,
-        };
-        let hand = match how {
-            Release::Wake | Release::Quiet => Hand::Next,
-            Release::AsWaiter(waiter) => Hand::Leaving(waiter),
-            Release::HandBack(waiter) => Hand::Back(waiter),
-        };
-        let shared = !hold.mode.is_exclusive();
-        match keys {
-            [_] => self.release_keys(keys, hold.owner, hand, shared),
-            _ if shared => unsupported_set(),
-            keys if R::SHARDED => {
-                let calls: Vec<_> = keys
-                    .iter()
-                    .map(|keys| {
-                        self.release_keys(std::slice::from_ref(keys), hold.owner, hand, false)
-                    })
-                    .collect();
-                Box::pin(async move { every(join_all(calls).await) })
-            }
-            keys => self.release_keys(keys, hold.owner, hand, false),
-        }
-    }
-
-    fn raise_fences(
-        &self,
-        keys: &[ResourceKeys],
-        tokens: &[u64],
-        fence_ttl: Duration,
-    ) -> NodeFuture<()> {
-        if R::SHARDED && keys.len() > 1 {
-            let calls: Vec<_> = keys
-                .iter()
-                .zip(tokens)
-                .map(|(keys, token)| {
-                    let keys = std::slice::from_ref(keys);
-                    self.call(call::raise_fences(
-                        keys,
-                        std::slice::from_ref(token),
-                        fence_ttl,
-                    ))
-                })
-                .collect();
-            return Box::pin(async move { join_all(calls).await.into_iter().collect() });
-        }
-        self.call(call::raise_fences(keys, tokens, fence_ttl))
-    }
-
-    fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
-        self.route.subscribe(keys)
-    }
-
-    fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()> {
-        let leave = self.call(call::leave(keys, waiter, R::SHARDED));
-        Box::pin(async move { leave.await.map(|_| ()) })
-    }
-
-    fn listen_for_release(&self, keys: &ResourceKeys, ttl: Duration) -> NodeFuture<()> {
-        self.call(call::listen(keys, ttl))
-    }
-
-    fn records(&self) -> Option<&dyn RecordStore> {
-        Some(self)
-    }
-}
-
-impl<R: Route> Redis<R> {
     /// One hold's extend: one script for its keys (key by key on a Cluster).
-    fn extend_one(&self, hold: &Hold<'_>, ttl: Duration) -> NodeFuture<bool> {
+    pub(super) fn extend_one(&self, hold: &Hold<'_>, ttl: Duration) -> NodeFuture<bool> {
         let shared = !hold.mode.is_exclusive();
         let each = hold.keys.iter().map(|keys| (keys, hold.owner));
         if R::SHARDED && hold.keys.len() > 1 {
@@ -263,7 +88,7 @@ impl<R: Route> Redis<R> {
     }
 
     /// One release script over `keys`, with what it does for a waiter.
-    fn release_keys(
+    pub(super) fn release_keys(
         &self,
         keys: &[ResourceKeys],
         owner: &Owner,
@@ -280,7 +105,7 @@ impl<R: Route> Redis<R> {
     }
 
     /// One operation, its answer mapped by `f` (no second box).
-    fn call_map<O: Op, T: Send + 'static>(
+    pub(super) fn call_map<O: Op, T: Send + 'static>(
         &self,
         op: O,
         f: fn(O::Output) -> Result<T, NodeError>,
@@ -292,7 +117,9 @@ impl<R: Route> Redis<R> {
 
 /// `true` only if every answer is; a `false` wins over a failure (that key is not
 /// ours, whatever the others say), a failure over `true`.
-fn every(answers: impl IntoIterator<Item = Result<bool, NodeError>>) -> Result<bool, NodeError> {
+pub(super) fn every(
+    answers: impl IntoIterator<Item = Result<bool, NodeError>>,
+) -> Result<bool, NodeError> {
     let mut failure = None;
     let mut all = true;
     for answer in answers {
@@ -307,14 +134,14 @@ fn every(answers: impl IntoIterator<Item = Result<bool, NodeError>>) -> Result<b
     }
 }
 
-fn silent(keys: &ResourceKeys) -> ResourceKeys {
+pub(super) fn silent(keys: &ResourceKeys) -> ResourceKeys {
     ResourceKeys {
         channel: String::new(),
         ..keys.clone()
     }
 }
 
-fn unsupported_set<T: Send + 'static>() -> NodeFuture<T> {
+pub(super) fn unsupported_set<T: Send + 'static>() -> NodeFuture<T> {
     Box::pin(std::future::ready(Err(NodeError::Unsupported(
         "a set of resources in a shared mode".into(),
     ))))
@@ -324,7 +151,7 @@ fn unsupported_set<T: Send + 'static>() -> NodeFuture<T> {
 /// own slot); at the first one held, the members taken are released without waking
 /// anyone (nothing was granted to a caller) and the answer is held. A failure releases
 /// them too and answers the failure.
-fn acquire_each<R: Route>(
+pub(super) fn acquire_each<R: Route>(
     node: Redis<R>,
     request: &Acquire<'_>,
     calls: Vec<NodeFuture<Vote>>,
@@ -363,94 +190,234 @@ fn acquire_each<R: Route>(
     })
 }
 
-/// Outcome records (idempotent replay, `records.rs`). The record key carries the lock
-/// key's hash tag, so a cluster routes each call, `WAIT` included, to the shard that
-/// owns the lock; a Sentinel node follows the master as for the locks. Claims and
-/// stores honour `wait_for_replicas`: a record counts only once the replicas a failover
-/// may promote have it.
-impl<R: Route> RecordStore for Redis<R> {
-    fn read_record(&self, keys: &ResourceKeys) -> NodeFuture<Option<Record>> {
-        self.call(ReadCall(keys.clone()))
-    }
-
-    fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
-        self.call(records::claim(request))
-    }
-
-    fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
-        self.call(records::store(request))
-    }
-
-    fn discard_record(&self, keys: &ResourceKeys, token: u64) -> NodeFuture<bool> {
-        self.call(records::discard(keys, token))
-    }
-}
-
-/// `Node` for a public node type that holds a [`Redis`] as `node`: each call, and each
-/// capability, is the `Redis`'s.
-macro_rules! forward_node {
-    ($node:ty) => {
+/// `Node` and `RecordStore` for a public node type that holds a [`Redis`] over `$route`
+/// as `node`.
+macro_rules! redis_node {
+    ($node:ty, $route:ty) => {
         const _: () = {
             use std::time::Duration;
 
+            use futures_util::future::join_all;
+
             use $crate::error::NodeError;
+            use $crate::node::redis::call::{self, Acquire as AcquireCall, ExtendCall, Hand};
+            use $crate::node::redis::node::{acquire_each, every, silent, unsupported_set, Route};
+            use $crate::node::redis::records::{self, ReadCall};
             use $crate::node::{
-                Acquire, Capabilities, Hold, Node, NodeFuture, RecordStore, Release, ReleaseSignal,
-                ResourceKeys, ServerSetup, Vote, Waiter,
+                Acquire, Capabilities, ClaimReply, ClaimRequest, Hold, Node, NodeFuture, Record,
+                RecordStore, Release, ReleaseSignal, ResourceKeys, ServerSetup, StoreReply,
+                StoreRequest, Vote, Waiter,
             };
 
+            const SHARDED: bool = <$route as Route>::SHARDED;
+
+            /// The node calls, mapped onto the operations of `call/`: one acquire, extend,
+            /// release and raise-fences script each, over the keys of one resource or a set
+            /// and a mode (key by key on a Cluster, where a set's members live in different
+            /// slots).
             impl Node for $node {
                 fn name(&self) -> &str {
-                    self.node.name()
+                    self.node.route.name()
                 }
+
                 fn address(&self) -> Option<&str> {
-                    self.node.address()
+                    Some(self.node.route.address())
                 }
+
                 fn server_ids(&self) -> NodeFuture<Vec<String>> {
-                    self.node.server_ids()
+                    self.node.route.clone().server_ids()
                 }
+
                 fn server_setup(&self, probe: &ResourceKeys) -> NodeFuture<Vec<ServerSetup>> {
-                    self.node.server_setup(probe)
+                    self.node.route.clone().server_setup(probe.clone())
                 }
+
                 fn capabilities(&self) -> Capabilities {
-                    self.node.capabilities()
+                    Capabilities::ALL
                 }
+
                 fn acquire(&self, request: &Acquire<'_>) -> NodeFuture<Vote> {
-                    self.node.acquire(request)
+                    match request.keys {
+                        [_] => self.node.call(AcquireCall::new(request, SHARDED)),
+                        _ if !request.mode.is_exclusive() => unsupported_set(),
+                        // A Cluster cannot run one script over keys of several slots.
+                        keys if SHARDED => {
+                            let calls: Vec<_> = keys
+                                .iter()
+                                .map(|keys| {
+                                    let one = Acquire {
+                                        keys: std::slice::from_ref(keys),
+                                        ..*request
+                                    };
+                                    self.node.call(AcquireCall::new(&one, true))
+                                })
+                                .collect();
+                            acquire_each(self.node.clone(), request, calls)
+                        }
+                        _ => self.node.call(AcquireCall::new(request, false)),
+                    }
                 }
+
                 fn extend(
                     &self,
                     holds: &[Hold<'_>],
                     ttl: Duration,
                 ) -> NodeFuture<Vec<Result<bool, NodeError>>> {
-                    self.node.extend(holds, ttl)
+                    if let [hold] = holds {
+                        // A lease's own extend: the one script for its shape.
+                        let call = self.node.extend_one(hold, ttl);
+                        return Box::pin(async move { Ok(vec![call.await]) });
+                    }
+                    // A renewal batch: the exclusive keys in one script (key by key on a Cluster),
+                    // the shared holders beside it, then one answer per hold.
+                    let exclusive = holds
+                        .iter()
+                        .filter(|hold| hold.mode.is_exclusive())
+                        .flat_map(|hold| hold.keys.iter().map(|keys| (keys, hold.owner)));
+                    let exclusive: NodeFuture<Vec<Result<bool, NodeError>>> = if SHARDED {
+                        let calls: Vec<_> = exclusive
+                            .map(|hold| {
+                                self.node
+                                    .call_map(ExtendCall::new([hold], ttl, false), every)
+                            })
+                            .collect();
+                        Box::pin(async move { Ok(join_all(calls).await) })
+                    } else {
+                        let exclusive: Vec<_> = exclusive.collect();
+                        match exclusive.is_empty() {
+                            true => Box::pin(std::future::ready(Ok(Vec::new()))),
+                            false => self.node.call(ExtendCall::new(exclusive, ttl, false)),
+                        }
+                    };
+                    let shared: Vec<_> = holds
+                        .iter()
+                        .filter(|hold| !hold.mode.is_exclusive())
+                        .map(|hold| self.node.extend_one(hold, ttl))
+                        .collect();
+                    let sizes: Vec<Option<usize>> = holds
+                        .iter()
+                        .map(|hold| hold.mode.is_exclusive().then_some(hold.keys.len()))
+                        .collect();
+                    Box::pin(async move {
+                        let (exclusive, shared) =
+                            futures_util::future::join(exclusive, join_all(shared)).await;
+                        let (mut exclusive, mut shared) =
+                            (exclusive?.into_iter(), shared.into_iter());
+                        Ok(sizes
+                            .into_iter()
+                            .map(|size| match size {
+                                None => shared.next().unwrap_or(Ok(false)),
+                                Some(keys) => every((&mut exclusive).take(keys)),
+                            })
+                            .collect())
+                    })
                 }
+
                 fn release(&self, hold: &Hold<'_>, how: Release<'_>) -> NodeFuture<bool> {
-                    self.node.release(hold, how)
+                    let quiet;
+                    let keys = match how {
+                        Release::Quiet => {
+                            // A release that wakes nobody: the scripts' empty channel.
+                            quiet = hold.keys.iter().map(silent).collect::<Vec<_>>();
+                            &quiet[..]
+                        }
+                        _ => hold.keys,
+                    };
+                    let hand = match how {
+                        Release::Wake | Release::Quiet => Hand::Next,
+                        Release::AsWaiter(waiter) => Hand::Leaving(waiter),
+                        Release::HandBack(waiter) => Hand::Back(waiter),
+                    };
+                    let shared = !hold.mode.is_exclusive();
+                    match keys {
+                        [_] => self.node.release_keys(keys, hold.owner, hand, shared),
+                        _ if shared => unsupported_set(),
+                        keys if SHARDED => {
+                            let calls: Vec<_> = keys
+                                .iter()
+                                .map(|keys| {
+                                    self.node.release_keys(
+                                        std::slice::from_ref(keys),
+                                        hold.owner,
+                                        hand,
+                                        false,
+                                    )
+                                })
+                                .collect();
+                            Box::pin(async move { every(join_all(calls).await) })
+                        }
+                        keys => self.node.release_keys(keys, hold.owner, hand, false),
+                    }
                 }
+
                 fn raise_fences(
                     &self,
                     keys: &[ResourceKeys],
                     tokens: &[u64],
                     fence_ttl: Duration,
                 ) -> NodeFuture<()> {
-                    self.node.raise_fences(keys, tokens, fence_ttl)
+                    if SHARDED && keys.len() > 1 {
+                        let calls: Vec<_> = keys
+                            .iter()
+                            .zip(tokens)
+                            .map(|(keys, token)| {
+                                let keys = std::slice::from_ref(keys);
+                                self.node.call(call::raise_fences(
+                                    keys,
+                                    std::slice::from_ref(token),
+                                    fence_ttl,
+                                ))
+                            })
+                            .collect();
+                        return Box::pin(
+                            async move { join_all(calls).await.into_iter().collect() },
+                        );
+                    }
+                    self.node.call(call::raise_fences(keys, tokens, fence_ttl))
                 }
+
                 fn subscribe(&self, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
-                    self.node.subscribe(keys)
+                    self.node.route.subscribe(keys)
                 }
+
                 fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()> {
-                    self.node.leave_queue(keys, waiter)
+                    let leave = self.node.call(call::leave(keys, waiter, SHARDED));
+                    Box::pin(async move { leave.await.map(|_| ()) })
                 }
+
                 fn listen_for_release(&self, keys: &ResourceKeys, ttl: Duration) -> NodeFuture<()> {
-                    self.node.listen_for_release(keys, ttl)
+                    self.node.call(call::listen(keys, ttl))
                 }
+
                 fn records(&self) -> Option<&dyn RecordStore> {
-                    self.node.records()
+                    Some(self)
+                }
+            }
+
+            /// Outcome records (idempotent replay, `records.rs`). The record key carries the lock
+            /// key's hash tag, so a cluster routes each call, `WAIT` included, to the shard that
+            /// owns the lock; a Sentinel node follows the master as for the locks. Claims and
+            /// stores honour `wait_for_replicas`: a record counts only once the replicas a failover
+            /// may promote have it.
+            impl RecordStore for $node {
+                fn read_record(&self, keys: &ResourceKeys) -> NodeFuture<Option<Record>> {
+                    self.node.call(ReadCall(keys.clone()))
+                }
+
+                fn claim_record(&self, request: &ClaimRequest<'_>) -> NodeFuture<ClaimReply> {
+                    self.node.call(records::claim(request))
+                }
+
+                fn store_record(&self, request: &StoreRequest<'_>) -> NodeFuture<StoreReply> {
+                    self.node.call(records::store(request))
+                }
+
+                fn discard_record(&self, keys: &ResourceKeys, token: u64) -> NodeFuture<bool> {
+                    self.node.call(records::discard(keys, token))
                 }
             }
         };
     };
 }
 
-pub(crate) use forward_node;
+pub(crate) use redis_node;

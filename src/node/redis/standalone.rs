@@ -11,7 +11,7 @@ use crate::node::identity;
 use crate::node::redis::batching::Batching;
 use crate::node::redis::call::{CallError, Op, ReplicaWait};
 use crate::node::redis::conn::Resending;
-use crate::node::redis::node::{forward_node, Redis, Route};
+use crate::node::redis::node::{redis_node, Redis, Route};
 use crate::node::redis::pubsub::Hub;
 use crate::node::redis::setup;
 use crate::node::{NodeFuture, ReleaseSignal, ResourceKeys, ServerSetup};
@@ -218,7 +218,7 @@ impl Route for Direct {
     }
 }
 
-forward_node!(RedisNode);
+redis_node!(RedisNode, Direct);
 
 impl fmt::Debug for RedisNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -20,7 +20,7 @@ use crate::lock_unpoisoned;
 use crate::node::identity;
 use crate::node::redis::attempt::{in_turn, Attempts};
 use crate::node::redis::call::{self, Op, ReplicaWait};
-use crate::node::redis::node::{forward_node, Redis, Route};
+use crate::node::redis::node::{redis_node, Redis, Route};
 use crate::node::redis::pubsub::live;
 use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
@@ -384,7 +384,7 @@ impl Route for Sentinels {
     }
 }
 
-forward_node!(SentinelNode);
+redis_node!(SentinelNode, Sentinels);
 
 impl fmt::Debug for SentinelNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
