@@ -75,46 +75,6 @@ struct Link {
     connection: Attempts<MultiplexedConnection, RedisError>,
 }
 
-/// What one send carries: a command, or commands of a pipeline (`offset`, `count`).
-enum Given<'a> {
-    One(&'a Cmd),
-    Many(&'a Pipeline, usize, usize),
-}
-
-/// One caller's replies, in the shape of its commands (here and in `batching/`).
-pub(crate) enum Replies {
-    One(Value),
-    Many(Vec<Value>),
-}
-
-impl Replies {
-    pub(crate) fn one(self) -> Value {
-        match self {
-            Replies::One(value) => value,
-            Replies::Many(mut values) => values.pop().unwrap_or(Value::Nil),
-        }
-    }
-
-    pub(crate) fn many(self) -> Vec<Value> {
-        match self {
-            Replies::One(value) => vec![value],
-            Replies::Many(values) => values,
-        }
-    }
-}
-
-impl Given<'_> {
-    async fn send(&self, mut conn: MultiplexedConnection) -> RedisResult<Replies> {
-        match *self {
-            Given::One(cmd) => conn.send_packed_command(cmd).await.map(Replies::One),
-            Given::Many(pipeline, offset, count) => conn
-                .send_packed_commands(pipeline, offset, count)
-                .await
-                .map(Replies::Many),
-        }
-    }
-}
-
 impl Resending {
     /// A connection to `client`'s server with `config`, made on first use (call inside
     /// a Tokio runtime).
@@ -138,7 +98,8 @@ impl Resending {
 
     /// Sends `cmd`, and once more if the connection was found broken.
     pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
-        Ok(self.send_resending(Given::One(cmd)).await?.one())
+        self.resending(|mut conn| async move { conn.send_packed_command(cmd).await })
+            .await
     }
 
     /// Sends `count` commands of `pipeline` from `offset`, and once more if the
@@ -149,8 +110,10 @@ impl Resending {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        let replies = self.send_resending(Given::Many(pipeline, offset, count));
-        Ok(replies.await?.many())
+        self.resending(|mut conn| async move {
+            conn.send_packed_commands(pipeline, offset, count).await
+        })
+        .await
     }
 
     /// [`send`](Self::send), the reply's error as the `Err` (as [`SendOne::send_one`]).
@@ -166,24 +129,30 @@ impl Resending {
         Ok(one_result_each(self.send_many(pipe, 0, pipe.len()).await?))
     }
 
-    async fn send_resending(&self, given: Given<'_>) -> RedisResult<Replies> {
-        match self.send_once(&given).await {
+    async fn resending<T, F>(&self, send: impl Fn(MultiplexedConnection) -> F) -> RedisResult<T>
+    where
+        F: Future<Output = RedisResult<T>>,
+    {
+        match self.send_once(&send).await {
             Err(e) if found_broken(&e) => {
                 tracing::debug!(error = %e, "connection found broken: sending again");
-                self.send_once(&given).await
+                self.send_once(&send).await
             }
             other => other,
         }
     }
 
-    /// Sends `given` on the connection, in line behind the callers that waited for it
+    /// Sends on the connection, in line behind the callers that waited for it
     /// (`attempt.rs`); a connection an error says is of no further use (redis-rs's
     /// `is_unrecoverable_error`: dropped, or a reply it could not parse) is made again.
-    async fn send_once(&self, given: &Given<'_>) -> RedisResult<Replies> {
+    async fn send_once<T, F>(&self, send: &impl Fn(MultiplexedConnection) -> F) -> RedisResult<T>
+    where
+        F: Future<Output = RedisResult<T>>,
+    {
         let connection = &self.0.connection;
         let got = connection.get().await;
         let conn = got.value?;
-        let outcome = in_turn(got.place, given.send(conn)).await;
+        let outcome = in_turn(got.place, send(conn)).await;
         if let Err(e) = &outcome
             && e.is_unrecoverable_error()
         {
