@@ -150,15 +150,6 @@ where
         }
     }
 
-    /// The value of the current attempt, if it made one.
-    #[cfg(feature = "sentinel")]
-    pub(crate) fn current(&self) -> Option<T> {
-        match self.state().attempt.as_ref().and_then(Shared::peek) {
-            Some(Ok(value)) => Some(value.clone()),
-            _ => None,
-        }
-    }
-
     /// The current attempt's generation and its outcome (`None`: under way).
     #[cfg(feature = "sentinel")]
     pub(crate) fn outcome(&self) -> (u64, Option<Result<T, E>>) {

@@ -268,27 +268,26 @@ macro_rules! redis_node {
                         let call = self.node.extend_one(hold, ttl);
                         return Box::pin(async move { Ok(vec![call.await]) });
                     }
-                    // A renewal batch: the exclusive keys in one script (key by key on a Cluster),
-                    // the shared holders beside it, then one answer per hold.
-                    let exclusive = holds
+                    if SHARDED {
+                        // Hold by hold, key by key: one script cannot reach several slots.
+                        let calls: Vec<_> = holds
+                            .iter()
+                            .map(|hold| self.node.extend_one(hold, ttl))
+                            .collect();
+                        return Box::pin(async move { Ok(join_all(calls).await) });
+                    }
+                    // A renewal batch: the exclusive keys in one script, the shared holders
+                    // beside it, then one answer per hold.
+                    let exclusive: Vec<_> = holds
                         .iter()
                         .filter(|hold| hold.mode.is_exclusive())
-                        .flat_map(|hold| hold.keys.iter().map(|keys| (keys, hold.owner)));
-                    let exclusive: NodeFuture<Vec<Result<bool, NodeError>>> = if SHARDED {
-                        let calls: Vec<_> = exclusive
-                            .map(|hold| {
-                                self.node
-                                    .call_map(ExtendCall::new([hold], ttl, false), every)
-                            })
-                            .collect();
-                        Box::pin(async move { Ok(join_all(calls).await) })
-                    } else {
-                        let exclusive: Vec<_> = exclusive.collect();
+                        .flat_map(|hold| hold.keys.iter().map(|keys| (keys, hold.owner)))
+                        .collect();
+                    let exclusive: NodeFuture<Vec<Result<bool, NodeError>>> =
                         match exclusive.is_empty() {
                             true => Box::pin(std::future::ready(Ok(Vec::new()))),
                             false => self.node.call(ExtendCall::new(exclusive, ttl, false)),
-                        }
-                    };
+                        };
                     let shared: Vec<_> = holds
                         .iter()
                         .filter(|hold| !hold.mode.is_exclusive())

@@ -217,7 +217,8 @@ impl SentinelNode {
 
     /// The address (`host:port`) of the master currently used, once it was found.
     pub fn current_master(&self) -> Option<String> {
-        self.node.route.master.current().map(|master| master.addr)
+        let (_, master) = self.node.route.master.outcome();
+        master?.ok().map(|master| master.addr)
     }
 }
 
