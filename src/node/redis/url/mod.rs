@@ -26,7 +26,7 @@ const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(20);
 /// [`node_from_url`](crate::node_from_url), whose documentation says the forms.
 pub(crate) fn redis_node(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
     let url = Url::parse(s)?;
-    let wait = url.wait()?;
+    let (replicas, timeout) = url.wait()?;
     let nodelay = url.nodelay()?;
     if nodelay.is_some()
         && !matches!(
@@ -45,13 +45,10 @@ pub(crate) fn redis_node(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
             if let Some(nodelay) = nodelay {
                 node = node.tcp_nodelay(nodelay)?;
             }
-            if let Some((replicas, timeout)) = wait {
-                node = node.wait_for_replicas(replicas, timeout);
-            }
-            Ok(Arc::new(node))
+            Ok(Arc::new(node.wait_for_replicas(replicas, timeout)))
         }
-        "redis+cluster" | "rediss+cluster" => cluster(&url, nodelay, wait),
-        "redis+sentinel" | "rediss+sentinel" => sentinel(&url, wait),
+        "redis+cluster" | "rediss+cluster" => cluster(&url, nodelay, (replicas, timeout)),
+        "redis+sentinel" | "rediss+sentinel" => sentinel(&url, (replicas, timeout)),
         other => Err(ConfigError::new(format!(
             "unknown URL scheme `{other}`: expected redis://, rediss://, redis+cluster://, \
              rediss+cluster://, redis+sentinel://, rediss+sentinel://, etcd:// or postgres://"
@@ -63,7 +60,7 @@ pub(crate) fn redis_node(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
 fn cluster(
     url: &Url<'_>,
     nodelay: Option<bool>,
-    wait: Option<(usize, Duration)>,
+    (replicas, timeout): (usize, Duration),
 ) -> Result<Arc<dyn Node>, ConfigError> {
     let base = if url.scheme == "rediss+cluster" {
         "rediss"
@@ -81,29 +78,26 @@ fn cluster(
             .rebuild(host, url.path)
         })
         .collect::<Vec<_>>();
-    let mut node = match nodelay {
+    let node = match nodelay {
         None => ClusterNode::open(seeds)?,
         Some(nodelay) => ClusterNode::with_config(seeds, move |builder| {
             builder.tcp_settings(TcpSettings::default().set_nodelay(nodelay))
         })?,
     };
-    if let Some((replicas, timeout)) = wait {
-        node = node.wait_for_replicas(replicas, timeout);
-    }
-    Ok(Arc::new(node))
+    Ok(Arc::new(node.wait_for_replicas(replicas, timeout)))
 }
 
 #[cfg(not(feature = "cluster"))]
 fn cluster(
     url: &Url<'_>,
     _: Option<bool>,
-    _: Option<(usize, Duration)>,
+    _: (usize, Duration),
 ) -> Result<Arc<dyn Node>, ConfigError> {
     Err(needs_feature(url.scheme, "cluster"))
 }
 
 #[cfg(not(feature = "sentinel"))]
-fn sentinel(url: &Url<'_>, _: Option<(usize, Duration)>) -> Result<Arc<dyn Node>, ConfigError> {
+fn sentinel(url: &Url<'_>, _: (usize, Duration)) -> Result<Arc<dyn Node>, ConfigError> {
     Err(needs_feature(url.scheme, "sentinel"))
 }
 
@@ -117,7 +111,10 @@ fn needs_feature(scheme: &str, feature: &str) -> ConfigError {
 }
 
 #[cfg(feature = "sentinel")]
-fn sentinel(url: &Url<'_>, wait: Option<(usize, Duration)>) -> Result<Arc<dyn Node>, ConfigError> {
+fn sentinel(
+    url: &Url<'_>,
+    (replicas, timeout): (usize, Duration),
+) -> Result<Arc<dyn Node>, ConfigError> {
     let tls = url.scheme == "rediss+sentinel";
     let mut segments = url.path.trim_matches('/').split('/');
     let master = segments.next().unwrap_or_default();
@@ -188,11 +185,8 @@ fn sentinel(url: &Url<'_>, wait: Option<(usize, Duration)>) -> Result<Arc<dyn No
             TlsMode::Secure
         });
     }
-    let mut node = SentinelNode::with_master_info(sentinels, &master, info)?;
-    if let Some((replicas, timeout)) = wait {
-        node = node.wait_for_replicas(replicas, timeout);
-    }
-    Ok(Arc::new(node))
+    let node = SentinelNode::with_master_info(sentinels, &master, info)?;
+    Ok(Arc::new(node.wait_for_replicas(replicas, timeout)))
 }
 
 #[cfg(feature = "sentinel")]
@@ -322,9 +316,10 @@ impl<'a> Url<'a> {
         }
     }
 
-    fn wait(&self) -> Result<Option<(usize, Duration)>, ConfigError> {
+    /// The replicas to wait for (0: none) and the timeout.
+    fn wait(&self) -> Result<(usize, Duration), ConfigError> {
         let Some(replicas) = self.param("wait_replicas")? else {
-            return Ok(None);
+            return Ok((0, DEFAULT_WAIT_TIMEOUT));
         };
         let replicas: usize = replicas.parse().map_err(|_| {
             ConfigError::new(format!("wait_replicas must be a number, got `{replicas}`"))
@@ -335,7 +330,7 @@ impl<'a> Url<'a> {
                 ConfigError::new(format!("wait_timeout_ms must be a number, got `{ms}`"))
             })?),
         };
-        Ok((replicas > 0).then_some((replicas, timeout)))
+        Ok((replicas, timeout))
     }
 
     /// A URL for redis-rs: this one's scheme, credentials, remaining query and fragment,
