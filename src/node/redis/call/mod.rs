@@ -310,40 +310,41 @@ impl Call {
         wrote: fn(&Value) -> bool,
     ) -> Result<Value, CallError> {
         if !self.lua.by_hash {
-            return self.once(conn, &self.eval(), wait, wrote).await;
+            return once(conn, &self.eval(), wait, wrote).await;
         }
-        match self.once(conn, &self.evalsha, wait, wrote).await {
+        match once(conn, &self.evalsha, wait, wrote).await {
             Err(CallError::Redis(e))
                 if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
             {
-                self.once(conn, &self.eval(), wait, wrote).await
+                once(conn, &self.eval(), wait, wrote).await
             }
             other => other,
         }
     }
+}
 
-    async fn once<C: SendOne>(
-        &self,
-        conn: &mut C,
-        cmd: &Cmd,
-        wait: Option<ReplicaWait>,
-        wrote: fn(&Value) -> bool,
-    ) -> Result<Value, CallError> {
-        let Some(wait) = wait else {
-            // One command, no pipeline: what nearly every call is.
-            return Ok(conn.send_one(cmd).await?);
-        };
-        let mut pipe = redis::pipe();
-        pipe.add_command(cmd.clone());
-        // Boxed: a pipeline's send is 1.3 kB, and held inline it would enlarge every
-        // call's future, nearly all of which never wait for replicas.
-        let mut replies = Box::pin(query(conn, pipe, 1, Some(wait))).await?;
-        let value = replies.remove(0)?;
-        if wrote(&value) {
-            check_acks(replies.pop(), Some(wait))?;
-        }
-        Ok(value)
+/// `cmd`, with `WAIT` pipelined behind it when `wait` is set, checked when `wrote` says
+/// the command wrote.
+pub(crate) async fn once<C: SendOne>(
+    conn: &mut C,
+    cmd: &Cmd,
+    wait: Option<ReplicaWait>,
+    wrote: fn(&Value) -> bool,
+) -> Result<Value, CallError> {
+    let Some(wait) = wait else {
+        // One command, no pipeline: what nearly every call is.
+        return Ok(conn.send_one(cmd).await?);
+    };
+    let mut pipe = redis::pipe();
+    pipe.add_command(cmd.clone());
+    // Boxed: a pipeline's send is 1.3 kB, and held inline it would enlarge every
+    // call's future, nearly all of which never wait for replicas.
+    let mut replies = Box::pin(query(conn, pipe, 1, Some(wait))).await?;
+    let value = replies.remove(0)?;
+    if wrote(&value) {
+        check_acks(replies.pop(), Some(wait))?;
     }
+    Ok(value)
 }
 
 /// Sends `pipe` (plus `WAIT` when `wait` is set) and returns one result per command

@@ -89,7 +89,7 @@ impl Pipelined {
                     evalsha: self.pipe.cmd_iter().nth(2).cloned().unwrap_or_default(),
                 };
                 acks = wait.map(|_| Ok(Value::Int(i64::MAX)));
-                Box::pin(call.once(conn, &call.eval(), wait, |_| true)).await
+                Box::pin(once(conn, &call.eval(), wait, |_| true)).await
             }
             fence => fence.map_err(CallError::from),
         };
@@ -247,23 +247,9 @@ pub(super) async fn acquire_plain<C: SendOne>(
     ttl_ms: u64,
     wait: Option<ReplicaWait>,
 ) -> Result<Vote, CallError> {
+    // Replicas acknowledge only a SET that took the key.
     let set = set_nx_px(lock, owner, ttl_ms);
-    let (set, acks) = match wait {
-        // One command, no pipeline: the common case.
-        None => (conn.send_one(&set).await?, None),
-        Some(_) => {
-            let mut pipe = redis::pipe();
-            pipe.add_command(set);
-            // Boxed: rare, and held inline it would enlarge every acquire's future.
-            let mut replies = Box::pin(query(conn, pipe, 1, wait)).await?.into_iter();
-            let Some(set) = replies.next() else {
-                return Err(CallError::Reply(NodeError::Protocol(
-                    "no reply to SET".into(),
-                )));
-            };
-            (set?, replies.next())
-        }
-    };
+    let set = once(conn, &set, wait, |set| !matches!(set, Value::Nil)).await?;
     if matches!(set, Value::Nil) {
         // Boxed, as in `Pipelined::run`.
         let held = Box::pin(held_by_another(conn, lock.as_bytes(), owner.as_bytes()));
@@ -282,7 +268,6 @@ pub(super) async fn acquire_plain<C: SendOne>(
             )));
         }
     }
-    check_acks(acks, wait)?;
     Ok(Vote::Granted {
         fences: PerKey::one(0),
     })
