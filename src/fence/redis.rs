@@ -112,7 +112,7 @@ pub async fn set<C: ConnectionLike + Send>(
 ) -> Result<(), FenceError<redis::RedisError>> {
     let token = token_of(held)?;
     let call = guarded(key, token).arg("string").arg(value);
-    answer(run(conn, call).await, key, token)
+    write(conn, call, key, token).await
 }
 
 /// Sets `fields` of the hash `key` if `held`'s token is not below the token stored for
@@ -138,7 +138,7 @@ where
     for (field, value) in fields {
         call = call.arg(field).arg(value);
     }
-    answer(run(conn, call).await, key, token)
+    write(conn, call, key, token).await
 }
 
 /// The guarded write's call for `key`, up to its token; add the rest.
@@ -147,16 +147,6 @@ fn guarded(key: &str, token: FencingToken) -> Call {
         .arg(key)
         .arg(fence_key(key))
         .arg(token.get())
-}
-
-/// Runs `call` on the application's connection; its reply as strings.
-async fn run<C: ConnectionLike + Send>(
-    conn: &mut C,
-    call: Call,
-) -> Result<Vec<String>, redis::RedisError> {
-    let value = call.run(&mut Any(conn), None, |_| false).await;
-    let value = value.map_err(|e| e.into_redis_error())?;
-    Ok(redis::from_redis_value(value)?)
 }
 
 /// The token a write of `held` carries: its first resource's, as
@@ -186,30 +176,33 @@ pub async fn current<C: ConnectionLike + Send>(
     Ok(stored.map(FencingToken::new))
 }
 
-fn answer(
-    reply: Result<Vec<String>, redis::RedisError>,
+/// Runs `call` on the application's connection: written, or refused as stale.
+async fn write<C: ConnectionLike + Send>(
+    conn: &mut C,
+    call: Call,
     key: &str,
     token: FencingToken,
 ) -> Result<(), FenceError<redis::RedisError>> {
-    let reply = reply.map_err(FenceError::Store)?;
+    let value = call.run(&mut Any(conn), None, |_| false).await;
+    let value = value.map_err(|e| FenceError::Store(e.into_redis_error()))?;
+    let reply: Vec<String> =
+        redis::from_redis_value(value).map_err(|e| FenceError::Store(e.into()))?;
     match reply.as_slice() {
-        [written] if written == "1" => Ok(()),
-        [refused, stored] if refused == "0" => match stored.parse::<u64>() {
-            Ok(current) => Err(FenceError::Stale {
-                fence: key.to_owned(),
-                token,
-                current: FencingToken::new(current),
-            }),
-            Err(_) => Err(unexpected(key, &reply)),
-        },
-        _ => Err(unexpected(key, &reply)),
+        [written] if written == "1" => return Ok(()),
+        [refused, stored] if refused == "0" => {
+            if let Ok(current) = stored.parse::<u64>() {
+                return Err(FenceError::Stale {
+                    fence: key.to_owned(),
+                    token,
+                    current: FencingToken::new(current),
+                });
+            }
+        }
+        _ => {}
     }
-}
-
-fn unexpected(key: &str, reply: &[String]) -> FenceError<redis::RedisError> {
-    FenceError::Store(redis::RedisError::from((
+    Err(FenceError::Store(redis::RedisError::from((
         redis::ErrorKind::Parse,
         "unexpected reply of the guarded write script",
         format!("key {key:?}: {reply:?} (is the fence key written by something else?)"),
-    )))
+    ))))
 }
