@@ -212,12 +212,8 @@ impl Cluster {
 impl Route for Cluster {
     const SHARDED: bool = true;
 
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn address(&self) -> &str {
-        &self.address
+    fn names(&self) -> (&str, &str) {
+        (&self.name, &self.address)
     }
 
     /// On the cluster connection, which routes by slot (redirections included), after

@@ -22,9 +22,8 @@ pub(crate) trait Route: Send + Sync + 'static {
     /// cannot reach keys of several slots.
     const SHARDED: bool;
 
-    fn name(&self) -> &str;
-
-    fn address(&self) -> &str;
+    /// The node's name and address.
+    fn names(&self) -> (&str, &str);
 
     /// Runs `op` on a connection to the server that owns its keys.
     fn run<'a, O: Op>(
@@ -217,11 +216,11 @@ macro_rules! redis_node {
             /// slots).
             impl Node for $node {
                 fn name(&self) -> &str {
-                    self.node.route.name()
+                    self.node.route.names().0
                 }
 
                 fn address(&self) -> Option<&str> {
-                    Some(self.node.route.address())
+                    Some(self.node.route.names().1)
                 }
 
                 fn server_ids(&self) -> NodeFuture<Vec<String>> {

@@ -181,12 +181,8 @@ fn connection_config() -> AsyncConnectionConfig {
 impl Route for Direct {
     const SHARDED: bool = false;
 
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn address(&self) -> &str {
-        &self.address
+    fn names(&self) -> (&str, &str) {
+        (&self.name, &self.address)
     }
 
     async fn run<O: Op>(&self, op: &O, wait: Option<ReplicaWait>) -> Result<O::Output, NodeError> {

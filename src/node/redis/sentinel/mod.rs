@@ -302,12 +302,8 @@ impl Sentinels {
 impl Route for Sentinels {
     const SHARDED: bool = false;
 
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn address(&self) -> &str {
-        &self.address
+    fn names(&self) -> (&str, &str) {
+        (&self.name, &self.address)
     }
 
     /// On the current master, after the callers that waited for its lookup before it
