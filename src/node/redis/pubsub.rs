@@ -1,5 +1,6 @@
-//! Release notifications from one Redis server, or from one Redis Cluster (sharded
-//! pub/sub): one RESP3 connection per node, kept by a single upkeep task.
+//! Release notifications from one Redis server (a Sentinel node's: its current master),
+//! or from one Redis Cluster (sharded pub/sub): one RESP3 connection per node, kept by a
+//! single upkeep task.
 //!
 //! Waiters never talk to the server themselves: they register a channel (shared by the
 //! resource's waiters, reference-counted) and wait until the upkeep task has it
@@ -19,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use futures_util::future::{BoxFuture, FutureExt};
 use redis::aio::MultiplexedConnection;
 #[cfg(feature = "cluster")]
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
@@ -49,10 +51,14 @@ pub(crate) struct Hub {
 #[cfg(feature = "cluster")]
 pub(crate) type ClusterBuilder = dyn Fn() -> ClusterClientBuilder + Send + Sync;
 
+/// Gives the client of the server to connect to now (a Sentinel node's current master).
+pub(crate) type FindServer =
+    dyn Fn() -> BoxFuture<'static, Result<Client, NodeError>> + Send + Sync;
+
 /// Where the notifications come from, and so how a channel is (un)subscribed.
 enum Source {
-    /// One server: `SUBSCRIBE`, `UNSUBSCRIBE`.
-    Server(Box<Client>),
+    /// One server, found at each connection: `SUBSCRIBE`, `UNSUBSCRIBE`.
+    Server(Box<FindServer>),
     /// A cluster: `SSUBSCRIBE`, `SUNSUBSCRIBE`, routed by the channel's slot.
     #[cfg(feature = "cluster")]
     Cluster(Arc<ClusterBuilder>),
@@ -112,13 +118,22 @@ impl Drop for Shared {
 impl Hub {
     /// A hub for the server of `client`, connecting on first use.
     pub(crate) fn new(name: Arc<str>, client: &Client) -> Result<Self, NodeError> {
-        let info = client.get_connection_info().clone();
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(redis::ProtocolVersion::RESP3);
-        let client = Client::open(info.set_redis_settings(settings)).map_err(node_error)?;
-        Ok(Self::with_source(name, Source::Server(Box::new(client))))
+        let client = resp3(client)?;
+        let find = move || std::future::ready(Ok(client.clone())).boxed();
+        Ok(Self::found(name, Box::new(find)))
+    }
+
+    /// A hub for the server `find` names at each connection (see [`reset`](Self::reset)).
+    pub(crate) fn found(name: Arc<str>, find: Box<FindServer>) -> Self {
+        Self::with_source(name, Source::Server(find))
+    }
+
+    /// The server changed (a Sentinel's new master): as a lost connection, every waiter
+    /// is woken to retry, and the channels are subscribed again on a new connection.
+    #[cfg(feature = "sentinel")]
+    pub(crate) fn reset(&self) {
+        let shared = &self.shared;
+        shared.disconnected(shared.generation.load(Ordering::Acquire));
     }
 
     /// A hub for a cluster, using sharded pub/sub; `builder` makes the client of each
@@ -342,11 +357,12 @@ impl Shared {
             Ok(())
         };
         let conn = match &self.source {
-            Source::Server(client) => {
+            Source::Server(find) => {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(COMMAND_TIMEOUT))
                     .set_response_timeout(Some(COMMAND_TIMEOUT))
                     .set_push_sender(push_sender);
+                let client = resp3(&find().await?)?;
                 Conn::Server(
                     bounded(client.get_multiplexed_async_connection_with_config(&config)).await?,
                 )
@@ -409,22 +425,26 @@ impl Shared {
                     // A connection the task already let go of.
                     return;
                 }
-                // Messages may have been lost: wake every waiter to retry, and have the
-                // task subscribe them again on a new connection.
-                for channel in live(&self.channels) {
-                    channel.active.send_replace(false);
-                    channel.wake();
-                }
-                self.broken.store(generation, Ordering::Release);
-                self.work.notify_one();
+                self.disconnected(generation);
             }
             _ => {}
         }
     }
+
+    /// Connection `generation` is lost: messages may have been lost too, so every waiter
+    /// is woken to retry, and the task subscribes them again on a new connection.
+    fn disconnected(&self, generation: u64) {
+        for channel in live(&self.channels) {
+            channel.active.send_replace(false);
+            channel.wake();
+        }
+        self.broken.store(generation, Ordering::Release);
+        self.work.notify_one();
+    }
 }
 
 /// The channels of `channels` that still have waiters.
-pub(super) fn live<T>(channels: &Mutex<HashMap<String, Weak<T>>>) -> Vec<Arc<T>> {
+fn live<T>(channels: &Mutex<HashMap<String, Weak<T>>>) -> Vec<Arc<T>> {
     lock(channels).values().filter_map(Weak::upgrade).collect()
 }
 
@@ -435,4 +455,12 @@ async fn bounded<T>(
         Ok(answer) => answer.map_err(node_error),
         Err(_) => Err(NodeError::Timeout(COMMAND_TIMEOUT)),
     }
+}
+
+/// `client`'s server, over RESP3 (for its pushes).
+fn resp3(client: &Client) -> Result<Client, NodeError> {
+    let info = client.get_connection_info().clone();
+    let settings = info.redis_settings().clone();
+    let settings = settings.set_protocol(redis::ProtocolVersion::RESP3);
+    Client::open(info.set_redis_settings(settings)).map_err(node_error)
 }

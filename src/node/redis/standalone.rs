@@ -56,7 +56,7 @@ pub(crate) struct Direct {
     pub(super) conn: Batching,
     hub: Hub,
     /// What the connections are made from (again by [`RedisNode::tcp_nodelay`]).
-    client: Client,
+    pub(super) client: Client,
 }
 
 impl RedisNode {

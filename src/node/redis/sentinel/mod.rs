@@ -1,31 +1,27 @@
 //! [`SentinelNode`]: a Sentinel-managed master as one lock node.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::future::FutureExt;
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::IntoConnectionInfo;
-use tokio::sync::{watch, Mutex as AsyncMutex};
+use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::error::Elapsed;
 
-mod channel;
 mod check;
 
 use crate::error::{ConfigError, NodeError};
-use crate::lock_unpoisoned;
 use crate::node::identity;
 use crate::node::redis::attempt::{in_turn, Attempts};
 use crate::node::redis::call::{self, Op, ReplicaWait};
 use crate::node::redis::node::{redis_node, Redis, Route};
-use crate::node::redis::pubsub::live;
+use crate::node::redis::pubsub::Hub;
 use crate::node::redis::seeds;
 use crate::node::redis::standalone::RedisNode;
 use crate::node::{Node, NodeFuture, ReleaseSignal, ResourceKeys, ServerSetup};
-use channel::HubChannel;
 
 /// How long one lookup through the sentinels may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -92,20 +88,17 @@ pub(crate) struct Sentinels {
     service: String,
     sentinel: AsyncMutex<Sentinel>,
     master_info: SentinelNodeConnectionInfo,
-    runtime: tokio::runtime::Handle,
     /// The lookups of the master, and the callers that wait for one.
     master: Attempts<Master, NodeError>,
     /// Period of the background check in ms; 0 turns it off.
     check_interval_ms: AtomicU64,
-    channels: Mutex<HashMap<String, Weak<HubChannel>>>,
-    /// Identifies the [`RedisNode`] of each master found (a new one per new address).
-    epochs: AtomicU64,
+    /// Release notifications, from the current master.
+    hub: Hub,
 }
 
 /// The master found by one lookup.
 #[derive(Clone)]
 struct Master {
-    epoch: u64,
     addr: String,
     node: RedisNode,
 }
@@ -149,22 +142,24 @@ impl SentinelNode {
         let sentinel =
             Sentinel::build(sentinels).map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
         let route = Arc::new_cyclic(|route: &Weak<Sentinels>| {
+            let masters = route.clone();
+            let hub = Hub::found(
+                name.clone(),
+                Box::new(move || {
+                    let route = masters.clone();
+                    async move {
+                        let master = dropped(route.upgrade())?.master.get().await.value?;
+                        Ok(master.node.node.route.client.clone())
+                    }
+                    .boxed()
+                }),
+            );
             let route = route.clone();
             // A lookup runs in a task of its own (`attempt.rs`) and keeps the previous
             // master's connection when its address did not change.
             let lookup = Box::new(move |previous: Option<Master>| {
                 let route = route.clone();
-                async move {
-                    let Some(route) = route.upgrade() else {
-                        return Err(NodeError::Connection("the node was dropped".into()));
-                    };
-                    let master = route.find_master(previous).await;
-                    if let Ok(master) = &master {
-                        route.follow(master);
-                    }
-                    master
-                }
-                .boxed()
+                async move { dropped(route.upgrade())?.find_master(previous).await }.boxed()
             });
             Sentinels {
                 name,
@@ -172,11 +167,9 @@ impl SentinelNode {
                 service: master_name.to_owned(),
                 sentinel: AsyncMutex::new(sentinel),
                 master_info: master,
-                runtime: runtime.clone(),
                 master: Attempts::new(runtime.clone(), MIN_RESOLVE_INTERVAL, lookup),
                 check_interval_ms: AtomicU64::new(millis(DEFAULT_CHECK_INTERVAL)),
-                channels: Mutex::default(),
-                epochs: AtomicU64::new(0),
+                hub,
             }
         });
         // The first lookup starts at once, in the background.
@@ -222,6 +215,10 @@ impl SentinelNode {
     }
 }
 
+fn dropped(route: Option<Arc<Sentinels>>) -> Result<Arc<Sentinels>, NodeError> {
+    route.ok_or_else(|| NodeError::Connection("the node was dropped".into()))
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -260,11 +257,10 @@ impl Sentinels {
         let node = RedisNode::from_client(client)
             .map_err(|e| NodeError::Connection(e.to_string().into()))?;
         tracing::info!(node = %self.name, master = %addr, "following master");
-        Ok(Master {
-            epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
-            addr,
-            node,
-        })
+        // The waiters' subscriptions move to it, and they retry: a release may have been
+        // published there already.
+        self.hub.reset();
+        Ok(Master { addr, node })
     }
 
     /// The master the sentinels name (not checked yet), within [`RESOLVE_TIMEOUT`].
@@ -276,29 +272,8 @@ impl Sentinels {
         })
         .await
     }
-
-    /// Moves the waiters' subscriptions to a newly found master.
-    fn follow(self: &Arc<Self>, master: &Master) {
-        for channel in live(&self.channels) {
-            if channel.epoch() == Some(master.epoch) {
-                continue;
-            }
-            let master = master.clone();
-            self.runtime.spawn(async move {
-                // A release may have been published on the new master already.
-                channel.wake();
-                let mut delay = Duration::from_millis(50);
-                for _ in 0..5 {
-                    if channel.attach(&master).await.is_ok() {
-                        return;
-                    }
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                }
-            });
-        }
-    }
 }
+
 impl Route for Sentinels {
     const SHARDED: bool = false;
 
@@ -338,29 +313,13 @@ impl Route for Sentinels {
         }
     }
 
+    /// On the current master (see `pubsub.rs`), once there is one.
     fn subscribe(self: &Arc<Self>, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal> {
         let route = self.clone();
-        let keys = keys.clone();
+        let channel = keys.channel.clone();
         Box::pin(async move {
-            let master = route.master.get().await.value?;
-            let channel = {
-                let mut channels = lock_unpoisoned(&route.channels);
-                match channels.get(&keys.channel).and_then(Weak::upgrade) {
-                    Some(channel) => channel,
-                    None => {
-                        channels.retain(|_, c| c.strong_count() > 0);
-                        let channel = Arc::new(HubChannel {
-                            keys: keys.clone(),
-                            tx: watch::channel(0).0,
-                            upstream: Mutex::new(None),
-                        });
-                        channels.insert(keys.channel.clone(), Arc::downgrade(&channel));
-                        channel
-                    }
-                }
-            };
-            channel.attach(&master).await?;
-            Ok(ReleaseSignal::new(channel.tx.subscribe(), channel))
+            route.master.get().await.value?;
+            route.hub.subscribe(channel).await
         })
     }
 
