@@ -54,6 +54,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use crate::node::redis::conn::{self, one_result_each, Resending, SendOne};
+use send::Replies;
 use solo::{alone, Solo};
 
 /// A batch is sent as soon as this many callers joined it, without waiting for its
@@ -93,28 +94,6 @@ impl Commands {
         match self {
             Commands::One(_) => 1,
             Commands::Many(cmds) => cmds.len(),
-        }
-    }
-}
-
-/// One caller's replies, in the shape of its commands.
-enum Replies {
-    One(Value),
-    Many(Vec<Value>),
-}
-
-impl Replies {
-    fn one(self) -> Value {
-        match self {
-            Replies::One(value) => value,
-            Replies::Many(mut values) => values.pop().unwrap_or(Value::Nil),
-        }
-    }
-
-    fn many(self) -> Vec<Value> {
-        match self {
-            Replies::One(value) => vec![value],
-            Replies::Many(values) => values,
         }
     }
 }

@@ -4,6 +4,28 @@
 
 use super::*;
 
+/// One caller's replies, in the shape of its commands.
+pub(super) enum Replies {
+    One(Value),
+    Many(Vec<Value>),
+}
+
+impl Replies {
+    pub(super) fn one(self) -> Value {
+        match self {
+            Replies::One(value) => value,
+            Replies::Many(mut values) => values.pop().unwrap_or(Value::Nil),
+        }
+    }
+
+    pub(super) fn many(self) -> Vec<Value> {
+        match self {
+            Replies::One(value) => vec![value],
+            Replies::Many(values) => values,
+        }
+    }
+}
+
 impl Batching {
     /// Batches under the multi-thread runtime this is made in; sends each command as
     /// it comes under the current-thread runtime.
