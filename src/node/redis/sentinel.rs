@@ -11,8 +11,6 @@ use redis::IntoConnectionInfo;
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::error::Elapsed;
 
-mod check;
-
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
 use crate::node::redis::attempt::{in_turn, Attempts};
@@ -174,7 +172,7 @@ impl SentinelNode {
         });
         // The first lookup starts at once, in the background.
         route.master.start_now();
-        runtime.spawn(check::check_task(Arc::downgrade(&route)));
+        runtime.spawn(check_task(Arc::downgrade(&route)));
         Ok(SentinelNode {
             node: Redis { route, wait: None },
         })
@@ -271,6 +269,42 @@ impl Sentinels {
             sentinel.async_master_for(&self.service, info).await
         })
         .await
+    }
+}
+
+/// Asks the sentinels every `check_interval` whether the master changed.
+async fn check_task(inner: Weak<Sentinels>) {
+    loop {
+        let interval = match inner.upgrade() {
+            Some(inner) => inner.check_interval_ms.load(Ordering::Relaxed),
+            None => return,
+        };
+        tokio::time::sleep(Duration::from_millis(if interval == 0 {
+            millis(DEFAULT_CHECK_INTERVAL)
+        } else {
+            interval
+        }))
+        .await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.check_interval_ms.load(Ordering::Relaxed) == 0 {
+            continue;
+        }
+        let (generation, current) = inner.master.outcome();
+        match current {
+            // A lookup is in progress.
+            None => {}
+            // The last lookup failed and no command asked again since: retry.
+            Some(Err(_)) => inner.master.renew(generation),
+            Some(Ok(master)) => {
+                if let Ok(Ok(client)) = inner.ask_sentinels().await
+                    && client.get_connection_info().addr().to_string() != master.addr
+                {
+                    inner.master.renew(generation);
+                }
+            }
+        }
     }
 }
 
