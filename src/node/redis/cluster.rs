@@ -18,7 +18,6 @@ use crate::node::redis::call::{self, Op, ReplicaWait};
 use crate::node::redis::conn::Any;
 use crate::node::redis::node::{redis_node, Redis, Route};
 use crate::node::redis::pubsub::{ClusterBuilder, Hub};
-use crate::node::redis::seeds;
 use crate::node::redis::setup;
 use crate::node::{parse_info, NodeFuture, ReleaseSignal, ResourceKeys, ServerSetup};
 
@@ -100,7 +99,7 @@ impl ClusterNode {
     ) -> Result<Self, ConfigError> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ConfigError::new("ClusterNode must be created inside a Tokio runtime"))?;
-        let (seeds, name) = seeds::seeds(seeds, "cluster", "Redis Cluster seed")?;
+        let (seeds, name) = super::seeds(seeds, "cluster", "Redis Cluster seed")?;
         let name: Arc<str> = name.into();
         let address = identity::seeds_address("cluster", &seeds);
         let configure: Arc<Configure> = Arc::new(configure);

@@ -11,8 +11,6 @@ pub(crate) mod conn;
 mod node;
 pub(crate) mod pubsub;
 pub(crate) mod records;
-#[cfg(any(feature = "cluster", feature = "sentinel"))]
-mod seeds;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod setup;
@@ -37,6 +35,35 @@ pub(crate) fn millis_ceil(d: Duration) -> u64 {
         ms
     };
     u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// Parses the seed addresses of a multi-address node (a cluster's seeds, a sentinel
+/// group) and names the node after them, `{scheme}://host1:port1,host2:port2` with
+/// `rediss+…` when the first seed uses TLS. Never includes credentials.
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+pub(crate) fn seeds<T: redis::IntoConnectionInfo>(
+    seeds: impl IntoIterator<Item = T>,
+    scheme: &str,
+    what: &str,
+) -> Result<(Vec<redis::ConnectionInfo>, String), crate::ConfigError> {
+    let seeds = seeds
+        .into_iter()
+        .map(redis::IntoConnectionInfo::into_connection_info)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| crate::ConfigError::new(format!("bad {what} URL: {e}")))?;
+    let Some(first) = seeds.first() else {
+        return Err(crate::ConfigError::new(format!(
+            "at least one {what} address is needed"
+        )));
+    };
+    let tls = matches!(first.addr(), redis::ConnectionAddr::TcpTls { .. });
+    let hosts: Vec<String> = seeds.iter().map(|s| s.addr().to_string()).collect();
+    let name = format!(
+        "{}{scheme}://{}",
+        if tls { "rediss+" } else { "redis+" },
+        hosts.join(",")
+    );
+    Ok((seeds, name))
 }
 
 #[cfg(test)]

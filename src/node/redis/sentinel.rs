@@ -131,7 +131,7 @@ impl SentinelNode {
         if master_name.is_empty() {
             return Err(ConfigError::new("a Sentinel node needs the master's name"));
         }
-        let (sentinels, name) = seeds::seeds(sentinels, "sentinel", "Sentinel")?;
+        let (sentinels, name) = seeds(sentinels, "sentinel", "Sentinel")?;
         let name: Arc<str> = format!("{name}/{master_name}").into();
         let address = format!(
             "{}/{master_name}",
