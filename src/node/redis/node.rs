@@ -379,7 +379,10 @@ macro_rules! redis_node {
                 }
 
                 fn leave_queue(&self, keys: &ResourceKeys, waiter: &Waiter) -> NodeFuture<()> {
-                    let leave = self.node.call(call::leave(keys, waiter, SHARDED));
+                    // Taken off the queue; a lock reserved for it goes to the next waiter.
+                    let keys = std::slice::from_ref(keys);
+                    let leave = call::release(keys, "", Hand::Leaving(waiter), false, SHARDED);
+                    let leave = self.node.call(leave);
                     Box::pin(async move { leave.await.map(|_| ()) })
                 }
 

@@ -148,9 +148,5 @@ pub(crate) fn store(request: &StoreRequest<'_>) -> ScriptOp<StoreReply> {
 /// later claim report an unknown outcome.
 pub(crate) fn discard(keys: &ResourceKeys, token: u64) -> ScriptOp<bool> {
     let call = record_call(keys, "discard").arg(token);
-    ScriptOp::new(call, None, |value| match int(&value) {
-        Some(1) => Ok(true),
-        Some(0) => Ok(false),
-        _ => Err(returned("discard", &value)),
-    })
+    ScriptOp::new(call, None, call::parse_flag)
 }

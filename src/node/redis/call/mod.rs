@@ -475,4 +475,4 @@ mod release;
 
 pub(crate) use acquire::{raise_fences, Acquire};
 pub(crate) use extend::ExtendCall;
-pub(crate) use release::{leave, listen, release, Hand};
+pub(crate) use release::{listen, release, Hand};

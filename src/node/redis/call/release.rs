@@ -68,13 +68,6 @@ pub(crate) fn release(
     ScriptOp::new(call, None, parse_flag)
 }
 
-/// A waiter leaving the queue: it is taken off, and a lock reserved for it is handed to
-/// the next waiter (the release of its reservation).
-pub(crate) fn leave(keys: &ResourceKeys, waiter: &Waiter, sharded: bool) -> ScriptOp<bool> {
-    let keys = std::slice::from_ref(keys);
-    release(keys, "", Hand::Leaving(waiter), false, sharded)
-}
-
 /// The listeners' mark on a resource's wait queue (`listen.lua`, see
 /// [`Node::listen_for_release`](crate::node::Node::listen_for_release)).
 pub(crate) fn listen(keys: &ResourceKeys, ttl: Duration) -> ScriptOp<()> {
