@@ -89,15 +89,6 @@ enum Commands {
     Many(Vec<Cmd>),
 }
 
-impl Commands {
-    fn len(&self) -> usize {
-        match self {
-            Commands::One(_) => 1,
-            Commands::Many(cmds) => cmds.len(),
-        }
-    }
-}
-
 /// One batch. Its waker (`Wake for Batch`) is what the connection wakes when the
 /// replies arrive: it wakes the first caller still waiting, to collect them for all.
 struct Batch {
@@ -160,7 +151,10 @@ impl Place {
     fn join(node: &Arc<NodeBatches>, commands: Commands) -> Place {
         let mut open = lock(&node.open);
         let caller = Caller {
-            count: commands.len(),
+            count: match &commands {
+                Commands::One(_) => 1,
+                Commands::Many(cmds) => cmds.len(),
+            },
             one: matches!(commands, Commands::One(_)),
             commands: Some(commands),
             first: 0,
@@ -202,10 +196,13 @@ impl Place {
         }
     }
 
-    /// Sends the batch this caller leads.
+    /// Sends the batch this caller leads, unless a caller that filled it already did.
     fn send_batch(&mut self) {
         self.leads = false;
-        self.batch.close_and_send();
+        let mut open = lock(&self.batch.node.open);
+        if open.as_ref().is_some_and(|b| Arc::ptr_eq(b, &self.batch)) {
+            self.batch.send_open(&mut open);
+        }
     }
 
     fn poll_replies(&mut self, cx: &mut Context<'_>) -> Poll<RedisResult<Replies>> {
@@ -291,14 +288,6 @@ impl Batch {
         Locked {
             batch: self,
             state: Some(lock(&self.state)),
-        }
-    }
-
-    /// Sends this batch, unless a caller that filled it already did.
-    fn close_and_send(self: &Arc<Self>) {
-        let mut open = lock(&self.node.open);
-        if open.as_ref().is_some_and(|b| Arc::ptr_eq(b, self)) {
-            self.send_open(&mut open);
         }
     }
 
