@@ -148,19 +148,14 @@ fn defaults(builder: ClusterClientBuilder) -> ClusterClientBuilder {
         .retry_wait_formula(10, 2)
 }
 
-fn connection_config() -> ClusterConfig {
-    ClusterConfig::new().set_connection_timeout(Duration::from_secs(2))
-}
-
 /// Connects to the cluster (seeds, topology, masters), keeping the error, such as a
 /// failed authentication.
 fn connect(client: ClusterClient, name: Arc<str>) -> Connect<ClusterConnection, NodeError> {
     Box::new(move |_| {
         let (client, name) = (client.clone(), name.clone());
         async move {
-            let made = client
-                .get_async_connection_with_config(connection_config())
-                .await;
+            let config = ClusterConfig::new().set_connection_timeout(Duration::from_secs(2));
+            let made = client.get_async_connection_with_config(config).await;
             made.map_err(|e| {
                 let e = call::node_error(e);
                 tracing::warn!(node = %name, error = %e, "cannot connect to the cluster");

@@ -76,9 +76,15 @@ struct Link {
 }
 
 impl Resending {
-    /// A connection to `client`'s server with `config`, made on first use (call inside
-    /// a Tokio runtime).
-    pub(crate) fn new(client: Client, config: AsyncConnectionConfig) -> Self {
+    /// A connection to `client`'s server, made on first use (call inside a Tokio runtime).
+    pub(crate) fn new(client: Client) -> Self {
+        // An attempt to connect outlives the callers' per-node timeout, so that a slow
+        // network still gets a connection for the next caller; it is made once per
+        // attempt, the next command (or its resend) making the next.
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(None)
+            .set_pipeline_buffer_size(1024);
         let connecting = client.clone();
         let connect = Box::new(move |_| {
             let (client, config) = (connecting.clone(), config.clone());

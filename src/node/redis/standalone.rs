@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo};
+use redis::{Client, IntoConnectionInfo};
 
 use crate::error::{ConfigError, NodeError};
 use crate::node::identity;
@@ -124,7 +124,7 @@ impl RedisNode {
             node: Redis::new(Direct {
                 name,
                 address,
-                conn: Batching::new(Resending::new(client.clone(), connection_config())),
+                conn: Batching::new(Resending::new(client.clone())),
                 hub,
                 client,
             }),
@@ -166,16 +166,6 @@ impl RedisNode {
         self.node.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
         self
     }
-}
-
-fn connection_config() -> AsyncConnectionConfig {
-    // An attempt to connect outlives the callers' per-node timeout, so that a slow
-    // network still gets a connection for the next caller; it is made once per
-    // attempt, the next command (or its resend) making the next.
-    AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(2)))
-        .set_response_timeout(None)
-        .set_pipeline_buffer_size(1024)
 }
 
 impl Route for Direct {
