@@ -192,37 +192,26 @@ async fn held_by_another<C: SendOne>(
         )));
     };
     match holder {
-        Ok(Value::BulkString(value)) if value.as_slice() == owner => Ok(None),
-        Ok(_) => Ok(Some(held(pttl?))),
-        Err(e) => held_by_shared_holders(conn, lock, e, pttl).await,
+        Ok(Value::BulkString(value)) if value.as_slice() == owner => return Ok(None),
+        Ok(_) => {}
+        // A GET refused (WRONGTYPE): shared holders keep a sorted set at the key (see
+        // `node::modes`), which is another holder; any other type's error is the answer.
+        // The key may have changed since (the holders gone, a writer in): a string or no
+        // key reads as held too, and the caller tries again.
+        Err(error) => {
+            let kind = conn.send_one(redis::cmd("TYPE").arg(lock)).await?;
+            let kind: String = redis::from_redis_value(kind).map_err(RedisError::from)?;
+            if !matches!(kind.as_str(), "zset" | "string" | "none") {
+                return Err(error.into());
+            }
+        }
     }
-}
-
-/// The holder's ttl as `PTTL` answered it (-1: the key has no ttl; -2: it vanished in
-/// between).
-fn held(pttl: Value) -> Vote {
-    Vote::Held {
+    // The holder's ttl as `PTTL` answered it (-1: the key has no ttl; -2: it vanished
+    // in between).
+    Ok(Some(Vote::Held {
         member: 0,
-        pttl: super::pttl(&pttl),
-    }
-}
-
-/// A GET refused (WRONGTYPE): shared holders keep a sorted set at the key (see
-/// `node::modes`), which is another holder; any other type's error is the answer. The
-/// key may have changed since (the holders gone, a writer in): a string or no key reads
-/// as held too, and the caller tries again.
-async fn held_by_shared_holders<C: SendOne>(
-    conn: &mut C,
-    lock: &[u8],
-    error: RedisError,
-    pttl: RedisResult<Value>,
-) -> Result<Option<Vote>, CallError> {
-    let kind = conn.send_one(redis::cmd("TYPE").arg(lock)).await?;
-    let kind: String = redis::from_redis_value(kind).map_err(RedisError::from)?;
-    if !matches!(kind.as_str(), "zset" | "string" | "none") {
-        return Err(error.into());
-    }
-    Ok(Some(held(pttl?)))
+        pttl: super::pttl(&pttl?),
+    }))
 }
 
 /// `SET lock owner NX PX ttl`, sized up front (numbers: at most 20 digits) so that
