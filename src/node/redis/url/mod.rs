@@ -47,8 +47,14 @@ pub(crate) fn redis_node(s: &str) -> Result<Arc<dyn Node>, ConfigError> {
             }
             Ok(Arc::new(node.wait_for_replicas(replicas, timeout)))
         }
+        #[cfg(feature = "cluster")]
         "redis+cluster" | "rediss+cluster" => cluster(&url, nodelay, (replicas, timeout)),
+        #[cfg(feature = "sentinel")]
         "redis+sentinel" | "rediss+sentinel" => sentinel(&url, (replicas, timeout)),
+        #[cfg(not(feature = "cluster"))]
+        "redis+cluster" | "rediss+cluster" => Err(needs_feature(url.scheme, "cluster")),
+        #[cfg(not(feature = "sentinel"))]
+        "redis+sentinel" | "rediss+sentinel" => Err(needs_feature(url.scheme, "sentinel")),
         other => Err(ConfigError::new(format!(
             "unknown URL scheme `{other}`: expected redis://, rediss://, redis+cluster://, \
              rediss+cluster://, redis+sentinel://, rediss+sentinel://, etcd:// or postgres://"
@@ -85,20 +91,6 @@ fn cluster(
         })?,
     };
     Ok(Arc::new(node.wait_for_replicas(replicas, timeout)))
-}
-
-#[cfg(not(feature = "cluster"))]
-fn cluster(
-    url: &Url<'_>,
-    _: Option<bool>,
-    _: (usize, Duration),
-) -> Result<Arc<dyn Node>, ConfigError> {
-    Err(needs_feature(url.scheme, "cluster"))
-}
-
-#[cfg(not(feature = "sentinel"))]
-fn sentinel(url: &Url<'_>, _: (usize, Duration)) -> Result<Arc<dyn Node>, ConfigError> {
-    Err(needs_feature(url.scheme, "sentinel"))
 }
 
 /// A scheme this build knows but left out.
