@@ -224,30 +224,22 @@ impl Sentinels {
     /// Asks the sentinels for the master (checked with `ROLE`) and connects to it,
     /// keeping the previous connection when the address did not change.
     async fn find_master(&self, previous: Option<Master>) -> Result<Master, NodeError> {
-        let client = match self.ask_sentinels().await {
-            Ok(Ok(client)) => client,
+        let why = match self.ask_sentinels().await {
+            Ok(Ok(client)) => return self.follow(client, previous),
             Ok(Err(e)) => {
                 let e = call::node_error(e);
                 tracing::warn!(node = %self.name, error = %e, "no master found through the sentinels");
-                return Err(NodeError::Connection(
-                    format!(
-                        "finding master `{}` through the sentinels: {}",
-                        self.service,
-                        call::detail(&e)
-                    )
-                    .into(),
-                ));
+                format!(": {}", call::detail(&e))
             }
-            Err(_) => {
-                return Err(NodeError::Connection(
-                    format!(
-                        "finding master `{}` through the sentinels took over {RESOLVE_TIMEOUT:?}",
-                        self.service
-                    )
-                    .into(),
-                ))
-            }
+            Err(_) => format!(" took over {RESOLVE_TIMEOUT:?}"),
         };
+        let service = &self.service;
+        let why = format!("finding master `{service}` through the sentinels{why}");
+        Err(NodeError::Connection(why.into()))
+    }
+
+    /// The master at `client`'s address: `previous` when it is there, else a new node.
+    fn follow(&self, client: redis::Client, previous: Option<Master>) -> Result<Master, NodeError> {
         let addr = client.get_connection_info().addr().to_string();
         if let Some(previous) = previous.filter(|p| p.addr == addr) {
             return Ok(previous);
