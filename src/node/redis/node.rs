@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::error::NodeError;
-use crate::node::redis::call::{ExtendCall, Hand, Op, ReplicaWait};
+use crate::node::redis::call::{self, ExtendCall, Hand, Op, ReplicaWait};
 use crate::node::{
     Acquire, Hold, NodeFuture, Owner, ReleaseSignal, ResourceKeys, ServerSetup, Vote,
 };
