@@ -178,21 +178,14 @@ impl Hub {
                 }
             }
         };
-        self.start();
+        if !shared.started.swap(true, Ordering::AcqRel) {
+            tokio::spawn(upkeep(Arc::downgrade(shared), shared.work.clone()));
+        }
         shared.work.notify_one();
         let mut active = channel.active.subscribe();
         // The sender lives in `channel`, which we hold: this cannot fail.
         let _ = active.wait_for(|&on| on).await;
         Ok(ReleaseSignal::new(channel.tx.subscribe(), channel))
-    }
-
-    fn start(&self) {
-        if !self.shared.started.swap(true, Ordering::AcqRel) {
-            tokio::spawn(upkeep(
-                Arc::downgrade(&self.shared),
-                self.shared.work.clone(),
-            ));
-        }
     }
 }
 
