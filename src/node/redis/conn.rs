@@ -56,9 +56,7 @@ use std::time::Duration;
 
 use futures_util::future::FutureExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{
-    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Value,
-};
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisResult, Value};
 
 use crate::node::redis::attempt::{in_turn, Attempts};
 
@@ -122,25 +120,14 @@ impl Resending {
         .await
     }
 
-    /// [`send`](Self::send), the reply's error as the `Err` (as [`SendOne::send_one`]).
-    pub(crate) async fn send_one(&self, cmd: &Cmd) -> RedisResult<Value> {
-        self.send(cmd).await?.extract_error()
-    }
-
-    /// Every command of `pipe`, one result each (as [`SendOne::send_pipeline`]).
-    pub(crate) async fn send_pipeline(
-        &self,
-        pipe: &Pipeline,
-    ) -> RedisResult<Vec<RedisResult<Value>>> {
-        Ok(one_result_each(self.send_many(pipe, 0, pipe.len()).await?))
-    }
-
     async fn resending<T, F>(&self, send: impl Fn(MultiplexedConnection) -> F) -> RedisResult<T>
     where
         F: Future<Output = RedisResult<T>>,
     {
         match self.send_once(&send).await {
-            Err(e) if found_broken(&e) => {
+            // Found broken or not made: the resend makes a new one. `is_connection_dropped`
+            // covers a reset, aborted or closed connection and a refusal, not a timeout.
+            Err(e) if e.is_connection_dropped() && !e.is_timeout() => {
                 tracing::debug!(error = %e, "connection found broken: sending again");
                 self.send_once(&send).await
             }
@@ -171,20 +158,6 @@ impl Resending {
     pub(crate) fn db(&self) -> i64 {
         self.0.client.get_connection_info().redis_settings().db()
     }
-}
-
-/// An error of the client's own making (not the server's, not the network's): `part`
-/// names the piece of the node that found it.
-pub(crate) fn internal(part: &'static str, what: &'static str) -> RedisError {
-    RedisError::from((ErrorKind::Client, part, what.to_owned()))
-}
-
-/// The connection was found broken or could not be made: the next command (the
-/// resend) makes a new one.
-fn found_broken(e: &RedisError) -> bool {
-    // `is_connection_dropped` covers a reset, aborted or closed connection and a
-    // refusal; a timeout is not one of them.
-    e.is_connection_dropped() && !e.is_timeout()
 }
 
 /// A connection that sends one command, or one pipeline, as `query_async` does,

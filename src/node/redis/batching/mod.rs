@@ -53,7 +53,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-use crate::node::redis::conn::{self, one_result_each, Resending, SendOne};
+use crate::node::redis::conn::{one_result_each, Resending, SendOne};
 use send::Replies;
 use solo::{alone, Solo};
 
@@ -464,8 +464,13 @@ impl BatchState {
 
 use crate::lock_unpoisoned as lock;
 
+/// An error of the client's own making (not the server's, not the network's).
 fn internal(what: &'static str) -> RedisError {
-    conn::internal("command batching", what)
+    RedisError::from((
+        redis::ErrorKind::Client,
+        "command batching",
+        what.to_owned(),
+    ))
 }
 
 mod send;

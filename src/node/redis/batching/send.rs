@@ -79,7 +79,7 @@ impl Batching {
 impl SendOne for Batching {
     async fn send_one(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         let conn = &self.node.conn;
-        let send = || conn.send_one(cmd);
+        let send = || async move { conn.send(cmd).await?.extract_error() };
         if let Some(reply) = self.without_batch(send).await {
             return reply;
         }
@@ -91,7 +91,8 @@ impl SendOne for Batching {
 
     async fn send_pipeline(&mut self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
         let conn = &self.node.conn;
-        let send = || conn.send_pipeline(pipe);
+        let send =
+            || async move { Ok(one_result_each(conn.send_many(pipe, 0, pipe.len()).await?)) };
         if pipe.is_empty() {
             return alone(send()).await;
         }
