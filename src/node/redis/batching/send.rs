@@ -91,8 +91,10 @@ impl SendOne for Batching {
 
     async fn send_pipeline(&mut self, pipe: &Pipeline) -> RedisResult<Vec<RedisResult<Value>>> {
         let conn = &self.node.conn;
-        let send =
-            || async move { Ok(one_result_each(conn.send_many(pipe, 0, pipe.len()).await?)) };
+        let send = || async move {
+            let replies = conn.send_many(pipe, 0, pipe.len()).await?;
+            Ok::<_, RedisError>(one_result_each(replies))
+        };
         if pipe.is_empty() {
             return alone(send()).await;
         }
