@@ -1,7 +1,7 @@
 //! The acquire call of every lock shape (the plain `SET NX PX` or the pipelined fenced
 //! acquire of `pipelined.rs`, or the acquire script), and the raise-fences call.
 
-use super::pipelined::{acquire_plain, Pipelined};
+use super::pipelined::{acquire_plain, set_nx_px, Pipelined};
 use super::*;
 use crate::node::resource::LIMIT_SUFFIX;
 use crate::node::{Acquire as Request, LockMode, PerKey, Vote};
@@ -12,11 +12,7 @@ pub(crate) enum Acquire {
     /// resource, no waiter: one `SET NX PX`. It skips the wait queue's check: a lock
     /// handed to the next waiter is reserved (the key exists), so it barges in only
     /// where a holder's key expired and the queue's head has not retried yet.
-    Plain {
-        lock: String,
-        owner: String,
-        ttl_ms: u64,
-    },
+    Plain(Cmd),
     /// Fenced, one exclusive resource, no waiter, a standalone server: see [`Pipelined`].
     Pipelined(Pipelined),
     /// The acquire script (`acquire.lua`): the lock keys behind the wait queue and,
@@ -33,11 +29,7 @@ impl Acquire {
         };
         let common = !acq.seed_only_when_missing && acq.waiter.is_none() && acq.mode.is_exclusive();
         if common && !acq.fencing {
-            return Acquire::Plain {
-                lock: keys.lock.clone(),
-                owner: acq.owner.as_str().to_owned(),
-                ttl_ms,
-            };
+            return Acquire::Plain(set_nx_px(&keys.lock, acq.owner.as_str(), ttl_ms));
         }
         // A cluster's pipeline would be split by redis-rs's routing: one script there.
         if common && !sharded {
@@ -112,11 +104,7 @@ impl Op for Acquire {
         wait: Option<ReplicaWait>,
     ) -> Result<Vote, CallError> {
         match self {
-            Acquire::Plain {
-                lock,
-                owner,
-                ttl_ms,
-            } => acquire_plain(conn, lock, owner, *ttl_ms, wait).await,
+            Acquire::Plain(set) => acquire_plain(conn, set, wait).await,
             Acquire::Pipelined(pipelined) => pipelined.run(conn, wait).await,
             Acquire::Script(script) => script.run(conn, wait).await,
         }

@@ -51,11 +51,7 @@ impl Pipelined {
         self.pipe
             .cmd_iter()
             .nth(command)
-            .and_then(|cmd| cmd.args_iter().nth(index))
-            .map_or(&[], |arg| match arg {
-                redis::Arg::Simple(bytes) => bytes,
-                _ => &[],
-            })
+            .map_or(&[], |cmd| arg(cmd, index))
     }
 
     pub(super) async fn run<C: SendOne>(
@@ -214,9 +210,17 @@ async fn held_by_another<C: SendOne>(
     }))
 }
 
+/// Argument `index` of `cmd`.
+fn arg(cmd: &Cmd, index: usize) -> &[u8] {
+    match cmd.args_iter().nth(index) {
+        Some(redis::Arg::Simple(bytes)) => bytes,
+        _ => &[],
+    }
+}
+
 /// `SET lock owner NX PX ttl`, sized up front (numbers: at most 20 digits) so that
 /// building it never reallocates.
-fn set_nx_px(lock: &str, owner: &str, ttl_ms: u64) -> Cmd {
+pub(super) fn set_nx_px(lock: &str, owner: &str, ttl_ms: u64) -> Cmd {
     let mut set = Cmd::with_capacity(6, lock.len() + owner.len() + 32);
     set.arg("SET")
         .arg(lock)
@@ -231,17 +235,15 @@ fn set_nx_px(lock: &str, owner: &str, ttl_ms: u64) -> Cmd {
 /// follow only when the key exists.
 pub(super) async fn acquire_plain<C: SendOne>(
     conn: &mut C,
-    lock: &str,
-    owner: &str,
-    ttl_ms: u64,
+    set: &Cmd,
     wait: Option<ReplicaWait>,
 ) -> Result<Vote, CallError> {
+    let (lock, owner) = (arg(set, 1), arg(set, 2));
     // Replicas acknowledge only a SET that took the key.
-    let set = set_nx_px(lock, owner, ttl_ms);
-    let set = once(conn, &set, wait, |set| !matches!(set, Value::Nil)).await?;
+    let set = once(conn, set, wait, |set| !matches!(set, Value::Nil)).await?;
     if matches!(set, Value::Nil) {
         // Boxed, as in `Pipelined::run`.
-        let held = Box::pin(held_by_another(conn, lock.as_bytes(), owner.as_bytes()));
+        let held = Box::pin(held_by_another(conn, lock, owner));
         if let Some(held) = held.await? {
             return Ok(held);
         }
