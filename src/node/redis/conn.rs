@@ -154,7 +154,6 @@ impl Resending {
         outcome
     }
 
-    /// The database the connection selects.
     pub(crate) fn db(&self) -> i64 {
         self.0.client.get_connection_info().redis_settings().db()
     }

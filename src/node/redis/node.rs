@@ -32,13 +32,10 @@ pub(crate) trait Route: Send + Sync + 'static {
         wait: Option<ReplicaWait>,
     ) -> impl Future<Output = Result<O::Output, NodeError>> + Send + 'a;
 
-    /// As `Node::subscribe`.
     fn subscribe(self: &Arc<Self>, keys: &ResourceKeys) -> NodeFuture<ReleaseSignal>;
 
-    /// As `Node::server_ids`.
     fn server_ids(self: Arc<Self>) -> NodeFuture<Vec<String>>;
 
-    /// As `Node::server_setup`.
     fn server_setup(self: Arc<Self>, probe: ResourceKeys) -> NodeFuture<Vec<ServerSetup>>;
 }
 
@@ -169,8 +166,7 @@ pub(super) fn acquire_each<R: Route>(
                     member: index,
                     pttl,
                 }),
-                Ok(other) => Ok(other),
-                Err(error) => Err(error),
+                other => other,
             };
             let undo: Vec<_> = keys[..index]
                 .iter()
