@@ -19,18 +19,6 @@ fn refused(error: &RedisError) -> bool {
     error.code() == Some("NOPERM")
 }
 
-/// The permission a `NOPERM` refusal of `command` on the probe's key names.
-fn missing(error: &RedisError, command: &str, probe: &ResourceKeys) -> String {
-    let detail = error.detail().unwrap_or_default();
-    if detail.contains("key") {
-        // The lock key is the prefix, then the resource in braces.
-        let prefix = probe.lock.split('{').next().unwrap_or_default();
-        format!("~{prefix}*")
-    } else {
-        format!("+{command}")
-    }
-}
-
 /// `INFO <section>`, or `None` when the user may not run it (nothing is known then).
 async fn info<C: ConnectionLike + Send>(
     conn: &mut C,
@@ -155,7 +143,12 @@ pub(crate) async fn probe_permissions<C: ConnectionLike + Send>(
         } else if name == "PUBLISH" {
             setup.channels_refused = true;
         } else {
-            let permission = missing(&error, &name.to_lowercase(), probe);
+            // The permission the refusal names: the lock keys' pattern (the prefix, then
+            // the resource in braces), or the command.
+            let permission = match error.detail().unwrap_or_default().contains("key") {
+                true => format!("~{}*", probe.lock.split('{').next().unwrap_or_default()),
+                false => format!("+{}", name.to_lowercase()),
+            };
             if !setup.refused.contains(&permission) {
                 setup.refused.push(permission);
             }

@@ -42,7 +42,10 @@ impl Acquire {
 /// The acquire script's call as an operation: with `wait`, a grant counts only once
 /// enough replicas acknowledged the key and the counter.
 pub(super) fn acquire_script(call: Call) -> ScriptOp<Vote> {
-    ScriptOp::new(call, Some(acquire_granted), |value| parse_acquire(&value))
+    // A grant wrote.
+    let granted: fn(&Value) -> bool =
+        |value| matches!(value, Value::Array(items) if items.first().and_then(int) == Some(1));
+    ScriptOp::new(call, Some(granted), |value| parse_acquire(&value))
 }
 
 /// The acquire script's call (see `acquire.lua` for its arguments).
@@ -109,11 +112,6 @@ impl Op for Acquire {
             Acquire::Script(script) => script.run(conn, wait).await,
         }
     }
-}
-
-/// `true` when the acquire script's reply says it granted (and so wrote).
-pub(super) fn acquire_granted(value: &Value) -> bool {
-    matches!(value, Value::Array(items) if items.first().and_then(int) == Some(1))
 }
 
 /// The acquire script's reply: `{1, token, …}` (one per resource), `{0, pttl[, i]}`
