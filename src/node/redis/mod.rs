@@ -28,12 +28,7 @@ pub(crate) use url::redis_node;
 
 /// Whole milliseconds, rounded up, as Redis takes them.
 pub(crate) fn millis_ceil(d: Duration) -> u64 {
-    let ms = d.as_millis();
-    let ms = if !d.subsec_nanos().is_multiple_of(1_000_000) {
-        ms + 1
-    } else {
-        ms
-    };
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 

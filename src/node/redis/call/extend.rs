@@ -21,7 +21,6 @@ const EXTEND_CHUNK: usize = 256;
 pub(crate) struct ExtendCall {
     /// Each chunk's script call and its number of holds.
     pub(super) chunks: Vec<(Call, usize)>,
-    holds: usize,
 }
 
 impl ExtendCall {
@@ -51,10 +50,7 @@ impl ExtendCall {
                 (call, chunk.len())
             })
             .collect();
-        ExtendCall {
-            chunks,
-            holds: holds.len(),
-        }
+        ExtendCall { chunks }
     }
 }
 
@@ -85,8 +81,7 @@ async fn extend_many<C: SendOne>(
     call: &ExtendCall,
     wait: Option<ReplicaWait>,
 ) -> Result<Vec<Result<bool, NodeError>>, CallError> {
-    let mut values: Vec<Option<RedisResult<Value>>> = Vec::new();
-    values.resize_with(call.chunks.len(), || None);
+    let mut values: Vec<Option<RedisResult<Value>>> = vec![None; call.chunks.len()];
     for by_hash in [true, false] {
         let pending: Vec<usize> = (0..call.chunks.len())
             .filter(|&i| match &values[i] {
@@ -128,7 +123,7 @@ fn answers(
     call: &ExtendCall,
     values: Vec<Option<RedisResult<Value>>>,
 ) -> Vec<Result<bool, NodeError>> {
-    let mut answers = Vec::with_capacity(call.holds);
+    let mut answers = Vec::with_capacity(call.chunks.iter().map(|(_, size)| size).sum());
     for (&(_, size), value) in call.chunks.iter().zip(values) {
         let error = match value {
             Some(Ok(Value::Array(flags))) if flags.len() == size => {
