@@ -68,22 +68,12 @@ fn cluster(
     nodelay: Option<bool>,
     (replicas, timeout): (usize, Duration),
 ) -> Result<Arc<dyn Node>, ConfigError> {
-    let base = if url.scheme == "rediss+cluster" {
-        "rediss"
-    } else {
-        "redis"
-    };
-    let seeds = url
+    let base = url.base();
+    let seeds: Vec<_> = url
         .hosts
         .iter()
-        .map(|host| {
-            Url {
-                scheme: base,
-                ..url.clone()
-            }
-            .rebuild(host, url.path)
-        })
-        .collect::<Vec<_>>();
+        .map(|h| base.rebuild(h, url.path))
+        .collect();
     let node = match nodelay {
         None => ClusterNode::open(seeds)?,
         Some(nodelay) => ClusterNode::with_config(seeds, move |builder| {
@@ -127,7 +117,11 @@ fn sentinel(
             "a sentinel URL's path is /master_name[/db]",
         ));
     }
-    let base = if tls { "rediss" } else { "redis" };
+    let bare = Url {
+        userinfo: None,
+        query: Vec::new(),
+        ..url.base()
+    };
     let sentinel_user = url.param("sentinel_username")?;
     let sentinel_password = url.param("sentinel_password")?;
     let sentinels = url
@@ -138,12 +132,6 @@ fn sentinel(
                 (*host).to_owned()
             } else {
                 format!("{host}:26379")
-            };
-            let bare = Url {
-                scheme: base,
-                userinfo: None,
-                query: Vec::new(),
-                ..url.clone()
             };
             let info = bare
                 .rebuild(&host, "")
@@ -285,6 +273,16 @@ impl<'a> Url<'a> {
             query,
             fragment,
         })
+    }
+
+    /// This URL with the scheme of the servers it names (`rediss+cluster`: `rediss`).
+    #[cfg(any(feature = "cluster", feature = "sentinel"))]
+    fn base(&self) -> Url<'a> {
+        let scheme = self.scheme.split('+').next().unwrap_or(self.scheme);
+        Url {
+            scheme,
+            ..self.clone()
+        }
     }
 
     /// The value of one of this crate's own parameters, percent-decoded.
