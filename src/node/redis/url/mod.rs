@@ -194,27 +194,12 @@ struct Url<'a> {
 }
 
 /// The Redis schemes [`node_from_url`](crate::node_from_url) knows.
-const SCHEMES: [&str; 10] = [
-    "redis",
-    "rediss",
-    "valkey",
-    "valkeys",
-    "unix",
-    "redis+unix",
-    "redis+cluster",
-    "rediss+cluster",
-    "redis+sentinel",
-    "rediss+sentinel",
-];
+const SCHEMES: &str = "redis rediss valkey valkeys unix redis+unix redis+cluster rediss+cluster \
+                       redis+sentinel rediss+sentinel";
 
 /// Parameters this crate reads; everything else goes on to redis-rs.
-const OWN_PARAMS: [&str; 5] = [
-    "tcp_nodelay",
-    "wait_replicas",
-    "wait_timeout_ms",
-    "sentinel_username",
-    "sentinel_password",
-];
+const OWN_PARAMS: &str =
+    "tcp_nodelay wait_replicas wait_timeout_ms sentinel_username sentinel_password";
 
 impl<'a> Url<'a> {
     fn parse(s: &'a str) -> Result<Self, ConfigError> {
@@ -223,9 +208,8 @@ impl<'a> Url<'a> {
             .ok_or_else(|| ConfigError::new("a node URL starts with a scheme such as redis://"))?;
         // Schemes are case-insensitive (RFC 3986): `REDIS://` is `redis://`.
         let scheme = SCHEMES
-            .iter()
+            .split_whitespace()
             .find(|known| known.eq_ignore_ascii_case(scheme))
-            .copied()
             .unwrap_or(scheme);
         let (rest, fragment) = match rest.split_once('#') {
             Some((rest, fragment)) => (rest, Some(fragment)),
@@ -336,7 +320,7 @@ impl<'a> Url<'a> {
         let query: Vec<String> = self
             .query
             .iter()
-            .filter(|(k, _)| !OWN_PARAMS.contains(k))
+            .filter(|(k, _)| !OWN_PARAMS.split(' ').any(|own| own == *k))
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         if !query.is_empty() {
