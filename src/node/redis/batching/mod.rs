@@ -259,7 +259,12 @@ impl Drop for Place {
                 } else {
                     // Nothing to send, or no runtime to send it on (it is shutting
                     // down): whoever still waits hears so.
-                    self.batch.close_unsent(&mut open);
+                    let was_open = open.take();
+                    let why = "the caller leading this batch was dropped outside a Tokio runtime";
+                    self.batch
+                        .lock()
+                        .finish(&self.batch.node, Err(internal(why)));
+                    drop(was_open);
                 }
                 return;
             }
@@ -335,16 +340,6 @@ impl Batch {
             Poll::Ready(outcome) => state.finish(node, outcome),
             Poll::Pending => state.stage = Stage::Sent(send),
         }
-        drop(state);
-        drop(was_open);
-    }
-
-    /// Closes the open batch, this one (`open` is the node's, locked), without sending it.
-    fn close_unsent(self: &Arc<Self>, open: &mut MutexGuard<'_, Option<Arc<Batch>>>) {
-        let was_open = open.take();
-        let mut state = self.lock();
-        let why = "the caller leading this batch was dropped outside a Tokio runtime";
-        state.finish(&self.node, Err(internal(why)));
         drop(state);
         drop(was_open);
     }
