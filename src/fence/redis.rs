@@ -110,9 +110,7 @@ pub async fn set<C: ConnectionLike + Send>(
     key: &str,
     value: impl redis::ToRedisArgs + Send + Sync,
 ) -> Result<(), FenceError<redis::RedisError>> {
-    let token = token_of(held)?;
-    let call = guarded(key, token).arg("string").arg(value);
-    write(conn, call, key, token).await
+    write(conn, held, key, |call| call.arg("string").arg(value)).await
 }
 
 /// Sets `fields` of the hash `key` if `held`'s token is not below the token stored for
@@ -133,31 +131,14 @@ where
             "a guarded hash write needs at least one field",
         ));
     }
-    let token = token_of(held)?;
-    let mut call = guarded(key, token).arg("hash");
-    for (field, value) in fields {
-        call = call.arg(field).arg(value);
-    }
-    write(conn, call, key, token).await
-}
-
-/// The guarded write's call for `key`, up to its token; add the rest.
-fn guarded(key: &str, token: FencingToken) -> Call {
-    Call::new(&SCRIPT, 2)
-        .arg(key)
-        .arg(fence_key(key))
-        .arg(token.get())
-}
-
-/// The token a write of `held` carries: its first resource's, as
-/// [`LeaseHandle::fencing_token`](crate::LeaseHandle::fencing_token).
-fn token_of(held: &(impl Fenced + ?Sized)) -> Result<FencingToken, FenceError<redis::RedisError>> {
-    match writer_tokens(held)?.first() {
-        Some((_, token)) => Ok(*token),
-        None => Err(client_error(
-            "a guarded write needs a holder: it holds nothing",
-        )),
-    }
+    write(conn, held, key, |mut call| {
+        call = call.arg("hash");
+        for (field, value) in fields {
+            call = call.arg(field).arg(value);
+        }
+        call
+    })
+    .await
 }
 
 fn client_error(what: &'static str) -> FenceError<redis::RedisError> {
@@ -176,13 +157,22 @@ pub async fn current<C: ConnectionLike + Send>(
     Ok(stored.map(FencingToken::new))
 }
 
-/// Runs `call` on the application's connection: written, or refused as stale.
+/// The guarded write of `key` on the application's connection, `args` adding the value
+/// to the call: written, or refused as stale. The token is `held`'s first resource's,
+/// as [`LeaseHandle::fencing_token`](crate::LeaseHandle::fencing_token).
 async fn write<C: ConnectionLike + Send>(
     conn: &mut C,
-    call: Call,
+    held: &(impl Fenced + ?Sized),
     key: &str,
-    token: FencingToken,
+    args: impl FnOnce(Call) -> Call,
 ) -> Result<(), FenceError<redis::RedisError>> {
+    let Some(&(_, token)) = writer_tokens(held)?.first() else {
+        return Err(client_error(
+            "a guarded write needs a holder: it holds nothing",
+        ));
+    };
+    let call = Call::new(&SCRIPT, 2).arg(key).arg(fence_key(key));
+    let call = args(call.arg(token.get()));
     let value = call.run(&mut Any(conn), None, |_| false).await;
     let value = value.map_err(|e| FenceError::Store(e.into_redis_error()))?;
     let reply: Vec<String> =
