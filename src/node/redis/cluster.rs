@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::FutureExt;
-use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
+use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::io::tcp::TcpSettings;
@@ -106,7 +106,24 @@ impl ClusterNode {
         let client = configure(defaults(ClusterClientBuilder::new(seeds.clone())))
             .build()
             .map_err(|e| ConfigError::new(format!("{name}: {e}")))?;
-        let connect = connect(client, name.clone());
+        // Connects to the cluster (seeds, topology, masters), keeping the error, such as
+        // a failed authentication.
+        let named = name.clone();
+        let connect: Connect<ClusterConnection, NodeError> = Box::new(move |_| {
+            let (client, name) = (client.clone(), named.clone());
+            async move {
+                let config = ClusterConfig::new().set_connection_timeout(Duration::from_secs(2));
+                let made = client.get_async_connection_with_config(config).await;
+                made.map_err(|e| {
+                    let e = call::node_error(e);
+                    tracing::warn!(node = %name, error = %e, "cannot connect to the cluster");
+                    NodeError::Connection(
+                        format!("cannot connect to the cluster: {}", call::detail(&e)).into(),
+                    )
+                })
+            }
+            .boxed()
+        });
         let connection = Attempts::new(runtime, RECONNECT_INTERVAL, connect);
         connection.start_now();
         let builder: Arc<ClusterBuilder> =
@@ -146,26 +163,6 @@ fn defaults(builder: ClusterClientBuilder) -> ClusterClientBuilder {
         .min_retry_wait(5)
         .max_retry_wait(500)
         .retry_wait_formula(10, 2)
-}
-
-/// Connects to the cluster (seeds, topology, masters), keeping the error, such as a
-/// failed authentication.
-fn connect(client: ClusterClient, name: Arc<str>) -> Connect<ClusterConnection, NodeError> {
-    Box::new(move |_| {
-        let (client, name) = (client.clone(), name.clone());
-        async move {
-            let config = ClusterConfig::new().set_connection_timeout(Duration::from_secs(2));
-            let made = client.get_async_connection_with_config(config).await;
-            made.map_err(|e| {
-                let e = call::node_error(e);
-                tracing::warn!(node = %name, error = %e, "cannot connect to the cluster");
-                NodeError::Connection(
-                    format!("cannot connect to the cluster: {}", call::detail(&e)).into(),
-                )
-            })
-        }
-        .boxed()
-    })
 }
 
 impl Cluster {
