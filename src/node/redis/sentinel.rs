@@ -271,12 +271,12 @@ async fn check_task(inner: Weak<Sentinels>) {
             Some(inner) => inner.check_interval_ms.load(Ordering::Relaxed),
             None => return,
         };
-        tokio::time::sleep(Duration::from_millis(if interval == 0 {
-            millis(DEFAULT_CHECK_INTERVAL)
-        } else {
-            interval
-        }))
-        .await;
+        // Turned off: looks again a second later whether it is back on.
+        let interval = match interval {
+            0 => DEFAULT_CHECK_INTERVAL,
+            ms => Duration::from_millis(ms),
+        };
+        tokio::time::sleep(interval).await;
         let Some(inner) = inner.upgrade() else {
             return;
         };
