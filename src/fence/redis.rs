@@ -88,18 +88,12 @@ static SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(GUARDED_SET));
 /// assert_eq!(fence_key("{order:42}:status"), "{order:42}:status:fence");
 /// ```
 pub fn fence_key(key: &str) -> String {
-    if has_hash_tag(key) || key.contains('}') {
+    // A key with a hash tag has a `}`; any key with one stays as it is.
+    if key.contains('}') {
         format!("{key}:fence")
     } else {
         format!("{{{key}}}:fence")
     }
-}
-
-/// Redis Cluster's rule: the first `{`, then the first `}` after it, something between.
-fn has_hash_tag(key: &str) -> bool {
-    key.split_once('{')
-        .and_then(|(_, rest)| rest.find('}'))
-        .is_some_and(|len| len > 0)
 }
 
 /// Sets the string `key` to `value` if `held`'s token is not below the token stored for
