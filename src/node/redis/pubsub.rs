@@ -119,7 +119,7 @@ impl Hub {
     /// A hub for the server of `client`, connecting on first use.
     pub(crate) fn new(name: Arc<str>, client: &Client) -> Result<Self, NodeError> {
         let client = resp3(client)?;
-        let find = move || std::future::ready(Ok(client.clone())).boxed();
+        let find = move || std::future::ready(Ok::<_, NodeError>(client.clone())).boxed();
         Ok(Self::found(name, Box::new(find)))
     }
 

@@ -147,7 +147,7 @@ impl SentinelNode {
                     let route = masters.clone();
                     async move {
                         let master = dropped(route.upgrade())?.master.get().await.value?;
-                        Ok(master.node.node.route.client.clone())
+                        Ok::<_, NodeError>(master.node.node.route.client.clone())
                     }
                     .boxed()
                 }),
