@@ -38,7 +38,7 @@ def lua(*names):
 # name -> source, as `src/node/redis/call` joins them.
 CODE = {
     'acquire': lua('held', 'fence_rule', 'acquire', 'hand_off', 'acquire_queued'),
-    'release': lua('held', 'release', 'hand_off', 'release_queued'),
+    'release': lua('release', 'held', 'hand_off', 'release_queued'),
     'fence': lua('fence_rule', 'fence'),
     # Ideas measured and not taken (BENCHMARKS.md, session 12): the counter raised to
     # the holder's token by the release, atomically with the delete, so the acquire

@@ -33,12 +33,13 @@ impl Lua {
     }
 }
 
-// The scripts, put together from `scripts/*.lua`: `held.lua` opens every one that
+// The scripts, put together from `scripts/*.lua`: `held.lua` serves every one that
 // compares a lock key with an owner value, `fence_rule.lua` every one that touches a
 // fence counter (the rule lives there alone), `hand_off.lua` those that hand a free lock
 // to the next waiter. The acquire and release scripts' fast path (one resource, a caller
 // that does not wait, nobody queued) returns before any of the queue's functions is
-// built: Redis charges per argument, per `redis.call` and per Lua closure (BENCHMARKS.md).
+// built, the release's before any function at all: Redis charges per argument, per
+// `redis.call` and per Lua closure made (BENCHMARKS.md).
 
 /// A [`Lua`] put together from `scripts/*.lua`, in the order named.
 macro_rules! lua {
@@ -59,7 +60,7 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = lua!(
 /// [`Acquire::Pipelined`]).
 static FENCE: LazyLock<Lua> = lua!("fence_rule", "fence");
 static EXTEND: LazyLock<Lua> = lua!("held", "extend");
-static RELEASE: LazyLock<Lua> = lua!("held", "release", "hand_off", "release_queued");
+static RELEASE: LazyLock<Lua> = lua!("release", "held", "hand_off", "release_queued");
 static RAISE_FENCES: LazyLock<Lua> = lua!("fence_rule", "raise_fences");
 static LISTEN: LazyLock<Lua> = lua!("listen");
 /// The outcome records' claim, store and discard (`records.rs`): always `EVAL`, in the

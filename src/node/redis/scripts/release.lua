@@ -1,9 +1,9 @@
 -- Release one hold of one resource or of a set: compare-and-delete each lock key (or,
 -- for a shared holder, its entry in the sorted set at the key), then hand each resource
 -- to the next waiter of its queue (`hand_off`), which alone is woken. One script in
--- four parts (`call::RELEASE`): `held.lua`, this fast path (the common case: a lease's
--- own release of one resource, nobody queued), which builds none of the queue's
--- functions, then `hand_off.lua` and `release_queued.lua`.
+-- four parts (`call::RELEASE`): this fast path (the common case: a lease's own release
+-- of one resource, nobody queued), which builds no function, then `held.lua`,
+-- `hand_off.lua` and `release_queued.lua`.
 -- KEYS: per resource its lock key and its wait queue. ARGV[1] owner ('' for a
 -- leaving waiter); then, left out by a lease's own release of one resource on a
 -- standalone server (the fast path; Redis charges every argument, see BENCHMARKS.md),
@@ -21,7 +21,10 @@
 -- `ours`: the fast path found the key ours (`release_queued.lua` need not read it again).
 local ours = false
 if not ARGV[2] then
-  local holder = held(KEYS[1])
+  -- GET inline rather than `held` (`held.lua` follows this part): Redis makes a script's
+  -- closures on every call, and this path needs none (BENCHMARKS.md). A shared holders'
+  -- sorted set is not ours either; GET's refusal of any other type is the answer.
+  local holder = redis.pcall('GET', KEYS[1])
   if holder == ARGV[1] then
     -- Nobody queued and nobody listening (the queue holds the listeners' mark, see
     -- `hand_off`): nothing to wake.
@@ -31,7 +34,7 @@ if not ARGV[2] then
     end
     ours = true
   else
-    if holder and holder.err then
+    if holder and holder.err and redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
       return holder
     end
     return 0
