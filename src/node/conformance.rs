@@ -82,6 +82,7 @@ pub async fn check(make: &dyn Fn() -> Arc<dyn Node>, contract: Contract) {
     }
     if node.records().is_some() {
         records(&*node).await;
+        orphaned_marker(&*node).await;
     }
 }
 
@@ -445,4 +446,47 @@ async fn records(node: &dyn Node) {
     let read = records.read_record(&keys[0]).await.expect("read");
     assert_eq!(read, Some(record), "records: the stored record reads back");
     assert!(release(node, hold_of(&keys, &owner), Release::Wake).await);
+}
+
+/// An interrupted holder's pending marker, found by the next holder's claim, stays
+/// found: a claim sent again (its answer lost) writes nothing and must not delete the
+/// marker, or a later claim would run the work again instead of answering that the
+/// outcome is unknown.
+async fn orphaned_marker(node: &dyn Node) {
+    let records = node.records().expect("records");
+    let keys = [fresh("orphaned")];
+    let claim = |owner: &Owner, token: u64| {
+        let request = ClaimRequest {
+            keys: &keys[0],
+            owner,
+            token,
+            fingerprint: b"fp",
+            pending_ttl: TTL,
+            orphan_ttl: Some(TTL),
+            remember_interrupted: None,
+        };
+        records.claim_record(&request)
+    };
+    let first = Owner::random();
+    let interrupted = granted(acquire(node, &exclusive(&keys, &first)).await, "lock")[0];
+    let claimed = claim(&first, interrupted).await.expect("claim");
+    assert_eq!(claimed, ClaimReply::Claimed, "orphaned: the first claim");
+    assert!(release(node, hold_of(&keys, &first), Release::Wake).await);
+    let next = Owner::random();
+    let token = granted(acquire(node, &exclusive(&keys, &next)).await, "lock")[0];
+    for attempt in ["found", "sent again"] {
+        let claimed = claim(&next, token).await.expect("claim");
+        assert!(
+            matches!(claimed, ClaimReply::Orphaned { .. }),
+            "orphaned: the next holder's claim {attempt}: {claimed:?}"
+        );
+    }
+    assert!(
+        records
+            .discard_record(&keys[0], interrupted)
+            .await
+            .expect("discard"),
+        "orphaned: the marker is still there after two claims found it"
+    );
+    assert!(release(node, hold_of(&keys, &next), Release::Wake).await);
 }
