@@ -1,6 +1,6 @@
 //! The one `Node` implementation of the three Redis kinds. They run the same operations
 //! (`call/`, `records.rs`) and differ only in how a call reaches a server: a [`Route`]
-//! (`standalone.rs`: one server's connection; `sentinel/`: the master the sentinels
+//! (`standalone.rs`: one server's connection; `sentinel.rs`: the master the sentinels
 //! name; `cluster.rs`: redis-rs's cluster connection, which routes by slot).
 
 use std::future::Future;
