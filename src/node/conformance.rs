@@ -379,6 +379,24 @@ fn queued<'a>(keys: &'a [ResourceKeys], owner: &'a Owner, waiter: &'a Waiter) ->
     }
 }
 
+/// A claim of `keys` by `owner`'s lease with `token`; `orphan_ttl` as [`ClaimRequest`]'s.
+fn claim_of<'a>(
+    keys: &'a ResourceKeys,
+    owner: &'a Owner,
+    token: u64,
+    orphan_ttl: Option<Duration>,
+) -> ClaimRequest<'a> {
+    ClaimRequest {
+        keys,
+        owner,
+        token,
+        fingerprint: b"fp",
+        pending_ttl: TTL,
+        orphan_ttl,
+        remember_interrupted: None,
+    }
+}
+
 /// Outcome records: only the lock's owner claims and stores; a stored record reads
 /// back; a pending marker is discarded by its token.
 async fn records(node: &dyn Node) {
@@ -386,18 +404,7 @@ async fn records(node: &dyn Node) {
     let keys = [fresh("records")];
     let (owner, stranger) = (Owner::random(), Owner::random());
     let token = granted(acquire(node, &exclusive(&keys, &owner)).await, "lock")[0];
-    let claim = |owner: &Owner| {
-        let request = ClaimRequest {
-            keys: &keys[0],
-            owner,
-            token,
-            fingerprint: b"fp",
-            pending_ttl: TTL,
-            orphan_ttl: None,
-            remember_interrupted: None,
-        };
-        records.claim_record(&request)
-    };
+    let claim = |owner: &Owner| records.claim_record(&claim_of(&keys[0], owner, token, None));
     let claimed = claim(&stranger).await.expect("claim");
     assert_eq!(claimed, ClaimReply::NotOwner, "records: a stranger's claim");
     let claimed = claim(&owner).await.expect("claim");
@@ -456,16 +463,7 @@ async fn orphaned_marker(node: &dyn Node) {
     let records = node.records().expect("records");
     let keys = [fresh("orphaned")];
     let claim = |owner: &Owner, token: u64| {
-        let request = ClaimRequest {
-            keys: &keys[0],
-            owner,
-            token,
-            fingerprint: b"fp",
-            pending_ttl: TTL,
-            orphan_ttl: Some(TTL),
-            remember_interrupted: None,
-        };
-        records.claim_record(&request)
+        records.claim_record(&claim_of(&keys[0], owner, token, Some(TTL)))
     };
     let first = Owner::random();
     let interrupted = granted(acquire(node, &exclusive(&keys, &first)).await, "lock")[0];
