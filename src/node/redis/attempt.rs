@@ -24,7 +24,7 @@
 
 use std::collections::BTreeSet;
 use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::pin::Pin;
 use std::sync::{Mutex, MutexGuard};
 use std::task::Poll;
 use std::time::Duration;
@@ -238,19 +238,22 @@ impl<T, E> Drop for Place<'_, T, E> {
 
 /// Runs `call` in its caller's turn: once the callers before `place` handed their
 /// commands over, its first poll hands its own to the connection (which keeps the order
-/// it is given commands in), and the next in line may go.
-pub(crate) async fn in_turn<F: Future, T, E>(place: Option<Place<'_, T, E>>, call: F) -> F::Output {
-    let Some(mut place) = place else {
-        return call.await;
-    };
-    let mine = place.place;
-    // The sender lives in the attempts, which outlive the place.
-    let _ = place.turn.wait_for(|serving| *serving == mine).await;
-    let mut call = pin!(call);
-    let first = poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-    drop(place);
-    match first {
-        Poll::Ready(output) => output,
-        Poll::Pending => call.await,
+/// it is given commands in), and the next in line may go. `call` is pinned by the
+/// caller: an `async fn` keeps a future it is given by value twice (as its argument
+/// and where it awaits it), and redis-rs's send futures are over a kilobyte each.
+pub(crate) async fn in_turn<F: Future, T, E>(
+    place: Option<Place<'_, T, E>>,
+    mut call: Pin<&mut F>,
+) -> F::Output {
+    if let Some(mut place) = place {
+        let mine = place.place;
+        // The sender lives in the attempts, which outlive the place.
+        let _ = place.turn.wait_for(|serving| *serving == mine).await;
+        let first = poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        drop(place);
+        if let Poll::Ready(output) = first {
+            return output;
+        }
     }
+    call.await
 }

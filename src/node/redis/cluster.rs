@@ -1,6 +1,7 @@
 //! [`ClusterNode`]: one Redis Cluster as one lock node, over redis-rs's async cluster client.
 
 use std::fmt;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -212,7 +213,7 @@ impl Route for Cluster {
     async fn run<O: Op>(&self, op: &O, wait: Option<ReplicaWait>) -> Result<O::Output, NodeError> {
         let got = self.connection.get().await;
         let mut conn = got.value?;
-        in_turn(got.place, op.run(&mut Any(&mut conn), wait))
+        in_turn(got.place, pin!(op.run(&mut Any(&mut conn), wait)))
             .await
             .map_err(call::CallError::into_node_error)
     }

@@ -1,6 +1,7 @@
 //! [`SentinelNode`]: a Sentinel-managed master as one lock node.
 
 use std::fmt;
+use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -322,7 +323,7 @@ impl Route for Sentinels {
                 }
             };
             let mut conn = master.node.node.route.conn.clone();
-            match in_turn(got.place, op.run(&mut conn, wait)).await {
+            match in_turn(got.place, pin!(op.run(&mut conn, wait))).await {
                 Ok(value) => return Ok(value),
                 Err(e) => {
                     if e.master_may_have_moved() {
