@@ -59,13 +59,15 @@ impl Header {
     });
 }
 
+/// 400 `key-invalid`: what `extractor` looks for is there, and `why` it is unusable.
+fn invalid(extractor: &impl KeyExtractor, why: &str) -> KeyRejection {
+    KeyRejection::invalid(format!("{} {why}", extractor.describe()))
+}
+
 /// The content of the RFC 8941 String `value` (which starts with `"`), or why it is
 /// not one.
 fn parse_sf_string(value: &str) -> Result<String, &'static str> {
-    let mut chars = value.chars();
-    if chars.next() != Some('"') {
-        return Err("a String starts with a double quote");
-    }
+    let mut chars = value.chars().skip(1);
     let mut out = String::with_capacity(value.len());
     loop {
         match chars.next() {
@@ -91,29 +93,23 @@ impl KeyExtractor for Header {
 
     fn keys(&self, parts: &mut Parts, _body: &[u8]) -> Result<Option<String>, KeyRejection> {
         let mut values = parts.headers.get_all(&self.name).iter();
-        match (values.next(), values.next()) {
-            (None, _) => Ok(None),
-            (Some(value), None) => {
-                // Refused rather than replaced with U+FFFD: two different byte strings
-                // must never name one lock.
-                let text = std::str::from_utf8(value.as_bytes()).map_err(|_| {
-                    KeyRejection::invalid(format!("the `{}` header is not UTF-8", self.name))
-                })?;
-                if self.sf_string && text.starts_with('"') {
-                    return parse_sf_string(text).map(Some).map_err(|why| {
-                        KeyRejection::invalid(format!(
-                            "the `{}` header is not a valid structured-field String (RFC 8941): {why}",
-                            self.name
-                        ))
-                    });
-                }
-                Ok(Some(text.to_owned()))
-            }
-            (Some(_), Some(_)) => Err(KeyRejection::invalid(format!(
-                "the `{}` header appears more than once",
-                self.name
-            ))),
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(invalid(self, "appears more than once"));
         }
+        // Refused rather than replaced with U+FFFD: two different byte strings must never
+        // name one lock.
+        let text =
+            std::str::from_utf8(value.as_bytes()).map_err(|_| invalid(self, "is not UTF-8"))?;
+        if !(self.sf_string && text.starts_with('"')) {
+            return Ok(Some(text.to_owned()));
+        }
+        parse_sf_string(text).map(Some).map_err(|why| {
+            let why = format!("is not a valid structured-field String (RFC 8941): {why}");
+            invalid(self, &why)
+        })
     }
 
     fn describe(&self) -> String {
@@ -148,15 +144,9 @@ impl KeyExtractor for QueryParam {
                 continue;
             }
             if found.is_some() {
-                return Err(KeyRejection::invalid(format!(
-                    "the `{}` query parameter appears more than once",
-                    self.name
-                )));
+                return Err(invalid(self, "appears more than once"));
             }
-            let value = decode_component(value).ok_or_else(|| {
-                KeyRejection::invalid(format!("the `{}` query parameter is not UTF-8", self.name))
-            })?;
-            found = Some(value);
+            found = Some(decode_component(value).ok_or_else(|| invalid(self, "is not UTF-8"))?);
         }
         Ok(found)
     }
@@ -249,9 +239,9 @@ impl KeyExtractor for PathParam {
                     (found, _) => Ok(found),
                 }
             }
-            Some(Err(RawPathParamsRejection::InvalidUtf8InPathParam(_))) => Err(
-                KeyRejection::invalid(format!("the `{}` path parameter is not UTF-8", self.name)),
-            ),
+            Some(Err(RawPathParamsRejection::InvalidUtf8InPathParam(_))) => {
+                Err(invalid(self, "is not UTF-8"))
+            }
             Some(Err(_)) | None => {
                 tracing::warn!(
                     param = %self.name,

@@ -54,8 +54,12 @@ impl JsonField {
     }
 }
 
-/// The body, parsed: 400 `body-not-json` when it is not JSON.
-fn parse(body: &[u8]) -> Result<serde_json::Value, KeyRejection> {
+/// The body, parsed: 413 when read for a wider limit (another key's, replay's) than
+/// `limit`, 400 `body-not-json` when it is not JSON.
+fn parse(body: &[u8], limit: usize) -> Result<serde_json::Value, KeyRejection> {
+    if body.len() > limit {
+        return Err(KeyRejection::body_too_large(limit));
+    }
     serde_json::from_slice(body)
         .map_err(|e| KeyRejection::body_not_json(format!("the body is not JSON: {e}")))
 }
@@ -83,8 +87,7 @@ impl KeyExtractor for JsonField {
     type Body = Bytes;
 
     fn keys(&self, _parts: &mut Parts, body: &[u8]) -> Result<Option<String>, KeyRejection> {
-        check_limit(body, self.limit)?;
-        field_of(&parse(body)?, &self.pointer)
+        field_of(&parse(body, self.limit)?, &self.pointer)
     }
 
     fn body_limit(&self) -> Option<usize> {
@@ -93,14 +96,6 @@ impl KeyExtractor for JsonField {
 
     fn describe(&self) -> String {
         format!("the body field `{}`", self.pointer)
-    }
-}
-
-/// 413 for a body read for a wider limit (another key's, replay's) than this one's.
-fn check_limit(body: &[u8], limit: usize) -> Result<(), KeyRejection> {
-    match body.len() > limit {
-        true => Err(KeyRejection::body_too_large(limit)),
-        false => Ok(()),
     }
 }
 
@@ -149,8 +144,7 @@ impl KeyExtractor for JsonFields {
     type Body = Bytes;
 
     fn keys(&self, _parts: &mut Parts, body: &[u8]) -> Result<Option<Vec<String>>, KeyRejection> {
-        check_limit(body, self.limit)?;
-        let json = parse(body)?;
+        let json = parse(body, self.limit)?;
         let found = self
             .pointers
             .iter()
@@ -164,10 +158,11 @@ impl KeyExtractor for JsonFields {
     }
 
     fn describe(&self) -> String {
-        (0..self.pointers.len())
-            .map(|index| self.describe_key(index))
-            .collect::<Vec<_>>()
-            .join(" and ")
+        let fields = self
+            .pointers
+            .iter()
+            .map(|p| format!("the body field `{p}`"));
+        fields.collect::<Vec<_>>().join(" and ")
     }
 
     fn describe_key(&self, index: usize) -> String {
