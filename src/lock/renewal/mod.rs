@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeFailure};
+use crate::lock::background::Leftover;
 use crate::lock::lease::{ExtendFailure, LeaseInner, LostCause};
 use crate::lock::round::OwnerTally;
 use crate::lock::{metrics, Shared};
@@ -213,16 +214,8 @@ fn renew_at(locker: &Shared, deadline: Instant) -> Instant {
 /// Keys of a batch that one node timeout covers (a Redis node's script chunk).
 const KEYS_PER_TIMEOUT: usize = 256;
 
-/// A batch round, and the node calls still running once it was decided.
-type Round = Pin<Box<dyn Future<Output = Settled> + Send>>;
-type Leftover = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-struct Settled {
-    leases: Vec<(u64, Arc<LeaseInner>)>,
-    start: Instant,
-    tallies: Vec<OwnerTally>,
-    leftovers: Vec<Leftover>,
-}
+/// A batch round, applied to its leases; its output is the node calls still running.
+type Round = Pin<Box<dyn Future<Output = Vec<Leftover>> + Send>>;
 
 /// The scheduler of one locker: runs until no lease is registered and nothing it
 /// started is in flight.
@@ -256,9 +249,7 @@ async fn run(locker: Arc<Shared>) {
             schedule.wake_at
         };
         tokio::select! {
-            Some(settled) = rounds.next(), if !rounds.is_empty() => {
-                leftovers.extend(apply(locker, settled));
-            }
+            Some(left) = rounds.next(), if !rounds.is_empty() => leftovers.extend(left),
             Some(()) = leftovers.next(), if !leftovers.is_empty() => {}
             () = sleep_until(next) => {
                 if let Some(round) = take_due(locker) {
@@ -415,4 +406,4 @@ mod round;
 #[cfg(test)]
 mod tests;
 
-use round::{apply, extend};
+use round::extend;

@@ -72,12 +72,8 @@ pub(super) fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -
                 }) as Leftover
             })
             .collect();
-        Settled {
-            leases,
-            start,
-            tallies,
-            leftovers,
-        }
+        apply(&locker, &leases, start, tallies);
+        leftovers
     })
 }
 
@@ -113,15 +109,20 @@ fn add_answers(
     }
 }
 
-/// Applies a decided round to each of its leases, puts each back on the schedule as
-/// its outcome says, and hands back the node calls still running.
-pub(super) fn apply(locker: &Arc<Shared>, settled: Settled) -> Vec<Leftover> {
+/// Applies a round decided with `tallies` to each of its leases, and puts each back on
+/// the schedule as its outcome says.
+fn apply(
+    locker: &Shared,
+    leases: &[(u64, Arc<LeaseInner>)],
+    start: Instant,
+    tallies: Vec<OwnerTally>,
+) {
     let options = &locker.options;
     // After a failed round, try again soon: the lease is only lost at the deadline.
     let retry_every =
         (options.ttl / 30).clamp(Duration::from_millis(10), Duration::from_millis(500));
-    for ((id, inner), tally) in settled.leases.iter().zip(settled.tallies) {
-        match inner.settle_extend(settled.start, tally) {
+    for ((id, inner), tally) in leases.iter().zip(tallies) {
+        match inner.settle_extend(start, tally) {
             Ok(valid_until) => {
                 let at = renew_at(locker, valid_until);
                 schedule(locker, *id, inner, at, Kind::Renew);
@@ -147,5 +148,4 @@ pub(super) fn apply(locker: &Arc<Shared>, settled: Settled) -> Vec<Leftover> {
             }
         }
     }
-    settled.leftovers
 }
