@@ -2,7 +2,6 @@
 //! decided as a watchdog of its own would decide it.
 
 use super::*;
-use crate::lock::round::watched;
 
 /// One extend round for a batch of leases: one batched call per node, decided once
 /// every lease of the batch is (a majority extended it, or said its key is gone, or
@@ -31,49 +30,37 @@ pub(super) fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -
             .timeout()
             .saturating_mul(per_keys.max(1))
             .min(deadline.saturating_duration_since(start));
-        let mut calls: FuturesUnordered<_> = nodes
-            .each()
-            .enumerate()
-            .map(|(index, node)| {
-                let owners: Vec<_> = leases
-                    .iter()
-                    .map(|(_, inner)| inner.owner.for_node(index))
-                    .collect();
-                let holds: Vec<Hold<'_>> = leases
-                    .iter()
-                    .zip(&owners)
-                    .map(|((_, inner), owner)| inner.target.hold(owner))
-                    .collect();
-                let health = nodes.health[index].clone();
-                let call = watched(health, Instant::now(), timeout, node.extend(&holds, ttl));
-                Box::pin(async move { (index, call.await) })
-            })
-            .collect();
         let mut tallies: Vec<OwnerTally> = std::iter::repeat_with(OwnerTally::default)
             .take(leases.len())
             .collect();
-        while let Some((index, answer)) = calls.next().await {
-            add_answers(&locker, &mut tallies, index, answer);
-            let pending = calls.len();
-            let decided = |(t, quorum): (&OwnerTally, &usize)| {
-                crate::lock::quorum::tally_decided(*quorum, t.yes, t.no, pending)
-            };
-            if tallies.iter().zip(&quorums).all(decided) {
-                break;
-            }
-        }
-        // The calls still running finish in the scheduler's task: every node that can
-        // answer gets every extend.
-        let leftovers = calls
-            .into_iter()
-            .map(|call| {
-                Box::pin(async move {
-                    let _ = call.await;
-                }) as Leftover
-            })
-            .collect();
+        // The calls still running once every lease is decided finish in the background:
+        // every node that can answer gets every extend.
+        nodes
+            .fan_out(
+                0..nodes.len(),
+                timeout,
+                |index, node| {
+                    let owners: Vec<_> = leases
+                        .iter()
+                        .map(|(_, inner)| inner.owner.for_node(index))
+                        .collect();
+                    let holds: Vec<Hold<'_>> = leases
+                        .iter()
+                        .zip(&owners)
+                        .map(|((_, inner), owner)| inner.target.hold(owner))
+                        .collect();
+                    node.extend(&holds, ttl)
+                },
+                |index, answer, pending| {
+                    add_answers(&locker, &mut tallies, index, answer);
+                    let decided = |(t, quorum): (&OwnerTally, &usize)| {
+                        crate::lock::quorum::tally_decided(*quorum, t.yes, t.no, pending)
+                    };
+                    tallies.iter().zip(&quorums).all(decided)
+                },
+            )
+            .await;
         apply(&locker, &leases, start, tallies);
-        leftovers
     })
 }
 
