@@ -16,7 +16,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError, NodeFailure};
-use crate::lock::attempt::{NodeSet, Pending, Stragglers};
+use crate::lock::attempt::{Pending, Stragglers};
 use crate::lock::health::{Health, NodeState};
 use crate::lock::target::{Ask, Target};
 use crate::lock::{background::Background, metrics, LockError};
@@ -185,17 +185,12 @@ impl Nodes {
             ..AcquireTally::default()
         };
         let quorum = target.quorum(self.list.len());
-        let mut stragglers = Stragglers {
-            calls: Vec::new(),
-            answered: NodeSet::default(),
-        };
-        let seen = &mut stragglers.answered;
-        let calls = &mut stragglers.calls;
+        let mut stragglers = Stragglers::default();
         self.fan_out_keeping(
             started,
             0..self.list.len(),
             self.timeout,
-            Some(calls),
+            Some(&mut stragglers.calls),
             |index, node| {
                 // Each node gets its own owner value (see `Owner::for_node`).
                 let owner = ask.owner.for_node(index);
@@ -208,7 +203,6 @@ impl Nodes {
                 )
             },
             |index, answer, pending| {
-                seen.insert(index);
                 match answer {
                     Ok(Vote::Granted { fences }) => tally.won.push((index, fences)),
                     Ok(Vote::Held { member, pttl }) => {
@@ -358,7 +352,7 @@ impl Nodes {
         started: Instant,
         targets: impl IntoIterator<Item = usize, IntoIter: ExactSizeIterator>,
         timeout: Duration,
-        keep: Option<&mut Vec<Pending<T>>>,
+        keep: Option<&mut Vec<(usize, Pending<T>)>>,
         mut call: impl FnMut(usize, &dyn Node) -> NodeFuture<T>,
         mut decided: impl FnMut(usize, Result<T, NodeError>, usize) -> bool,
     ) {
@@ -413,12 +407,12 @@ impl Nodes {
         }
         let pending = calls.into_iter().map(|(index, call)| {
             let answer = watched(self.health[index].clone(), started, timeout, call);
-            Box::pin(async move { (index, answer.await) }) as Pending<T>
+            (index, Box::pin(answer) as Pending<T>)
         });
         match keep {
             Some(keep) => keep.extend(pending),
             None => {
-                let pending: FuturesUnordered<_> = pending.collect();
+                let pending: FuturesUnordered<_> = pending.map(|(_, call)| call).collect();
                 self.background
                     .finish(Box::pin(pending.for_each(|_| async {})));
             }

@@ -26,6 +26,7 @@ pub(crate) struct Ask<'a> {
 }
 
 /// One resource or a set, in canonical order, and the mode (a set's is exclusive).
+#[derive(Clone)]
 pub(crate) struct Target {
     resources: PerKey<Resource>,
     keys: PerKey<ResourceKeys>,
@@ -127,50 +128,21 @@ impl Target {
         node.release(&self.hold(owner), how)
     }
 
-    /// How a failed attempt is undone, owned for the cleanup's task: one resource's
-    /// exclusive attempt is released as a lease is (on a node with a wait queue, a key
-    /// taken from the queue's head goes on to the next waiter) or, for a waiter, which
-    /// keeps its turn, handed back to it; a set's or a shared holder's wakes nobody, as
-    /// nothing was granted to anyone.
-    pub(crate) fn undo(&self, waiter: Option<&Waiter>) -> Undo {
+    /// Undoes a failed attempt on `node`: one resource's exclusive attempt is released
+    /// as a lease is (on a node with a wait queue, a key taken from the queue's head
+    /// goes on to the next waiter) or, for a waiter, which keeps its turn, handed back
+    /// to it; a set's or a shared holder's wakes nobody, as nothing was granted to anyone.
+    pub(crate) fn undo(
+        &self,
+        node: &dyn Node,
+        owner: &Owner,
+        waiter: Option<&Waiter>,
+    ) -> NodeFuture<bool> {
         let how = match waiter {
-            _ if !self.queues() => UndoHow::Quiet,
-            Some(waiter) => UndoHow::HandBack(waiter.clone()),
-            None => UndoHow::Wake,
+            _ if !self.queues() => Release::Quiet,
+            Some(waiter) => Release::HandBack(waiter),
+            None => Release::Wake,
         };
-        Undo {
-            keys: PerKey::map(&self.keys, Clone::clone),
-            mode: self.mode,
-            how,
-        }
-    }
-}
-
-/// A failed attempt's release, owned (see [`Target::undo`]).
-pub(crate) struct Undo {
-    keys: PerKey<ResourceKeys>,
-    mode: LockMode,
-    how: UndoHow,
-}
-
-enum UndoHow {
-    Wake,
-    Quiet,
-    HandBack(Waiter),
-}
-
-impl Undo {
-    pub(crate) fn call(&self, node: &dyn Node, owner: &Owner) -> NodeFuture<bool> {
-        let how = match &self.how {
-            UndoHow::Wake => Release::Wake,
-            UndoHow::Quiet => Release::Quiet,
-            UndoHow::HandBack(waiter) => Release::HandBack(waiter),
-        };
-        let hold = Hold {
-            keys: &self.keys,
-            owner,
-            mode: self.mode,
-        };
-        node.release(&hold, how)
+        node.release(&self.hold(owner), how)
     }
 }
