@@ -17,9 +17,9 @@ use super::health::Health;
 use super::lease::{LeaseInner, StatusCell};
 use super::metrics;
 use super::round::{watched, Nodes};
-use super::target::{Ask, Target};
+use super::target::Target;
 use super::{fencing, LockError, Redlock, Shared};
-use crate::node::{Node, NodeError, NodeFuture, Owner, PerKey, Vote, Waiter};
+use crate::node::{Acquire, Node, NodeError, NodeFuture, Owner, PerKey, Vote, Waiter};
 
 /// How many times a caller that does not wait runs an attempt lost to a split vote
 /// again, after a short random delay, before it is refused (Redlock's rule).
@@ -45,16 +45,19 @@ impl Redlock {
         let owner = Owner::random();
         let start = Instant::now();
         let in_flight = ReleaseIfDropped::new(nodes, target, &owner, Stragglers::default());
-        let ask = Ask {
+        let ask = Acquire {
+            keys: target.keys(),
             owner: &owner,
+            mode: target.mode(),
             ttl: options.ttl,
-            fence_ttl: options.fence_ttl,
             fencing: options.fencing,
+            fence_ttl: options.fence_ttl,
             fence_floor: fencing::round_floor(options.fencing),
             seed_only_when_missing: options.seed_only_when_missing,
-            waiter,
+            // Only one resource's exclusive waiter joins the nodes' wait queues.
+            waiter: waiter.filter(|_| target.queues()),
         };
-        let (tally, stragglers) = nodes.acquire(start, target, &ask).await;
+        let (tally, stragglers) = nodes.acquire(start, &ask).await;
         in_flight.disarm();
         let quorum = target.quorum(nodes.len());
         if tally.won.len() + tally.held.len() >= quorum {

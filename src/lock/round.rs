@@ -18,9 +18,9 @@ use tokio::time::Instant;
 use crate::error::{ConfigError, NodeError, NodeFailure};
 use crate::lock::attempt::{Pending, Stragglers};
 use crate::lock::health::{Health, NodeState};
-use crate::lock::target::{Ask, Target};
+use crate::lock::target::Target;
 use crate::lock::{background::Background, metrics, LockError};
-use crate::node::{LockMode, Node, NodeFuture, Owner, PerKey, Resource, Vote, Waiter};
+use crate::node::{Acquire, LockMode, Node, NodeFuture, Owner, PerKey, Resource, Vote, Waiter};
 
 /// The nodes of a locker and the majority they need.
 pub(crate) struct Nodes {
@@ -170,21 +170,20 @@ impl Nodes {
         self.health.iter().map(|h| h.state()).collect()
     }
 
-    /// One acquire round of `target` on every node, started at `started` (the instant
+    /// One acquire round of `ask` on every node, started at `started` (the instant
     /// the lease's validity counts from; the calls time out a node timeout after it).
     /// Returns once a majority granted it, or once it is certain that none can and
     /// whether that is contention or failure, with the calls still in flight then.
     pub(crate) async fn acquire(
         &self,
         started: Instant,
-        target: &Target,
-        ask: &Ask<'_>,
+        ask: &Acquire<'_>,
     ) -> (AcquireTally, Stragglers<Vote>) {
         let mut tally = AcquireTally {
             won: Vec::with_capacity(self.list.len()),
             ..AcquireTally::default()
         };
-        let quorum = target.quorum(self.list.len());
+        let quorum = super::quorum::for_mode(self.list.len(), ask.mode);
         let mut stragglers = Stragglers::default();
         self.fan_out_keeping(
             started,
@@ -194,13 +193,10 @@ impl Nodes {
             |index, node| {
                 // Each node gets its own owner value (see `Owner::for_node`).
                 let owner = ask.owner.for_node(index);
-                target.acquire(
-                    node,
-                    &Ask {
-                        owner: &owner,
-                        ..*ask
-                    },
-                )
+                node.acquire(&Acquire {
+                    owner: &owner,
+                    ..*ask
+                })
             },
             |index, answer, pending| {
                 match answer {

@@ -4,26 +4,10 @@
 //! mode as data. A single resource keeps everything inline ([`PerKey`]): its name,
 //! keys, fence values and turns allocate no list.
 
-use std::time::Duration;
-
 use super::quorum;
 use crate::node::{
-    Acquire, Hold, LockMode, Node, NodeFuture, Owner, PerKey, Release, Resource, ResourceKeys,
-    Vote, Waiter,
+    Hold, LockMode, Node, NodeFuture, Owner, PerKey, Release, Resource, ResourceKeys, Waiter,
 };
-
-/// The settings of one acquire call (`owner` is the node's own).
-#[derive(Clone, Copy)]
-pub(crate) struct Ask<'a> {
-    pub(crate) owner: &'a Owner,
-    pub(crate) ttl: Duration,
-    pub(crate) fence_ttl: Duration,
-    pub(crate) fencing: bool,
-    pub(crate) fence_floor: u64,
-    pub(crate) seed_only_when_missing: bool,
-    /// The waiter joining the nodes' wait queues (see [`Target::queues`]).
-    pub(crate) waiter: Option<&'a Waiter>,
-}
 
 /// One resource or a set, in canonical order, and the mode (a set's is exclusive).
 #[derive(Clone)]
@@ -88,20 +72,6 @@ impl Target {
     /// `f` of every member, in canonical order.
     pub(crate) fn each<X>(&self, f: impl FnMut(&Resource) -> X) -> PerKey<X> {
         PerKey::map(&self.resources, f)
-    }
-
-    pub(crate) fn acquire(&self, node: &dyn Node, ask: &Ask<'_>) -> NodeFuture<Vote> {
-        node.acquire(&Acquire {
-            keys: &self.keys,
-            owner: ask.owner,
-            mode: self.mode,
-            ttl: ask.ttl,
-            fencing: ask.fencing,
-            fence_ttl: ask.fence_ttl,
-            fence_floor: ask.fence_floor,
-            seed_only_when_missing: ask.seed_only_when_missing,
-            waiter: ask.waiter.filter(|_| self.queues()),
-        })
     }
 
     /// What a lease over this target holds on a node, as `owner`.
