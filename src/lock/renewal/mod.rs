@@ -17,7 +17,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::error::{NodeError, NodeFailure};
+use crate::error::NodeError;
 use crate::lock::lease::{ExtendFailure, LeaseInner, LostCause};
 use crate::lock::round::OwnerTally;
 use crate::lock::{metrics, Shared};

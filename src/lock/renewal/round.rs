@@ -72,27 +72,18 @@ fn add_answers(
     index: usize,
     answer: Result<Vec<Result<bool, NodeError>>, NodeError>,
 ) {
-    let node = || locker.nodes.name(index);
-    let answers = match answer {
-        Ok(answers) => answers,
-        Err(error) => {
-            for tally in tallies.iter_mut() {
-                tally.failures.push(NodeFailure {
-                    node: node(),
-                    error: error.clone(),
-                });
-            }
-            return;
-        }
+    // A failed call is every lease's failure on that node.
+    let mut answers = match answer {
+        Ok(answers) => answers.into_iter(),
+        Err(error) => vec![Err(error); tallies.len()].into_iter(),
     };
-    let mut answers = answers.into_iter();
     for tally in tallies.iter_mut() {
         let answer = answers.next().unwrap_or_else(|| {
             Err(NodeError::Protocol(
                 "fewer answers than leases to extend".into(),
             ))
         });
-        tally.add(answer, node);
+        tally.add(answer, || locker.nodes.name(index));
     }
 }
 
