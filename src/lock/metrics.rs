@@ -173,37 +173,17 @@ pub(crate) fn http_series(
 }
 
 /// When an acquire call started: the clock is read only when the metrics record it.
-#[derive(Clone, Copy)]
-pub(crate) struct Started {
-    #[cfg(feature = "metrics")]
-    at: tokio::time::Instant,
+pub(crate) fn started() -> Option<tokio::time::Instant> {
+    cfg!(feature = "metrics").then(tokio::time::Instant::now)
 }
 
-impl Started {
-    pub(crate) fn now() -> Self {
-        Started {
-            #[cfg(feature = "metrics")]
-            at: tokio::time::Instant::now(),
-        }
-    }
-
-    /// A start the caller read anyway.
-    pub(crate) fn at(at: tokio::time::Instant) -> Self {
-        let _ = at;
-        Started {
-            #[cfg(feature = "metrics")]
-            at,
-        }
-    }
-}
-
-/// Records one acquire call that started at `started`.
+/// Records one acquire call that started at `started` (see [`started`]).
 #[inline]
-pub(crate) fn acquisition<T>(result: &Result<T, LockError>, started: Started) {
+pub(crate) fn acquisition<T>(result: &Result<T, LockError>, started: Option<tokio::time::Instant>) {
     let _ = (result, started);
     #[cfg(feature = "metrics")]
     {
-        let elapsed = started.at.elapsed();
+        let elapsed = started.map_or(std::time::Duration::ZERO, |at| at.elapsed());
         // Literal names and labels make static keys: a key built per call (from
         // `acquire_outcome`) costs an allocation and a hash on every acquisition.
         macro_rules! record {
