@@ -94,7 +94,7 @@ impl Redlock {
         let first = target.resources()[0].clone();
         let waiting = self.queue_and_acquire(target, started, deadline);
         let result = self.unless_draining(&first, waiting).await;
-        metrics::acquisition(&result, metrics::Started::at(started));
+        metrics::acquisition(&result, Some(started));
         result
     }
 

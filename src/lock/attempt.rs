@@ -17,9 +17,9 @@ use super::health::Health;
 use super::lease::{LeaseInner, StatusCell};
 use super::metrics;
 use super::round::{watched, Nodes};
-use super::target::{Ask, Target, Undo};
+use super::target::Target;
 use super::{fencing, LockError, Redlock, Shared};
-use crate::node::{Node, NodeError, NodeFuture, Owner, PerKey, Vote, Waiter};
+use crate::node::{Acquire, Node, NodeError, NodeFuture, Owner, PerKey, Vote, Waiter};
 
 /// How many times a caller that does not wait runs an attempt lost to a split vote
 /// again, after a short random delay, before it is refused (Redlock's rule).
@@ -44,18 +44,20 @@ impl Redlock {
         let resource = &target.resources()[0];
         let owner = Owner::random();
         let start = Instant::now();
-        let in_flight =
-            ReleaseIfDropped::new(nodes, target, &owner, Stragglers::settled(nodes.len()));
-        let ask = Ask {
+        let in_flight = ReleaseIfDropped::new(nodes, target, &owner, Stragglers::default());
+        let ask = Acquire {
+            keys: target.keys(),
             owner: &owner,
+            mode: target.mode(),
             ttl: options.ttl,
-            fence_ttl: options.fence_ttl,
             fencing: options.fencing,
+            fence_ttl: options.fence_ttl,
             fence_floor: fencing::round_floor(options.fencing),
             seed_only_when_missing: options.seed_only_when_missing,
-            waiter,
+            // Only one resource's exclusive waiter joins the nodes' wait queues.
+            waiter: waiter.filter(|_| target.queues()),
         };
-        let (tally, stragglers) = nodes.acquire(start, target, &ask).await;
+        let (tally, stragglers) = nodes.acquire(start, &ask).await;
         in_flight.disarm();
         let quorum = target.quorum(nodes.len());
         if tally.won.len() + tally.held.len() >= quorum {
@@ -234,9 +236,7 @@ impl<'a> ReleaseIfDropped<'a> {
 
     /// The round finished: its outcome is handled by the caller.
     fn disarm(mut self) -> Stragglers<Vote> {
-        self.stragglers
-            .take()
-            .unwrap_or_else(|| Stragglers::settled(self.nodes.len()))
+        self.stragglers.take().unwrap_or_default()
     }
 }
 
@@ -275,13 +275,14 @@ impl Nodes {
         let late = std::mem::take(&mut stragglers.calls);
         // A straggler's node is released (or not) once its acquire has finished.
         let now: Vec<usize> = (0..self.len())
-            .filter(|&index| wanted[index] && stragglers.answered.contains(index))
+            .filter(|&index| wanted[index] && late.iter().all(|&(at, _)| at != index))
             .collect();
         let cleanup = Cleanup {
             nodes: self.list.clone(),
             health: self.health.clone(),
             timeout: self.timeout(),
-            undo: target.undo(waiter),
+            target: target.clone(),
+            waiter: waiter.cloned(),
             owner: owner.clone(),
             wanted,
         };
@@ -290,7 +291,10 @@ impl Nodes {
         let work: Vec<Step> = now
             .into_iter()
             .map(|index| Step::Now(index, cleanup.release(index)))
-            .chain(late.into_iter().map(Step::After))
+            .chain(
+                late.into_iter()
+                    .map(|(index, call)| Step::After(index, call)),
+            )
             .collect();
         if work.is_empty() {
             return;
@@ -308,8 +312,8 @@ impl Nodes {
 enum Step {
     /// This release on this node: its acquire has answered.
     Now(usize, NodeFuture<bool>),
-    /// Release on the node of this acquire once it has finished.
-    After(Pending<Vote>),
+    /// Release on this node once its acquire has finished.
+    After(usize, Pending<Vote>),
 }
 
 /// What a failed attempt's cleanup needs, owned by its task.
@@ -317,7 +321,9 @@ struct Cleanup {
     nodes: Box<[Arc<dyn Node>]>,
     health: Box<[Arc<Health>]>,
     timeout: Duration,
-    undo: Undo,
+    target: Target,
+    /// The attempt was this waiter's (see [`Target::undo`]).
+    waiter: Option<Waiter>,
     owner: Owner,
     /// The nodes that may hold the attempt's keys.
     wanted: Box<[bool]>,
@@ -325,17 +331,18 @@ struct Cleanup {
 
 impl Cleanup {
     fn release(&self, index: usize) -> NodeFuture<bool> {
-        self.undo
-            .call(&*self.nodes[index], &self.owner.for_node(index))
+        let owner = self.owner.for_node(index);
+        self.target
+            .undo(&*self.nodes[index], &owner, self.waiter.as_ref())
     }
 
     async fn run(&self, step: Step) {
         let (index, release) = match step {
             Step::Now(index, release) => (index, Some(release)),
-            Step::After(acquire) => match acquire.await {
+            Step::After(index, acquire) => match acquire.await {
                 // Someone else's key: nothing of ours to release.
-                (_, Ok(Vote::Held { .. } | Vote::OtherMode { .. })) => return,
-                (index, _) => (index, None),
+                Ok(Vote::Held { .. } | Vote::OtherMode { .. }) => return,
+                _ => (index, None),
             },
         };
         if !self.wanted.get(index).copied().unwrap_or(false) {
@@ -352,43 +359,22 @@ impl Cleanup {
     }
 }
 
-/// A call still in flight when its round was decided, with its node's index.
-pub(crate) type Pending<T> = Pin<Box<dyn Future<Output = (usize, Result<T, NodeError>)> + Send>>;
-
-/// A set of node indices (a locker has at most `Owner::MAX_NODES`), kept inline: a
-/// round notes in it which nodes answered, on every acquisition.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct NodeSet([u64; Owner::MAX_NODES / 64]);
-
-impl NodeSet {
-    /// Nodes `0..nodes`.
-    pub(crate) fn all(nodes: usize) -> Self {
-        let mut set = NodeSet::default();
-        (0..nodes).for_each(|index| set.insert(index));
-        set
-    }
-
-    pub(crate) fn insert(&mut self, index: usize) {
-        if let Some(word) = self.0.get_mut(index / 64) {
-            *word |= 1 << (index % 64);
-        }
-    }
-
-    pub(crate) fn contains(&self, index: usize) -> bool {
-        self.0
-            .get(index / 64)
-            .is_some_and(|word| word & (1 << (index % 64)) != 0)
-    }
-}
+/// A call still in flight when its round was decided.
+pub(crate) type Pending<T> = Pin<Box<dyn Future<Output = Result<T, NodeError>> + Send>>;
 
 /// The calls of an acquire round still in flight when it was decided. Dropped, they
 /// finish in the background; a failed attempt hands them to
 /// [`Nodes::release_after`] instead, so that its cleanup reaches each node only after
 /// that node's acquire.
 pub(crate) struct Stragglers<R: Send + 'static> {
-    pub(crate) calls: Vec<Pending<R>>,
-    /// Per node: its answer is in (it is not among `calls`).
-    pub(crate) answered: NodeSet,
+    /// Each with its node's index; every other node has answered, or its call was dropped.
+    pub(crate) calls: Vec<(usize, Pending<R>)>,
+}
+
+impl<R: Send + 'static> Default for Stragglers<R> {
+    fn default() -> Self {
+        Stragglers { calls: Vec::new() }
+    }
 }
 
 impl<R: Send + 'static> Stragglers<R> {
@@ -401,13 +387,13 @@ impl<R: Send + 'static> Stragglers<R> {
         }
         let (done, settled) = tokio::sync::watch::channel(());
         let finish: Leftover = if self.calls.len() == 1 {
-            let call = self.calls.pop()?;
+            let (_, call) = self.calls.pop()?;
             Box::pin(async move {
                 let _ = call.await;
                 drop(done);
             })
         } else {
-            let calls: FuturesUnordered<_> = self.calls.drain(..).collect();
+            let calls: FuturesUnordered<_> = self.calls.drain(..).map(|(_, call)| call).collect();
             Box::pin(async move {
                 calls.for_each(|_| async {}).await;
                 drop(done);
@@ -416,21 +402,13 @@ impl<R: Send + 'static> Stragglers<R> {
         nodes.background.finish(finish);
         Some(settled)
     }
-
-    /// None in flight: every node of `nodes` has answered, or its call was dropped.
-    pub(crate) fn settled(nodes: usize) -> Self {
-        Stragglers {
-            calls: Vec::new(),
-            answered: NodeSet::all(nodes),
-        }
-    }
 }
 
 impl<R: Send + 'static> Drop for Stragglers<R> {
     fn drop(&mut self) {
         // Without a runtime (it is shutting down) the calls are dropped with it.
         if !self.calls.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
-            let calls: FuturesUnordered<_> = self.calls.drain(..).collect();
+            let calls: FuturesUnordered<_> = self.calls.drain(..).map(|(_, call)| call).collect();
             metrics::spawn(
                 &tokio::runtime::Handle::current(),
                 calls.for_each(|_| async {}),

@@ -98,12 +98,12 @@ const ACQUIRE_OUTCOMES: [&str; 7] = [
 ];
 /// The `cause` labels of [`LEASES_LOST`].
 #[cfg(feature = "metrics")]
-const LOST_CAUSES: [LostCause; 5] = [
-    LostCause::RenewalFailed,
-    LostCause::KeyLost,
-    LostCause::MaxHoldReached,
-    LostCause::Expired,
-    LostCause::Drained,
+const LOST_CAUSES: [(LostCause, &str); 5] = [
+    (LostCause::RenewalFailed, "renewal_failed"),
+    (LostCause::KeyLost, "key_lost"),
+    (LostCause::MaxHoldReached, "max_hold_reached"),
+    (LostCause::Expired, "expired"),
+    (LostCause::Drained, "drained"),
 ];
 /// The `outcome` labels of [`RENEWALS`].
 #[cfg(feature = "metrics")]
@@ -131,8 +131,8 @@ pub(crate) fn engine_series<'a>(nodes: impl IntoIterator<Item = &'a str>) {
             let _ = ::metrics::histogram!(ACQUIRE_DURATION, "outcome" => outcome);
         }
         let _ = ::metrics::histogram!(HOLD_DURATION);
-        for cause in LOST_CAUSES {
-            ::metrics::counter!(LEASES_LOST, "cause" => lost_cause(cause)).increment(0);
+        for (_, cause) in LOST_CAUSES {
+            ::metrics::counter!(LEASES_LOST, "cause" => cause).increment(0);
         }
         for outcome in RENEWAL_OUTCOMES {
             ::metrics::counter!(RENEWALS, "outcome" => outcome).increment(0);
@@ -173,37 +173,17 @@ pub(crate) fn http_series(
 }
 
 /// When an acquire call started: the clock is read only when the metrics record it.
-#[derive(Clone, Copy)]
-pub(crate) struct Started {
-    #[cfg(feature = "metrics")]
-    at: tokio::time::Instant,
+pub(crate) fn started() -> Option<tokio::time::Instant> {
+    cfg!(feature = "metrics").then(tokio::time::Instant::now)
 }
 
-impl Started {
-    pub(crate) fn now() -> Self {
-        Started {
-            #[cfg(feature = "metrics")]
-            at: tokio::time::Instant::now(),
-        }
-    }
-
-    /// A start the caller read anyway.
-    pub(crate) fn at(at: tokio::time::Instant) -> Self {
-        let _ = at;
-        Started {
-            #[cfg(feature = "metrics")]
-            at,
-        }
-    }
-}
-
-/// Records one acquire call that started at `started`.
+/// Records one acquire call that started at `started` (see [`started`]).
 #[inline]
-pub(crate) fn acquisition<T>(result: &Result<T, LockError>, started: Started) {
+pub(crate) fn acquisition<T>(result: &Result<T, LockError>, started: Option<tokio::time::Instant>) {
     let _ = (result, started);
     #[cfg(feature = "metrics")]
     {
-        let elapsed = started.at.elapsed();
+        let elapsed = started.map_or(std::time::Duration::ZERO, |at| at.elapsed());
         // Literal names and labels make static keys: a key built per call (from
         // `acquire_outcome`) costs an allocation and a hash on every acquisition.
         macro_rules! record {
@@ -235,24 +215,18 @@ pub(crate) fn hold(acquired_at: tokio::time::Instant) {
     ::metrics::histogram!("tower_redlock_hold_duration_seconds").record(acquired_at.elapsed());
 }
 
-/// The `cause` label of a lost lease.
-#[cfg(feature = "metrics")]
-pub(crate) fn lost_cause(cause: LostCause) -> &'static str {
-    match cause {
-        LostCause::RenewalFailed => "renewal_failed",
-        LostCause::KeyLost => "key_lost",
-        LostCause::MaxHoldReached => "max_hold_reached",
-        LostCause::Expired => "expired",
-        LostCause::Drained => "drained",
-    }
-}
-
 /// Records a lease lost for `cause`.
 #[inline]
 pub(crate) fn lost(cause: LostCause) {
     let _ = cause;
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(LEASES_LOST, "cause" => lost_cause(cause)).increment(1);
+    {
+        let label = LOST_CAUSES
+            .iter()
+            .find(|(c, _)| *c == cause)
+            .map_or("", |(_, l)| l);
+        ::metrics::counter!(LEASES_LOST, "cause" => label).increment(1);
+    }
 }
 
 /// Records one extend round: `renewed`, `no_quorum` or `key_lost`.

@@ -327,7 +327,7 @@ impl Redlock {
         resource: impl Into<Resource>,
         mode: LockMode,
     ) -> Result<Lease, LockError> {
-        let started = metrics::Started::now();
+        let started = metrics::started();
         let single = Target::one(&self.shared.options.key_prefix, resource.into(), mode);
         let result = self.try_once(single).await;
         metrics::acquisition(&result, started);

@@ -166,7 +166,7 @@ impl LockOptions {
 
     /// `ttl × drift_factor + 2 ms`: how much validity is set aside for clock drift.
     pub fn drift(&self) -> Duration {
-        drift(self.ttl, self.drift_factor)
+        self.ttl.mul_f64(self.drift_factor) + DRIFT_FLOOR
     }
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
@@ -248,10 +248,6 @@ impl fmt::Debug for LockOptions {
             .field("setup_check_interval", &self.setup_check_interval)
             .finish_non_exhaustive()
     }
-}
-
-pub(crate) fn drift(ttl: Duration, factor: f64) -> Duration {
-    ttl.mul_f64(factor) + DRIFT_FLOOR
 }
 
 /// How long a waiting acquire sleeps before its next attempt when no release

@@ -16,11 +16,11 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use crate::error::{ConfigError, NodeError, NodeFailure};
-use crate::lock::attempt::{NodeSet, Pending, Stragglers};
+use crate::lock::attempt::{Pending, Stragglers};
 use crate::lock::health::{Health, NodeState};
-use crate::lock::target::{Ask, Target};
+use crate::lock::target::Target;
 use crate::lock::{background::Background, metrics, LockError};
-use crate::node::{LockMode, Node, NodeFuture, Owner, PerKey, Resource, Vote, Waiter};
+use crate::node::{Acquire, LockMode, Node, NodeFuture, Owner, PerKey, Resource, Vote, Waiter};
 
 /// The nodes of a locker and the majority they need.
 pub(crate) struct Nodes {
@@ -170,45 +170,35 @@ impl Nodes {
         self.health.iter().map(|h| h.state()).collect()
     }
 
-    /// One acquire round of `target` on every node, started at `started` (the instant
+    /// One acquire round of `ask` on every node, started at `started` (the instant
     /// the lease's validity counts from; the calls time out a node timeout after it).
     /// Returns once a majority granted it, or once it is certain that none can and
     /// whether that is contention or failure, with the calls still in flight then.
     pub(crate) async fn acquire(
         &self,
         started: Instant,
-        target: &Target,
-        ask: &Ask<'_>,
+        ask: &Acquire<'_>,
     ) -> (AcquireTally, Stragglers<Vote>) {
         let mut tally = AcquireTally {
             won: Vec::with_capacity(self.list.len()),
             ..AcquireTally::default()
         };
-        let quorum = target.quorum(self.list.len());
-        let mut stragglers = Stragglers {
-            calls: Vec::new(),
-            answered: NodeSet::default(),
-        };
-        let seen = &mut stragglers.answered;
-        let calls = &mut stragglers.calls;
+        let quorum = super::quorum::for_mode(self.list.len(), ask.mode);
+        let mut stragglers = Stragglers::default();
         self.fan_out_keeping(
             started,
             0..self.list.len(),
             self.timeout,
-            Some(calls),
+            Some(&mut stragglers.calls),
             |index, node| {
                 // Each node gets its own owner value (see `Owner::for_node`).
                 let owner = ask.owner.for_node(index);
-                target.acquire(
-                    node,
-                    &Ask {
-                        owner: &owner,
-                        ..*ask
-                    },
-                )
+                node.acquire(&Acquire {
+                    owner: &owner,
+                    ..*ask
+                })
             },
             |index, answer, pending| {
-                seen.insert(index);
                 match answer {
                     Ok(Vote::Granted { fences }) => tally.won.push((index, fences)),
                     Ok(Vote::Held { member, pttl }) => {
@@ -358,7 +348,7 @@ impl Nodes {
         started: Instant,
         targets: impl IntoIterator<Item = usize, IntoIter: ExactSizeIterator>,
         timeout: Duration,
-        keep: Option<&mut Vec<Pending<T>>>,
+        keep: Option<&mut Vec<(usize, Pending<T>)>>,
         mut call: impl FnMut(usize, &dyn Node) -> NodeFuture<T>,
         mut decided: impl FnMut(usize, Result<T, NodeError>, usize) -> bool,
     ) {
@@ -413,12 +403,12 @@ impl Nodes {
         }
         let pending = calls.into_iter().map(|(index, call)| {
             let answer = watched(self.health[index].clone(), started, timeout, call);
-            Box::pin(async move { (index, answer.await) }) as Pending<T>
+            (index, Box::pin(answer) as Pending<T>)
         });
         match keep {
             Some(keep) => keep.extend(pending),
             None => {
-                let pending: FuturesUnordered<_> = pending.collect();
+                let pending: FuturesUnordered<_> = pending.map(|(_, call)| call).collect();
                 self.background
                     .finish(Box::pin(pending.for_each(|_| async {})));
             }

@@ -86,7 +86,7 @@ impl Redlock {
         if set.len() == 1 {
             return self.try_acquire(set.remove(0)).await;
         }
-        let started = metrics::Started::now();
+        let started = metrics::started();
         let result = self.try_once(self.set_of(set)).await;
         metrics::acquisition(&result, started);
         result

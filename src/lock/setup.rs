@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, NodeError};
 use crate::lock::{LockOptions, Shared};
 use crate::node::{Resource, ResourceKeys, ServerSetup};
 
@@ -100,17 +100,13 @@ async fn setups(shared: &Shared, timeout: Duration) -> Vec<Option<Vec<ServerSetu
     join_all(shared.nodes.each().map(|node| {
         let call = node.server_setup(&probe);
         async move {
-            match tokio::time::timeout(timeout, call).await {
-                Ok(Ok(setups)) => Some(setups),
-                Ok(Err(error)) => {
-                    tracing::debug!(node = %node.name(), %error, "server setup unknown");
-                    None
-                }
-                Err(_) => {
-                    tracing::debug!(node = %node.name(), ?timeout, "server setup unknown");
-                    None
-                }
-            }
+            let answer = tokio::time::timeout(timeout, call).await;
+            let answer = answer.unwrap_or(Err(NodeError::Timeout(timeout)));
+            answer
+                .inspect_err(
+                    |error| tracing::debug!(node = %node.name(), %error, "server setup unknown"),
+                )
+                .ok()
         }
     }))
     .await

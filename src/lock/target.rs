@@ -4,28 +4,13 @@
 //! mode as data. A single resource keeps everything inline ([`PerKey`]): its name,
 //! keys, fence values and turns allocate no list.
 
-use std::time::Duration;
-
 use super::quorum;
 use crate::node::{
-    Acquire, Hold, LockMode, Node, NodeFuture, Owner, PerKey, Release, Resource, ResourceKeys,
-    Vote, Waiter,
+    Hold, LockMode, Node, NodeFuture, Owner, PerKey, Release, Resource, ResourceKeys, Waiter,
 };
 
-/// The settings of one acquire call (`owner` is the node's own).
-#[derive(Clone, Copy)]
-pub(crate) struct Ask<'a> {
-    pub(crate) owner: &'a Owner,
-    pub(crate) ttl: Duration,
-    pub(crate) fence_ttl: Duration,
-    pub(crate) fencing: bool,
-    pub(crate) fence_floor: u64,
-    pub(crate) seed_only_when_missing: bool,
-    /// The waiter joining the nodes' wait queues (see [`Target::queues`]).
-    pub(crate) waiter: Option<&'a Waiter>,
-}
-
 /// One resource or a set, in canonical order, and the mode (a set's is exclusive).
+#[derive(Clone)]
 pub(crate) struct Target {
     resources: PerKey<Resource>,
     keys: PerKey<ResourceKeys>,
@@ -89,20 +74,6 @@ impl Target {
         PerKey::map(&self.resources, f)
     }
 
-    pub(crate) fn acquire(&self, node: &dyn Node, ask: &Ask<'_>) -> NodeFuture<Vote> {
-        node.acquire(&Acquire {
-            keys: &self.keys,
-            owner: ask.owner,
-            mode: self.mode,
-            ttl: ask.ttl,
-            fencing: ask.fencing,
-            fence_ttl: ask.fence_ttl,
-            fence_floor: ask.fence_floor,
-            seed_only_when_missing: ask.seed_only_when_missing,
-            waiter: ask.waiter.filter(|_| self.queues()),
-        })
-    }
-
     /// What a lease over this target holds on a node, as `owner`.
     pub(crate) fn hold<'a>(&'a self, owner: &'a Owner) -> Hold<'a> {
         Hold {
@@ -127,50 +98,21 @@ impl Target {
         node.release(&self.hold(owner), how)
     }
 
-    /// How a failed attempt is undone, owned for the cleanup's task: one resource's
-    /// exclusive attempt is released as a lease is (on a node with a wait queue, a key
-    /// taken from the queue's head goes on to the next waiter) or, for a waiter, which
-    /// keeps its turn, handed back to it; a set's or a shared holder's wakes nobody, as
-    /// nothing was granted to anyone.
-    pub(crate) fn undo(&self, waiter: Option<&Waiter>) -> Undo {
+    /// Undoes a failed attempt on `node`: one resource's exclusive attempt is released
+    /// as a lease is (on a node with a wait queue, a key taken from the queue's head
+    /// goes on to the next waiter) or, for a waiter, which keeps its turn, handed back
+    /// to it; a set's or a shared holder's wakes nobody, as nothing was granted to anyone.
+    pub(crate) fn undo(
+        &self,
+        node: &dyn Node,
+        owner: &Owner,
+        waiter: Option<&Waiter>,
+    ) -> NodeFuture<bool> {
         let how = match waiter {
-            _ if !self.queues() => UndoHow::Quiet,
-            Some(waiter) => UndoHow::HandBack(waiter.clone()),
-            None => UndoHow::Wake,
+            _ if !self.queues() => Release::Quiet,
+            Some(waiter) => Release::HandBack(waiter),
+            None => Release::Wake,
         };
-        Undo {
-            keys: PerKey::map(&self.keys, Clone::clone),
-            mode: self.mode,
-            how,
-        }
-    }
-}
-
-/// A failed attempt's release, owned (see [`Target::undo`]).
-pub(crate) struct Undo {
-    keys: PerKey<ResourceKeys>,
-    mode: LockMode,
-    how: UndoHow,
-}
-
-enum UndoHow {
-    Wake,
-    Quiet,
-    HandBack(Waiter),
-}
-
-impl Undo {
-    pub(crate) fn call(&self, node: &dyn Node, owner: &Owner) -> NodeFuture<bool> {
-        let how = match &self.how {
-            UndoHow::Wake => Release::Wake,
-            UndoHow::Quiet => Release::Quiet,
-            UndoHow::HandBack(waiter) => Release::HandBack(waiter),
-        };
-        let hold = Hold {
-            keys: &self.keys,
-            owner,
-            mode: self.mode,
-        };
-        node.release(&hold, how)
+        node.release(&self.hold(owner), how)
     }
 }

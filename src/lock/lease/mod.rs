@@ -215,21 +215,6 @@ impl LeaseInner {
         self.target.quorum(self.locker.nodes.len())
     }
 
-    /// Extends the lease on a majority; see [`Lease::extend`].
-    #[tracing::instrument(name = "redlock.extend", level = "debug", skip_all, fields(resource = %self.resource(), token = %self.token()))]
-    pub(crate) async fn extend(&self, deadline: Instant) -> Result<Instant, ExtendFailure> {
-        let locker = &self.locker;
-        let ttl = locker.options.ttl;
-        let start = Instant::now();
-        let timeout = locker
-            .nodes
-            .timeout()
-            .min(deadline.saturating_duration_since(start));
-        let (nodes, owner) = (&locker.nodes, &self.owner);
-        let tally = nodes.extend(&self.target, owner, ttl, timeout).await;
-        self.settle_extend(start, tally)
-    }
-
     /// Applies the answers of an extend round that started at `start` (this lease's
     /// own, or a batch of the renewal scheduler): the new validity, or why not.
     pub(crate) fn settle_extend(
@@ -335,6 +320,7 @@ impl Lease {
     /// extension would carry the lease past
     /// [`max_hold`](crate::LockOptions::max_hold) (the watchdog's rule too); the lease
     /// stays held until its current validity runs out, and then counts as expired.
+    #[tracing::instrument(name = "redlock.extend", level = "debug", skip_all, fields(resource = %self.resource(), token = %self.fencing_token()))]
     pub async fn extend(&self) -> Result<Duration, LockError> {
         let inner = &self.handle.inner;
         let status = inner.status();
@@ -349,7 +335,18 @@ impl Lease {
             inner.mark_lost(LostCause::Expired);
             return Err(self.lost_error(inner.status().lost.unwrap_or(LostCause::Expired)));
         }
-        match inner.extend(status.valid_until).await {
+        let (nodes, ttl, start) = (
+            &inner.locker.nodes,
+            inner.locker.options.ttl,
+            Instant::now(),
+        );
+        let timeout = nodes
+            .timeout()
+            .min(status.valid_until.saturating_duration_since(start));
+        let tally = nodes
+            .extend(&inner.target, &inner.owner, ttl, timeout)
+            .await;
+        match inner.settle_extend(start, tally) {
             Ok(_) => Ok(self.remaining()),
             Err(ExtendFailure::KeyLost) => {
                 inner.mark_lost(LostCause::KeyLost);

@@ -184,16 +184,14 @@ impl Lease {
         pending_ttl: Duration,
         unknown_for: Option<Duration>,
     ) -> Result<Claim, LockError> {
-        let (fingerprint, remember) = (
-            Bytes::copy_from_slice(fingerprint),
-            DEFAULT_REMEMBER_INTERRUPTED,
-        );
+        let fingerprint = Bytes::copy_from_slice(fingerprint);
+        let remember = Some(DEFAULT_REMEMBER_INTERRUPTED);
         claim_owned(
             self.handle(),
             fingerprint,
             pending_ttl,
             unknown_for,
-            Some(remember),
+            remember,
         )
         .await
     }

@@ -17,7 +17,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::error::{NodeError, NodeFailure};
+use crate::error::NodeError;
 use crate::lock::lease::{ExtendFailure, LeaseInner, LostCause};
 use crate::lock::round::OwnerTally;
 use crate::lock::{metrics, Shared};
@@ -213,19 +213,11 @@ fn renew_at(locker: &Shared, deadline: Instant) -> Instant {
 /// Keys of a batch that one node timeout covers (a Redis node's script chunk).
 const KEYS_PER_TIMEOUT: usize = 256;
 
-/// A batch round, and the node calls still running once it was decided.
-type Round = Pin<Box<dyn Future<Output = Settled> + Send>>;
-type Leftover = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// A batch round, applied to its leases when decided.
+type Round = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-struct Settled {
-    leases: Vec<(u64, Arc<LeaseInner>)>,
-    start: Instant,
-    tallies: Vec<OwnerTally>,
-    leftovers: Vec<Leftover>,
-}
-
-/// The scheduler of one locker: runs until no lease is registered and nothing it
-/// started is in flight.
+/// The scheduler of one locker: runs until no lease is registered and no round is in
+/// flight.
 async fn run(locker: Arc<Shared>) {
     // Should this task end any other way than by the return below (a panic here or in a
     // node's `extend`, the runtime shutting down), nothing renews its leases any
@@ -238,11 +230,10 @@ async fn run(locker: Arc<Shared>) {
     let locker = guard.locker;
     let renewals = &locker.renewals;
     let mut rounds: FuturesUnordered<Round> = FuturesUnordered::new();
-    let mut leftovers: FuturesUnordered<Leftover> = FuturesUnordered::new();
     loop {
         let next = {
             let mut schedule = renewals.lock();
-            if schedule.registered.is_empty() && rounds.is_empty() && leftovers.is_empty() {
+            if schedule.registered.is_empty() && rounds.is_empty() {
                 // Checked and cleared under the lock `register` takes: a lease that
                 // registers from now on starts a new scheduler. What `fresh` still holds
                 // is of leases that left.
@@ -256,10 +247,7 @@ async fn run(locker: Arc<Shared>) {
             schedule.wake_at
         };
         tokio::select! {
-            Some(settled) = rounds.next(), if !rounds.is_empty() => {
-                leftovers.extend(apply(locker, settled));
-            }
-            Some(()) = leftovers.next(), if !leftovers.is_empty() => {}
+            Some(()) = rounds.next(), if !rounds.is_empty() => {}
             () = sleep_until(next) => {
                 if let Some(round) = take_due(locker) {
                     rounds.push(round);
@@ -415,4 +403,4 @@ mod round;
 #[cfg(test)]
 mod tests;
 
-use round::{apply, extend};
+use round::extend;

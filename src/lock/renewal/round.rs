@@ -2,7 +2,6 @@
 //! decided as a watchdog of its own would decide it.
 
 use super::*;
-use crate::lock::round::watched;
 
 /// One extend round for a batch of leases: one batched call per node, decided once
 /// every lease of the batch is (a majority extended it, or said its key is gone, or
@@ -31,53 +30,37 @@ pub(super) fn extend(locker: Arc<Shared>, leases: Vec<(u64, Arc<LeaseInner>)>) -
             .timeout()
             .saturating_mul(per_keys.max(1))
             .min(deadline.saturating_duration_since(start));
-        let mut calls: FuturesUnordered<_> = nodes
-            .each()
-            .enumerate()
-            .map(|(index, node)| {
-                let owners: Vec<_> = leases
-                    .iter()
-                    .map(|(_, inner)| inner.owner.for_node(index))
-                    .collect();
-                let holds: Vec<Hold<'_>> = leases
-                    .iter()
-                    .zip(&owners)
-                    .map(|((_, inner), owner)| inner.target.hold(owner))
-                    .collect();
-                let health = nodes.health[index].clone();
-                let call = watched(health, Instant::now(), timeout, node.extend(&holds, ttl));
-                Box::pin(async move { (index, call.await) })
-            })
-            .collect();
         let mut tallies: Vec<OwnerTally> = std::iter::repeat_with(OwnerTally::default)
             .take(leases.len())
             .collect();
-        while let Some((index, answer)) = calls.next().await {
-            add_answers(&locker, &mut tallies, index, answer);
-            let pending = calls.len();
-            let decided = |(t, quorum): (&OwnerTally, &usize)| {
-                crate::lock::quorum::tally_decided(*quorum, t.yes, t.no, pending)
-            };
-            if tallies.iter().zip(&quorums).all(decided) {
-                break;
-            }
-        }
-        // The calls still running finish in the scheduler's task: every node that can
-        // answer gets every extend.
-        let leftovers = calls
-            .into_iter()
-            .map(|call| {
-                Box::pin(async move {
-                    let _ = call.await;
-                }) as Leftover
-            })
-            .collect();
-        Settled {
-            leases,
-            start,
-            tallies,
-            leftovers,
-        }
+        // The calls still running once every lease is decided finish in the background:
+        // every node that can answer gets every extend.
+        nodes
+            .fan_out(
+                0..nodes.len(),
+                timeout,
+                |index, node| {
+                    let owners: Vec<_> = leases
+                        .iter()
+                        .map(|(_, inner)| inner.owner.for_node(index))
+                        .collect();
+                    let holds: Vec<Hold<'_>> = leases
+                        .iter()
+                        .zip(&owners)
+                        .map(|((_, inner), owner)| inner.target.hold(owner))
+                        .collect();
+                    node.extend(&holds, ttl)
+                },
+                |index, answer, pending| {
+                    add_answers(&locker, &mut tallies, index, answer);
+                    let decided = |(t, quorum): (&OwnerTally, &usize)| {
+                        crate::lock::quorum::tally_decided(*quorum, t.yes, t.no, pending)
+                    };
+                    tallies.iter().zip(&quorums).all(decided)
+                },
+            )
+            .await;
+        apply(&locker, &leases, start, tallies);
     })
 }
 
@@ -89,39 +72,35 @@ fn add_answers(
     index: usize,
     answer: Result<Vec<Result<bool, NodeError>>, NodeError>,
 ) {
-    let node = || locker.nodes.name(index);
-    let answers = match answer {
-        Ok(answers) => answers,
-        Err(error) => {
-            for tally in tallies.iter_mut() {
-                tally.failures.push(NodeFailure {
-                    node: node(),
-                    error: error.clone(),
-                });
-            }
-            return;
-        }
+    // A failed call is every lease's failure on that node.
+    let mut answers = match answer {
+        Ok(answers) => answers.into_iter(),
+        Err(error) => vec![Err(error); tallies.len()].into_iter(),
     };
-    let mut answers = answers.into_iter();
     for tally in tallies.iter_mut() {
         let answer = answers.next().unwrap_or_else(|| {
             Err(NodeError::Protocol(
                 "fewer answers than leases to extend".into(),
             ))
         });
-        tally.add(answer, node);
+        tally.add(answer, || locker.nodes.name(index));
     }
 }
 
-/// Applies a decided round to each of its leases, puts each back on the schedule as
-/// its outcome says, and hands back the node calls still running.
-pub(super) fn apply(locker: &Arc<Shared>, settled: Settled) -> Vec<Leftover> {
+/// Applies a round decided with `tallies` to each of its leases, and puts each back on
+/// the schedule as its outcome says.
+fn apply(
+    locker: &Shared,
+    leases: &[(u64, Arc<LeaseInner>)],
+    start: Instant,
+    tallies: Vec<OwnerTally>,
+) {
     let options = &locker.options;
     // After a failed round, try again soon: the lease is only lost at the deadline.
     let retry_every =
         (options.ttl / 30).clamp(Duration::from_millis(10), Duration::from_millis(500));
-    for ((id, inner), tally) in settled.leases.iter().zip(settled.tallies) {
-        match inner.settle_extend(settled.start, tally) {
+    for ((id, inner), tally) in leases.iter().zip(tallies) {
+        match inner.settle_extend(start, tally) {
             Ok(valid_until) => {
                 let at = renew_at(locker, valid_until);
                 schedule(locker, *id, inner, at, Kind::Renew);
@@ -147,5 +126,4 @@ pub(super) fn apply(locker: &Arc<Shared>, settled: Settled) -> Vec<Leftover> {
             }
         }
     }
-    settled.leftovers
 }

@@ -129,6 +129,16 @@ impl Queues {
         crate::lock_unpoisoned(&self.map).len()
     }
 
+    /// The leases of this process that hold a resource now (for a drain and the test
+    /// kit).
+    pub(crate) fn holders(&self) -> Vec<Arc<LeaseInner>> {
+        let map = crate::lock_unpoisoned(&self.map);
+        map.values()
+            .filter_map(|(queue, _)| crate::lock_unpoisoned(&queue.holder).upgrade())
+            .filter(|lease| lease.status().live())
+            .collect()
+    }
+
     /// The subscriptions a recent wait for `resource` left, if they are recent enough.
     fn unpark(&self, resource: &Resource) -> Option<Vec<ReleaseSignal>> {
         let mut parked = crate::lock_unpoisoned(&self.parked);
@@ -334,18 +344,6 @@ pub(crate) async fn next_release(signals: &mut [ReleaseSignal]) {
         return std::future::pending().await;
     }
     select_all(signals.iter_mut().map(|s| Box::pin(s.changed()))).await;
-}
-
-impl Queues {
-    /// The leases of this process that hold a resource now (for a drain and the test
-    /// kit).
-    pub(crate) fn holders(&self) -> Vec<Arc<LeaseInner>> {
-        let map = crate::lock_unpoisoned(&self.map);
-        map.values()
-            .filter_map(|(queue, _)| crate::lock_unpoisoned(&queue.holder).upgrade())
-            .filter(|lease| lease.status().live())
-            .collect()
-    }
 }
 
 mod nodes;
