@@ -142,7 +142,7 @@ const DISCARD: &str =
 #[derive(Debug, Clone)]
 pub struct PgRecords {
     pool: PgPool,
-    claim_in_tx: bool,
+    pub(crate) claim_in_tx: bool,
 }
 
 impl PgRecords {
@@ -191,10 +191,6 @@ impl PgRecords {
         crate::fence::postgres::FenceTable::default()
             .create(&mut conn)
             .await
-    }
-
-    pub(crate) fn claims_in_tx(&self) -> bool {
-        self.claim_in_tx
     }
 
     /// The pool the records and the handlers' transactions use.
@@ -391,10 +387,7 @@ impl PgRecords {
             );
             return Err(problem::lock_lost(resource.clone()));
         }
-        match tx.commit().await {
-            Ok(()) => Ok(Ok(())),
-            Err(error) => Err(database_problem(&error, resource)),
-        }
+        (tx.commit().await.map(Ok)).map_err(|error| database_problem(&error, resource))
     }
 
     /// Flags this lease's marker (its writes go through a transaction that commits with

@@ -127,7 +127,7 @@ impl ReplayStep {
     /// the handler's transaction ([`PgRecords::handlers_take_tx`](crate::http::replay::PgRecords::handlers_take_tx)).
     pub(crate) fn lookup_under_lock(&self) -> bool {
         #[cfg(feature = "postgres")]
-        return (self.policy.records.as_ref()).is_some_and(|records| records.claims_in_tx());
+        return (self.policy.records.as_ref()).is_some_and(|records| records.claim_in_tx);
         #[cfg(not(feature = "postgres"))]
         false
     }
@@ -295,7 +295,11 @@ impl ReplayStep {
         too_large: bool,
         handle: &LeaseHandle,
     ) -> Option<Response<LeaseBody<RB>>> {
-        let wrote_in_tx = wrote_in(&tx);
+        // Whether the handler took a transaction (its writes are rolled back with it).
+        #[cfg(feature = "postgres")]
+        let wrote_in_tx = matches!(tx, Some(TxState::Taken | TxState::Returned(_)));
+        #[cfg(not(feature = "postgres"))]
+        let wrote_in_tx = tx.is_some();
         self.settle(tx, handle).await;
         let resource = handle.resource().clone();
         (too_large && wrote_in_tx).then(|| refuse(settings, span, problem::rolled_back(resource)))
@@ -392,9 +396,12 @@ impl ReplayStep {
                 return refuse(settings, span, problem);
             }
         };
-        if stored.is_ok() {
+        let outcome = if stored.is_ok() {
             tracing::debug!("response recorded for replay");
-        }
+            "recorded"
+        } else {
+            "not-recorded"
+        };
         let body = |_| LeaseBody::recorded(bytes, trailers);
         // Nothing is left to do under the lease: release it now, so a waiter gets the
         // record without waiting for the body to be sent.
@@ -406,11 +413,6 @@ impl ReplayStep {
                 response.extensions_mut().insert(LeaseLost(*cause));
             }
         }
-        let outcome = if stored.is_ok() {
-            "recorded"
-        } else {
-            "not-recorded"
-        };
         metrics::replay(outcome);
         if response.extensions().get::<LeaseLost>().is_none() {
             span.record("outcome", outcome);
@@ -453,12 +455,4 @@ fn too_large_warning(limit: usize) {
         limit,
         "response body larger than the replay limit: sent, not recorded"
     );
-}
-
-/// Whether the handler took a transaction (its writes would be rolled back with it).
-fn wrote_in(tx: &Option<HandlerTx>) -> bool {
-    #[cfg(feature = "postgres")]
-    return matches!(tx, Some(TxState::Taken | TxState::Returned(_)));
-    #[cfg(not(feature = "postgres"))]
-    tx.is_some()
 }
