@@ -368,7 +368,8 @@ fn refuse(problem: Problem, parts: &Parts) -> LockRejection {
     tracing::debug!(%problem, "request refused by the Locked extractor");
     crate::metrics::refusal(problem.kind().code(), None);
     let renderer = parts.extensions.get::<LayerRenderer>();
-    LockRejection::rendered(problem, renderer.map(|r| r.0.clone()))
+    let renderer = renderer.map(|r| r.0.clone());
+    LockRejection { problem, renderer }
 }
 
 /// The resources of this lock with their tokens (its own lease's and the reused ones'),

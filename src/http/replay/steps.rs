@@ -174,13 +174,11 @@ impl ReplayStep {
         let resource = handle.resource();
         tracing::debug!(token = %handle.fencing_token(), "lease acquired; claiming the record");
         let problem = match self.claim_record(handle).await {
-            Ok(Claim::Claimed) => {
-                self.offer_tx(extensions);
-                return None;
-            }
-            Ok(Claim::Reclaimed { interrupted }) => {
-                tracing::warn!(%interrupted, "an earlier attempt with this key was interrupted: running again, the handler is told");
-                extensions.insert(InterruptedAttempt::new(interrupted));
+            Ok(claim @ (Claim::Claimed | Claim::Reclaimed { .. })) => {
+                if let Claim::Reclaimed { interrupted } = claim {
+                    tracing::warn!(%interrupted, "an earlier attempt with this key was interrupted: running again, the handler is told");
+                    extensions.insert(InterruptedAttempt::new(interrupted));
+                }
                 self.offer_tx(extensions);
                 return None;
             }
