@@ -342,15 +342,12 @@ where
             handle,
             reused,
         } = taken.map_err(|error| refuse(target.problem(&error), parts))?;
-        match &lease {
-            Some(_) => {
-                tracing::debug!(resources = ?target.resources, token = %handle.fencing_token(), "lease acquired by the Locked extractor");
-                add_request_lease(&mut parts.extensions, &handle);
-                Critical::enter(&parts.extensions);
-            }
-            None => {
-                tracing::debug!(resources = ?target.resources, "the request holds this lock already: reusing its lease");
-            }
+        if lease.is_some() {
+            tracing::debug!(resources = ?target.resources, token = %handle.fencing_token(), "lease acquired by the Locked extractor");
+            add_request_lease(&mut parts.extensions, &handle);
+            Critical::enter(&parts.extensions);
+        } else {
+            tracing::debug!(resources = ?target.resources, "the request holds this lock already: reusing its lease");
         }
         Ok(Locked {
             lease,

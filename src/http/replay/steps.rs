@@ -59,7 +59,7 @@ impl ReplayStep {
     pub(crate) async fn start<R: Read<B>, B: Send + 'static>(
         policy: &Arc<Replay>,
         parts: &mut Parts,
-        body: B,
+        mut body: B,
         bytes: &mut Bytes,
         read: bool,
     ) -> Result<(ReplayStep, B), KeyRejection> {
@@ -81,7 +81,6 @@ impl ReplayStep {
                 ),
             )
         };
-        let mut body = body;
         if policy.fingerprint.reads_body() {
             if read && bytes.len() > limit {
                 return Err(too_large());
@@ -104,7 +103,10 @@ impl ReplayStep {
             client,
             routed: matched_path_in(&parts.extensions).is_some(),
             #[cfg(feature = "postgres")]
-            tx: policy.records.clone().map(TxSlot::new),
+            tx: (policy.records.clone()).map(|records| TxSlot {
+                records,
+                state: Default::default(),
+            }),
         };
         Ok((step, body))
     }
@@ -438,8 +440,10 @@ impl ReplayStep {
         span.record("outcome", "replayed");
         metrics::replay("replayed");
         tracing::debug!(token = %record.token(), status = %stored.status, "recorded response replayed");
-        let mut response = stored.into_response(LeaseBody::full);
+        let mut response = Response::new(LeaseBody::full(stored.body));
+        *response.status_mut() = stored.status;
         let headers = response.headers_mut();
+        *headers = stored.headers;
         if let (Some(name), token @ 1..) = (&settings.fencing_header, record.token().get()) {
             headers.insert(name.clone(), HeaderValue::from(token));
         }
