@@ -342,15 +342,12 @@ where
             handle,
             reused,
         } = taken.map_err(|error| refuse(target.problem(&error), parts))?;
-        match &lease {
-            Some(_) => {
-                tracing::debug!(resources = ?target.resources, token = %handle.fencing_token(), "lease acquired by the Locked extractor");
-                add_request_lease(&mut parts.extensions, &handle);
-                Critical::enter(&parts.extensions);
-            }
-            None => {
-                tracing::debug!(resources = ?target.resources, "the request holds this lock already: reusing its lease");
-            }
+        if lease.is_some() {
+            tracing::debug!(resources = ?target.resources, token = %handle.fencing_token(), "lease acquired by the Locked extractor");
+            add_request_lease(&mut parts.extensions, &handle);
+            Critical::enter(&parts.extensions);
+        } else {
+            tracing::debug!(resources = ?target.resources, "the request holds this lock already: reusing its lease");
         }
         Ok(Locked {
             lease,
@@ -368,7 +365,8 @@ fn refuse(problem: Problem, parts: &Parts) -> LockRejection {
     tracing::debug!(%problem, "request refused by the Locked extractor");
     crate::metrics::refusal(problem.kind().code(), None);
     let renderer = parts.extensions.get::<LayerRenderer>();
-    LockRejection::rendered(problem, renderer.map(|r| r.0.clone()))
+    let renderer = renderer.map(|r| r.0.clone());
+    LockRejection { problem, renderer }
 }
 
 /// The resources of this lock with their tokens (its own lease's and the reused ones'),

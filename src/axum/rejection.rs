@@ -40,9 +40,9 @@ use crate::LockError;
 /// ```
 #[derive(Clone, Debug)]
 pub struct LockRejection {
-    problem: Problem,
+    pub(super) problem: Problem,
     /// The renderer of the layer the request came through, if it set one.
-    renderer: Option<Arc<dyn ProblemRenderer>>,
+    pub(super) renderer: Option<Arc<dyn ProblemRenderer>>,
 }
 
 /// Two rejections are equal when their problems are.
@@ -69,15 +69,14 @@ impl LockRejection {
     pub fn status(&self) -> StatusCode {
         self.problem.status()
     }
-
-    pub(crate) fn rendered(problem: Problem, renderer: Option<Arc<dyn ProblemRenderer>>) -> Self {
-        LockRejection { problem, renderer }
-    }
 }
 
 impl From<Problem> for LockRejection {
     fn from(problem: Problem) -> Self {
-        LockRejection::rendered(problem, None)
+        LockRejection {
+            problem,
+            renderer: None,
+        }
     }
 }
 

@@ -253,12 +253,9 @@ impl FenceTable {
         // One lock order for every transaction: sets never deadlock on their fences.
         tokens.sort_by(|a, b| a.0.cmp(&b.0));
         tokens.dedup_by(|a, b| a.0 == b.0);
-        let mut names = Vec::with_capacity(tokens.len());
-        let mut values = Vec::with_capacity(tokens.len());
-        for (resource, token) in &tokens {
-            names.push(resource.as_str().to_owned());
-            values.push(to_i64(*token)?);
-        }
+        let names: Vec<String> = tokens.iter().map(|(r, _)| r.as_str().to_owned()).collect();
+        let values =
+            (tokens.iter().map(|(_, token)| to_i64(*token))).collect::<Result<Vec<_>, _>>()?;
         let advanced: Vec<String> = if tokens.len() == 1 {
             sqlx::query_scalar(&self.advance_one)
                 .bind(&names[0])

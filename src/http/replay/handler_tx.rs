@@ -36,13 +36,6 @@ pub(crate) enum TxState {
 }
 
 impl TxSlot {
-    pub(crate) fn new(records: PgRecords) -> Self {
-        TxSlot {
-            records,
-            state: Arc::default(),
-        }
-    }
-
     /// The slot's state, left `Taken` so that no `Tx` begins after the handler.
     pub(crate) fn close(&self) -> TxState {
         let mut state = crate::lock_unpoisoned(&self.state);

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 
 use super::handler_tx::TxState;
@@ -59,6 +58,7 @@ const FIND: &str = "SELECT token, fingerprint, data, \
      EXTRACT(EPOCH FROM orphaned_until - now())::float8 AS orphan_left, \
      EXTRACT(EPOCH FROM expires_at - now())::float8 AS left \
      FROM redlock_records WHERE resource = $1";
+type Found = (i64, Vec<u8>, Option<Vec<u8>>, Option<f64>, Option<f64>);
 
 /// An earlier attempt's marker stamped as interrupted: outcome unknown for `$3` seconds
 /// (NULL: as long as the marker lives).
@@ -142,7 +142,7 @@ const DISCARD: &str =
 #[derive(Debug, Clone)]
 pub struct PgRecords {
     pool: PgPool,
-    claim_in_tx: bool,
+    pub(crate) claim_in_tx: bool,
 }
 
 impl PgRecords {
@@ -193,10 +193,6 @@ impl PgRecords {
             .await
     }
 
-    pub(crate) fn claims_in_tx(&self) -> bool {
-        self.claim_in_tx
-    }
-
     /// The pool the records and the handlers' transactions use.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -204,15 +200,11 @@ impl PgRecords {
 
     /// The completed record of `resource`, if any and not expired.
     pub(crate) async fn read(&self, resource: &Resource) -> Result<Option<Record>, sqlx::Error> {
-        let row = sqlx::query(READ)
+        let row: Option<(i64, Vec<u8>, Vec<u8>)> = sqlx::query_as(READ)
             .bind(resource.as_str())
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|row| {
-            let data: Vec<u8> = row.try_get("data")?;
-            record_of(&row, data)
-        })
-        .transpose()
+        Ok(row.map(|(token, fingerprint, data)| record_of(token, fingerprint, data)))
     }
 
     /// Under the lease: this lease's pending marker written, or what stops it (see
@@ -287,29 +279,23 @@ impl PgRecords {
                     None => Claim::Claimed,
                 });
             }
-            let Some(row) = sqlx::query(FIND)
+            let found: Option<Found> = sqlx::query_as(FIND)
                 .bind(resource.as_str())
                 .fetch_optional(&mut *conn)
                 .await
-                .map_err(failed)?
-            else {
+                .map_err(failed)?;
+            let Some((theirs, fingerprint, data, orphan_left, left)) = found else {
                 continue;
             };
-            let (theirs, left): (i64, Option<f64>) = (
-                row.try_get("token").map_err(failed)?,
-                row.try_get("left").map_err(failed)?,
-            );
-            let data: Option<Vec<u8>> = row.try_get("data").map_err(failed)?;
             if left.is_none_or(|left| left <= 0.0) {
                 continue;
             }
             if let Some(data) = data {
-                return record_of(&row, data).map(Claim::Completed).map_err(failed);
+                return Ok(Claim::Completed(record_of(theirs, fingerprint, data)));
             }
             if theirs > token {
                 return Err(problem::lock_lost(resource.clone()));
             }
-            let orphan_left: Option<f64> = row.try_get("orphan_left").map_err(failed)?;
             let orphan_left = match orphan_left {
                 Some(left) => Some(left),
                 None => sqlx::query_scalar(ORPHAN)
@@ -391,10 +377,7 @@ impl PgRecords {
             );
             return Err(problem::lock_lost(resource.clone()));
         }
-        match tx.commit().await {
-            Ok(()) => Ok(Ok(())),
-            Err(error) => Err(database_problem(&error, resource)),
-        }
+        (tx.commit().await.map(Ok)).map_err(|error| database_problem(&error, resource))
     }
 
     /// Flags this lease's marker (its writes go through a transaction that commits with
@@ -437,14 +420,12 @@ impl PgRecords {
     }
 }
 
-fn record_of(row: &sqlx::postgres::PgRow, data: Vec<u8>) -> Result<Record, sqlx::Error> {
-    let token: i64 = row.try_get("token")?;
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    Ok(Record::new(
+fn record_of(token: i64, fingerprint: Vec<u8>, data: Vec<u8>) -> Record {
+    Record::new(
         FencingToken::new(token as u64),
-        Bytes::from(fingerprint),
-        Bytes::from(data),
-    ))
+        fingerprint.into(),
+        data.into(),
+    )
 }
 
 fn token_of(handle: &LeaseHandle) -> Result<i64, Problem> {

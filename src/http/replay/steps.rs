@@ -59,7 +59,7 @@ impl ReplayStep {
     pub(crate) async fn start<R: Read<B>, B: Send + 'static>(
         policy: &Arc<Replay>,
         parts: &mut Parts,
-        body: B,
+        mut body: B,
         bytes: &mut Bytes,
         read: bool,
     ) -> Result<(ReplayStep, B), KeyRejection> {
@@ -81,7 +81,6 @@ impl ReplayStep {
                 ),
             )
         };
-        let mut body = body;
         if policy.fingerprint.reads_body() {
             if read && bytes.len() > limit {
                 return Err(too_large());
@@ -104,7 +103,10 @@ impl ReplayStep {
             client,
             routed: matched_path_in(&parts.extensions).is_some(),
             #[cfg(feature = "postgres")]
-            tx: policy.records.clone().map(TxSlot::new),
+            tx: (policy.records.clone()).map(|records| TxSlot {
+                records,
+                state: Default::default(),
+            }),
         };
         Ok((step, body))
     }
@@ -127,7 +129,7 @@ impl ReplayStep {
     /// the handler's transaction ([`PgRecords::handlers_take_tx`](crate::http::replay::PgRecords::handlers_take_tx)).
     pub(crate) fn lookup_under_lock(&self) -> bool {
         #[cfg(feature = "postgres")]
-        return (self.policy.records.as_ref()).is_some_and(|records| records.claims_in_tx());
+        return (self.policy.records.as_ref()).is_some_and(|records| records.claim_in_tx);
         #[cfg(not(feature = "postgres"))]
         false
     }
@@ -174,13 +176,11 @@ impl ReplayStep {
         let resource = handle.resource();
         tracing::debug!(token = %handle.fencing_token(), "lease acquired; claiming the record");
         let problem = match self.claim_record(handle).await {
-            Ok(Claim::Claimed) => {
-                self.offer_tx(extensions);
-                return None;
-            }
-            Ok(Claim::Reclaimed { interrupted }) => {
-                tracing::warn!(%interrupted, "an earlier attempt with this key was interrupted: running again, the handler is told");
-                extensions.insert(InterruptedAttempt::new(interrupted));
+            Ok(claim @ (Claim::Claimed | Claim::Reclaimed { .. })) => {
+                if let Claim::Reclaimed { interrupted } = claim {
+                    tracing::warn!(%interrupted, "an earlier attempt with this key was interrupted: running again, the handler is told");
+                    extensions.insert(InterruptedAttempt::new(interrupted));
+                }
                 self.offer_tx(extensions);
                 return None;
             }
@@ -295,7 +295,11 @@ impl ReplayStep {
         too_large: bool,
         handle: &LeaseHandle,
     ) -> Option<Response<LeaseBody<RB>>> {
-        let wrote_in_tx = wrote_in(&tx);
+        // Whether the handler took a transaction (its writes are rolled back with it).
+        #[cfg(feature = "postgres")]
+        let wrote_in_tx = matches!(tx, Some(TxState::Taken | TxState::Returned(_)));
+        #[cfg(not(feature = "postgres"))]
+        let wrote_in_tx = tx.is_some();
         self.settle(tx, handle).await;
         let resource = handle.resource().clone();
         (too_large && wrote_in_tx).then(|| refuse(settings, span, problem::rolled_back(resource)))
@@ -392,9 +396,12 @@ impl ReplayStep {
                 return refuse(settings, span, problem);
             }
         };
-        if stored.is_ok() {
+        let outcome = if stored.is_ok() {
             tracing::debug!("response recorded for replay");
-        }
+            "recorded"
+        } else {
+            "not-recorded"
+        };
         let body = |_| LeaseBody::recorded(bytes, trailers);
         // Nothing is left to do under the lease: release it now, so a waiter gets the
         // record without waiting for the body to be sent.
@@ -406,11 +413,6 @@ impl ReplayStep {
                 response.extensions_mut().insert(LeaseLost(*cause));
             }
         }
-        let outcome = if stored.is_ok() {
-            "recorded"
-        } else {
-            "not-recorded"
-        };
         metrics::replay(outcome);
         if response.extensions().get::<LeaseLost>().is_none() {
             span.record("outcome", outcome);
@@ -438,8 +440,10 @@ impl ReplayStep {
         span.record("outcome", "replayed");
         metrics::replay("replayed");
         tracing::debug!(token = %record.token(), status = %stored.status, "recorded response replayed");
-        let mut response = stored.into_response(LeaseBody::full);
+        let mut response = Response::new(LeaseBody::full(stored.body));
+        *response.status_mut() = stored.status;
         let headers = response.headers_mut();
+        *headers = stored.headers;
         if let (Some(name), token @ 1..) = (&settings.fencing_header, record.token().get()) {
             headers.insert(name.clone(), HeaderValue::from(token));
         }
@@ -453,12 +457,4 @@ fn too_large_warning(limit: usize) {
         limit,
         "response body larger than the replay limit: sent, not recorded"
     );
-}
-
-/// Whether the handler took a transaction (its writes would be rolled back with it).
-fn wrote_in(tx: &Option<HandlerTx>) -> bool {
-    #[cfg(feature = "postgres")]
-    return matches!(tx, Some(TxState::Taken | TxState::Returned(_)));
-    #[cfg(not(feature = "postgres"))]
-    tx.is_some()
 }

@@ -31,14 +31,6 @@ const REPRESENTATION: [HeaderName; 5] = [
 ];
 
 impl StoredResponse {
-    /// The recorded response, its body made by `body`.
-    pub(crate) fn into_response<B>(self, body: impl FnOnce(Bytes) -> B) -> http::Response<B> {
-        let mut response = http::Response::new(body(self.body));
-        *response.status_mut() = self.status;
-        *response.headers_mut() = self.headers;
-        response
-    }
-
     /// Keeps the headers of `all` that the allow-list names, and always the
     /// representation headers (see [`REPRESENTATION`]).
     pub(crate) fn new(
