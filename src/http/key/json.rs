@@ -158,10 +158,7 @@ impl KeyExtractor for JsonFields {
     }
 
     fn describe(&self) -> String {
-        let fields = self
-            .pointers
-            .iter()
-            .map(|p| format!("the body field `{p}`"));
+        let fields = (0..self.pointers.len()).map(|index| self.describe_key(index));
         fields.collect::<Vec<_>>().join(" and ")
     }
 
